@@ -1,0 +1,104 @@
+// The compute interface shared by the CPU and CUDA backends.
+//
+// A backend creates layers. A layer owns its weights and a paged KV pool, and holds any number of
+// sequences (requests), each with its own page table. Prefill appends a chunk of tokens to each of
+// a batch of sequences and returns their attention outputs; Decode appends exactly one token to
+// each of a batch of sequences. Every failure is an absl::Status: nothing below throws or aborts.
+//
+// Threading: a layer's methods may be called from any thread, but not concurrently on the same
+// layer (the server's scheduler serialises calls per layer); backends parallelise inside a call.
+#ifndef ATTNSERVE_KERNELS_BACKEND_H_
+#define ATTNSERVE_KERNELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+#include "kernels/layer_spec.h"
+#include "kernels/layer_weights.h"
+#include "kernels/tensor.h"
+
+namespace attnserve {
+
+// How a layer stores its KV cache.
+struct KvCacheConfig {
+  DType dtype = DType::kF32;  // Storage type of cached K/V (or MLA latent and RoPE key).
+  int page_size = 0;          // Tokens per page; 0 = DefaultPageSize(spec).
+  int64_t max_pages = 4096;   // Pool capacity in pages. Memory is committed as pages are used.
+};
+
+// Identifies one sequence within a layer. Ids are never reused by the same layer.
+using SequenceId = int64_t;
+
+// One sequence's share of a Prefill call.
+struct PrefillChunk {
+  SequenceId sequence = 0;
+  int64_t num_tokens = 0;  // Rows of the batch's hidden-state tensor that belong to this sequence.
+};
+
+// Pool usage, in pages of this layer's page size.
+struct KvPoolUsage {
+  int64_t page_size = 0;   // Tokens per page.
+  int64_t page_bytes = 0;  // Bytes per page.
+  int64_t capacity_pages = 0;
+  int64_t used_pages = 0;
+};
+
+class AttentionLayer {
+ public:
+  virtual ~AttentionLayer() = default;
+
+  virtual const LayerSpec& spec() const = 0;
+  virtual const KvCacheConfig& kv_config() const = 0;
+
+  // Creates an empty sequence (no pages held yet).
+  virtual SequenceId CreateSequence() = 0;
+  // Frees the sequence's pages. NOT_FOUND for an unknown id.
+  virtual absl::Status ReleaseSequence(SequenceId sequence) = 0;
+  // Tokens cached so far. NOT_FOUND for an unknown id.
+  virtual absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const = 0;
+
+  // Appends `chunks[i].num_tokens` tokens to each sequence and attends each new token to its
+  // sequence's cached tokens and to the new tokens before it (causal) or all of them (non-causal;
+  // non-causal attention sees the whole sequence cached so far, including this chunk).
+  //   hidden:    [sum(num_tokens), d_model], chunks' rows concatenated in order; f32, f16 or bf16.
+  //   positions: RoPE positions, one per row; empty = each sequence continues from its length.
+  //   returns    [sum(num_tokens), d_model] in hidden's dtype.
+  // All-or-nothing: on error no sequence changes. RESOURCE_EXHAUSTED when the pool lacks pages.
+  virtual absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks,
+                                         const Tensor& hidden,
+                                         absl::Span<const int64_t> positions) = 0;
+
+  // Appends one token to each of `sequences` (distinct ids) and attends it to its cache.
+  //   hidden:    [sequences.size(), d_model]; f32, f16 or bf16.
+  //   positions: RoPE positions, one per sequence; empty = each sequence's length.
+  //   returns    [sequences.size(), d_model] in hidden's dtype.
+  virtual absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences,
+                                        const Tensor& hidden,
+                                        absl::Span<const int64_t> positions) = 0;
+
+  virtual KvPoolUsage PoolUsage() const = 0;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  // "cpu" or "cuda".
+  virtual std::string_view name() const = 0;
+  // Human-readable device description, e.g. "2 CPU threads, OpenBLAS 0.3.21".
+  virtual std::string device_description() const = 0;
+
+  // Validates spec, weights and cache config, then builds the layer.
+  virtual absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
+      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) = 0;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_BACKEND_H_

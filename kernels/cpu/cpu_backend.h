@@ -1,0 +1,25 @@
+// The CPU backend: fp32 compute, OpenBLAS projections, online-softmax attention over paged KV.
+#ifndef ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
+#define ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace attnserve {
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // Worker threads; 0 = one per hardware thread.
+  // MLA decode: true uses the absorbed form (attention over the cached latent, as DeepSeek serves
+  // it); false up-projects the cached latent to per-head keys/values (the form prefill uses).
+  // Both give the same result; the switch exists so tests and benchmarks can compare them.
+  bool mla_absorbed_decode = true;
+};
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCpuBackend(
+    const CpuBackendOptions& options = {});
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_

@@ -1,0 +1,216 @@
+#include "kernels/layer_spec.h"
+
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+std::string_view VariantName(AttentionVariant variant) {
+  switch (variant) {
+    case AttentionVariant::kMHA:
+      return "mha";
+    case AttentionVariant::kMQA:
+      return "mqa";
+    case AttentionVariant::kGQA:
+      return "gqa";
+    case AttentionVariant::kMLA:
+      return "mla";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<AttentionVariant> ParseVariant(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "mha") return AttentionVariant::kMHA;
+  if (lower == "mqa") return AttentionVariant::kMQA;
+  if (lower == "gqa") return AttentionVariant::kGQA;
+  if (lower == "mla") return AttentionVariant::kMLA;
+  return absl::InvalidArgumentError(
+      absl::StrCat("variant: unknown '", name, "', expected mha, mqa, gqa or mla"));
+}
+
+std::string_view RopeLayoutName(RopeLayout layout) {
+  switch (layout) {
+    case RopeLayout::kNone:
+      return "none";
+    case RopeLayout::kHalf:
+      return "half";
+    case RopeLayout::kInterleaved:
+      return "interleaved";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<RopeLayout> ParseRopeLayout(std::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "none" || lower.empty()) return RopeLayout::kNone;
+  if (lower == "half" || lower == "llama") return RopeLayout::kHalf;
+  if (lower == "interleaved" || lower == "deepseek") return RopeLayout::kInterleaved;
+  return absl::InvalidArgumentError(
+      absl::StrCat("rope: unknown layout '", name, "', expected none, half or interleaved"));
+}
+
+namespace {
+
+// Upper bounds that keep every size product far inside int64 and catch unit mistakes early.
+constexpr int kMaxDim = 1 << 16;
+constexpr int kMaxHeads = 1024;
+
+absl::Status Invalid(std::string_view field, std::string_view rule, int64_t value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", rule));
+}
+
+absl::Status CheckRange(std::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMla(const LayerSpec& spec) {
+  const MlaDims& mla = spec.mla;
+  if (absl::Status s = CheckRange("mla.q_lora_rank", mla.q_lora_rank, 0, kMaxDim); !s.ok()) return s;
+  if (absl::Status s = CheckRange("mla.kv_lora_rank", mla.kv_lora_rank, 1, kMaxDim); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("mla.qk_nope_head_dim", mla.qk_nope_head_dim, 1, kMaxDim);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("mla.qk_rope_head_dim", mla.qk_rope_head_dim, 0, kMaxDim);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange("mla.v_head_dim", mla.v_head_dim, 1, kMaxDim); !s.ok()) return s;
+  if (spec.rope != RopeLayout::kNone && (mla.qk_rope_head_dim == 0 || mla.qk_rope_head_dim % 2)) {
+    return Invalid("mla.qk_rope_head_dim", "must be even and positive when rope is enabled",
+                   mla.qk_rope_head_dim);
+  }
+  if (!(mla.rms_norm_eps > 0.0f) || !std::isfinite(mla.rms_norm_eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mla.rms_norm_eps = ", mla.rms_norm_eps, ": must be finite and > 0"));
+  }
+  if (spec.qkv_bias || spec.o_bias) {
+    return absl::InvalidArgumentError(
+        "qkv_bias/o_bias: biases are not supported for MLA (DeepSeek-V2/V3 use attention_bias=False)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLayerSpec(const LayerSpec& spec) {
+  if (absl::Status s = CheckRange("d_model", spec.d_model, 1, kMaxDim); !s.ok()) return s;
+  if (absl::Status s = CheckRange("num_heads", spec.num_heads, 1, kMaxHeads); !s.ok()) return s;
+  if (spec.variant == AttentionVariant::kMLA) {
+    if (absl::Status s = ValidateMla(spec); !s.ok()) return s;
+  } else {
+    if (absl::Status s = CheckRange("head_dim", spec.head_dim, 1, kMaxDim); !s.ok()) return s;
+    if (absl::Status s = CheckRange("num_kv_heads", spec.num_kv_heads, 1, spec.num_heads); !s.ok()) {
+      return s;
+    }
+    if (spec.num_heads % spec.num_kv_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_kv_heads = ", spec.num_kv_heads, ": must divide num_heads = ", spec.num_heads));
+    }
+    if (spec.variant == AttentionVariant::kMHA && spec.num_kv_heads != spec.num_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("num_kv_heads = ", spec.num_kv_heads,
+                                                     ": variant mha requires num_kv_heads == "
+                                                     "num_heads = ",
+                                                     spec.num_heads));
+    }
+    if (spec.variant == AttentionVariant::kMQA && spec.num_kv_heads != 1) {
+      return Invalid("num_kv_heads", "variant mqa requires num_kv_heads == 1", spec.num_kv_heads);
+    }
+    if (spec.rope != RopeLayout::kNone && spec.head_dim % 2 != 0) {
+      return Invalid("head_dim", "must be even when rope is enabled", spec.head_dim);
+    }
+  }
+  if (spec.rope != RopeLayout::kNone && !(spec.rope_theta > 1.0 && std::isfinite(spec.rope_theta))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_theta = ", spec.rope_theta, ": must be finite and > 1"));
+  }
+  if (spec.sliding_window < 0) {
+    return Invalid("sliding_window", "must be >= 0 (0 = full attention)", spec.sliding_window);
+  }
+  if (spec.sliding_window > 0 && !spec.causal) {
+    return Invalid("sliding_window", "requires causal = true (Mistral semantics)",
+                   spec.sliding_window);
+  }
+  if (spec.softmax_scale < 0.0f || !std::isfinite(spec.softmax_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "softmax_scale = ", spec.softmax_scale, ": must be finite and >= 0 (0 = 1/sqrt(head dim))"));
+  }
+  return absl::OkStatus();
+}
+
+int QkHeadDim(const LayerSpec& spec) {
+  return spec.variant == AttentionVariant::kMLA
+             ? spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim
+             : spec.head_dim;
+}
+
+int VHeadDim(const LayerSpec& spec) {
+  return spec.variant == AttentionVariant::kMLA ? spec.mla.v_head_dim : spec.head_dim;
+}
+
+int RotaryDim(const LayerSpec& spec) {
+  if (spec.rope == RopeLayout::kNone) return 0;
+  return spec.variant == AttentionVariant::kMLA ? spec.mla.qk_rope_head_dim : spec.head_dim;
+}
+
+float EffectiveSoftmaxScale(const LayerSpec& spec) {
+  if (spec.softmax_scale > 0.0f) return spec.softmax_scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(QkHeadDim(spec))));
+}
+
+int64_t KvScalarsPerToken(const LayerSpec& spec) {
+  if (spec.variant == AttentionVariant::kMLA) {
+    return int64_t{spec.mla.kv_lora_rank} + spec.mla.qk_rope_head_dim;
+  }
+  return 2 * int64_t{spec.num_kv_heads} * spec.head_dim;
+}
+
+int64_t ParameterCount(const LayerSpec& spec) {
+  const int64_t d = spec.d_model;
+  const int64_t h = spec.num_heads;
+  if (spec.variant == AttentionVariant::kMLA) {
+    const MlaDims& m = spec.mla;
+    const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const int64_t q_params =
+        m.q_lora_rank == 0 ? h * qk * d : int64_t{m.q_lora_rank} * (d + 1 + h * qk);
+    const int64_t kv_params = (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * d +
+                              m.kv_lora_rank + h * (m.qk_nope_head_dim + m.v_head_dim) *
+                                                   int64_t{m.kv_lora_rank};
+    return q_params + kv_params + d * h * m.v_head_dim;
+  }
+  const int64_t q = h * spec.head_dim;
+  const int64_t kv = int64_t{spec.num_kv_heads} * spec.head_dim;
+  int64_t params = d * q + 2 * d * kv + q * d;
+  if (spec.qkv_bias) params += q + 2 * kv;
+  if (spec.o_bias) params += d;
+  return params;
+}
+
+int DefaultPageSize(const LayerSpec& spec) {
+  return spec.variant == AttentionVariant::kMLA ? 64 : 16;
+}
+
+std::string LayerSpecSummary(const LayerSpec& spec) {
+  std::string out = absl::StrCat(VariantName(spec.variant), " d_model=", spec.d_model,
+                                 " heads=", spec.num_heads);
+  if (spec.variant == AttentionVariant::kMLA) {
+    absl::StrAppend(&out, " q_lora=", spec.mla.q_lora_rank, " kv_lora=", spec.mla.kv_lora_rank,
+                    " nope=", spec.mla.qk_nope_head_dim, " rope=", spec.mla.qk_rope_head_dim,
+                    " v=", spec.mla.v_head_dim);
+  } else {
+    absl::StrAppend(&out, " kv_heads=", spec.num_kv_heads, " head_dim=", spec.head_dim);
+  }
+  absl::StrAppend(&out, " rope=", RopeLayoutName(spec.rope), spec.causal ? " causal" : " bidir");
+  if (spec.sliding_window > 0) absl::StrAppend(&out, " window=", spec.sliding_window);
+  return out;
+}
+
+}  // namespace attnserve

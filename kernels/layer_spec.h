@@ -1,0 +1,99 @@
+// The description of one attention layer: variant, sizes, positional encoding and masking.
+//
+// Semantics follow Hugging Face `transformers` (LlamaAttention, MistralAttention,
+// DeepseekV3Attention) so that a checkpoint's layer behaves here as it does there.
+#ifndef ATTNSERVE_KERNELS_LAYER_SPEC_H_
+#define ATTNSERVE_KERNELS_LAYER_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace attnserve {
+
+enum class AttentionVariant : uint8_t {
+  kMHA,  // num_kv_heads == num_heads.
+  kMQA,  // num_kv_heads == 1.
+  kGQA,  // 1 <= num_kv_heads <= num_heads, num_heads % num_kv_heads == 0.
+  kMLA,  // DeepSeek-V2/V3 multi-head latent attention (the mla_* fields below).
+};
+
+// "mha", "mqa", "gqa", "mla".
+std::string_view VariantName(AttentionVariant variant);
+absl::StatusOr<AttentionVariant> ParseVariant(std::string_view name);
+
+enum class RopeLayout : uint8_t {
+  kNone,         // No rotary embedding.
+  kHalf,         // Rotate (x[i], x[i + d/2]) pairs: Llama, Mistral, Qwen2 (rotate_half).
+  kInterleaved,  // Rotate (x[2i], x[2i + 1]) pairs: DeepSeek-V3 (rope_interleave=True), GPT-J.
+};
+
+std::string_view RopeLayoutName(RopeLayout layout);
+absl::StatusOr<RopeLayout> ParseRopeLayout(std::string_view name);
+
+struct MlaDims {
+  int q_lora_rank = 0;         // 0: queries use a plain q_proj; else q_a_proj -> RMSNorm -> q_b_proj.
+  int kv_lora_rank = 0;        // Width of the cached latent c_kv.
+  int qk_nope_head_dim = 0;    // Per-head query/key width without RoPE.
+  int qk_rope_head_dim = 0;    // Width of the decoupled RoPE part (key shared by all heads).
+  int v_head_dim = 0;          // Per-head value width.
+  float rms_norm_eps = 1e-6f;  // For q_a_layernorm and kv_a_layernorm.
+};
+
+struct LayerSpec {
+  AttentionVariant variant = AttentionVariant::kMHA;
+  int d_model = 0;       // Hidden size of the layer's input and output.
+  int num_heads = 0;     // Query heads.
+  int num_kv_heads = 0;  // Key/value heads (MHA/MQA/GQA). Ignored for MLA.
+  int head_dim = 0;      // Per-head width of q, k, v (MHA/MQA/GQA); need not be d_model/num_heads.
+  bool qkv_bias = false;  // Bias on q_proj, k_proj and v_proj (MHA/MQA/GQA only).
+  bool o_bias = false;    // Bias on o_proj (MHA/MQA/GQA only).
+
+  RopeLayout rope = RopeLayout::kNone;
+  double rope_theta = 10000.0;  // Base of the RoPE frequencies: theta^(-2i/rotary_dim).
+
+  bool causal = true;
+  // Mistral semantics: the query at position i sees keys j with i - W < j <= i (the last W tokens,
+  // itself included). 0 = unlimited. Requires causal.
+  int sliding_window = 0;
+  // Multiplies q.k. 0 = 1/sqrt(qk head dim) (head_dim, or qk_nope + qk_rope for MLA).
+  float softmax_scale = 0.0f;
+
+  MlaDims mla;
+};
+
+// OK, or INVALID_ARGUMENT naming the offending field and the rule it breaks.
+absl::Status ValidateLayerSpec(const LayerSpec& spec);
+
+// Width of one head's q and k (MLA: qk_nope_head_dim + qk_rope_head_dim).
+int QkHeadDim(const LayerSpec& spec);
+// Width of one head's v and attention output (MLA: v_head_dim).
+int VHeadDim(const LayerSpec& spec);
+// Width of the rotated part of q and k: head_dim, or qk_rope_head_dim for MLA; 0 without RoPE.
+int RotaryDim(const LayerSpec& spec);
+// The scale actually applied to q.k (resolves the 0 default).
+float EffectiveSoftmaxScale(const LayerSpec& spec);
+
+// Number of scalars cached per token: 2 * num_kv_heads * head_dim, or for MLA
+// kv_lora_rank + qk_rope_head_dim (the latent and the shared RoPE key, nothing else).
+int64_t KvScalarsPerToken(const LayerSpec& spec);
+inline int64_t KvBytesPerToken(const LayerSpec& spec, DType kv_dtype) {
+  return KvScalarsPerToken(spec) * static_cast<int64_t>(DTypeSize(kv_dtype));
+}
+
+// Number of learned parameters of the layer (weights, biases and norm scales).
+int64_t ParameterCount(const LayerSpec& spec);
+
+// Default KV page size in tokens: 64 for MLA (as FlashMLA), 16 otherwise (as vLLM).
+int DefaultPageSize(const LayerSpec& spec);
+
+// One-line human-readable summary, e.g. "gqa d_model=512 heads=8 kv_heads=2 head_dim=64 ...".
+std::string LayerSpecSummary(const LayerSpec& spec);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_LAYER_SPEC_H_

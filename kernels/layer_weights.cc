@@ -1,0 +1,129 @@
+#include "kernels/layer_weights.h"
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+namespace {
+
+WeightShape Linear(std::string prefix, int64_t out_features, int64_t in_features) {
+  return {absl::StrCat(prefix, ".weight"), {out_features, in_features}};
+}
+
+WeightShape Bias(std::string prefix, int64_t features) {
+  return {absl::StrCat(prefix, ".bias"), {features}, false, true};
+}
+
+WeightShape NormScale(std::string prefix, int64_t features) {
+  return {absl::StrCat(prefix, ".weight"), {features}, true, false};
+}
+
+// FNV-1a: a hash that is the same on every platform and build (absl::Hash is salted per process).
+uint64_t StableHash(std::string_view text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (char c : text) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
+std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec) {
+  const int64_t d = spec.d_model;
+  const int64_t h = spec.num_heads;
+  std::vector<WeightShape> shapes;
+  if (spec.variant == AttentionVariant::kMLA) {
+    const MlaDims& m = spec.mla;
+    const int64_t qk = int64_t{m.qk_nope_head_dim} + m.qk_rope_head_dim;
+    if (m.q_lora_rank == 0) {
+      shapes.push_back(Linear("q_proj", h * qk, d));
+    } else {
+      shapes.push_back(Linear("q_a_proj", m.q_lora_rank, d));
+      shapes.push_back(NormScale("q_a_layernorm", m.q_lora_rank));
+      shapes.push_back(Linear("q_b_proj", h * qk, m.q_lora_rank));
+    }
+    shapes.push_back(Linear("kv_a_proj_with_mqa", int64_t{m.kv_lora_rank} + m.qk_rope_head_dim, d));
+    shapes.push_back(NormScale("kv_a_layernorm", m.kv_lora_rank));
+    shapes.push_back(
+        Linear("kv_b_proj", h * (int64_t{m.qk_nope_head_dim} + m.v_head_dim), m.kv_lora_rank));
+    shapes.push_back(Linear("o_proj", d, h * m.v_head_dim));
+    return shapes;
+  }
+  const int64_t q = h * spec.head_dim;
+  const int64_t kv = int64_t{spec.num_kv_heads} * spec.head_dim;
+  shapes.push_back(Linear("q_proj", q, d));
+  shapes.push_back(Linear("k_proj", kv, d));
+  shapes.push_back(Linear("v_proj", kv, d));
+  shapes.push_back(Linear("o_proj", d, q));
+  if (spec.qkv_bias) {
+    shapes.push_back(Bias("q_proj", q));
+    shapes.push_back(Bias("k_proj", kv));
+    shapes.push_back(Bias("v_proj", kv));
+  }
+  if (spec.o_bias) shapes.push_back(Bias("o_proj", d));
+  return shapes;
+}
+
+absl::Status ValidateLayerWeights(const LayerSpec& spec, const LayerWeights& weights) {
+  std::set<std::string> expected_names;
+  for (const WeightShape& expected : ExpectedWeightShapes(spec)) {
+    expected_names.insert(expected.name);
+    auto it = weights.find(expected.name);
+    if (it == weights.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight '", expected.name, "' is missing; the ", VariantName(spec.variant),
+                       " spec needs it with shape ", ShapeString(expected.shape)));
+    }
+    if (absl::Status s =
+            CheckShape(it->second, expected.shape, absl::StrCat("weight '", expected.name, "'"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [name, tensor] : weights) {
+    if (!expected_names.contains(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("weight '", name, "' ", tensor.DebugString(),
+                                                     " is not used by the ",
+                                                     VariantName(spec.variant), " spec"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t seed) {
+  if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+  LayerWeights weights;
+  for (const WeightShape& expected : ExpectedWeightShapes(spec)) {
+    Tensor tensor(DType::kF32, expected.shape);
+    float* values = tensor.f32();
+    const int64_t count = tensor.num_elements();
+    if (expected.is_norm_scale) {
+      for (int64_t i = 0; i < count; ++i) values[i] = 1.0f;
+    } else {
+      // A bias shares its layer's fan-in; find it from the matching weight's second dimension.
+      int64_t fan_in = expected.shape.size() == 2 ? expected.shape[1] : 0;
+      if (expected.is_bias) {
+        const std::string weight_name =
+            expected.name.substr(0, expected.name.size() - std::string_view(".bias").size()) +
+            ".weight";
+        for (const WeightShape& other : ExpectedWeightShapes(spec)) {
+          if (other.name == weight_name) fan_in = other.shape[1];
+        }
+      }
+      const float bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+      std::mt19937_64 rng(seed ^ StableHash(expected.name));
+      std::uniform_real_distribution<float> uniform(-bound, bound);
+      for (int64_t i = 0; i < count; ++i) values[i] = uniform(rng);
+    }
+    weights.emplace(expected.name, std::move(tensor));
+  }
+  return weights;
+}
+
+}  // namespace attnserve
