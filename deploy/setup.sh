@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Installs everything attnserve needs to build and test on a fresh Debian 12 (bookworm) machine:
+#   1. Debian packages (compiler, CMake, Ninja, gRPC, protobuf, Abseil, prometheus-cpp, OpenBLAS,
+#      nlohmann-json, GoogleTest, Google Benchmark, Python venv support);
+#   2. the Python packages of the peer tests (tests/peer/requirements.txt, pinned) into ./.venv,
+#      a virtual environment made with Debian's /usr/bin/python3.
+# It does not install CUDA (Debian's registry has no nvcc 12/13); it only reports whether nvcc exists.
+#
+# Idempotent: packages already installed are not touched (apt-get update runs only when something
+# is missing), and the venv is left alone when a stamp file says it already holds exactly the
+# current requirements. A second run takes about a second.
+#
+# Usage: deploy/setup.sh [--no-python] [--help]
+set -euo pipefail
+
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly VENV="${ROOT}/.venv"
+readonly REQUIREMENTS="${ROOT}/tests/peer/requirements.txt"
+readonly STAMP="${VENV}/.attnserve-requirements.sha256"
+# Debian's interpreter, never `python3` from PATH: a pyenv build there cannot see Debian's packages
+# and may lack the venv/ensurepip modules that python3-venv provides.
+readonly SYSTEM_PYTHON=/usr/bin/python3
+
+# Keep in step with README.md and docs/building.md. prometheus-cpp-dev is Debian's name
+# (there is no libprometheus-cpp-dev); googletest ships the sources that libgtest-dev builds from.
+readonly PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  python3-venv python3-dev
+)
+
+with_python=1
+
+usage() {
+  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+parse_flags() {
+  local arg
+  for arg in "$@"; do
+    case "${arg}" in
+      --no-python) with_python=0 ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "unknown flag '${arg}' (try --help)" ;;
+    esac
+  done
+}
+
+# Prints the command prefix that runs as root: nothing when already root, else "sudo".
+root_prefix() {
+  if [[ "${EUID}" -eq 0 ]]; then
+    return 0
+  fi
+  if command -v sudo >/dev/null 2>&1; then
+    printf 'sudo'
+    return 0
+  fi
+  die "installing Debian packages needs root: run as root or install sudo"
+}
+
+is_installed() {
+  # db:Status-Status is "installed" only for fully installed packages (not half-configured or
+  # config-files-only); dpkg-query fails for packages it has never heard of.
+  [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == "installed" ]]
+}
+
+install_debian_packages() {
+  command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query not found: this script expects Debian 12"
+  if [[ -r /etc/os-release ]]; then
+    local codename
+    codename="$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-unknown}")"
+    [[ "${codename}" == "bookworm" ]] || log "warning: tested on Debian 12 (bookworm), this is '${codename}'"
+  fi
+
+  local missing=() pkg
+  for pkg in "${PACKAGES[@]}"; do
+    is_installed "${pkg}" || missing+=("${pkg}")
+  done
+  if [[ "${#missing[@]}" -eq 0 ]]; then
+    log "Debian packages: all ${#PACKAGES[@]} already installed, apt skipped"
+    return 0
+  fi
+
+  local sudo
+  sudo="$(root_prefix)"
+  log "Debian packages: installing ${#missing[@]} missing: ${missing[*]}"
+  # `env` carries DEBIAN_FRONTEND through sudo, which would otherwise reset the environment.
+  ${sudo} env DEBIAN_FRONTEND=noninteractive apt-get update
+  ${sudo} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+
+  for pkg in "${missing[@]}"; do
+    is_installed "${pkg}" || die "package ${pkg} is still not installed after apt-get install"
+  done
+  log "Debian packages: installed ${missing[*]}"
+}
+
+requirements_hash() {
+  # The stamp covers the pins and the interpreter: a new Python minor version needs new wheels.
+  { cat "${REQUIREMENTS}"; "${VENV}/bin/python" -c 'import sys; print(sys.version)'; } |
+    sha256sum | cut -d' ' -f1
+}
+
+setup_python() {
+  [[ -x "${SYSTEM_PYTHON}" ]] || die "${SYSTEM_PYTHON} not found (Debian's python3 package)"
+  [[ -f "${REQUIREMENTS}" ]] || die "${REQUIREMENTS} not found"
+
+  if [[ -e "${VENV}" ]]; then
+    # A venv made from another interpreter (e.g. pyenv's) is not ours to delete; say how to fix it.
+    local home
+    home="$(sed -n 's/^home *= *//p' "${VENV}/pyvenv.cfg" 2>/dev/null || true)"
+    if [[ "${home}" != "/usr/bin" ]] || ! "${VENV}/bin/python" -c '' >/dev/null 2>&1; then
+      die "${VENV} exists but was not made with ${SYSTEM_PYTHON} (home='${home}') or is broken;" \
+        "remove it (rm -rf ${VENV}) and run this script again"
+    fi
+    log "Python: using existing venv ${VENV} ($("${VENV}/bin/python" --version 2>&1))"
+  else
+    log "Python: creating venv ${VENV} with ${SYSTEM_PYTHON}"
+    "${SYSTEM_PYTHON}" -m venv "${VENV}"
+  fi
+
+  local want
+  want="$(requirements_hash)"
+  if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${want}" ]]; then
+    log "Python: venv already satisfies ${REQUIREMENTS#"${ROOT}"/}, pip skipped"
+    return 0
+  fi
+
+  # torch from PyPI brings its CUDA wheels (several GB); --no-cache-dir keeps them from being
+  # stored twice on disk.
+  log "Python: installing ${REQUIREMENTS#"${ROOT}"/} (torch is large; first time takes minutes)"
+  "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
+    -r "${REQUIREMENTS}"
+  "${VENV}/bin/python" - <<'EOF'
+import numpy, safetensors, torch, transformers
+print("[setup] Python: torch %s, transformers %s, safetensors %s, numpy %s"
+      % (torch.__version__, transformers.__version__, safetensors.__version__, numpy.__version__))
+EOF
+  printf '%s\n' "${want}" >"${STAMP}"
+  log "Python: wrote stamp ${STAMP#"${ROOT}"/}"
+}
+
+report_cuda() {
+  local nvcc=""
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    nvcc=/usr/local/cuda/bin/nvcc
+  elif command -v nvcc >/dev/null 2>&1; then
+    nvcc="$(command -v nvcc)"
+  fi
+  if [[ -n "${nvcc}" ]]; then
+    local version
+    version="$("${nvcc}" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n1)"
+    log "CUDA: nvcc ${version:-of unknown version} at ${nvcc}; ATTNSERVE_CUDA=AUTO builds the CUDA backend"
+  else
+    log "CUDA: nvcc not found (not installed by this script); the build is CPU-only"
+  fi
+}
+
+main() {
+  parse_flags "$@"
+  install_debian_packages
+  if [[ "${with_python}" -eq 1 ]]; then
+    setup_python
+  else
+    log "Python: skipped (--no-python)"
+  fi
+  report_cuda
+  log "done. Next: cmake --preset release && cmake --build --preset release"
+}
+
+main "$@"
