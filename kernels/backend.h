@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -90,7 +90,7 @@ class AttentionBackend {
   virtual ~AttentionBackend() = default;
 
   // "cpu" or "cuda".
-  virtual std::string_view name() const = 0;
+  virtual absl::string_view name() const = 0;
   // Human-readable device description, e.g. "2 CPU threads, OpenBLAS 0.3.21".
   virtual std::string device_description() const = 0;
 

@@ -8,7 +8,7 @@
 
 namespace attnserve {
 
-std::string_view DTypeName(DType dtype) {
+absl::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32:
       return "f32";
@@ -20,7 +20,7 @@ std::string_view DTypeName(DType dtype) {
   return "unknown";
 }
 
-absl::StatusOr<DType> ParseDType(std::string_view name) {
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "f32" || lower == "float32") return DType::kF32;
   if (lower == "f16" || lower == "float16" || lower == "half") return DType::kF16;

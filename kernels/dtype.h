@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 
@@ -21,10 +21,10 @@ enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 // "f32", "f16", "bf16".
-std::string_view DTypeName(DType dtype);
+absl::string_view DTypeName(DType dtype);
 
 // Accepts "f32"/"float32", "f16"/"float16"/"half", "bf16"/"bfloat16" (case-insensitive).
-absl::StatusOr<DType> ParseDType(std::string_view name);
+absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 inline float BF16ToFloat(uint16_t bits) {
   uint32_t widened = static_cast<uint32_t>(bits) << 16;

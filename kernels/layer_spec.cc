@@ -7,7 +7,7 @@
 
 namespace attnserve {
 
-std::string_view VariantName(AttentionVariant variant) {
+absl::string_view VariantName(AttentionVariant variant) {
   switch (variant) {
     case AttentionVariant::kMHA:
       return "mha";
@@ -21,7 +21,7 @@ std::string_view VariantName(AttentionVariant variant) {
   return "unknown";
 }
 
-absl::StatusOr<AttentionVariant> ParseVariant(std::string_view name) {
+absl::StatusOr<AttentionVariant> ParseVariant(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "mha") return AttentionVariant::kMHA;
   if (lower == "mqa") return AttentionVariant::kMQA;
@@ -31,7 +31,7 @@ absl::StatusOr<AttentionVariant> ParseVariant(std::string_view name) {
       absl::StrCat("variant: unknown '", name, "', expected mha, mqa, gqa or mla"));
 }
 
-std::string_view RopeLayoutName(RopeLayout layout) {
+absl::string_view RopeLayoutName(RopeLayout layout) {
   switch (layout) {
     case RopeLayout::kNone:
       return "none";
@@ -43,7 +43,7 @@ std::string_view RopeLayoutName(RopeLayout layout) {
   return "unknown";
 }
 
-absl::StatusOr<RopeLayout> ParseRopeLayout(std::string_view name) {
+absl::StatusOr<RopeLayout> ParseRopeLayout(absl::string_view name) {
   const std::string lower = absl::AsciiStrToLower(name);
   if (lower == "none" || lower.empty()) return RopeLayout::kNone;
   if (lower == "half" || lower == "llama") return RopeLayout::kHalf;
@@ -58,11 +58,11 @@ namespace {
 constexpr int kMaxDim = 1 << 16;
 constexpr int kMaxHeads = 1024;
 
-absl::Status Invalid(std::string_view field, std::string_view rule, int64_t value) {
+absl::Status Invalid(absl::string_view field, absl::string_view rule, int64_t value) {
   return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", rule));
 }
 
-absl::Status CheckRange(std::string_view field, int64_t value, int64_t lo, int64_t hi) {
+absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi) {
     return Invalid(field, absl::StrCat("must be in [", lo, ", ", hi, "]"), value);
   }

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,8 +23,8 @@ enum class AttentionVariant : uint8_t {
 };
 
 // "mha", "mqa", "gqa", "mla".
-std::string_view VariantName(AttentionVariant variant);
-absl::StatusOr<AttentionVariant> ParseVariant(std::string_view name);
+absl::string_view VariantName(AttentionVariant variant);
+absl::StatusOr<AttentionVariant> ParseVariant(absl::string_view name);
 
 enum class RopeLayout : uint8_t {
   kNone,         // No rotary embedding.
@@ -32,8 +32,8 @@ enum class RopeLayout : uint8_t {
   kInterleaved,  // Rotate (x[2i], x[2i + 1]) pairs: DeepSeek-V3 (rope_interleave=True), GPT-J.
 };
 
-std::string_view RopeLayoutName(RopeLayout layout);
-absl::StatusOr<RopeLayout> ParseRopeLayout(std::string_view name);
+absl::string_view RopeLayoutName(RopeLayout layout);
+absl::StatusOr<RopeLayout> ParseRopeLayout(absl::string_view name);
 
 struct MlaDims {
   int q_lora_rank = 0;         // 0: queries use a plain q_proj; else q_a_proj -> RMSNorm -> q_b_proj.

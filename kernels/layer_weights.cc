@@ -23,7 +23,7 @@ WeightShape NormScale(std::string prefix, int64_t features) {
 }
 
 // FNV-1a: a hash that is the same on every platform and build (absl::Hash is salted per process).
-uint64_t StableHash(std::string_view text) {
+uint64_t StableHash(absl::string_view text) {
   uint64_t hash = 1469598103934665603ull;
   for (char c : text) {
     hash ^= static_cast<unsigned char>(c);
@@ -110,7 +110,7 @@ absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t 
       int64_t fan_in = expected.shape.size() == 2 ? expected.shape[1] : 0;
       if (expected.is_bias) {
         const std::string weight_name =
-            expected.name.substr(0, expected.name.size() - std::string_view(".bias").size()) +
+            expected.name.substr(0, expected.name.size() - absl::string_view(".bias").size()) +
             ".weight";
         for (const WeightShape& other : ExpectedWeightShapes(spec)) {
           if (other.name == weight_name) fan_in = other.shape[1];

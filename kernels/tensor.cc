@@ -53,7 +53,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
 }
 
 absl::Status CheckShape(const Tensor& tensor, absl::Span<const int64_t> expected,
-                        std::string_view what) {
+                        absl::string_view what) {
   if (absl::Span<const int64_t>(tensor.shape()) == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " has shape ", ShapeString(tensor.shape()),
                                                  ", expected ", ShapeString(expected)));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
 
@@ -58,7 +59,7 @@ std::string ShapeString(absl::Span<const int64_t> shape);
 // OK when `tensor` has exactly `expected` as its shape; otherwise INVALID_ARGUMENT naming `what`
 // and both shapes.
 absl::Status CheckShape(const Tensor& tensor, absl::Span<const int64_t> expected,
-                        std::string_view what);
+                        absl::string_view what);
 
 }  // namespace attnserve
 

@@ -1,0 +1,80 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/gqa_layer.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/mla_layer.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace attnserve {
+
+namespace {
+
+constexpr int kMaxPageSize = 4096;
+
+absl::Status ValidateKvConfig(const KvCacheConfig& config) {
+  if (config.dtype != DType::kF32 && config.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache dtype = ", DTypeName(config.dtype),
+                                                   ": the CPU backend stores KV as f32 or bf16"));
+  }
+  if (config.page_size < 1 || config.page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size = ", config.page_size,
+                                                   ": must be in [1, ", kMaxPageSize, "]"));
+  }
+  if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pages = ", config.max_pages, ": must be in [1, 2^31 - 1]"));
+  }
+  return absl::OkStatus();
+}
+
+class CpuBackend : public AttentionBackend {
+ public:
+  CpuBackend(const CpuBackendOptions& options, int threads, const char* blas_config)
+      : options_(options), pool_(threads), blas_config_(blas_config) {}
+
+  absl::string_view name() const override { return "cpu"; }
+
+  std::string device_description() const override {
+    return absl::StrCat(pool_.num_threads(), " CPU threads, ", blas_config_);
+  }
+
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
+      const LayerSpec& spec, const LayerWeights& weights,
+      const KvCacheConfig& kv_config) override {
+    if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+    if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+    KvCacheConfig config = kv_config;
+    if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
+    if (absl::Status s = ValidateKvConfig(config); !s.ok()) return s;
+    if (spec.variant == AttentionVariant::kMLA) {
+      return std::make_unique<MlaLayer>(spec, weights, config, options_.mla_absorbed_decode,
+                                        &pool_);
+    }
+    return std::make_unique<GqaLayer>(spec, weights, config, &pool_);
+  }
+
+ private:
+  CpuBackendOptions options_;
+  ThreadPool pool_;
+  std::string blas_config_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCpuBackend(
+    const CpuBackendOptions& options) {
+  if (options.num_threads < 0 || options.num_threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads = ", options.num_threads, ": must be in [0, 1024]"));
+  }
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const char* blas_config = ConfigureBlasForBackend();
+  return std::make_unique<CpuBackend>(options, threads, blas_config);
+}
+
+}  // namespace attnserve

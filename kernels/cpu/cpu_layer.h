@@ -1,0 +1,97 @@
+// What every CPU layer shares: the sequence table, page reservation and window eviction, input
+// validation and dtype conversion. Variants (GqaLayer, MlaLayer) supply only the compute, through
+// RunPrefill/RunDecode, which are called after all checks passed and all pages were reserved, and
+// so cannot fail: that is what makes Prefill and Decode all-or-nothing.
+#ifndef ATTNSERVE_KERNELS_CPU_CPU_LAYER_H_
+#define ATTNSERVE_KERNELS_CPU_CPU_LAYER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/attention_policy.h"
+#include "kernels/cpu/host_page_store.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/page_allocator.h"
+#include "kernels/page_table.h"
+
+namespace attnserve {
+
+// One sequence's share of a batch, after validation and page reservation.
+struct BatchSequence {
+  PageTable* table = nullptr;  // num_tokens already counts the new tokens; pages reserved.
+  int64_t first_row = 0;       // Row of the batch holding its first new token.
+  int64_t num_new = 0;         // New tokens (rows).
+  int64_t first_index = 0;     // Index within the sequence of its first new token.
+};
+
+// Inputs and outputs of one compute call, all float32 and dense.
+struct CpuBatch {
+  const float* hidden = nullptr;  // [rows, d_model]
+  float* out = nullptr;           // [rows, d_model]
+  int64_t rows = 0;
+  absl::Span<const int64_t> positions;  // [rows] RoPE positions.
+  std::vector<BatchSequence> sequences;
+};
+
+class CpuLayer : public AttentionLayer {
+ public:
+  CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const KvPageLayout& layout,
+           ThreadPool* pool);
+
+  const LayerSpec& spec() const final { return spec_; }
+  const KvCacheConfig& kv_config() const final { return kv_config_; }
+  SequenceId CreateSequence() final;
+  absl::Status ReleaseSequence(SequenceId sequence) final;
+  absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const final;
+  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
+                                 absl::Span<const int64_t> positions) final;
+  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
+                                absl::Span<const int64_t> positions) final;
+  KvPoolUsage PoolUsage() const final;
+
+ protected:
+  // Prefill: each sequence gets `num_new` rows (>= 1). Decode: exactly one row per sequence.
+  virtual void RunPrefill(const CpuBatch& batch) = 0;
+  virtual void RunDecode(const CpuBatch& batch) = 0;
+
+  const KvPageLayout& layout() const { return layout_; }
+  const HostPageStore& store() const { return store_; }
+  ThreadPool& pool() const { return *pool_; }
+  MaskPolicy mask() const { return MaskPolicy::FromSpec(spec_); }
+
+  // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages, converted
+  // to the page dtype. `value` false writes the key row, true the value row.
+  void StoreRow(const PageTable& table, int64_t index, int head, bool value, const float* src,
+                int64_t count);
+
+ private:
+  // Checks ids and reserves pages for each sequence's new tokens (all or nothing), advancing
+  // num_tokens; on error nothing changed.
+  absl::Status Reserve(std::vector<BatchSequence>& sequences, absl::Span<const SequenceId> ids,
+                       absl::Span<const int64_t> counts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pages that no future query can see (sliding window) to the pool.
+  void EvictOutsideWindow(PageTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckHidden(const Tensor& hidden, int64_t rows) const;
+  absl::StatusOr<Tensor> Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
+                             absl::Span<const int64_t> positions, bool decode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LayerSpec spec_;
+  const KvCacheConfig kv_config_;
+  const KvPageLayout layout_;
+  ThreadPool* const pool_;
+
+  mutable absl::Mutex mu_;  // Serialises calls: one batch at a time per layer.
+  PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
+  HostPageStore store_;
+  absl::node_hash_map<SequenceId, PageTable> sequences_ ABSL_GUARDED_BY(mu_);
+  SequenceId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_CPU_CPU_LAYER_H_

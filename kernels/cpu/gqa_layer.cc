@@ -1,0 +1,130 @@
+#include "kernels/cpu/gqa_layer.h"
+
+#include "kernels/cpu/decode_attention.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/paged_kv_source.h"
+#include "kernels/cpu/prefill_attention.h"
+
+namespace attnserve {
+
+namespace {
+std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
+  auto it = weights.find(name);
+  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
+}
+}  // namespace
+
+KvPageLayout GqaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig& kv_config) {
+  const int64_t head_block = int64_t{kv_config.page_size} * spec.head_dim;
+  KvPageLayout layout;
+  layout.page_size = kv_config.page_size;
+  layout.dtype = kv_config.dtype;
+  layout.row_stride = spec.head_dim;
+  layout.head_stride = head_block;
+  layout.key_offset = 0;
+  layout.value_offset = spec.num_kv_heads * head_block;
+  layout.page_elements = 2 * spec.num_kv_heads * head_block;
+  return layout;
+}
+
+GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
+                   const KvCacheConfig& kv_config, ThreadPool* pool)
+    : CpuLayer(spec, kv_config, MakePageLayout(spec, kv_config), pool),
+      q_width_(spec.num_heads * spec.head_dim),
+      kv_width_(spec.num_kv_heads * spec.head_dim),
+      wq_(weights.at("q_proj.weight").ToFloats()),
+      wk_(weights.at("k_proj.weight").ToFloats()),
+      wv_(weights.at("v_proj.weight").ToFloats()),
+      wo_(weights.at("o_proj.weight").ToFloats()),
+      bq_(FloatsOrEmpty(weights, "q_proj.bias")),
+      bk_(FloatsOrEmpty(weights, "k_proj.bias")),
+      bv_(FloatsOrEmpty(weights, "v_proj.bias")),
+      bo_(FloatsOrEmpty(weights, "o_proj.bias")),
+      rope_(spec.rope, RotaryDim(spec), spec.rope_theta) {}
+
+GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
+  const LayerSpec& s = spec();
+  const int64_t rows = batch.rows;
+  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
+  Projections p{std::vector<float>(rows * q_width_), std::vector<float>(rows * kv_width_),
+                std::vector<float>(rows * kv_width_)};
+  LinearForward(batch.hidden, s.d_model, rows, wq_.data(), bias(bq_), s.d_model, q_width_,
+                p.q.data(), q_width_, pool());
+  LinearForward(batch.hidden, s.d_model, rows, wk_.data(), bias(bk_), s.d_model, kv_width_,
+                p.k.data(), kv_width_, pool());
+  LinearForward(batch.hidden, s.d_model, rows, wv_.data(), bias(bv_), s.d_model, kv_width_,
+                p.v.data(), kv_width_, pool());
+  rope_.Apply(p.q.data(), q_width_, s.num_heads, s.head_dim, batch.positions);
+  rope_.Apply(p.k.data(), kv_width_, s.num_kv_heads, s.head_dim, batch.positions);
+  for (const BatchSequence& seq : batch.sequences) {
+    for (int64_t i = 0; i < seq.num_new; ++i) {
+      const int64_t row = seq.first_row + i;
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        const int64_t offset = row * kv_width_ + int64_t{h} * s.head_dim;
+        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/false, &p.k[offset], s.head_dim);
+        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/true, &p.v[offset], s.head_dim);
+      }
+    }
+  }
+  return p;
+}
+
+void GqaLayer::OutputProjection(const CpuBatch& batch, const std::vector<float>& attention) {
+  const LayerSpec& s = spec();
+  LinearForward(attention.data(), q_width_, batch.rows, wo_.data(),
+                bo_.empty() ? nullptr : bo_.data(), q_width_, s.d_model, batch.out, s.d_model,
+                pool());
+}
+
+void GqaLayer::RunPrefill(const CpuBatch& batch) {
+  const LayerSpec& s = spec();
+  Projections p = ProjectAndCache(batch);
+  std::vector<PagedKvSource> sources;
+  sources.reserve(batch.sequences.size());
+  std::vector<PrefillSequence> sequences;
+  for (const BatchSequence& seq : batch.sequences) {
+    sources.emplace_back(seq.table, &store(), &layout(), s.head_dim, s.head_dim);
+    sequences.push_back(
+        {seq.first_row, seq.num_new, seq.first_index, seq.table->num_tokens, &sources.back()});
+  }
+  std::vector<float> attention(batch.rows * q_width_);
+  PrefillAttentionParams params;
+  params.q = p.q.data();
+  params.q_row_stride = q_width_;
+  params.out = attention.data();
+  params.out_row_stride = q_width_;
+  params.num_kv_heads = s.num_kv_heads;
+  params.group_size = s.num_heads / s.num_kv_heads;
+  params.key_dim = s.head_dim;
+  params.value_dim = s.head_dim;
+  params.scale = EffectiveSoftmaxScale(s);
+  params.mask = mask();
+  PrefillAttention(params, sequences, pool());
+  OutputProjection(batch, attention);
+}
+
+void GqaLayer::RunDecode(const CpuBatch& batch) {
+  const LayerSpec& s = spec();
+  Projections p = ProjectAndCache(batch);
+  std::vector<const PageTable*> tables;
+  for (const BatchSequence& seq : batch.sequences) tables.push_back(seq.table);
+  std::vector<float> attention(batch.rows * q_width_);
+  // q [rows, num_heads * head_dim] is already [batch, num_kv_heads, group, head_dim].
+  DecodeAttentionParams params;
+  params.q = p.q.data();
+  params.out = attention.data();
+  params.batch = static_cast<int>(batch.rows);
+  params.num_kv_heads = s.num_kv_heads;
+  params.rows_per_kv_head = s.num_heads / s.num_kv_heads;
+  params.key_dim = s.head_dim;
+  params.value_dim = s.head_dim;
+  params.scale = EffectiveSoftmaxScale(s);
+  params.mask = mask();
+  params.layout = layout();
+  params.store = &store();
+  params.tables = tables;
+  PagedDecodeAttention(params, pool());
+  OutputProjection(batch, attention);
+}
+
+}  // namespace attnserve

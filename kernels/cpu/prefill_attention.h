@@ -1,0 +1,55 @@
+// Prefill attention: a chunk of new query tokens per sequence attends to the keys its mask
+// allows, in key blocks gathered to float32 and multiplied with sgemm (a CPU flash-attention: an
+// online softmax over blocks, never an L x L score matrix).
+//
+// Work items are (sequence, KV head, query block); rows of a query block are its tokens times the
+// query heads of the KV head's group, so a GQA/MQA key block is loaded once per group.
+#ifndef ATTNSERVE_KERNELS_CPU_PREFILL_ATTENTION_H_
+#define ATTNSERVE_KERNELS_CPU_PREFILL_ATTENTION_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "kernels/cpu/attention_policy.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace attnserve {
+
+// Supplies one sequence's keys and values as float32 rows.
+class KvBlockSource {
+ public:
+  virtual ~KvBlockSource() = default;
+  // Writes keys [begin, end) of `kv_head` to keys[end - begin, key_dim] and their values to
+  // values[end - begin, value_dim].
+  virtual void Fill(int kv_head, int64_t begin, int64_t end, float* keys, float* values) const = 0;
+};
+
+struct PrefillAttentionParams {
+  // Query token t (a row of the batch), query head h: q + t * q_row_stride + h * key_dim.
+  const float* q = nullptr;
+  int64_t q_row_stride = 0;
+  // Its output: out + t * out_row_stride + h * value_dim.
+  float* out = nullptr;
+  int64_t out_row_stride = 0;
+  int num_kv_heads = 0;
+  int group_size = 0;  // Query heads per KV head; query head h belongs to KV head h / group_size.
+  int key_dim = 0;
+  int value_dim = 0;
+  float scale = 1.0f;
+  MaskPolicy mask;
+};
+
+struct PrefillSequence {
+  int64_t first_row = 0;    // Batch row of this sequence's first new token.
+  int64_t num_new = 0;      // New tokens (rows) of this sequence.
+  int64_t first_index = 0;  // Index within the sequence of the first new token.
+  int64_t length = 0;       // Tokens in the sequence including the new ones.
+  const KvBlockSource* source = nullptr;
+};
+
+void PrefillAttention(const PrefillAttentionParams& params,
+                      absl::Span<const PrefillSequence> sequences, ThreadPool& pool);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_CPU_PREFILL_ATTENTION_H_
