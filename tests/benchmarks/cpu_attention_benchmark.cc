@@ -1,0 +1,171 @@
+// CPU backend benchmarks, each next to a ceiling measured in the same run:
+//   BM_SgemmCeiling  - OpenBLAS sgemm on every thread at once (GFLOP/s the projections can reach)
+//   BM_CopyCeiling   - a 512 MiB memcpy split over every thread (bytes read + written per second)
+//   BM_Prefill       - whole-sequence prefill per variant: useful GFLOP/s
+//   BM_Decode        - one decode step per variant at a long context: GB/s of KV read
+// tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
+// docs/benchmarks.md.
+#include <cblas.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "client/demo_variants.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace attnserve {
+namespace {
+
+constexpr int kDModel = 512;
+constexpr int kHeads = 8;
+
+int Threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+AttentionBackend& Backend() {
+  static AttentionBackend* backend = CreateCpuBackend({}).value().release();
+  return *backend;
+}
+
+const NamedSpec& Variant(int64_t index) {
+  static const std::vector<NamedSpec> variants = DemoVariants(kDModel, kHeads, /*window=*/0);
+  return variants[index];
+}
+
+Tensor RandomHidden(int64_t rows, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> values(rows * kDModel);
+  for (float& v : values) v = normal(rng);
+  return Tensor::FromFloats({rows, kDModel}, values);
+}
+
+// FLOPs of a causal prefill of `length` tokens (multiply-adds count 2), projections included.
+double PrefillFlops(const LayerSpec& s, int64_t length) {
+  const double d = s.d_model, h = s.num_heads, n = static_cast<double>(length);
+  const double visible_pairs = n * (n + 1) / 2;  // Sum over queries of visible keys.
+  if (s.variant == AttentionVariant::kMLA) {
+    const MlaDims& m = s.mla;
+    const double qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const double projections = 2 * n * d * h * qk + 2 * n * d * (m.kv_lora_rank + m.qk_rope_head_dim) +
+                               2 * n * m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim) +
+                               2 * n * h * m.v_head_dim * d;
+    return projections + 2 * h * (qk + m.v_head_dim) * visible_pairs;
+  }
+  const double hd = s.head_dim, kv = s.num_kv_heads;
+  const double projections = 2 * n * d * (h * hd + 2 * kv * hd) + 2 * n * h * hd * d;
+  return projections + 4 * h * hd * visible_pairs;
+}
+
+void BM_SgemmCeiling(benchmark::State& state) {
+  const int n = 512;
+  const int threads = Threads();
+  ThreadPool pool(threads);
+  std::vector<std::vector<float>> a(threads, std::vector<float>(n * n, 1.0f)),
+      b(threads, std::vector<float>(n * n, 0.5f)), c(threads, std::vector<float>(n * n));
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [&](int64_t t) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a[t].data(), n,
+                  b[t].data(), n, 0.0f, c[t].data(), n);
+    });
+    benchmark::DoNotOptimize(c[0].data());
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * n * n * n * threads * state.iterations() / 1e9,
+                                                benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SgemmCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_CopyCeiling(benchmark::State& state) {
+  const size_t bytes = size_t{512} << 20;
+  const int threads = Threads();
+  ThreadPool pool(threads);
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [&](int64_t t) {
+      const size_t begin = bytes * t / threads, end = bytes * (t + 1) / threads;
+      std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+    });
+    benchmark::DoNotOptimize(dst.data());
+  }
+  // A copy reads and writes every byte: count both, as the memory system must move both.
+  state.counters["GBps"] = benchmark::Counter(2.0 * bytes * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CopyCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Args: variant index, sequence length, KV dtype (0 f32, 1 bf16).
+void BM_Prefill(benchmark::State& state) {
+  const NamedSpec& variant = Variant(state.range(0));
+  const int64_t length = state.range(1);
+  KvCacheConfig kv;
+  kv.dtype = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.max_pages = length / DefaultPageSize(variant.spec) + 2;
+  auto layer = Backend().CreateLayer(variant.spec, *RandomLayerWeights(variant.spec, 1), kv);
+  std::mt19937 rng(1);
+  const Tensor hidden = RandomHidden(length, rng);
+  for (auto _ : state) {
+    const SequenceId id = (*layer)->CreateSequence();
+    const PrefillChunk chunk{id, length};
+    benchmark::DoNotOptimize((*layer)->Prefill({&chunk, 1}, hidden, {}));
+    (void)(*layer)->ReleaseSequence(id);
+  }
+  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.dtype)));
+  state.counters["GFLOPs"] = benchmark::Counter(
+      PrefillFlops(variant.spec, length) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Prefill)
+    ->ArgsProduct({{0, 1, 2, 3}, {512, 2048}, {0}})
+    ->Args({0, 2048, 1})
+    ->Args({3, 2048, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Args: variant index, context length, KV dtype (0 f32, 1 bf16), batch.
+// The contexts are filled once by prefill (O(context^2), the slow part of this benchmark) and then
+// grow by one token per timed step; kMaxSteps bounds that growth.
+void BM_Decode(benchmark::State& state) {
+  const NamedSpec& variant = Variant(state.range(0));
+  const int64_t context = state.range(1);
+  const int batch = static_cast<int>(state.range(3));
+  constexpr int64_t kMaxSteps = 4096;
+  KvCacheConfig kv;
+  kv.dtype = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.max_pages = batch * ((context + kMaxSteps) / DefaultPageSize(variant.spec) + 2);
+  auto layer = Backend().CreateLayer(variant.spec, *RandomLayerWeights(variant.spec, 1), kv);
+  std::mt19937 rng(1);
+  const Tensor prompt = RandomHidden(context, rng);
+  const Tensor step = RandomHidden(batch, rng);
+  std::vector<SequenceId> ids;
+  for (int b = 0; b < batch; ++b) {
+    ids.push_back((*layer)->CreateSequence());
+    const PrefillChunk chunk{ids.back(), context};
+    if (!(*layer)->Prefill({&chunk, 1}, prompt, {}).ok()) state.SkipWithError("prefill failed");
+  }
+  int64_t steps = 0;
+  double kv_bytes = 0;
+  for (auto _ : state) {
+    absl::StatusOr<Tensor> out = (*layer)->Decode(ids, step, {});
+    if (!out.ok()) {
+      state.SkipWithError(std::string(out.status().message()).c_str());
+      break;
+    }
+    ++steps;
+    kv_bytes += static_cast<double>(batch) * (context + steps) *
+                KvBytesPerToken(variant.spec, kv.dtype);
+  }
+  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.dtype)));
+  state.counters["KV_GBps"] = benchmark::Counter(kv_bytes / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Decode)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096}, {0, 1}, {8}})
+    ->Args({0, 1024, 0, 1})
+    ->UseRealTime()
+    ->Iterations(64)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace attnserve
+
+BENCHMARK_MAIN();
