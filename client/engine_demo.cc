@@ -14,6 +14,9 @@
 #include "absl/time/time.h"
 #include "client/demo_variants.h"
 #include "kernels/cpu/cpu_backend.h"
+#ifdef ATTNSERVE_HAVE_CUDA
+#include "kernels/cuda/cuda_device.h"
+#endif
 
 ABSL_FLAG(int, d_model, 512, "Hidden size of every variant.");
 ABSL_FLAG(int, num_heads, 8, "Query heads of every variant.");
@@ -92,6 +95,19 @@ int Run() {
     }
     seq_lens.push_back(value);
   }
+#ifdef ATTNSERVE_HAVE_CUDA
+  if (absl::StatusOr<std::vector<CudaDeviceInfo>> gpus = ListCudaDevices(); gpus.ok()) {
+    for (const CudaDeviceInfo& gpu : *gpus) {
+      absl::PrintF("GPU %d: %s (sm_%d, %.1f GiB); the CUDA backend is not built yet, using CPU\n",
+                   gpu.ordinal, gpu.name, gpu.compute_capability,
+                   gpu.total_memory_bytes / double(1 << 30));
+    }
+  } else {
+    absl::PrintF("%s; using the CPU backend\n", gpus.status().message());
+  }
+#else
+  absl::PrintF("built without CUDA; using the CPU backend\n");
+#endif
   CpuBackendOptions options;
   options.num_threads = absl::GetFlag(FLAGS_threads);
   absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend(options);
