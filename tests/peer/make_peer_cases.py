@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""Builds peer-test cases: tiny random attention layers run by code nobody here wrote.
+
+Each case is a randomly initialised model built by Hugging Face `transformers` (eager attention,
+float32) or a bare `torch.nn.MultiheadAttention`, saved as a safetensors checkpoint, together with
+one forward pass through one layer's attention module captured with forward hooks. The C++ peer
+test (tests/peer_test.cc) loads the checkpoint with our loader, runs our engine on the same input
+and compares.
+
+Output, one directory per case under --out:
+  model.safetensors  the checkpoint (save_pretrained, or safetensors.torch.save_file for torch MHA)
+  spec.json          our LayerSpec JSON (kernels/layer_spec_json.h)
+  io.safetensors     "hidden"   [L, d_model] f32  input of self_attn (after input_layernorm)
+                     "positions" [L] f32          RoPE positions: integers from 5, increasing in
+                                                  steps of 1..3 (contiguous for Mistral); F32
+                                                  because the C++ reader has no integer dtypes
+                     "expected" [L, d_model] f32  self_attn output for a one-shot prefill
+                     "expected_split" [L, d_model] f32  output when the first `prefill_split`
+                                                  tokens are prefilled and the rest decoded one by
+                                                  one; differs from "expected" only without a
+                                                  causal mask (a decoded token cannot see later
+                                                  tokens)
+  case.json          {"layer_index", "prefill_split", "seq_len", "source", "seed", "versions"}
+
+Nothing is downloaded (HF_HUB_OFFLINE=1). Weights are re-drawn after construction so attention is
+peaked rather than near-uniform (transformers' default init, std 0.02, makes every softmax almost
+flat, which would hide masking and RoPE mistakes), and RMSNorm scales inside the attention module
+are drawn away from 1 so a loader that drops them fails.
+
+Before a case is written, a float64 numpy re-implementation of our spec semantics recomputes it
+from model.safetensors + spec.json (self_check); a mismatch stops the script, so a case that fails
+in C++ points at the engine, not at this script's mapping of the model config to spec.json.
+"""
+
+import argparse
+import json
+import math
+import os
+import secrets
+import shutil
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+try:
+    import numpy as np
+    import safetensors
+    import safetensors.torch
+    import torch
+    import transformers
+    from transformers import (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+except ImportError as error:
+    sys.exit(f"make_peer_cases.py: {error} (python {sys.executable}). Run deploy/setup.sh, or "
+             f"pip install -r tests/peer/requirements.txt into this interpreter's environment.")
+
+POSITION_OFFSET = 5  # First RoPE position; non-zero so a position-ignoring engine fails.
+VOCAB = 64           # Tiny vocabulary: the embedding table is never used (inputs_embeds).
+
+
+def versions():
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+    }
+
+
+# ---- weight re-initialisation -------------------------------------------------------------------
+
+def reinit_attention(attn: torch.nn.Module, qk_gain: float):
+    """Re-draws the attention module's parameters.
+
+    Projections ~ U(-1/sqrt(in), 1/sqrt(in)) as nn.Linear's own default, with q/k-side projections
+    scaled by `qk_gain` so logits spread over several units; biases ~ U(-0.5, 0.5); RMSNorm scales
+    ~ U(0.5, 1.5).
+    """
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            leaf = name.split(".")[0]
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+            else:
+                bound = 1.0 / math.sqrt(p.shape[1])
+                p.uniform_(-bound, bound)
+                if leaf in ("q_proj", "k_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                            "kv_b_proj"):
+                    p.mul_(qk_gain)
+
+
+# ---- capture ------------------------------------------------------------------------------------
+
+class Capture:
+    """Forward hooks on one self_attn module: its hidden_states input and its output."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.hidden = None
+        self.output = None
+        self._handles = [
+            module.register_forward_pre_hook(self._pre, with_kwargs=True),
+            module.register_forward_hook(self._post, with_kwargs=True),
+        ]
+
+    def _pre(self, module, args, kwargs):
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        self.hidden = hidden.detach().clone()
+
+    def _post(self, module, args, kwargs, output):
+        out = output[0] if isinstance(output, tuple) else output
+        self.output = out.detach().clone()
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+
+
+def make_positions(seq_len: int, gapped: bool) -> torch.Tensor:
+    """Increasing positions from POSITION_OFFSET; with gaps of 1..3 when `gapped`.
+
+    RoPE is relative, so a constant offset alone cancels in q.k; gaps make the result depend on
+    each token's own position, which catches an engine that rotates by sequence index.
+    """
+    steps = torch.randint(1, 4, (seq_len,)) if gapped else torch.ones(seq_len, dtype=torch.long)
+    steps[0] = 0
+    return POSITION_OFFSET + torch.cumsum(steps, 0)
+
+
+def run_hf_case(model, layer_index: int, seq_len: int, d_model: int, gapped: bool):
+    model.eval()
+    attn = model.model.layers[layer_index].self_attn
+    cap = Capture(attn)
+    embeds = torch.randn(1, seq_len, d_model, dtype=torch.float32)
+    positions = make_positions(seq_len, gapped)[None]
+    # An explicit all-ones attention_mask: without it transformers reads gaps in position_ids as
+    # boundaries of packed sequences and masks across them. The causal (and sliding-window) mask
+    # is built from token indices (cache_position), never from position_ids.
+    mask = torch.ones(1, seq_len, dtype=torch.long)
+    with torch.no_grad():
+        model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, use_cache=False)
+    cap.remove()
+    assert cap.hidden is not None and cap.output is not None, "hooks did not fire"
+    return cap.hidden[0], positions[0], cap.output[0]
+
+
+# ---- spec mapping -------------------------------------------------------------------------------
+
+def scale_or_default(scaling: float, qk_head_dim: int) -> float:
+    """0 (our 'use 1/sqrt(qk head dim)') when the module's scale is that default, else the value."""
+    default = qk_head_dim ** -0.5
+    return 0.0 if math.isclose(scaling, default, rel_tol=1e-12) else float(scaling)
+
+
+def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None) -> dict:
+    """Spec for Llama/Mistral/Qwen2 attention (rotate_half RoPE over the full head_dim)."""
+    heads = config.num_attention_heads
+    kv_heads = config.num_key_value_heads
+    head_dim = attn.head_dim
+    assert getattr(config, "partial_rotary_factor", 1.0) == 1.0
+    rope_scaling = getattr(config, "rope_scaling", None)
+    assert rope_scaling is None or rope_scaling.get("rope_type") == "default"
+    # The window the mask actually uses: Qwen2 decides per layer (attn.sliding_window); Mistral
+    # masks every layer with config.sliding_window when it is set (its module has no attribute).
+    window = (attn.sliding_window if hasattr(attn, "sliding_window")
+              else getattr(config, "sliding_window", None)) or 0
+    assert window == expected_window, (window, expected_window)
+    if variant is None:
+        variant = "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa")
+    return {
+        "variant": variant,
+        "d_model": config.hidden_size,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "qkv_bias": attn.q_proj.bias is not None,
+        "o_bias": attn.o_proj.bias is not None,
+        "rope": "half",
+        "rope_theta": float(config.rope_theta),
+        "causal": bool(attn.is_causal),
+        "sliding_window": int(window),
+        "softmax_scale": scale_or_default(attn.scaling, head_dim),
+    }
+
+
+def deepseek_spec(config, attn) -> dict:
+    eps = attn.kv_a_layernorm.variance_epsilon
+    if config.q_lora_rank is not None:
+        assert attn.q_a_layernorm.variance_epsilon == eps
+    assert config.rope_scaling is None  # No YaRN: positions use the plain default frequencies.
+    return {
+        "variant": "mla",
+        "d_model": config.hidden_size,
+        "num_heads": config.num_attention_heads,
+        "num_kv_heads": 0,
+        "head_dim": 0,
+        "qkv_bias": False,
+        "o_bias": False,
+        "rope": "interleaved" if config.rope_interleave else "half",
+        "rope_theta": float(config.rope_theta),
+        "causal": bool(attn.is_causal),
+        "sliding_window": 0,
+        "softmax_scale": scale_or_default(attn.scaling, config.qk_head_dim),
+        "mla": {
+            "q_lora_rank": config.q_lora_rank or 0,
+            "kv_lora_rank": config.kv_lora_rank,
+            "qk_nope_head_dim": config.qk_nope_head_dim,
+            "qk_rope_head_dim": config.qk_rope_head_dim,
+            "v_head_dim": config.v_head_dim,
+            # The module's own eps: DeepseekV3Attention builds its RMSNorms with the default 1e-6,
+            # not config.rms_norm_eps.
+            "rms_norm_eps": float(eps),
+        },
+    }
+
+
+# ---- cases --------------------------------------------------------------------------------------
+
+def llama_case(heads, kv_heads, head_dim, bias, layers, layer_index, seq_len):
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        attention_bias=bias, rope_theta=10000.0, rms_norm_eps=1e-5, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    return model, llama_like_spec(config, attn), layer_index, seq_len, "transformers LlamaForCausalLM"
+
+
+def qwen2_case():
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=4, rope_theta=1000000.0,
+        max_position_embeddings=512, use_sliding_window=False,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None
+    reinit_attention(attn, qk_gain=2.0)
+    return model, llama_like_spec(config, attn), 0, 31, "transformers Qwen2ForCausalLM"
+
+
+def mistral_case():
+    window = 8
+    config = MistralConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, sliding_window=window,
+        rope_theta=10000.0, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = MistralForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[0].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    spec = llama_like_spec(config, attn, expected_window=window)
+    return model, spec, 0, 29, "transformers MistralForCausalLM"
+
+
+def deepseek_case(q_lora_rank, layers, layer_index, seq_len):
+    config = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, moe_intermediate_size=64,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=q_lora_rank, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, rope_theta=10000.0, rope_scaling=None,
+        rope_interleave=True, rms_norm_eps=1e-5, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = DeepseekV3ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=1.5)
+    return model, deepseek_spec(config, attn), layer_index, seq_len, "transformers DeepseekV3ForCausalLM"
+
+
+def torch_mha_case(out_dir, causal: bool, seq_len: int):
+    """nn.MultiheadAttention, converted to q/k/v/o_proj names. Returns the case files' contents."""
+    embed, heads = 256, 8
+    mha = torch.nn.MultiheadAttention(embed, heads, bias=True, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_bias.uniform_(-0.5, 0.5)
+        mha.out_proj.bias.uniform_(-0.5, 0.5)
+        mha.in_proj_weight[: 2 * embed].mul_(4.0)  # Peakier softmax (xavier init is small).
+    x = torch.randn(1, seq_len, embed)
+
+    def attend(q_rows, kv_rows, mask=None):
+        with torch.no_grad():
+            out, _ = mha(q_rows, kv_rows, kv_rows, need_weights=False, attn_mask=mask)
+        return out[0]
+
+    mask = None
+    if causal:
+        # Bool mask: True = not allowed to attend.
+        mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)
+    expected = attend(x, x, mask)
+
+    split = seq_len // 2
+    if causal:
+        expected_split = expected
+    else:
+        # Prefill of the first `split` tokens attends among themselves; each decoded token attends
+        # to everything cached so far, itself included.
+        rows = [attend(x[:, :split], x[:, :split])]
+        for t in range(split, seq_len):
+            rows.append(attend(x[:, t:t + 1], x[:, :t + 1]))
+        expected_split = torch.cat(rows, dim=0)
+
+    w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3, dim=0)
+    b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3, dim=0)
+    prefix = "model.layers.0.self_attn."
+    tensors = {
+        prefix + "q_proj.weight": w_q, prefix + "q_proj.bias": b_q,
+        prefix + "k_proj.weight": w_k, prefix + "k_proj.bias": b_k,
+        prefix + "v_proj.weight": w_v, prefix + "v_proj.bias": b_v,
+        prefix + "o_proj.weight": mha.out_proj.weight.detach(),
+        prefix + "o_proj.bias": mha.out_proj.bias.detach(),
+    }
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()},
+                                os.path.join(out_dir, "model.safetensors"),
+                                metadata={"format": "pt"})
+    spec = {
+        "variant": "mha", "d_model": embed, "num_heads": heads, "num_kv_heads": heads,
+        "head_dim": embed // heads, "qkv_bias": True, "o_bias": True, "rope": "none",
+        "rope_theta": 10000.0, "causal": causal, "sliding_window": 0, "softmax_scale": 0.0,
+    }
+    positions = torch.arange(POSITION_OFFSET, POSITION_OFFSET + seq_len)
+    return spec, x[0], positions, expected, expected_split, split
+
+
+# ---- self-check: our reading of spec.json, in float64 numpy ------------------------------------
+#
+# Recomputes each case from model.safetensors + spec.json with the semantics documented in
+# kernels/layer_spec.h. Agreement proves that spec.json describes what transformers/torch computed,
+# so when the C++ engine disagrees with "expected" the engine (not this mapping) is at fault.
+
+def _rope(x, positions, theta, layout):
+    """x [L, ..., d]; rotates pairs (i, i + d/2) ("half") or (2i, 2i + 1) ("interleaved")."""
+    d = x.shape[-1]
+    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+    angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [L, d/2]
+    shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (d // 2,)
+    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
+    if layout == "half":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    if layout == "half":
+        return np.concatenate([ra, rb], axis=-1)
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = ra, rb
+    return out
+
+
+def _rms(x, w, eps):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def _visible(spec, seq_len, split):
+    """[L, L] bool: query i may see key j. split=None: one-shot prefill."""
+    i = np.arange(seq_len)[:, None]
+    j = np.arange(seq_len)[None, :]
+    if spec["causal"]:
+        vis = j <= i
+        if spec["sliding_window"]:
+            vis &= j > i - spec["sliding_window"]
+        return vis
+    if split is None:
+        return np.ones((seq_len, seq_len), dtype=bool)
+    return np.where(i < split, j < split, j <= i)
+
+
+def reference_forward(spec, weights, hidden, positions, split=None):
+    x = hidden.astype(np.float64)
+    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    seq_len, heads = x.shape[0], spec["num_heads"]
+
+    def lin(name, inp):
+        out = inp @ w[name + ".weight"].T
+        return out + w[name + ".bias"] if name + ".bias" in w else out
+
+    if spec["variant"] == "mla":
+        m = spec["mla"]
+        nope, rdim, vdim, rank = (m["qk_nope_head_dim"], m["qk_rope_head_dim"], m["v_head_dim"],
+                                  m["kv_lora_rank"])
+        if m["q_lora_rank"]:
+            q = lin("q_b_proj", _rms(lin("q_a_proj", x), w["q_a_layernorm.weight"],
+                                     m["rms_norm_eps"]))
+        else:
+            q = lin("q_proj", x)
+        q = q.reshape(seq_len, heads, nope + rdim)
+        ckv = lin("kv_a_proj_with_mqa", x)
+        latent = _rms(ckv[:, :rank], w["kv_a_layernorm.weight"], m["rms_norm_eps"])
+        k_rope = ckv[:, rank:]
+        kv = lin("kv_b_proj", latent).reshape(seq_len, heads, nope + vdim)
+        v = kv[..., nope:]
+        if spec["rope"] != "none":
+            q = np.concatenate([q[..., :nope], _rope(q[..., nope:], positions, spec["rope_theta"],
+                                                     spec["rope"])], axis=-1)
+            k_rope = _rope(k_rope, positions, spec["rope_theta"], spec["rope"])
+        k = np.concatenate([kv[..., :nope], np.broadcast_to(k_rope[:, None, :],
+                                                            (seq_len, heads, rdim))], axis=-1)
+        qk_dim = nope + rdim
+    else:
+        hd, kvh = spec["head_dim"], spec["num_kv_heads"]
+        q = lin("q_proj", x).reshape(seq_len, heads, hd)
+        k = lin("k_proj", x).reshape(seq_len, kvh, hd)
+        v = lin("v_proj", x).reshape(seq_len, kvh, hd)
+        if spec["rope"] != "none":
+            q = _rope(q, positions, spec["rope_theta"], spec["rope"])
+            k = _rope(k, positions, spec["rope_theta"], spec["rope"])
+        group = heads // kvh
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        qk_dim = hd
+    scale = spec["softmax_scale"] or qk_dim ** -0.5
+    logits = np.einsum("ihd,jhd->hij", q, k) * scale
+    logits = np.where(_visible(spec, seq_len, split)[None], logits, -np.inf)
+    logits -= logits.max(-1, keepdims=True)
+    p = np.exp(logits)
+    p /= p.sum(-1, keepdims=True)
+    attn = np.einsum("hij,jhd->ihd", p, v).reshape(seq_len, -1)
+    return lin("o_proj", attn)
+
+
+def self_check(case_dir, spec, layer_index, split, hidden, positions, expected, expected_split):
+    prefix = f"model.layers.{layer_index}.self_attn."
+    weights = {}
+    with safetensors.safe_open(os.path.join(case_dir, "model.safetensors"), "np") as f:
+        for key in f.keys():
+            if key.startswith(prefix):
+                weights[key[len(prefix):]] = f.get_tensor(key)
+    h, pos = hidden.double().numpy(), positions.numpy()
+    errors = []
+    for which, target, s in (("expected", expected, None), ("expected_split", expected_split, split)):
+        ref = reference_forward(spec, weights, h, pos, s)
+        t = target.double().numpy()
+        rel = float(np.linalg.norm(ref - t) / np.linalg.norm(t))
+        errors.append(rel)
+        if not rel < 1e-5:
+            raise AssertionError(f"{case_dir}: spec.json does not reproduce {which}: rel err {rel:.3e}")
+    return errors
+
+
+def write_case(out_root, name, spec, hidden, positions, expected, expected_split, layer_index,
+               split, source, seed):
+    case_dir = os.path.join(out_root, name)
+    with open(os.path.join(case_dir, "spec.json"), "w") as f:
+        json.dump(spec, f, indent=2)
+        f.write("\n")
+    seq_len = hidden.shape[0]
+    io = {
+        "hidden": hidden.to(torch.float32).contiguous(),
+        "positions": positions.to(torch.float32).contiguous(),
+        "expected": expected.to(torch.float32).contiguous(),
+        "expected_split": expected_split.to(torch.float32).clone().contiguous(),
+    }
+    safetensors.torch.save_file(io, os.path.join(case_dir, "io.safetensors"),
+                                metadata={"layer_index": str(layer_index),
+                                          "prefill_split": str(split)})
+    with open(os.path.join(case_dir, "case.json"), "w") as f:
+        json.dump({"layer_index": layer_index, "prefill_split": split, "seq_len": seq_len,
+                   "source": source, "seed": seed, "versions": versions()}, f, indent=2)
+        f.write("\n")
+    errors = self_check(case_dir, spec, layer_index, split, hidden, positions, expected,
+                        expected_split)
+    rms = float(expected.pow(2).mean().sqrt())
+    print(f"  {name:31s} L={seq_len:3d} layer={layer_index} split={split:2d} "
+          f"rms(expected)={rms:.3f} self-check rel err {errors[0]:.1e} / {errors[1]:.1e}")
+
+
+HF_CASES = {
+    # (a) GQA, head_dim = d_model / heads.
+    "llama_gqa": lambda: llama_case(8, 2, 32, False, 1, 0, 37),
+    # (a') GQA, head_dim 48 != 256 / 8, bias on q, k, v and o; layer index 1 of a 2-layer model.
+    "llama_gqa_hd48_bias_layer1": lambda: llama_case(8, 2, 48, True, 2, 1, 37),
+    # (b) MQA.
+    "llama_mqa": lambda: llama_case(8, 1, 32, False, 1, 0, 33),
+    # Bias on q, k, v only (no o_proj bias).
+    "qwen2_qkv_bias": qwen2_case,
+    # (c) Sliding window 8 < length 29.
+    "mistral_swa": mistral_case,
+    # (d) MLA with the low-rank query path, and with a plain q_proj (q_lora_rank=None); the
+    # second on layer 1 of a 2-layer model whose layer 1 is MoE.
+    "deepseek_v3_mla_qlora": lambda: deepseek_case(64, 1, 0, 37),
+    "deepseek_v3_mla_noqlora_layer1": lambda: deepseek_case(None, 2, 1, 35),
+}
+TORCH_CASES = {
+    # (e) nn.MultiheadAttention: MHA without RoPE.
+    "torch_mha_bidir": lambda d: torch_mha_case(d, causal=False, seq_len=23),
+    "torch_mha_causal": lambda d: torch_mha_case(d, causal=True, seq_len=23),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory to write case directories into")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="torch seed (default: a fresh random seed, printed)")
+    parser.add_argument("--only", default=None, help="comma-separated case names")
+    args = parser.parse_args()
+
+    seed = args.seed if args.seed is not None else secrets.randbits(31)
+    print(f"make_peer_cases: seed {seed} (rerun with --seed {seed}); " +
+          ", ".join(f"{k} {v}" for k, v in versions().items()))
+    torch.set_num_threads(2)
+    wanted = set(args.only.split(",")) if args.only else None
+    all_names = list(HF_CASES) + list(TORCH_CASES)
+    if wanted:
+        unknown = wanted - set(all_names)
+        if unknown:
+            parser.error(f"unknown case(s): {sorted(unknown)}; known: {all_names}")
+
+    os.makedirs(args.out, exist_ok=True)
+    for index, name in enumerate(all_names):
+        if wanted and name not in wanted:
+            continue
+        # Each case draws from its own seed so that --only reproduces the same case.
+        case_seed = seed + index
+        torch.manual_seed(case_seed)
+        case_dir = os.path.join(args.out, name)
+        shutil.rmtree(case_dir, ignore_errors=True)
+        os.makedirs(case_dir)
+        if name in HF_CASES:
+            model, spec, layer_index, seq_len, source = HF_CASES[name]()
+            # Mistral keeps contiguous positions: its window counts tokens (indices), and with
+            # contiguous positions that count cannot be confused with a position difference.
+            hidden, positions, expected = run_hf_case(model, layer_index, seq_len,
+                                                      model.config.hidden_size,
+                                                      gapped=not name.startswith("mistral"))
+            # Every HF case here is causal, so prefill-then-decode must reproduce one-shot prefill.
+            assert spec["causal"]
+            model.save_pretrained(case_dir, safe_serialization=True)
+            write_case(args.out, name, spec, hidden, positions, expected, expected, layer_index,
+                       seq_len // 2, source, case_seed)
+        else:
+            spec, hidden, positions, expected, expected_split, split = TORCH_CASES[name](case_dir)
+            write_case(args.out, name, spec, hidden, positions, expected, expected_split, 0, split,
+                       "torch.nn.MultiheadAttention", case_seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
