@@ -1,0 +1,261 @@
+#include "kernels/checkpoint_loader.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "kernels/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kSingleFileName[] = "model.safetensors";
+constexpr char kIndexFileName[] = "model.safetensors.index.json";
+
+// Where each tensor of the checkpoint lives. Only names under the layer's prefix are kept.
+struct CheckpointLayout {
+  std::string description;                      // The file or index named in error messages.
+  std::map<std::string, std::string> location;  // Full tensor name -> safetensors file path.
+};
+
+const char* BoolName(bool value) { return value ? "true" : "false"; }
+
+// The spec's sizes that determine weight shapes, for error messages:
+// "gqa, d_model=512, num_heads=8, num_kv_heads=2, head_dim=64".
+std::string SpecShapeFields(const LayerSpec& spec) {
+  if (spec.variant == AttentionVariant::kMLA) {
+    const MlaDims& m = spec.mla;
+    return absl::StrCat("mla, d_model=", spec.d_model, ", num_heads=", spec.num_heads,
+                        ", q_lora_rank=", m.q_lora_rank, ", kv_lora_rank=", m.kv_lora_rank,
+                        ", qk_nope_head_dim=", m.qk_nope_head_dim,
+                        ", qk_rope_head_dim=", m.qk_rope_head_dim, ", v_head_dim=", m.v_head_dim);
+  }
+  return absl::StrCat(VariantName(spec.variant), ", d_model=", spec.d_model,
+                      ", num_heads=", spec.num_heads, ", num_kv_heads=", spec.num_kv_heads,
+                      ", head_dim=", spec.head_dim, ", qkv_bias=", BoolName(spec.qkv_bias),
+                      ", o_bias=", BoolName(spec.o_bias));
+}
+
+// The spec field that makes `short_name` (a name without the layer prefix) expected or not.
+std::string GoverningField(const LayerSpec& spec, absl::string_view short_name) {
+  if (absl::EndsWith(short_name, ".bias")) {
+    return absl::StartsWith(short_name, "o_proj")
+               ? absl::StrCat("o_bias=", BoolName(spec.o_bias))
+               : absl::StrCat("qkv_bias=", BoolName(spec.qkv_bias));
+  }
+  if (spec.variant == AttentionVariant::kMLA &&
+      (absl::StartsWith(short_name, "q_proj") || absl::StartsWith(short_name, "q_a_") ||
+       absl::StartsWith(short_name, "q_b_"))) {
+    return absl::StrCat("mla.q_lora_rank=", spec.mla.q_lora_rank);
+  }
+  return absl::StrCat("variant=", VariantName(spec.variant));
+}
+
+// A learned parameter (".weight" or ".bias"), as opposed to buffers such as rotary_emb.inv_freq
+// that old transformers versions saved, or FP8 scales (".weight_scale_inv"), which have their own
+// weight next to them.
+bool IsParameterName(absl::string_view name) {
+  return absl::EndsWith(name, ".weight") || absl::EndsWith(name, ".bias");
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::error_code error;
+  const uintmax_t size = fs::file_size(path, error);
+  if (error) {
+    return absl::NotFoundError(absl::StrCat("reading ", path, ": ", error.message()));
+  }
+  if (size > kMaxSafetensorsHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is ", size, " bytes; an index over ",
+                                                   kMaxSafetensorsHeaderBytes,
+                                                   " bytes is not plausible"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::InternalError(absl::StrCat("reading ", path, " failed"));
+  return text;
+}
+
+// Reads model.safetensors.index.json's weight_map, keeping the entries under `prefix`.
+absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::path& index_path,
+                                                 const std::string& prefix) {
+  const std::string index = index_path.string();
+  absl::StatusOr<std::string> text = ReadSmallFile(index);
+  if (!text.ok()) return text.status();
+  const json root = json::parse(*text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index, " is not a JSON object"));
+  }
+  const auto map_it = root.find("weight_map");
+  if (map_it == root.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(index, " has no \"weight_map\" object (tensor name -> shard file)"));
+  }
+  CheckpointLayout layout{index, {}};
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    if (!shard.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": weight_map entry for '", name, "' is not a string file name"));
+    }
+    const fs::path shard_path(shard.get<std::string>());
+    // Shards live in the checkpoint directory; refusing absolute paths and ".." keeps a
+    // downloaded index from pointing the loader at arbitrary files.
+    bool escapes = shard_path.is_absolute() || shard_path.empty();
+    for (const fs::path& part : shard_path) escapes = escapes || part == "..";
+    if (escapes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          index, ": weight_map entry for '", name, "' names shard '", shard_path.string(),
+          "', which is not a relative path inside ", dir.string()));
+    }
+    layout.location.emplace(name, (dir / shard_path).string());
+  }
+  return layout;
+}
+
+absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const std::string& prefix,
+                                               std::map<std::string, SafetensorsFile>& open_files) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (error || !fs::exists(status)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint path ", path, " does not exist"));
+  }
+  std::string file_path = path;
+  if (fs::is_directory(status)) {
+    const fs::path dir(path);
+    const fs::path index = dir / kIndexFileName;
+    if (fs::exists(index, error)) return LayoutFromIndex(dir, index, prefix);
+    file_path = (dir / kSingleFileName).string();
+    if (!fs::exists(file_path, error)) {
+      return absl::NotFoundError(absl::StrCat("checkpoint directory ", path, " has neither ",
+                                              kSingleFileName, " nor ", kIndexFileName));
+    }
+  }
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(file_path);
+  if (!file.ok()) return file.status();
+  CheckpointLayout layout{file_path, {}};
+  for (const std::string& name : file->names()) {
+    if (absl::StartsWith(name, prefix)) layout.location.emplace(name, file_path);
+  }
+  open_files.emplace(file_path, *std::move(file));
+  return layout;
+}
+
+// What the checkpoint has under the prefix, for messages about a missing tensor.
+std::string DescribePresent(const CheckpointLayout& layout, const std::string& prefix) {
+  if (layout.location.empty()) {
+    return absl::StrCat(layout.description, " has no tensors under ", prefix,
+                        " at all (layer index past the model's num_hidden_layers, or not "
+                        "Hugging Face Llama/Mistral/Qwen2/DeepSeek names?)");
+  }
+  std::vector<std::string> short_names;
+  for (const auto& [name, file] : layout.location)
+    short_names.push_back(name.substr(prefix.size()));
+  return absl::StrCat("under ", prefix, " it has: ", absl::StrJoin(short_names, ", "));
+}
+
+}  // namespace
+
+std::string HfAttentionPrefix(int layer_index) {
+  return absl::StrCat("model.layers.", layer_index, ".self_attn.");
+}
+
+absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& path,
+                                                             const LayerSpec& spec,
+                                                             int layer_index) {
+  if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+  if (layer_index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer_index is ", layer_index, "; it must be >= 0"));
+  }
+  const std::string prefix = HfAttentionPrefix(layer_index);
+  std::map<std::string, SafetensorsFile> open_files;  // Path -> file, each shard opened once.
+  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, prefix, open_files);
+  if (!layout.ok()) return layout.status();
+
+  // Names first, so that a spec/checkpoint mismatch is reported before any shard is opened.
+  const std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
+  std::set<std::string> expected_names;
+  for (const WeightShape& weight : expected) {
+    const std::string full_name = prefix + weight.name;
+    expected_names.insert(full_name);
+    if (layout->location.contains(full_name)) continue;
+    return absl::NotFoundError(absl::StrCat(
+        full_name, " is not in ", layout->description, ", but the spec (", SpecShapeFields(spec),
+        ") requires it with shape ", ShapeString(weight.shape), " (",
+        GoverningField(spec, weight.name), "); ", DescribePresent(*layout, prefix)));
+  }
+  for (const auto& [full_name, file] : layout->location) {
+    if (expected_names.contains(full_name) || !IsParameterName(full_name)) continue;
+    const std::string short_name = full_name.substr(prefix.size());
+    const bool is_bias = absl::EndsWith(short_name, ".bias");
+    return absl::InvalidArgumentError(absl::StrCat(
+        full_name, " is in ", file, " but the spec (", SpecShapeFields(spec), ") does not use it",
+        is_bias ? absl::StrCat(" (the spec has ", GoverningField(spec, short_name),
+                               "; set it to true for this checkpoint)")
+                : "",
+        "; loading without it would compute a different layer than the checkpoint's",
+        is_bias ? "" : " (the checkpoint's attention is another variant or architecture)"));
+  }
+
+  // Shapes and dtypes from the headers, before reading any data.
+  std::vector<std::pair<const WeightShape*, SafetensorsFile*>> plan;
+  for (const WeightShape& weight : expected) {
+    const std::string full_name = prefix + weight.name;
+    const std::string& file_path = layout->location.at(full_name);
+    auto file_it = open_files.find(file_path);
+    if (file_it == open_files.end()) {
+      absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(file_path);
+      if (!file.ok()) {
+        return absl::Status(file.status().code(),
+                            absl::StrCat(file.status().message(), " (the shard that ",
+                                         layout->description, " names for ", full_name, ")"));
+      }
+      file_it = open_files.emplace(file_path, *std::move(file)).first;
+    }
+    const SafetensorsFile& file = file_it->second;
+    absl::StatusOr<SafetensorsTensorInfo> info = file.info(full_name);
+    if (!info.ok()) {
+      return absl::NotFoundError(absl::StrCat(full_name, " is not in ", file_path, ", although ",
+                                              layout->description, " says it is"));
+    }
+    if (info->shape != weight.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          full_name, " in ", file_path, " has shape ", ShapeString(info->shape), " but the spec (",
+          SpecShapeFields(spec), ") requires ", ShapeString(weight.shape)));
+    }
+    if (!info->dtype.has_value()) {
+      const bool fp8_scaled = file.contains(full_name + "_scale_inv");
+      return absl::UnimplementedError(absl::StrCat(
+          full_name, " in ", file_path, " is stored as ", info->dtype_name,
+          "; only F32, F16 and BF16 weights can be loaded",
+          fp8_scaled ? " (this is a block-quantized FP8 checkpoint: dequantize it to BF16 first)"
+                     : ""));
+    }
+    plan.emplace_back(&weight, &file_it->second);
+  }
+
+  LayerWeights weights;
+  for (const auto& [weight, file] : plan) {
+    absl::StatusOr<Tensor> tensor = file->Read(prefix + weight->name);
+    if (!tensor.ok()) return tensor.status();
+    weights.emplace(weight->name, *std::move(tensor));
+  }
+  if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+  return weights;
+}
+
+}  // namespace attnserve

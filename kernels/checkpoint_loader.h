@@ -1,0 +1,42 @@
+// Loading one attention layer's weights from a Hugging Face safetensors checkpoint.
+//
+// Tensors are looked up as "model.layers.{layer_index}.self_attn." + each name of
+// ExpectedWeightShapes(spec) (see layer_weights.h), which is how transformers names Llama, Mistral,
+// Qwen2 and DeepSeek-V2/V3 attention. `path` is either a single .safetensors file, or a directory
+// as written by save_pretrained():
+//   - with model.safetensors.index.json: its "weight_map" says which shard file (relative to the
+//     directory) holds each tensor; only the shards holding this layer are opened;
+//   - otherwise model.safetensors.
+//
+// The checkpoint must describe the same layer as the spec, checked before any data is read:
+//   NOT_FOUND         the path, a shard, or a tensor the spec requires is missing (the message
+//   names
+//                     the tensor, the file, and the spec field behind it, e.g. qkv_bias);
+//   INVALID_ARGUMENT  a tensor has another shape than the spec requires (both shapes and the spec's
+//                     sizes are named), or the checkpoint has a weight or bias under the layer's
+//                     prefix that the spec does not use (e.g. Qwen2's q/k/v biases with
+//                     qkv_bias=false, or Qwen3's q_norm) - running without it would silently
+//                     compute something else. Non-parameter buffers (rotary_emb.inv_freq) and FP8
+//                     scale tensors (*.weight_scale_inv) are ignored.
+// Tensors keep their stored dtype (F32, F16 or BF16); other dtypes are UNIMPLEMENTED.
+#ifndef ATTNSERVE_KERNELS_CHECKPOINT_LOADER_H_
+#define ATTNSERVE_KERNELS_CHECKPOINT_LOADER_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/layer_spec.h"
+#include "kernels/layer_weights.h"
+
+namespace attnserve {
+
+// "model.layers.{layer_index}.self_attn."
+std::string HfAttentionPrefix(int layer_index);
+
+absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& path,
+                                                             const LayerSpec& spec,
+                                                             int layer_index);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_CHECKPOINT_LOADER_H_
