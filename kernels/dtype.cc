@@ -77,6 +77,7 @@ uint16_t FloatToHalf(float value) {
 }
 
 void ConvertToFloat(DType src_dtype, const void* src, float* dst, size_t count) {
+  if (count == 0) return;  // Empty tensors may have null data; memcpy must not see it.
   switch (src_dtype) {
     case DType::kF32:
       std::memcpy(dst, src, count * sizeof(float));
@@ -95,6 +96,7 @@ void ConvertToFloat(DType src_dtype, const void* src, float* dst, size_t count) 
 }
 
 void ConvertFromFloat(const float* src, DType dst_dtype, void* dst, size_t count) {
+  if (count == 0) return;
   switch (dst_dtype) {
     case DType::kF32:
       std::memcpy(dst, src, count * sizeof(float));

@@ -23,8 +23,8 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
 
 Tensor Tensor::FromFloats(std::vector<int64_t> shape, absl::Span<const float> values) {
   Tensor tensor(DType::kF32, std::move(shape));
-  std::memcpy(tensor.data(), values.data(),
-              std::min(tensor.num_bytes(), values.size() * sizeof(float)));
+  const size_t bytes = std::min(tensor.num_bytes(), values.size() * sizeof(float));
+  if (bytes > 0) std::memcpy(tensor.data(), values.data(), bytes);  // data() may be null if empty.
   return tensor;
 }
 

@@ -48,7 +48,7 @@ class ExpandedLatentSource : public KvBlockSource {
       const float* row = &expanded_[(index - begin_) * width + int64_t{head} * (nope + v)];
       float* key = keys + (index - begin) * (nope + rope);
       std::copy(row, row + nope, key);
-      const float* pe = &rope_keys_[(index - begin_) * rope];
+      const float* pe = rope_keys_.data() + (index - begin_) * rope;  // Empty when rope == 0.
       std::copy(pe, pe + rope, key + nope);
       std::copy(row + nope, row + nope + v, values + (index - begin) * v);
     }
@@ -168,7 +168,7 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
     std::vector<float> rope_keys(count * dims_.qk_rope_head_dim);
     for (int64_t j = 0; j < count; ++j) {
       const float* pe = &latents[j * latent_dim_ + dims_.kv_lora_rank];
-      std::copy(pe, pe + dims_.qk_rope_head_dim, &rope_keys[j * dims_.qk_rope_head_dim]);
+      std::copy(pe, pe + dims_.qk_rope_head_dim, rope_keys.data() + j * dims_.qk_rope_head_dim);
     }
     sources.emplace_back(dims_, s.num_heads, begin, std::move(expanded), std::move(rope_keys));
     sequences.push_back(

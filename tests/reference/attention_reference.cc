@@ -167,8 +167,9 @@ std::vector<double> MlaAttention(const LayerSpec& spec, const LayerWeights& weig
   std::vector<double> latent(static_cast<size_t>(len) * lora);
   std::vector<double> k_pe(static_cast<size_t>(len) * rope);
   for (int64_t t = 0; t < len; ++t) {
-    std::copy_n(&kv_a[t * (lora + rope)], lora, &latent[t * lora]);
-    std::copy_n(&kv_a[t * (lora + rope) + lora], rope, &k_pe[t * rope]);
+    std::copy_n(kv_a.data() + t * (lora + rope), lora, latent.data() + t * lora);
+    // .data() arithmetic: k_pe is empty when rope == 0, and &v[size()] is undefined.
+    std::copy_n(kv_a.data() + t * (lora + rope) + lora, rope, k_pe.data() + t * rope);
   }
   RmsNormRows(latent, len, lora, WeightValues(weights, "kv_a_layernorm.weight"), eps);
 
@@ -178,7 +179,7 @@ std::vector<double> MlaAttention(const LayerSpec& spec, const LayerWeights& weig
                          rope);
     }
     if (rope > 0) {
-      ApplyRopeReference(spec.rope, spec.rope_theta, positions[t], &k_pe[t * rope], rope);
+      ApplyRopeReference(spec.rope, spec.rope_theta, positions[t], k_pe.data() + t * rope, rope);
     }
   }
   MaybeRound(options, latent);
@@ -194,7 +195,7 @@ std::vector<double> MlaAttention(const LayerSpec& spec, const LayerWeights& weig
       const double* src = &kv[(t * heads + h) * (nope + dv)];
       double* kh = &k[(t * heads + h) * dqk];
       std::copy_n(src, nope, kh);
-      std::copy_n(&k_pe[t * rope], rope, kh + nope);
+      std::copy_n(k_pe.data() + t * rope, rope, kh + nope);
       std::copy_n(src + nope, dv, &v[(t * heads + h) * dv]);
     }
   }
