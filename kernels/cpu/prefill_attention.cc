@@ -76,8 +76,9 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
       }
       float block_sum = 0.0f;
       std::fill(s, s + lo, 0.0f);
+#pragma omp simd reduction(+ : block_sum)
       for (int64_t k = lo; k < hi; ++k) {
-        s[k] = std::exp(s[k] - new_max);
+        s[k] = ExpApprox(s[k] - new_max);
         block_sum += s[k];
       }
       std::fill(s + hi, s + count, 0.0f);
