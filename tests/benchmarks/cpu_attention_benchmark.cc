@@ -1,6 +1,7 @@
 // CPU backend benchmarks, each next to a ceiling measured in the same run:
 //   BM_SgemmCeiling  - OpenBLAS sgemm on every thread at once (GFLOP/s the projections can reach)
 //   BM_CopyCeiling   - a 512 MiB memcpy split over every thread (bytes read + written per second)
+//   BM_ReadCeiling   - a 512 MiB read-only sum over every thread (bytes read per second)
 //   BM_Prefill       - whole-sequence prefill per variant: useful GFLOP/s
 //   BM_Decode        - one decode step per variant at a long context: GB/s of KV read
 // tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
@@ -94,6 +95,29 @@ void BM_CopyCeiling(benchmark::State& state) {
                                               benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CopyCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Decode only reads the cache, so a read-only sweep is its tightest ceiling.
+void BM_ReadCeiling(benchmark::State& state) {
+  const size_t words = size_t{64} << 20;  // 512 MiB of uint64
+  const int threads = Threads();
+  ThreadPool pool(threads);
+  std::vector<uint64_t> data(words, 1);
+  std::vector<uint64_t> folds(threads);
+  for (auto _ : state) {
+    pool.ParallelFor(threads, [&](int64_t t) {
+      // An integer XOR fold: reassociable, so the compiler unrolls and vectorises it freely and
+      // the loop runs at the memory's pace rather than an add chain's latency.
+      const size_t begin = words * t / threads, end = words * (t + 1) / threads;
+      uint64_t fold = 0;
+      for (size_t i = begin; i < end; ++i) fold ^= data[i];
+      folds[t] = fold;
+    });
+    benchmark::DoNotOptimize(folds.data());
+  }
+  state.counters["GBps"] = benchmark::Counter(8.0 * words * state.iterations() / 1e9,
+                                              benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Args: variant index, sequence length, KV dtype (0 f32, 1 bf16).
 void BM_Prefill(benchmark::State& state) {
