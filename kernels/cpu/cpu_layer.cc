@@ -34,7 +34,7 @@ absl::Status CpuLayer::ReleaseSequence(SequenceId sequence) {
   for (int32_t page : it->second.pages) {
     if (page != kEvictedPage) held.push_back(page);
   }
-  allocator_.Free(held);
+  FreePages(held);
   sequences_.erase(it);
   return absl::OkStatus();
 }
@@ -46,6 +46,19 @@ absl::StatusOr<int64_t> CpuLayer::SequenceLength(SequenceId sequence) const {
     return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
   }
   return it->second.num_tokens;
+}
+
+void CpuLayer::FreePages(absl::Span<const int32_t> pages) {
+  allocator_.Free(pages);
+  if (kv_config_.budget != nullptr) {
+    kv_config_.budget->Release(static_cast<int64_t>(pages.size()) * store_.page_bytes());
+  }
+}
+
+CpuLayer::~CpuLayer() {
+  // Sessions end by destroying their layer: give everything still held back to the shared budget.
+  absl::MutexLock lock(&mu_);
+  if (kv_config_.budget != nullptr) kv_config_.budget->Release(allocator_.used() * store_.page_bytes());
 }
 
 KvPoolUsage CpuLayer::PoolUsage() const {
@@ -97,8 +110,18 @@ absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch,
         layout_.page_size, " tokens (", pages_needed * store_.page_bytes(), " bytes), ",
         allocator_.free(), " of ", allocator_.capacity(), " pages are free"));
   }
+  const int64_t bytes = pages_needed * store_.page_bytes();
+  const std::shared_ptr<KvMemoryBudget>& budget = kv_config_.budget;
+  if (budget != nullptr && !budget->TryCharge(bytes)) {
+    allocator_.Free(*pages);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
+        " pages of ", layout_.page_size, " tokens), ", budget->free_bytes(), " of ",
+        budget->capacity_bytes(), " bytes are free"));
+  }
   if (absl::Status s = store_.Commit(*pages); !s.ok()) {
     allocator_.Free(*pages);
+    if (budget != nullptr) budget->Release(bytes);
     return s;
   }
   auto next_page = pages->begin();
@@ -119,7 +142,7 @@ void CpuLayer::EvictOutsideWindow(PageTable& table) {
   const int64_t dead_pages = (table.num_tokens - spec_.sliding_window + 1) / layout_.page_size;
   for (int64_t p = 0; p < dead_pages && p < static_cast<int64_t>(table.pages.size()); ++p) {
     if (table.pages[p] == kEvictedPage) continue;
-    allocator_.Free({&table.pages[p], 1});
+    FreePages({&table.pages[p], 1});
     table.pages[p] = kEvictedPage;
   }
 }

@@ -41,6 +41,7 @@ class CpuLayer : public AttentionLayer {
  public:
   CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const KvPageLayout& layout,
            ThreadPool* pool);
+  ~CpuLayer() override;
 
   const LayerSpec& spec() const final { return spec_; }
   const KvCacheConfig& kv_config() const final { return kv_config_; }
@@ -73,6 +74,8 @@ class CpuLayer : public AttentionLayer {
   // num_tokens; on error nothing changed.
   absl::Status Reserve(std::vector<BatchSequence>& sequences, absl::Span<const SequenceId> ids,
                        absl::Span<const int64_t> counts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pages to the allocator and their bytes to the shared budget.
+  void FreePages(absl::Span<const int32_t> pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns pages that no future query can see (sliding window) to the pool.
   void EvictOutsideWindow(PageTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckHidden(const Tensor& hidden, int64_t rows) const;
