@@ -47,6 +47,7 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& body) {
   if (count <= 0) return;
+  absl::MutexLock loop_lock(&loop_mu_);
   if (workers_.empty() || count == 1) {
     for (int64_t i = 0; i < count; ++i) body(i);
     return;

@@ -23,7 +23,8 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs body(i) for every i in [0, count), spread over the threads; returns when all are done.
-  // Calls must not overlap (the backend's layers are driven from one thread at a time).
+  // Thread-safe: concurrent callers (layers of different sessions) take turns, each loop getting
+  // every thread. A body must not call ParallelFor on the same pool (it would wait for itself).
   void ParallelFor(int64_t count, const std::function<void(int64_t)>& body);
 
  private:
@@ -31,6 +32,7 @@ class ThreadPool {
   void RunShare();
 
   std::vector<std::thread> workers_;
+  absl::Mutex loop_mu_;  // Held by the caller for a whole ParallelFor: one loop at a time.
   absl::Mutex mu_;
   const std::function<void(int64_t)>* body_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t count_ ABSL_GUARDED_BY(mu_) = 0;
