@@ -1,0 +1,660 @@
+// attnctl: a command-line client of attnserve's AttentionService.
+//
+//   attnctl [--server=HOST:PORT] [--json] [--timeout_s=S] <command> [flags]
+//
+// Commands:
+//   configure  create a session: spec flags (--variant --d_model --num_heads --num_kv_heads
+//              --head_dim --rope --causal --window ...) or --spec_file=spec.json; weights from
+//              --seed or --checkpoint=PATH --layer=N (a file on the server's side); --kv_dtype,
+//              --page_size, --max_requests, --max_seq_len, --label
+//   forward    prefill --session --request=ID[,ID...]: --tokens=N random rows (--seed), or
+//              --input=x.npy (float32/float16 [T, d_model]) or --input=x.safetensors --tensor=NAME;
+//              --dtype sets the wire dtype; --output=out.npy saves the first request's output
+//   decode     --session --request=ID[,ID...] --steps=N: one random hidden row per request and
+//              step, by unary Decode calls or, with --stream, over one DecodeStream
+//   info       GetServerInfo
+//   list       ListSessions
+//   get        GetSession --session
+//   release    Release --session [--request]
+//   health     grpc.health.v1 Check [--service]; --wait_s=S retries until SERVING
+//   demo       configure each demo variant, forward, decode, release; print the per-variant table
+//
+// Output is human-readable unless --json. Errors print the gRPC status code name and message;
+// the exit code is 0 on success, 1 for an RPC error, 2 for bad flags or input files.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/attnctl_client.h"
+#include "client/attnctl_convert.h"
+#include "client/attnctl_demo.h"
+#include "client/attnctl_npy.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/layer_spec_json.h"
+#include "kernels/safetensors.h"
+#include "nlohmann/json.hpp"
+
+// Connection and output.
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address, HOST:PORT.");
+ABSL_FLAG(bool, json, false, "Print machine-readable JSON instead of text.");
+ABSL_FLAG(double, timeout_s, 60, "Deadline of each call, seconds (a whole stream for --stream).");
+
+// configure: the layer spec.
+ABSL_FLAG(std::string, spec_file, "", "configure: a JSON layer spec (kernels/layer_spec_json.h); "
+          "replaces the spec flags.");
+ABSL_FLAG(std::string, variant, "", "configure: mha, mqa, gqa or mla.");
+ABSL_FLAG(int, d_model, 0, "configure: hidden size (required); demo: default 512.");
+ABSL_FLAG(int, num_heads, 0, "configure: query heads (required); demo: default 8.");
+ABSL_FLAG(int, num_kv_heads, 0, "configure: KV heads (mha: = num_heads, mqa: 1, gqa: required).");
+ABSL_FLAG(int, head_dim, 0, "configure: per-head width (0 = d_model / num_heads).");
+ABSL_FLAG(bool, qkv_bias, false, "configure: bias on q/k/v projections.");
+ABSL_FLAG(bool, o_bias, false, "configure: bias on the output projection.");
+ABSL_FLAG(std::string, rope, "half", "configure: RoPE layout: none, half or interleaved.");
+ABSL_FLAG(double, rope_theta, 10000.0, "configure: RoPE base.");
+ABSL_FLAG(bool, causal, true, "configure: causal mask.");
+ABSL_FLAG(int, window, 0, "configure/demo: sliding window in tokens (0 = full attention).");
+ABSL_FLAG(double, softmax_scale, 0.0, "configure: scale of q.k (0 = 1/sqrt(qk head dim)).");
+ABSL_FLAG(int, q_lora_rank, 0, "configure (mla): low-rank query width (0 = plain q_proj).");
+ABSL_FLAG(int, kv_lora_rank, 0, "configure (mla): latent width (required for mla).");
+ABSL_FLAG(int, qk_nope_head_dim, 0, "configure (mla): per-head q/k width without RoPE.");
+ABSL_FLAG(int, qk_rope_head_dim, 0, "configure (mla): decoupled RoPE width.");
+ABSL_FLAG(int, v_head_dim, 0, "configure (mla): per-head value width.");
+// configure: weights and KV cache.
+ABSL_FLAG(uint64_t, seed, 1, "configure: weight seed; forward/decode/demo: input seed.");
+ABSL_FLAG(std::string, checkpoint, "", "configure: safetensors file or directory on the server.");
+ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
+ABSL_FLAG(std::string, kv_dtype, "f32", "configure/demo: KV cache dtype: f32, f16 or bf16.");
+ABSL_FLAG(int, page_size, 0, "configure: tokens per KV page (0 = server default).");
+ABSL_FLAG(int, max_requests, 0, "configure: requests in the session (0 = server limit).");
+ABSL_FLAG(int64_t, max_seq_len, 0, "configure: tokens per request (0 = server limit).");
+ABSL_FLAG(std::string, label, "", "configure: free text shown by list.");
+
+// forward / decode / get / release.
+ABSL_FLAG(std::string, session, "", "Session id (from configure).");
+ABSL_FLAG(std::string, request, "", "forward/decode: request ids, comma separated; "
+          "release: one request (empty = the whole session).");
+ABSL_FLAG(int, tokens, 0, "forward: random prompt rows per request (default 16); demo: default 128.");
+ABSL_FLAG(std::string, input, "", "forward: .npy (float32/float16) or .safetensors hidden states "
+          "[T, d_model], sent for every listed request.");
+ABSL_FLAG(std::string, tensor, "", "forward: tensor name in a .safetensors --input.");
+ABSL_FLAG(std::string, dtype, "", "forward/decode: wire dtype of the inputs (default: f32 for "
+          "random inputs, the file's dtype for files).");
+ABSL_FLAG(std::string, output, "", "forward: write the first request's output to this .npy.");
+ABSL_FLAG(int, steps, 0, "decode: steps (default 1); demo: default 16.");
+ABSL_FLAG(bool, stream, false, "decode: use one DecodeStream instead of unary Decode calls.");
+ABSL_FLAG(int, batch, 4, "demo: requests per variant.");
+
+// health.
+ABSL_FLAG(std::string, service, "", "health: service name (empty = the whole server).");
+ABSL_FLAG(double, wait_s, 0, "health: keep checking until SERVING for up to this many seconds.");
+
+namespace attnserve {
+namespace {
+
+using google::protobuf::util::JsonPrintOptions;
+
+std::string ProtoJson(const google::protobuf::Message& message) {
+  JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+std::vector<std::string> RequestIds() {
+  std::vector<std::string> ids;
+  for (absl::string_view id : absl::StrSplit(absl::GetFlag(FLAGS_request), ',', absl::SkipEmpty())) {
+    ids.emplace_back(id);
+  }
+  return ids;
+}
+
+std::string Mib(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
+
+std::string TimingText(const v1::Timing& timing) {
+  return absl::StrFormat("queue %.3f ms, compute %.3f ms, total %.3f ms",
+                         NanosToMillis(timing.queue_ns()), NanosToMillis(timing.compute_ns()),
+                         NanosToMillis(timing.total_ns()));
+}
+
+nlohmann::json TimingJson(const v1::Timing& timing) {
+  return {{"queue_ns", timing.queue_ns()},
+          {"compute_ns", timing.compute_ns()},
+          {"total_ns", timing.total_ns()}};
+}
+
+std::string DTypeText(v1::DType dtype) {
+  absl::StatusOr<DType> parsed = DTypeFromProto(dtype);
+  return parsed.ok() ? std::string(DTypeName(*parsed)) : "unspecified";
+}
+
+// ---- configure ----------------------------------------------------------------------------------
+
+absl::StatusOr<LayerSpec> SpecFromFlags() {
+  const std::string spec_file = absl::GetFlag(FLAGS_spec_file);
+  if (!spec_file.empty()) {
+    std::ifstream file(spec_file);
+    if (!file) return absl::NotFoundError(absl::StrCat("--spec_file: cannot open ", spec_file));
+    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(text);
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(spec_file, ": ", spec.status().message()));
+    }
+    return spec;
+  }
+  if (absl::GetFlag(FLAGS_variant).empty()) {
+    return absl::InvalidArgumentError("configure needs --variant (mha, mqa, gqa, mla) or --spec_file");
+  }
+  LayerSpec spec;
+  absl::StatusOr<AttentionVariant> variant = ParseVariant(absl::GetFlag(FLAGS_variant));
+  if (!variant.ok()) return variant.status();
+  spec.variant = *variant;
+  spec.d_model = absl::GetFlag(FLAGS_d_model);
+  spec.num_heads = absl::GetFlag(FLAGS_num_heads);
+  if (spec.d_model <= 0 || spec.num_heads <= 0) {
+    return absl::InvalidArgumentError("configure needs --d_model and --num_heads (> 0)");
+  }
+  spec.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  if (spec.num_kv_heads == 0) {
+    if (spec.variant == AttentionVariant::kMHA) spec.num_kv_heads = spec.num_heads;
+    if (spec.variant == AttentionVariant::kMQA) spec.num_kv_heads = 1;
+  }
+  spec.head_dim = absl::GetFlag(FLAGS_head_dim);
+  if (spec.head_dim == 0 && spec.variant != AttentionVariant::kMLA) {
+    spec.head_dim = spec.d_model / spec.num_heads;
+  }
+  spec.qkv_bias = absl::GetFlag(FLAGS_qkv_bias);
+  spec.o_bias = absl::GetFlag(FLAGS_o_bias);
+  absl::StatusOr<RopeLayout> rope = ParseRopeLayout(absl::GetFlag(FLAGS_rope));
+  if (!rope.ok()) return rope.status();
+  spec.rope = *rope;
+  spec.rope_theta = absl::GetFlag(FLAGS_rope_theta);
+  spec.causal = absl::GetFlag(FLAGS_causal);
+  spec.sliding_window = absl::GetFlag(FLAGS_window);
+  spec.softmax_scale = static_cast<float>(absl::GetFlag(FLAGS_softmax_scale));
+  if (spec.variant == AttentionVariant::kMLA) {
+    spec.num_kv_heads = 0;
+    spec.mla.q_lora_rank = absl::GetFlag(FLAGS_q_lora_rank);
+    spec.mla.kv_lora_rank = absl::GetFlag(FLAGS_kv_lora_rank);
+    spec.mla.qk_nope_head_dim = absl::GetFlag(FLAGS_qk_nope_head_dim);
+    spec.mla.qk_rope_head_dim = absl::GetFlag(FLAGS_qk_rope_head_dim);
+    spec.mla.v_head_dim = absl::GetFlag(FLAGS_v_head_dim);
+  }
+  // The server validates too; checking here gives the same message without a round trip.
+  if (absl::Status status = ValidateLayerSpec(spec); !status.ok()) return status;
+  return spec;
+}
+
+int Configure(const Client& client) {
+  absl::StatusOr<LayerSpec> spec = SpecFromFlags();
+  if (!spec.ok()) return ReportError(spec.status().message());
+  absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+
+  v1::ConfigureRequest request;
+  *request.mutable_spec() = LayerSpecToProto(*spec);
+  if (const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint); !checkpoint.empty()) {
+    request.mutable_weights()->mutable_checkpoint()->set_path(checkpoint);
+    request.mutable_weights()->mutable_checkpoint()->set_layer_index(absl::GetFlag(FLAGS_layer));
+  } else {
+    request.mutable_weights()->set_seed(absl::GetFlag(FLAGS_seed));
+  }
+  request.set_kv_cache_dtype(DTypeToProto(*kv_dtype));
+  request.set_page_size(absl::GetFlag(FLAGS_page_size));
+  request.set_max_requests(absl::GetFlag(FLAGS_max_requests));
+  request.set_max_sequence_length(absl::GetFlag(FLAGS_max_seq_len));
+  request.set_label(absl::GetFlag(FLAGS_label));
+
+  v1::ConfigureResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->Configure(&context, request, &response);
+  if (!status.ok()) return ReportRpcError("Configure", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+    return kExitOk;
+  }
+  const v1::SessionCost& cost = response.cost();
+  absl::PrintF("session      %s\n", response.session_id());
+  absl::PrintF("spec         %s\n", LayerSpecSummary(*spec));
+  absl::PrintF("parameters   %d (%s)\n", cost.parameter_count(), Mib(cost.parameter_bytes()));
+  absl::PrintF("KV cache     %s, %d bytes/token, page %d bytes\n", DTypeName(*kv_dtype),
+               cost.kv_bytes_per_token(), cost.page_bytes());
+  absl::PrintF("max context  %d tokens (free pool now)\n", cost.max_context_tokens());
+  absl::PrintF("server time  %s\n", TimingText(response.timing()));
+  return kExitOk;
+}
+
+// ---- forward / decode ---------------------------------------------------------------------------
+
+// The session's layer spec, for d_model.
+absl::StatusOr<v1::SessionInfo> FetchSession(const Client& client, const std::string& session,
+                                             grpc::Status* rpc_status) {
+  v1::GetSessionRequest request;
+  request.set_session_id(session);
+  v1::GetSessionResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  *rpc_status = client.stub->GetSession(&context, request, &response);
+  if (!rpc_status->ok()) return absl::UnknownError("GetSession failed");
+  return response.session();
+}
+
+absl::StatusOr<Tensor> InputFromFile(const std::string& path) {
+  if (absl::EndsWith(path, ".npy")) return ReadNpy(path);
+  if (absl::EndsWith(path, ".safetensors")) {
+    const std::string name = absl::GetFlag(FLAGS_tensor);
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path);
+    if (!file.ok()) return file.status();
+    if (name.empty()) {
+      std::vector<std::string> names = file->names();
+      if (names.size() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, " holds ", names.size(), " tensors; choose one with --tensor (",
+            absl::StrJoin(names, ", "), ")"));
+      }
+      return file->Read(names.front());
+    }
+    return file->Read(name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--input=", path, ": expected a .npy or .safetensors file"));
+}
+
+int Forward(const Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  const std::vector<std::string> ids = RequestIds();
+  if (session.empty() || ids.empty()) return ReportError("forward needs --session and --request");
+  grpc::Status rpc_status;
+  absl::StatusOr<v1::SessionInfo> info = FetchSession(client, session, &rpc_status);
+  if (!info.ok()) return ReportRpcError("GetSession", rpc_status);
+  const int64_t d_model = info->spec().d_model();
+
+  const std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
+  std::optional<DType> wire_dtype;
+  if (!dtype_flag.empty()) {
+    absl::StatusOr<DType> parsed = ParseDType(dtype_flag);
+    if (!parsed.ok()) return ReportError(absl::StrCat("--dtype: ", parsed.status().message()));
+    wire_dtype = *parsed;
+  }
+  std::optional<Tensor> file_input;
+  if (const std::string path = absl::GetFlag(FLAGS_input); !path.empty()) {
+    absl::StatusOr<Tensor> loaded = InputFromFile(path);
+    if (!loaded.ok()) return ReportError(loaded.status().message());
+    Tensor tensor = *std::move(loaded);
+    if (tensor.rank() == 1) {  // One token.
+      Tensor row(tensor.dtype(), {1, tensor.dim(0)});
+      std::memcpy(row.data(), tensor.data(), tensor.num_bytes());
+      tensor = std::move(row);
+    }
+    if (tensor.rank() != 2 || tensor.dim(1) != d_model) {
+      return ReportError(absl::StrCat("--input ", path, " is ", tensor.DebugString(),
+                                      "; the session needs [tokens, ", d_model, "]"));
+    }
+    if (wire_dtype && *wire_dtype != tensor.dtype()) tensor = tensor.CastTo(*wire_dtype);
+    file_input = std::move(tensor);
+  }
+  const int tokens = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : 16;
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+
+  v1::ForwardRequest request;
+  request.set_session_id(session);
+  for (const std::string& id : ids) {
+    v1::ForwardItem* item = request.add_items();
+    item->set_request_id(id);
+    TensorToProto(file_input ? *file_input
+                             : RandomHidden(rng, tokens, d_model, wire_dtype.value_or(DType::kF32)),
+                  item->mutable_hidden());
+  }
+  v1::ForwardResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  const absl::Time start = absl::Now();
+  grpc::Status status = client.stub->Forward(&context, request, &response);
+  const double client_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (!status.ok()) return ReportRpcError("Forward", status);
+
+  nlohmann::json results = nlohmann::json::array();
+  for (const v1::ForwardResult& result : response.results()) {
+    absl::StatusOr<Tensor> output = TensorFromProto(result.output());
+    if (!output.ok()) {
+      return ReportError(absl::StrCat("Forward returned a malformed output for ",
+                                      result.request_id(), ": ", output.status().message()),
+                         kExitRpcError);
+    }
+    if (const std::string path = absl::GetFlag(FLAGS_output);
+        !path.empty() && &result == &response.results(0)) {
+      if (absl::Status written = WriteNpy(path, *output); !written.ok()) {
+        return ReportError(written.message());
+      }
+    }
+    if (client.json) {
+      results.push_back({{"request_id", result.request_id()},
+                         {"shape", output->shape()},
+                         {"dtype", std::string(DTypeName(output->dtype()))},
+                         {"sequence_length", result.sequence_length()},
+                         {"rms", Rms(*output)}});
+    } else {
+      absl::PrintF("%-12s output %-16s sequence_length %-6d rms %.6f\n", result.request_id(),
+                   output->DebugString(), result.sequence_length(), Rms(*output));
+    }
+  }
+  if (client.json) {
+    nlohmann::json out = {{"results", results},
+                          {"timing", TimingJson(response.timing())},
+                          {"client_ms", client_ms}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    absl::PrintF("client %.3f ms; server %s\n", client_ms, TimingText(response.timing()));
+  }
+  return kExitOk;
+}
+
+int Decode(const Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  const std::vector<std::string> ids = RequestIds();
+  if (session.empty() || ids.empty()) return ReportError("decode needs --session and --request");
+  const int steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps) : 1;
+  grpc::Status rpc_status;
+  absl::StatusOr<v1::SessionInfo> info = FetchSession(client, session, &rpc_status);
+  if (!info.ok()) return ReportRpcError("GetSession", rpc_status);
+  const int64_t d_model = info->spec().d_model();
+  DType wire_dtype = DType::kF32;
+  if (const std::string flag = absl::GetFlag(FLAGS_dtype); !flag.empty()) {
+    absl::StatusOr<DType> parsed = ParseDType(flag);
+    if (!parsed.ok()) return ReportError(absl::StrCat("--dtype: ", parsed.status().message()));
+    wire_dtype = *parsed;
+  }
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  auto make_step = [&] {
+    v1::DecodeRequest request;
+    request.set_session_id(session);
+    for (const std::string& id : ids) {
+      v1::DecodeItem* item = request.add_items();
+      item->set_request_id(id);
+      TensorToProto(RandomHidden(rng, 1, d_model, wire_dtype), item->mutable_hidden());
+    }
+    return request;
+  };
+
+  const bool stream = absl::GetFlag(FLAGS_stream);
+  nlohmann::json step_json = nlohmann::json::array();
+  double total_client_ms = 0;
+  int64_t total_compute_ns = 0;
+  // Prints (or records) one answered step; false when the answer is malformed.
+  auto report_step = [&](int step, const v1::DecodeResponse& response, double client_ms) {
+    total_client_ms += client_ms;
+    total_compute_ns += response.timing().compute_ns();
+    nlohmann::json results = nlohmann::json::array();
+    std::string text;
+    for (const v1::DecodeResult& result : response.results()) {
+      absl::StatusOr<Tensor> output = TensorFromProto(result.output());
+      if (!output.ok()) {
+        ReportError(absl::StrCat("step ", step, ": malformed output for ", result.request_id(),
+                                 ": ", output.status().message()),
+                    kExitRpcError);
+        return false;
+      }
+      results.push_back({{"request_id", result.request_id()},
+                         {"shape", output->shape()},
+                         {"sequence_length", result.sequence_length()},
+                         {"rms", Rms(*output)}});
+      absl::StrAppendFormat(&text, " %s:len=%d,rms=%.4f", result.request_id(),
+                            result.sequence_length(), Rms(*output));
+    }
+    if (client.json) {
+      step_json.push_back({{"step", step},
+                           {"results", results},
+                           {"timing", TimingJson(response.timing())},
+                           {"client_ms", client_ms}});
+    } else {
+      absl::PrintF("step %-4d client %8.3f ms  server compute %8.3f ms %s\n", step, client_ms,
+                   NanosToMillis(response.timing().compute_ns()), text);
+    }
+    return true;
+  };
+
+  if (!stream) {
+    for (int step = 1; step <= steps; ++step) {
+      const v1::DecodeRequest request = make_step();
+      v1::DecodeResponse response;
+      grpc::ClientContext context;
+      client.Prepare(&context);
+      const absl::Time start = absl::Now();
+      grpc::Status status = client.stub->Decode(&context, request, &response);
+      const double client_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!status.ok()) return ReportRpcError(absl::StrCat("Decode (step ", step, ")"), status);
+      if (!report_step(step, response, client_ms)) return kExitRpcError;
+    }
+  } else {
+    grpc::ClientContext context;
+    client.Prepare(&context);
+    std::unique_ptr<grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>> call =
+        client.stub->DecodeStream(&context);
+    // Autoregressive use: send a step, wait for its answer, then send the next.
+    for (int step = 1; step <= steps; ++step) {
+      const v1::DecodeRequest request = make_step();
+      const absl::Time start = absl::Now();
+      v1::DecodeResponse response;
+      if (!call->Write(request) || !call->Read(&response)) {
+        grpc::Status status = call->Finish();
+        if (status.ok()) {
+          status = grpc::Status(grpc::StatusCode::UNKNOWN,
+                                absl::StrCat("the stream ended after ", step - 1, " steps"));
+        }
+        return ReportRpcError(absl::StrCat("DecodeStream (step ", step, ")"), status);
+      }
+      const double client_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!report_step(step, response, client_ms)) return kExitRpcError;
+    }
+    call->WritesDone();
+    grpc::Status status = call->Finish();
+    if (!status.ok()) return ReportRpcError("DecodeStream", status);
+  }
+  if (client.json) {
+    nlohmann::json out = {{"stream", stream},
+                          {"steps", step_json},
+                          {"client_ms_per_step", total_client_ms / steps},
+                          {"compute_ms_per_step", NanosToMillis(total_compute_ns) / steps}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    absl::PrintF("%d steps%s: client %.3f ms/step, server compute %.3f ms/step\n", steps,
+                 stream ? " (stream)" : "", total_client_ms / steps,
+                 NanosToMillis(total_compute_ns) / steps);
+  }
+  return kExitOk;
+}
+
+// ---- info / list / get / release / health ---------------------------------------------------------
+
+int Info(const Client& client) {
+  v1::GetServerInfoResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  if (!status.ok()) return ReportRpcError("GetServerInfo", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+    return kExitOk;
+  }
+  const v1::Limits& limits = response.limits();
+  absl::PrintF("version      %s\n", response.version());
+  absl::PrintF("backend      %s (%s)\n", response.backend(), response.device());
+  absl::PrintF("KV pool      %s used of %s\n", Mib(response.kv_pool_used_bytes()),
+               Mib(response.kv_pool_capacity_bytes()));
+  absl::PrintF("sessions     %d, requests %d\n", response.sessions(), response.requests());
+  absl::PrintF("limits       %d sessions, %d requests/session, %d tokens/request, %s/message\n",
+               limits.max_sessions(), limits.max_requests_per_session(),
+               limits.max_sequence_length(), Mib(limits.max_message_bytes()));
+  absl::PrintF("TTLs         request %.1f s, session %.1f s\n", limits.request_ttl_ns() / 1e9,
+               limits.session_ttl_ns() / 1e9);
+  return kExitOk;
+}
+
+std::string SessionLine(const v1::SessionInfo& session) {
+  absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(session.spec());
+  return absl::StrFormat("%s  %-8s  KV %s %-11s idle %6.1f s  %s%s", session.session_id(),
+                         spec.ok() ? std::string(VariantName(spec->variant)) : "?",
+                         DTypeText(session.kv_cache_dtype()), Mib(session.kv_bytes_used()),
+                         session.idle_ns() / 1e9,
+                         spec.ok() ? LayerSpecSummary(*spec) : "(spec not readable)",
+                         session.label().empty() ? "" : absl::StrCat("  [", session.label(), "]"));
+}
+
+int List(const Client& client) {
+  v1::ListSessionsResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->ListSessions(&context, v1::ListSessionsRequest(), &response);
+  if (!status.ok()) return ReportRpcError("ListSessions", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+    return kExitOk;
+  }
+  if (response.sessions().empty()) absl::PrintF("no sessions\n");
+  for (const v1::SessionInfo& session : response.sessions()) {
+    absl::PrintF("%s\n", SessionLine(session));
+  }
+  return kExitOk;
+}
+
+int Get(const Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  if (session.empty()) return ReportError("get needs --session");
+  v1::GetSessionRequest request;
+  request.set_session_id(session);
+  v1::GetSessionResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->GetSession(&context, request, &response);
+  if (!status.ok()) return ReportRpcError("GetSession", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+    return kExitOk;
+  }
+  const v1::SessionInfo& info = response.session();
+  absl::PrintF("%s\n", SessionLine(info));
+  absl::PrintF("page %d tokens; parameters %d; KV %d bytes/token\n", info.page_size(),
+               info.cost().parameter_count(), info.cost().kv_bytes_per_token());
+  for (const v1::RequestInfo& request_info : info.requests()) {
+    absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s\n", request_info.request_id(),
+                 request_info.sequence_length(), Mib(request_info.kv_bytes()),
+                 request_info.idle_ns() / 1e9);
+  }
+  return kExitOk;
+}
+
+int Release(const Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  if (session.empty()) return ReportError("release needs --session");
+  v1::ReleaseRequest request;
+  request.set_session_id(session);
+  request.set_request_id(absl::GetFlag(FLAGS_request));
+  v1::ReleaseResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->Release(&context, request, &response);
+  if (!status.ok()) return ReportRpcError("Release", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+  } else {
+    absl::PrintF("released %s%s: freed %s\n",
+                 request.request_id().empty() ? "session " : "request ",
+                 request.request_id().empty() ? session : request.request_id(),
+                 Mib(response.freed_bytes()));
+  }
+  return kExitOk;
+}
+
+int Health(const Client& client) {
+  const std::string service = absl::GetFlag(FLAGS_service);
+  const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_wait_s));
+  std::string serving;
+  grpc::Status status;
+  while (true) {
+    Client attempt = client;
+    // While waiting, each attempt gets a short deadline so that retries stay frequent.
+    if (absl::GetFlag(FLAGS_wait_s) > 0) attempt.timeout = absl::Seconds(1);
+    status = CheckHealth(attempt, service, &serving);
+    if ((status.ok() && serving == "SERVING") || absl::Now() >= give_up) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  if (!status.ok()) return ReportRpcError("Health.Check", status);
+  if (client.json) {
+    std::printf("%s\n", nlohmann::json({{"service", service}, {"status", serving}}).dump().c_str());
+  } else {
+    absl::PrintF("%s\n", serving);
+  }
+  return serving == "SERVING" ? kExitOk : kExitRpcError;
+}
+
+int Demo(const Client& client) {
+  DemoOptions options;
+  if (absl::GetFlag(FLAGS_d_model) > 0) options.d_model = absl::GetFlag(FLAGS_d_model);
+  if (absl::GetFlag(FLAGS_num_heads) > 0) options.num_heads = absl::GetFlag(FLAGS_num_heads);
+  if (absl::GetFlag(FLAGS_tokens) > 0) options.tokens = absl::GetFlag(FLAGS_tokens);
+  if (absl::GetFlag(FLAGS_steps) > 0) options.steps = absl::GetFlag(FLAGS_steps);
+  options.window = absl::GetFlag(FLAGS_window);
+  options.batch = absl::GetFlag(FLAGS_batch);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  if (options.batch < 1) return ReportError("--batch must be >= 1");
+  absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  options.kv_dtype = *kv_dtype;
+  return RunDemo(client, options);
+}
+
+constexpr char kUsage[] =
+    "attnctl [--server=HOST:PORT] [--json] <command> [flags]\n"
+    "commands: configure, forward, decode, info, list, get, release, health, demo\n"
+    "  attnctl configure --variant=gqa --d_model=512 --num_heads=8 --num_kv_heads=2 --seed=1\n"
+    "  attnctl forward --session=ID --request=a,b --tokens=128\n"
+    "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
+    "  attnctl release --session=ID [--request=a]\n"
+    "  attnctl demo\n"
+    "Run `attnctl --helpfull` for every flag.";
+
+}  // namespace
+}  // namespace attnserve
+
+int main(int argc, char** argv) {
+  using namespace attnserve;
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() != 2) {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return kExitUsage;
+  }
+  const std::string command = positional[1];
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (!(timeout_s > 0)) return ReportError("--timeout_s must be > 0");
+  const Client client =
+      MakeClient(absl::GetFlag(FLAGS_server), absl::Seconds(timeout_s), absl::GetFlag(FLAGS_json));
+  if (command == "configure") return Configure(client);
+  if (command == "forward") return Forward(client);
+  if (command == "decode") return Decode(client);
+  if (command == "info") return Info(client);
+  if (command == "list") return List(client);
+  if (command == "get") return Get(client);
+  if (command == "release") return Release(client);
+  if (command == "health") return Health(client);
+  if (command == "demo") return Demo(client);
+  return ReportError(absl::StrCat("unknown command '", command, "'\n", kUsage));
+}
