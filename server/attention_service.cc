@@ -1,0 +1,370 @@
+#include "server/attention_service.h"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/layer_spec.h"
+#include "server/logging.h"
+#include "server/session.h"
+#include "server/spec_codec.h"
+#include "server/step_codec.h"
+#include "server/tensor_codec.h"
+#include "server/weight_source.h"
+
+#ifndef ATTNSERVE_VERSION
+#define ATTNSERVE_VERSION "unknown"
+#endif
+
+namespace attnserve::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NanosSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+}
+
+// Server-side timing of one call (or one stream message): arrival, compute start, compute time.
+struct CallTimer {
+  Clock::time_point arrival = Clock::now();
+  Clock::time_point start = arrival;
+  int64_t compute_ns = 0;
+
+  void Started() { start = Clock::now(); }
+  void Fill(v1::Timing* timing) const {
+    timing->set_queue_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(start - arrival)
+                             .count());
+    timing->set_compute_ns(compute_ns);
+    timing->set_total_ns(NanosSince(arrival));
+  }
+};
+
+// absl and gRPC share the canonical code numbering.
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::Status ShuttingDown() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+}
+
+grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
+
+template <typename Result>
+void FillResult(StepOutput& out, Result* result) {
+  result->set_request_id(std::move(out.request_id));
+  TensorToProto(out.output, result->mutable_output());
+  result->set_sequence_length(out.sequence_length);
+}
+
+// One Decode step (shared by Decode and DecodeStream), on the session's queue.
+absl::Status RunDecode(Session& session, const v1::DecodeRequest& request, CallTimer& timer,
+                       v1::DecodeResponse* response) {
+  timer.Started();
+  absl::StatusOr<std::vector<StepInput>> inputs = DecodeInputsFromProto(request, session.spec());
+  if (!inputs.ok()) return inputs.status();
+  absl::StatusOr<std::vector<StepOutput>> outputs =
+      session.Step(*std::move(inputs), /*decode=*/true, &timer.compute_ns);
+  if (!outputs.ok()) return outputs.status();
+  for (StepOutput& out : *outputs) FillResult(out, response->add_results());
+  timer.Fill(response->mutable_timing());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* executor,
+                                           KvPool* pool, SessionRegistry* registry,
+                                           const ServerLimits& limits)
+    : backend_(backend), executor_(executor), pool_(pool), registry_(registry), limits_(limits) {}
+
+// ---- Configure ---------------------------------------------------------------------------------
+
+absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& request,
+                                               v1::ConfigureResponse* response) {
+  // Fail fast before loading weights; Add() checks again.
+  if (absl::Status s = registry_->CheckCapacity(); !s.ok()) return s;
+  absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
+  if (!spec.ok()) return spec.status();
+
+  DType kv_dtype = DType::kF32;
+  if (request.kv_cache_dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> d = DTypeFromProto(request.kv_cache_dtype(), "kv_cache_dtype");
+    if (!d.ok()) return d.status();
+    kv_dtype = *d;
+  }
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size = ", request.page_size(), ", must be >= 0 (0 = default)"));
+  }
+  const int page_size = request.page_size() == 0 ? DefaultPageSize(*spec) : request.page_size();
+
+  SessionLimits limits{limits_.max_requests_per_session, limits_.max_sequence_length};
+  if (request.max_requests() < 0 || request.max_requests() > limits_.max_requests_per_session) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_requests = ", request.max_requests(), ", must be in [0, ",
+        limits_.max_requests_per_session, "] (the server's max_requests_per_session)"));
+  }
+  if (request.max_requests() > 0) limits.max_requests = request.max_requests();
+  if (request.max_sequence_length() < 0 ||
+      request.max_sequence_length() > limits_.max_sequence_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_sequence_length = ", request.max_sequence_length(), ", must be in [0, ",
+        limits_.max_sequence_length, "] (the server's max_sequence_length)"));
+  }
+  if (request.max_sequence_length() > 0) limits.max_sequence_length = request.max_sequence_length();
+  if (request.label().size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label: has ", request.label().size(), " bytes, at most 1024 allowed"));
+  }
+
+  absl::StatusOr<KvCacheConfig> kv_config = pool_->ConfigFor(*spec, kv_dtype, page_size);
+  if (!kv_config.ok()) return kv_config.status();
+  absl::StatusOr<LayerWeights> weights = WeightsFromProto(request.weights(), *spec);
+  if (!weights.ok()) return weights.status();
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+      backend_->CreateLayer(*spec, *weights, *kv_config);
+  if (!layer.ok()) return layer.status();
+  weights->clear();  // The layer holds its own copy in its compute dtype.
+
+  const KvPoolUsage usage = (*layer)->PoolUsage();
+  v1::SessionCost cost;
+  cost.set_parameter_count(ParameterCount(*spec));
+  cost.set_parameter_bytes(ParameterCount(*spec) * 4);  // The CPU backend keeps fp32 weights.
+  cost.set_kv_bytes_per_token(KvBytesPerToken(*spec, kv_dtype));
+  cost.set_page_bytes(usage.page_bytes);
+  cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);
+
+  auto session = std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype,
+                                           limits, *std::move(layer), cost, executor_);
+  if (absl::Status s = registry_->Add(session); !s.ok()) return s;
+  response->set_session_id(session->id());
+  *response->mutable_cost() = cost;
+  SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
+             LayerSpecSummary(*spec), DTypeName(kv_dtype), page_size);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Configure(grpc::CallbackServerContext* context,
+                                                          const v1::ConfigureRequest* request,
+                                                          v1::ConfigureResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto timer = std::make_shared<CallTimer>();
+  // Loading a checkpoint and building a layer are compute: do them on the executor.
+  const bool queued = executor_->Submit([this, context, request, response, reactor, timer] {
+    if (context->IsCancelled()) return reactor->Finish(Cancelled());
+    timer->Started();
+    absl::Status status = DoConfigure(*request, response);
+    timer->compute_ns = NanosSince(timer->start);
+    if (status.ok()) timer->Fill(response->mutable_timing());
+    reactor->Finish(ToGrpc(status));
+  });
+  if (!queued) reactor->Finish(ShuttingDown());
+  return reactor;
+}
+
+// ---- Forward / Decode --------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
+                                                        const v1::ForwardRequest* request,
+                                                        v1::ForwardResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CallTimer timer;
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpc(session.status()));
+    return reactor;
+  }
+  const bool queued = (*session)->queue().Post([session = *session, context, request, response,
+                                                reactor, timer]() mutable {
+    // A call cancelled while queued is dropped before it changes any request.
+    if (context->IsCancelled()) return reactor->Finish(Cancelled());
+    timer.Started();
+    absl::StatusOr<std::vector<StepInput>> inputs =
+        ForwardInputsFromProto(*request, session->spec());
+    if (!inputs.ok()) return reactor->Finish(ToGrpc(inputs.status()));
+    absl::StatusOr<std::vector<StepOutput>> outputs =
+        session->Step(*std::move(inputs), /*decode=*/false, &timer.compute_ns);
+    if (!outputs.ok()) return reactor->Finish(ToGrpc(outputs.status()));
+    for (StepOutput& out : *outputs) FillResult(out, response->add_results());
+    timer.Fill(response->mutable_timing());
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!queued) reactor->Finish(ShuttingDown());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerContext* context,
+                                                       const v1::DecodeRequest* request,
+                                                       v1::DecodeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CallTimer timer;
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
+  if (!session.ok()) {
+    reactor->Finish(ToGrpc(session.status()));
+    return reactor;
+  }
+  const bool queued = (*session)->queue().Post([session = *session, context, request, response,
+                                                reactor, timer]() mutable {
+    if (context->IsCancelled()) return reactor->Finish(Cancelled());
+    reactor->Finish(ToGrpc(RunDecode(*session, *request, timer, response)));
+  });
+  if (!queued) reactor->Finish(ShuttingDown());
+  return reactor;
+}
+
+// ---- DecodeStream ------------------------------------------------------------------------------
+
+// One message at a time: read -> compute on the session's queue -> write -> read. Responses are
+// therefore in request order, and at most one step per stream is in flight. The first failing
+// message ends the stream with its status (earlier responses stand; later messages are not read).
+// Each message names its session, so one stream may drive several sessions.
+class AttentionServiceImpl::DecodeStreamReactor
+    : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+ public:
+  DecodeStreamReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // Client half-closed (or the call broke): every message so far has been answered.
+      Finish(context_->IsCancelled() ? Cancelled() : grpc::Status::OK);
+      return;
+    }
+    timer_ = CallTimer();
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        service_->registry_->Find(request_.session_id());
+    if (!session.ok()) {
+      Finish(ToGrpc(session.status()));
+      return;
+    }
+    const bool queued = (*session)->queue().Post([this, session = *session] {
+      if (context_->IsCancelled()) return Finish(Cancelled());
+      response_.Clear();
+      absl::Status status = RunDecode(*session, request_, timer_, &response_);
+      if (!status.ok()) return Finish(ToGrpc(status));
+      StartWrite(&response_);
+    });
+    if (!queued) Finish(ShuttingDown());
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(Cancelled());
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  AttentionServiceImpl* const service_;
+  grpc::CallbackServerContext* const context_;
+  v1::DecodeRequest request_;
+  v1::DecodeResponse response_;
+  CallTimer timer_;
+};
+
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>*
+AttentionServiceImpl::DecodeStream(grpc::CallbackServerContext* context) {
+  return new DecodeStreamReactor(this, context);
+}
+
+// ---- Release, sessions, server ------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerContext* context,
+                                                        const v1::ReleaseRequest* request,
+                                                        v1::ReleaseResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request->session_id());
+  if (!found.ok()) {
+    reactor->Finish(ToGrpc(found.status()));
+    return reactor;
+  }
+  std::shared_ptr<Session> session = *found;
+  bool queued;
+  if (request->request_id().empty()) {
+    // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
+    if (registry_->Remove(session->id()) == nullptr) {
+      reactor->Finish(ToGrpc(absl::NotFoundError(absl::StrCat(
+          "session_id: session '", request->session_id(), "' was released concurrently"))));
+      return reactor;
+    }
+    queued = session->queue().Post([session, response, reactor] {
+      response->set_freed_bytes(session->Close());
+      SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
+                 response->freed_bytes());
+      reactor->Finish(grpc::Status::OK);
+    });
+  } else {
+    // Not skipped when cancelled: the client asked for memory back.
+    queued = session->queue().Post([session, request, response, reactor] {
+      absl::StatusOr<int64_t> freed = session->ReleaseRequest(request->request_id());
+      if (freed.ok()) response->set_freed_bytes(*freed);
+      reactor->Finish(ToGrpc(freed.status()));
+    });
+  }
+  if (!queued) reactor->Finish(ShuttingDown());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                           const v1::GetSessionRequest* request,
+                                                           v1::GetSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
+  if (session.ok()) (*session)->FillInfo(absl::Now(), true, response->mutable_session());
+  reactor->Finish(ToGrpc(session.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(
+    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* request,
+    v1::ListSessionsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time now = absl::Now();
+  for (const std::shared_ptr<Session>& session : registry_->All()) {
+    session->FillInfo(now, false, response->add_sessions());
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
+    grpc::CallbackServerContext* context, const v1::GetServerInfoRequest* request,
+    v1::GetServerInfoResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  response->set_version(ATTNSERVE_VERSION);
+  response->set_backend(std::string(backend_->name()));
+  response->set_device(backend_->device_description());
+  response->set_kv_pool_capacity_bytes(pool_->capacity_bytes());
+  response->set_kv_pool_used_bytes(pool_->used_bytes());
+  int requests = 0;
+  const std::vector<std::shared_ptr<Session>> sessions = registry_->All();
+  for (const std::shared_ptr<Session>& session : sessions) requests += session->num_requests();
+  response->set_sessions(static_cast<int32_t>(sessions.size()));
+  response->set_requests(requests);
+  v1::Limits* limits = response->mutable_limits();
+  limits->set_max_sessions(limits_.max_sessions);
+  limits->set_max_requests_per_session(limits_.max_requests_per_session);
+  limits->set_max_sequence_length(limits_.max_sequence_length);
+  limits->set_max_message_bytes(limits_.max_message_bytes);
+  limits->set_request_ttl_ns(absl::ToInt64Nanoseconds(limits_.request_ttl));
+  limits->set_session_ttl_ns(absl::ToInt64Nanoseconds(limits_.session_ttl));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,67 @@
+// The attnserve.v1.AttentionService implementation over the gRPC callback API.
+//
+// Handlers run on gRPC's threads and never block: they validate what is cheap, look the session
+// up, and hand the rest to the session's SerialQueue (Forward, Decode, DecodeStream, Release of a
+// request) or to the Executor (Configure), whose task finishes the call. GetSession,
+// ListSessions and GetServerInfo only read counters under short mutexes and answer inline.
+#ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "attnserve/v1/attention_service.grpc.pb.h"
+#include "kernels/backend.h"
+#include "server/executor.h"
+#include "server/kv_pool.h"
+#include "server/server_options.h"
+#include "server/session_registry.h"
+
+namespace attnserve::server {
+
+class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+ public:
+  // `backend`, `executor`, `pool` and `registry` must outlive the service and its calls.
+  AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
+                       SessionRegistry* registry, const ServerLimits& limits);
+
+  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
+                                      const v1::ConfigureRequest* request,
+                                      v1::ConfigureResponse* response) override;
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    const v1::ForwardRequest* request,
+                                    v1::ForwardResponse* response) override;
+  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
+                                   const v1::DecodeRequest* request,
+                                   v1::DecodeResponse* response) override;
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::GetSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::GetServerInfoResponse* response) override;
+
+ private:
+  class DecodeStreamReactor;
+
+  // Runs on the executor: validates, builds the layer, registers the session.
+  absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response);
+
+  AttentionBackend* const backend_;
+  Executor* const executor_;
+  KvPool* const pool_;
+  SessionRegistry* const registry_;
+  const ServerLimits limits_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_SERVICE_H_

@@ -1,0 +1,42 @@
+// The KV cache pool of one device: a byte budget that every session's layer charges its pages to.
+//
+// Each layer gets its own page allocator sized to the whole budget (max_pages = capacity /
+// page_bytes), so the shared budget, not a per-session split, is what limits memory: a session may
+// use the whole pool while others are idle, and a step that would pass it fails with
+// RESOURCE_EXHAUSTED naming the bytes needed and free (the engine writes that message), without
+// touching other requests.
+#ifndef ATTNSERVE_SERVER_KV_POOL_H_
+#define ATTNSERVE_SERVER_KV_POOL_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "kernels/kv_memory_budget.h"
+#include "kernels/layer_spec.h"
+
+namespace attnserve::server {
+
+class KvPool {
+ public:
+  explicit KvPool(int64_t capacity_bytes)
+      : budget_(std::make_shared<KvMemoryBudget>(capacity_bytes)) {}
+
+  // The cache configuration of a new session's layer. page_size must be resolved (>= 1).
+  // INVALID_ARGUMENT when a single page is larger than the whole pool.
+  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype,
+                                          int page_size) const;
+
+  int64_t capacity_bytes() const { return budget_->capacity_bytes(); }
+  int64_t used_bytes() const { return budget_->used_bytes(); }
+  int64_t free_bytes() const { return budget_->free_bytes(); }
+
+ private:
+  std::shared_ptr<KvMemoryBudget> budget_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_KV_POOL_H_

@@ -1,0 +1,66 @@
+// attnserve_server: serves attnserve.v1.AttentionService. See docs/api.md.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "server/logging.h"
+#include "server/server.h"
+#include "server/server_options.h"
+
+namespace {
+const attnserve::server::ServerOptions kDefaults;
+const attnserve::server::ServerLimits kDefaultLimits;
+}  // namespace
+
+ABSL_FLAG(std::string, listen, kDefaults.listen_address,
+          "Address to listen on, host:port; port 0 picks a free port (see --port_file).");
+ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once listening.");
+ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu, or auto (= cpu for now).");
+ABSL_FLAG(int, threads, kDefaults.engine_threads,
+          "CPU backend threads; 0 = one per hardware thread.");
+ABSL_FLAG(int, compute_threads, kDefaults.compute_threads,
+          "Executor threads running engine calls (different sessions run in parallel).");
+ABSL_FLAG(int64_t, kv_pool_bytes, kDefaults.kv_pool_bytes,
+          "KV cache pool of the device, in bytes, shared by all sessions.");
+ABSL_FLAG(int, max_sessions, kDefaultLimits.max_sessions, "Live sessions at most.");
+ABSL_FLAG(int, max_requests_per_session, kDefaultLimits.max_requests_per_session,
+          "Live requests per session at most.");
+ABSL_FLAG(int64_t, max_sequence_length, kDefaultLimits.max_sequence_length,
+          "Tokens per request at most.");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaultLimits.max_message_bytes,
+          "Largest gRPC message received or sent, in bytes.");
+ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
+          "Idle time after which a request's KV cache is freed; 0 = never.");
+ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
+          "Idle time after which a session is freed; 0 = never.");
+ABSL_FLAG(absl::Duration, shutdown_grace, kDefaults.shutdown_grace,
+          "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Serves attnserve.v1.AttentionService over gRPC.");
+  absl::ParseCommandLine(argc, argv);
+  attnserve::server::ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.engine_threads = absl::GetFlag(FLAGS_threads);
+  options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
+  options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
+  options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
+  options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+
+  const absl::Status status = attnserve::server::RunServer(options);
+  if (!status.ok()) {
+    SERVER_LOG(ERROR, "%s", status.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,162 @@
+#include "server/server.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/attention_service.h"
+#include "server/executor.h"
+#include "server/kv_pool.h"
+#include "server/logging.h"
+#include "server/session_registry.h"
+#include "server/ttl_sweeper.h"
+
+namespace attnserve::server {
+
+namespace {
+
+absl::Status ValidateOptions(const ServerOptions& o) {
+  const ServerLimits& l = o.limits;
+  if (o.kv_pool_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_pool_bytes = ", o.kv_pool_bytes, ", must be >= 1"));
+  }
+  if (o.compute_threads < 1 || o.compute_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute_threads = ", o.compute_threads, ", must be in [1, 256]"));
+  }
+  if (l.max_sessions < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_sessions = ", l.max_sessions, ", must be >= 1"));
+  }
+  if (l.max_requests_per_session < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_requests_per_session = ", l.max_requests_per_session, ", must be >= 1"));
+  }
+  if (l.max_sequence_length < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_sequence_length = ", l.max_sequence_length, ", must be >= 1"));
+  }
+  if (l.max_message_bytes < 1024 || l.max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes = ", l.max_message_bytes, ", must be in [1024, 2^31 - 1]"));
+  }
+  if (o.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown_grace must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeBackend(const ServerOptions& o) {
+  if (o.backend == "cpu" || o.backend == "auto") {
+    CpuBackendOptions cpu;
+    cpu.num_threads = o.engine_threads;
+    return CreateCpuBackend(cpu);
+  }
+  if (o.backend == "cuda") {
+    return absl::FailedPreconditionError("--backend=cuda: CUDA backend not built yet");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend = '", o.backend, "', must be cpu, auto or cuda"));
+}
+
+// Writes the port to `path` via a rename, so a reader never sees a partial file.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--port_file: cannot write '", tmp, "'"));
+  }
+  std::fprintf(f, "%d\n", port);
+  const bool ok = std::fclose(f) == 0;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--port_file: cannot write '", path, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunServer(const ServerOptions& options) {
+  // Block the stop signals in this thread before any other starts, so every thread inherits the
+  // mask and sigwait below is the only receiver.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = MakeBackend(options);
+  if (!backend.ok()) return backend.status();
+
+  KvPool pool(options.kv_pool_bytes);
+  SessionRegistry registry(options.limits.max_sessions);
+  Executor executor(options.compute_threads);
+  AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, options.limits);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on '", options.listen_address, "'"));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+
+  SERVER_LOG(INFO, "attnserve %s listening on %s (port %d)", ATTNSERVE_VERSION,
+             options.listen_address, port);
+  SERVER_LOG(INFO, "backend %s: %s; %d compute threads", (*backend)->name(),
+             (*backend)->device_description(), executor.num_threads());
+  SERVER_LOG(INFO, "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
+             "message bytes, request_ttl %s, session_ttl %s",
+             pool.capacity_bytes(), options.limits.max_sessions,
+             options.limits.max_requests_per_session, options.limits.max_sequence_length,
+             options.limits.max_message_bytes, absl::FormatDuration(options.limits.request_ttl),
+             absl::FormatDuration(options.limits.session_ttl));
+  if (!options.port_file.empty()) {
+    if (absl::Status s = WritePortFile(options.port_file, port); !s.ok()) {
+      server->Shutdown();
+      return s;
+    }
+  }
+
+  TtlSweeper sweeper(&registry, options.limits.request_ttl, options.limits.session_ttl,
+                     SweepPeriod(options.limits.request_ttl, options.limits.session_ttl));
+
+  int signal_number = 0;
+  while (sigwait(&stop_signals, &signal_number) != 0) {
+  }
+  SERVER_LOG(INFO, "signal %d: draining for up to %s", signal_number,
+             absl::FormatDuration(options.shutdown_grace));
+
+  // Order matters: stop accepting and drain calls (their tasks run on the executor, which is
+  // still up), then stop the sweeper, then the executor, then free the sessions.
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoNanoseconds(options.shutdown_grace));
+  server->Wait();
+  sweeper.Stop();
+  executor.Shutdown();
+  for (const std::shared_ptr<Session>& session : registry.All()) {
+    if (std::shared_ptr<Session> s = registry.Remove(session->id())) s->Close();
+  }
+  SERVER_LOG(INFO, "stopped; KV pool used %d bytes", pool.used_bytes());
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,35 @@
+// The server's configuration: what the flags in main.cc fill in.
+#ifndef ATTNSERVE_SERVER_SERVER_OPTIONS_H_
+#define ATTNSERVE_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace attnserve::server {
+
+// Limits enforced on every client; reported by GetServerInfo.
+struct ServerLimits {
+  int max_sessions = 64;
+  int max_requests_per_session = 256;
+  int64_t max_sequence_length = 32768;    // Tokens per request.
+  int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
+  absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
+  absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
+};
+
+struct ServerOptions {
+  std::string listen_address = "127.0.0.1:50051";  // Port 0 picks a free port.
+  std::string port_file;    // When set, the bound port is written here once listening.
+  std::string backend = "cpu";  // "cpu" or "auto" (= cpu until the CUDA backend exists).
+  int engine_threads = 0;   // CPU backend threads; 0 = one per hardware thread.
+  int compute_threads = 2;  // Executor threads running engine calls (one per busy session).
+  int64_t kv_pool_bytes = int64_t{1} << 30;
+  absl::Duration shutdown_grace = absl::Seconds(10);
+  ServerLimits limits;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SERVER_OPTIONS_H_

@@ -1,0 +1,116 @@
+#include "server/spec_codec.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+v1::Variant VariantToProto(AttentionVariant variant) {
+  switch (variant) {
+    case AttentionVariant::kMHA:
+      return v1::VARIANT_MHA;
+    case AttentionVariant::kMQA:
+      return v1::VARIANT_MQA;
+    case AttentionVariant::kGQA:
+      return v1::VARIANT_GQA;
+    case AttentionVariant::kMLA:
+      return v1::VARIANT_MLA;
+  }
+  return v1::VARIANT_UNSPECIFIED;
+}
+
+absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
+  LayerSpec spec;
+  switch (proto.variant()) {
+    case v1::VARIANT_MHA:
+      spec.variant = AttentionVariant::kMHA;
+      break;
+    case v1::VARIANT_MQA:
+      spec.variant = AttentionVariant::kMQA;
+      break;
+    case v1::VARIANT_GQA:
+      spec.variant = AttentionVariant::kGQA;
+      break;
+    case v1::VARIANT_MLA:
+      spec.variant = AttentionVariant::kMLA;
+      break;
+    case v1::VARIANT_UNSPECIFIED:
+      return absl::InvalidArgumentError(
+          "spec.variant: must be set (VARIANT_MHA, VARIANT_MQA, VARIANT_GQA or VARIANT_MLA)");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.variant: unknown value ", static_cast<int>(proto.variant())));
+  }
+  switch (proto.rope()) {
+    case v1::ROPE_NONE:
+      spec.rope = RopeLayout::kNone;
+      break;
+    case v1::ROPE_HALF:
+      spec.rope = RopeLayout::kHalf;
+      break;
+    case v1::ROPE_INTERLEAVED:
+      spec.rope = RopeLayout::kInterleaved;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.rope: unknown value ", static_cast<int>(proto.rope())));
+  }
+  spec.d_model = proto.d_model();
+  spec.num_heads = proto.num_heads();
+  spec.num_kv_heads = proto.num_kv_heads();
+  spec.head_dim = proto.head_dim();
+  spec.qkv_bias = proto.qkv_bias();
+  spec.o_bias = proto.o_bias();
+  spec.rope_theta = proto.rope_theta() == 0.0 ? 10000.0 : proto.rope_theta();
+  spec.causal = proto.causal();
+  spec.sliding_window = proto.sliding_window();
+  spec.softmax_scale = proto.softmax_scale();
+  if (spec.variant == AttentionVariant::kMLA) {
+    const v1::MlaDims& mla = proto.mla();
+    spec.mla.q_lora_rank = mla.q_lora_rank();
+    spec.mla.kv_lora_rank = mla.kv_lora_rank();
+    spec.mla.qk_nope_head_dim = mla.qk_nope_head_dim();
+    spec.mla.qk_rope_head_dim = mla.qk_rope_head_dim();
+    spec.mla.v_head_dim = mla.v_head_dim();
+    spec.mla.rms_norm_eps = mla.rms_norm_eps() == 0.0f ? 1e-6f : mla.rms_norm_eps();
+  }
+  if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", s.message()));
+  }
+  return spec;
+}
+
+void LayerSpecToProto(const LayerSpec& spec, v1::LayerSpec* proto) {
+  proto->set_variant(VariantToProto(spec.variant));
+  proto->set_d_model(spec.d_model);
+  proto->set_num_heads(spec.num_heads);
+  proto->set_num_kv_heads(spec.num_kv_heads);
+  proto->set_head_dim(spec.head_dim);
+  proto->set_qkv_bias(spec.qkv_bias);
+  proto->set_o_bias(spec.o_bias);
+  switch (spec.rope) {
+    case RopeLayout::kNone:
+      proto->set_rope(v1::ROPE_NONE);
+      break;
+    case RopeLayout::kHalf:
+      proto->set_rope(v1::ROPE_HALF);
+      break;
+    case RopeLayout::kInterleaved:
+      proto->set_rope(v1::ROPE_INTERLEAVED);
+      break;
+  }
+  proto->set_rope_theta(spec.rope_theta);
+  proto->set_causal(spec.causal);
+  proto->set_sliding_window(spec.sliding_window);
+  proto->set_softmax_scale(spec.softmax_scale);
+  if (spec.variant == AttentionVariant::kMLA) {
+    v1::MlaDims* mla = proto->mutable_mla();
+    mla->set_q_lora_rank(spec.mla.q_lora_rank);
+    mla->set_kv_lora_rank(spec.mla.kv_lora_rank);
+    mla->set_qk_nope_head_dim(spec.mla.qk_nope_head_dim);
+    mla->set_qk_rope_head_dim(spec.mla.qk_rope_head_dim);
+    mla->set_v_head_dim(spec.mla.v_head_dim);
+    mla->set_rms_norm_eps(spec.mla.rms_norm_eps);
+  }
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,128 @@
+#include "server/tensor_codec.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F16:
+      return DType::kF16;
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": dtype must be set (DTYPE_F32, DTYPE_F16 or DTYPE_BF16)"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown dtype value ", static_cast<int>(dtype)));
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return v1::DTYPE_F32;
+    case DType::kF16:
+      return v1::DTYPE_F16;
+    case DType::kBF16:
+      return v1::DTYPE_BF16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto, int expected_rank,
+                                       absl::string_view field) {
+  absl::StatusOr<DType> dtype = DTypeFromProto(proto.dtype(), field);
+  if (!dtype.ok()) return dtype.status();
+  if (expected_rank >= 0 && proto.shape_size() != expected_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape has rank ", proto.shape_size(),
+                                                   ", expected rank ", expected_rank));
+  }
+  if (proto.shape_size() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": shape must not be empty"));
+  }
+  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+  int64_t elements = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape[", i, "] = ", shape[i], ", must be >= 1"));
+    }
+    // elements * shape[i] <= kMaxTensorElements, checked without overflowing.
+    if (shape[i] > kMaxTensorElements / elements) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(shape),
+                                                     " has more than 2^40 elements"));
+    }
+    elements *= shape[i];
+  }
+  const int64_t expected_bytes = elements * static_cast<int64_t>(DTypeSize(*dtype));
+  if (static_cast<int64_t>(proto.data().size()) != expected_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": data has ", proto.data().size(), " bytes, expected ", expected_bytes, " (",
+        ShapeString(shape), " of ", DTypeName(*dtype), ")"));
+  }
+  Tensor tensor(*dtype, std::move(shape));
+  std::memcpy(tensor.data(), proto.data().data(), proto.data().size());
+  return tensor;
+}
+
+void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
+  proto->set_dtype(DTypeToProto(tensor.dtype()));
+  proto->clear_shape();
+  for (int64_t d : tensor.shape()) proto->add_shape(d);
+  proto->set_data(reinterpret_cast<const char*>(tensor.data()), tensor.num_bytes());
+}
+
+namespace {
+
+// Index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1.
+template <typename Bits>
+int64_t FirstNonFinite(const std::byte* data, int64_t count, Bits exponent_mask) {
+  for (int64_t i = 0; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, data + i * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
+    if ((bits & exponent_mask) == exponent_mask) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+absl::Status CheckFinite(const Tensor& tensor, absl::string_view field) {
+  const int64_t count = tensor.num_elements();
+  int64_t bad = -1;
+  switch (tensor.dtype()) {
+    case DType::kF32:
+      bad = FirstNonFinite<uint32_t>(tensor.data(), count, 0x7f800000u);
+      break;
+    case DType::kF16:
+      bad = FirstNonFinite<uint16_t>(tensor.data(), count, 0x7c00u);
+      break;
+    case DType::kBF16:
+      bad = FirstNonFinite<uint16_t>(tensor.data(), count, 0x7f80u);
+      break;
+  }
+  if (bad < 0) return absl::OkStatus();
+  // Row-major multi-index of `bad`.
+  std::vector<int64_t> index(tensor.shape().size());
+  int64_t rest = bad;
+  for (size_t axis = index.size(); axis-- > 0;) {
+    index[axis] = rest % tensor.shape()[axis];
+    rest /= tensor.shape()[axis];
+  }
+  float value = 0.0f;
+  ConvertToFloat(tensor.dtype(), tensor.data() + bad * static_cast<int64_t>(DTypeSize(tensor.dtype())),
+                 &value, 1);
+  return absl::InvalidArgumentError(absl::StrCat(field, ": element ", ShapeString(index), " is ",
+                                                 value != value ? "NaN" : (value > 0 ? "+Inf" : "-Inf"),
+                                                 "; inputs must be finite"));
+}
+
+}  // namespace attnserve::server
