@@ -108,15 +108,16 @@ absl::StatusOr<std::vector<StepOutput>> Session::Step(std::vector<StepInput> inp
         }
         if (in.positions[0] <= last_position) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "items[", i, "].positions[0] = ", in.positions[0], ", must be after request '",
-              in.request_id, "''s last position ", last_position));
+              "items[", i, "].positions[0] = ", in.positions[0],
+              ", must be after the last position (", last_position, ") of request '",
+              in.request_id, "'"));
         }
       } else if (length <= last_position) {
         // Earlier explicit positions ran ahead of the length; implicit ones would go backwards.
         return absl::InvalidArgumentError(absl::StrCat(
             "items[", i, "].positions: empty means positions from the request's length ", length,
-            ", which is not after request '", in.request_id, "''s last position ",
-            last_position, "; give positions explicitly"));
+            ", which is not after the last position (", last_position, ") of request '",
+            in.request_id, "'; give positions explicitly"));
       }
       if (length + rows > limits_.max_sequence_length) {
         return absl::OutOfRangeError(absl::StrCat(
@@ -279,7 +280,11 @@ void Session::FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info
   absl::MutexLock lock(&mu_);
   info->set_idle_ns(absl::ToInt64Nanoseconds(now - last_used_));
   if (!with_requests) return;
-  for (const auto& [request_id, state] : requests_) {
+  std::vector<const std::pair<const std::string, RequestState>*> sorted;
+  for (const auto& entry : requests_) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->first < b->first; });
+  for (const auto* entry : sorted) {
+    const auto& [request_id, state] = *entry;
     v1::RequestInfo* r = info->add_requests();
     r->set_request_id(request_id);
     r->set_sequence_length(state.length);
