@@ -9,7 +9,8 @@
 //              --page_size, --max_requests, --max_seq_len, --label
 //   forward    prefill --session --request=ID[,ID...]: --tokens=N random rows (--seed), or
 //              --input=x.npy (float32/float16 [T, d_model]) or --input=x.safetensors --tensor=NAME;
-//              --dtype sets the wire dtype; --output=out.npy saves the first request's output
+//              --dtype sets the wire dtype; --positions=5,8,... or --positions_tensor=NAME;
+//              --output=out.npy saves the first request's output
 //   decode     --session --request=ID[,ID...] --steps=N: one random hidden row per request and
 //              step, by unary Decode calls or, with --stream, over one DecodeStream
 //   info       GetServerInfo
@@ -94,6 +95,10 @@ ABSL_FLAG(std::string, input, "", "forward: .npy (float32/float16) or .safetenso
 ABSL_FLAG(std::string, tensor, "", "forward: tensor name in a .safetensors --input.");
 ABSL_FLAG(std::string, dtype, "", "forward/decode: wire dtype of the inputs (default: f32 for "
           "random inputs, the file's dtype for files).");
+ABSL_FLAG(std::string, positions, "", "forward: RoPE positions, comma separated, one per token "
+          "(default: continue from the request's length).");
+ABSL_FLAG(std::string, positions_tensor, "", "forward: read the positions from this tensor of the "
+          ".safetensors --input (any float or integer-valued dtype).");
 ABSL_FLAG(std::string, output, "", "forward: write the first request's output to this .npy.");
 ABSL_FLAG(int, steps, 0, "decode: steps (default 1); demo: default 16.");
 ABSL_FLAG(bool, stream, false, "decode: use one DecodeStream instead of unary Decode calls.");
@@ -278,6 +283,37 @@ absl::StatusOr<Tensor> InputFromFile(const std::string& path) {
       absl::StrCat("--input=", path, ": expected a .npy or .safetensors file"));
 }
 
+absl::StatusOr<std::vector<int64_t>> PositionsFromFlags() {
+  std::vector<int64_t> positions;
+  if (const std::string name = absl::GetFlag(FLAGS_positions_tensor); !name.empty()) {
+    const std::string path = absl::GetFlag(FLAGS_input);
+    if (!absl::EndsWith(path, ".safetensors")) {
+      return absl::InvalidArgumentError("--positions_tensor needs a .safetensors --input");
+    }
+    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path);
+    if (!file.ok()) return file.status();
+    absl::StatusOr<Tensor> tensor = file->Read(name);
+    if (!tensor.ok()) return tensor.status();
+    for (float value : tensor->ToFloats()) {
+      if (value != std::floor(value) || value < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--positions_tensor ", name, ": ", value, " is not a position"));
+      }
+      positions.push_back(static_cast<int64_t>(value));
+    }
+    return positions;
+  }
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_positions), ',',
+                                               absl::SkipWhitespace())) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(part, &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("--positions: '", part, "' is not an integer"));
+    }
+    positions.push_back(value);
+  }
+  return positions;
+}
+
 int Forward(const Client& client) {
   const std::string session = absl::GetFlag(FLAGS_session);
   const std::vector<std::string> ids = RequestIds();
@@ -313,6 +349,8 @@ int Forward(const Client& client) {
   }
   const int tokens = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : 16;
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+  absl::StatusOr<std::vector<int64_t>> positions = PositionsFromFlags();
+  if (!positions.ok()) return ReportError(positions.status().message());
 
   v1::ForwardRequest request;
   request.set_session_id(session);
@@ -322,6 +360,7 @@ int Forward(const Client& client) {
     TensorToProto(file_input ? *file_input
                              : RandomHidden(rng, tokens, d_model, wire_dtype.value_or(DType::kF32)),
                   item->mutable_hidden());
+    item->mutable_positions()->Add(positions->begin(), positions->end());
   }
   v1::ForwardResponse response;
   grpc::ClientContext context;

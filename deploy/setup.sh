@@ -2,8 +2,9 @@
 # Installs everything attnserve needs to build and test on a fresh Debian 12 (bookworm) machine:
 #   1. Debian packages (compiler, CMake, Ninja, gRPC, protobuf, Abseil, prometheus-cpp, OpenBLAS,
 #      nlohmann-json, GoogleTest, Google Benchmark, Python venv support);
-#   2. the Python packages of the peer tests (tests/peer/requirements.txt, pinned) into ./.venv,
-#      a virtual environment made with Debian's /usr/bin/python3.
+#   2. the Python packages of the peer tests (tests/peer/requirements.txt) and of the Python client
+#      (client/python/requirements.txt), pinned, into ./.venv, a virtual environment made with
+#      Debian's /usr/bin/python3; then generates the client's protobuf modules from proto/.
 # It does not install CUDA (Debian's registry has no nvcc 12/13); it only reports whether nvcc exists.
 #
 # Idempotent: packages already installed are not touched (apt-get update runs only when something
@@ -15,7 +16,7 @@ set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly VENV="${ROOT}/.venv"
-readonly REQUIREMENTS="${ROOT}/tests/peer/requirements.txt"
+readonly REQUIREMENTS=("${ROOT}/tests/peer/requirements.txt" "${ROOT}/client/python/requirements.txt")
 readonly STAMP="${VENV}/.attnserve-requirements.sha256"
 # Debian's interpreter, never `python3` from PATH: a pyenv build there cannot see Debian's packages
 # and may lack the venv/ensurepip modules that python3-venv provides.
@@ -101,13 +102,18 @@ install_debian_packages() {
 
 requirements_hash() {
   # The stamp covers the pins and the interpreter: a new Python minor version needs new wheels.
-  { cat "${REQUIREMENTS}"; "${VENV}/bin/python" -c 'import sys; print(sys.version)'; } |
+  { cat "${REQUIREMENTS[@]}"; "${VENV}/bin/python" -c 'import sys; print(sys.version)'; } |
     sha256sum | cut -d' ' -f1
 }
 
 setup_python() {
   [[ -x "${SYSTEM_PYTHON}" ]] || die "${SYSTEM_PYTHON} not found (Debian's python3 package)"
-  [[ -f "${REQUIREMENTS}" ]] || die "${REQUIREMENTS} not found"
+  local requirement pip_args=() names=()
+  for requirement in "${REQUIREMENTS[@]}"; do
+    [[ -f "${requirement}" ]] || die "${requirement} not found"
+    pip_args+=(-r "${requirement}")
+    names+=("${requirement#"${ROOT}"/}")
+  done
 
   if [[ -e "${VENV}" ]]; then
     # A venv made from another interpreter (e.g. pyenv's) is not ours to delete; say how to fix it.
@@ -126,22 +132,30 @@ setup_python() {
   local want
   want="$(requirements_hash)"
   if [[ -f "${STAMP}" && "$(cat "${STAMP}")" == "${want}" ]]; then
-    log "Python: venv already satisfies ${REQUIREMENTS#"${ROOT}"/}, pip skipped"
+    log "Python: venv already satisfies ${names[*]}, pip skipped"
+    generate_python_client
     return 0
   fi
 
   # torch from PyPI brings its CUDA wheels (several GB); --no-cache-dir keeps them from being
   # stored twice on disk.
-  log "Python: installing ${REQUIREMENTS#"${ROOT}"/} (torch is large; first time takes minutes)"
-  "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir \
-    -r "${REQUIREMENTS}"
+  log "Python: installing ${names[*]} (torch is large; first time takes minutes)"
+  "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir "${pip_args[@]}"
   "${VENV}/bin/python" - <<'EOF'
-import numpy, safetensors, torch, transformers
-print("[setup] Python: torch %s, transformers %s, safetensors %s, numpy %s"
-      % (torch.__version__, transformers.__version__, safetensors.__version__, numpy.__version__))
+import grpc, google.protobuf, numpy, safetensors, torch, transformers
+print("[setup] Python: torch %s, transformers %s, safetensors %s, numpy %s, grpcio %s, protobuf %s"
+      % (torch.__version__, transformers.__version__, safetensors.__version__, numpy.__version__,
+         grpc.__version__, google.protobuf.__version__))
 EOF
   printf '%s\n' "${want}" >"${STAMP}"
   log "Python: wrote stamp ${STAMP#"${ROOT}"/}"
+  generate_python_client
+}
+
+# The Python client's protobuf modules are generated, not committed (client/python/gen_proto.py
+# skips the work when they match the .proto already).
+generate_python_client() {
+  "${VENV}/bin/python" "${ROOT}/client/python/gen_proto.py" | sed 's/^/[setup] Python: /'
 }
 
 report_cuda() {

@@ -1,0 +1,451 @@
+"""A small typed wrapper over the generated AttentionService stub.
+
+Arrays cross the wire as `Tensor` messages (dtype, shape, raw little-endian bytes):
+  numpy float32 <-> DTYPE_F32, numpy float16 <-> DTYPE_F16, and bfloat16, which numpy lacks, as
+  uint16 arrays holding the raw bf16 bits (numpy_to_tensor(x, "bf16") also rounds float arrays to
+  bf16, to nearest even as PyTorch does). Outputs come back in the dtype of the inputs; bf16
+  outputs are widened to float32 (exact) unless the client was made with bf16_as="uint16".
+
+Errors: every RPC failure is raised as AttnServeError carrying the gRPC status code name
+("NOT_FOUND", "RESOURCE_EXHAUSTED", ...) and the server's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+
+from attnserve.v1 import attention_service_pb2 as pb
+from attnserve.v1 import attention_service_pb2_grpc as pb_grpc
+
+_MAX_MESSAGE_BYTES = 1 << 30
+
+_VARIANTS = {"mha": pb.VARIANT_MHA, "mqa": pb.VARIANT_MQA, "gqa": pb.VARIANT_GQA,
+             "mla": pb.VARIANT_MLA}
+_ROPES = {"none": pb.ROPE_NONE, "half": pb.ROPE_HALF, "interleaved": pb.ROPE_INTERLEAVED}
+_DTYPES = {"f32": pb.DTYPE_F32, "float32": pb.DTYPE_F32, "f16": pb.DTYPE_F16,
+           "float16": pb.DTYPE_F16, "bf16": pb.DTYPE_BF16, "bfloat16": pb.DTYPE_BF16}
+
+
+# ---- Tensors ------------------------------------------------------------------------------------
+
+def _float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN stays NaN (quiet)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def numpy_to_tensor(array: np.ndarray, dtype: Optional[str] = None) -> pb.Tensor:
+    """A Tensor message holding `array`.
+
+    dtype None keeps the array's type: float32 -> F32, float16 -> F16, uint16 -> BF16 (raw bits);
+    float64 is sent as F32. "f32" / "f16" / "bf16" convert first (bf16: round to nearest even).
+    """
+    array = np.asarray(array)
+    if dtype is None:
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        wire = {np.dtype(np.float32): pb.DTYPE_F32, np.dtype(np.float16): pb.DTYPE_F16,
+                np.dtype(np.uint16): pb.DTYPE_BF16}.get(array.dtype.newbyteorder("="))
+        if wire is None:
+            raise TypeError(f"cannot send a {array.dtype} array: use float32, float16, or uint16 "
+                            "bf16 bits")
+        data = array.astype(array.dtype.newbyteorder("<"), copy=False)
+    else:
+        wire = _DTYPES.get(dtype.lower())
+        if wire is None:
+            raise ValueError(f"dtype '{dtype}': expected f32, f16 or bf16")
+        if wire == pb.DTYPE_F32:
+            data = array.astype("<f4", copy=False)
+        elif wire == pb.DTYPE_F16:
+            data = array.astype("<f2", copy=False)
+        elif array.dtype == np.uint16:
+            data = array.astype("<u2", copy=False)
+        else:
+            data = _float_to_bf16_bits(array.astype(np.float32)).astype("<u2", copy=False)
+    return pb.Tensor(dtype=wire, shape=list(data.shape), data=np.ascontiguousarray(data).tobytes())
+
+
+def tensor_to_numpy(tensor: pb.Tensor, bf16_as: str = "float32") -> np.ndarray:
+    """The array a Tensor message holds; BF16 as float32 (exact) or, bf16_as="uint16", raw bits."""
+    shape = tuple(int(d) for d in tensor.shape)
+    if tensor.dtype == pb.DTYPE_F32:
+        return np.frombuffer(tensor.data, dtype="<f4").astype(np.float32).reshape(shape)
+    if tensor.dtype == pb.DTYPE_F16:
+        return np.frombuffer(tensor.data, dtype="<f2").astype(np.float16).reshape(shape)
+    if tensor.dtype == pb.DTYPE_BF16:
+        bits = np.frombuffer(tensor.data, dtype="<u2").astype(np.uint16).reshape(shape)
+        return bits if bf16_as == "uint16" else _bf16_bits_to_float(bits)
+    raise ValueError(f"tensor has dtype {tensor.dtype}, not F32, F16 or BF16")
+
+
+# ---- Specs and results --------------------------------------------------------------------------
+
+@dataclass
+class MlaDims:
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+    rms_norm_eps: float = 1e-6
+
+
+@dataclass
+class LayerSpec:
+    """One attention layer; the keys and defaults of the JSON spec format
+    (kernels/layer_spec_json.h), so LayerSpec.from_dict(json.load(f)) reads a spec file."""
+
+    variant: str  # "mha" | "mqa" | "gqa" | "mla"
+    d_model: int
+    num_heads: int
+    num_kv_heads: int = 0
+    head_dim: int = 0  # 0: d_model // num_heads (not for mla)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    rope: str = "none"  # "none" | "half" | "interleaved"
+    rope_theta: float = 10000.0
+    causal: bool = True
+    sliding_window: int = 0
+    softmax_scale: float = 0.0
+    mla: Optional[MlaDims] = None
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> "LayerSpec":
+        fields = dict(spec)
+        if isinstance(fields.get("mla"), Mapping):
+            fields["mla"] = MlaDims(**fields["mla"])
+        return cls(**fields)
+
+    def to_proto(self) -> pb.LayerSpec:
+        variant = self.variant.lower()
+        if variant not in _VARIANTS:
+            raise ValueError(f"variant '{self.variant}': expected mha, mqa, gqa or mla")
+        if self.rope.lower() not in _ROPES:
+            raise ValueError(f"rope '{self.rope}': expected none, half or interleaved")
+        num_kv_heads = self.num_kv_heads
+        if num_kv_heads == 0 and variant == "mha":
+            num_kv_heads = self.num_heads
+        if num_kv_heads == 0 and variant == "mqa":
+            num_kv_heads = 1
+        head_dim = self.head_dim
+        if head_dim == 0 and variant != "mla":
+            head_dim = self.d_model // self.num_heads
+        out = pb.LayerSpec(
+            variant=_VARIANTS[variant], d_model=self.d_model, num_heads=self.num_heads,
+            num_kv_heads=num_kv_heads if variant != "mla" else 0,
+            head_dim=head_dim if variant != "mla" else 0, qkv_bias=self.qkv_bias,
+            o_bias=self.o_bias, rope=_ROPES[self.rope.lower()], rope_theta=self.rope_theta,
+            causal=self.causal, sliding_window=self.sliding_window,
+            softmax_scale=self.softmax_scale)
+        if self.mla is not None:
+            out.mla.CopyFrom(pb.MlaDims(**dataclasses.asdict(self.mla)))
+        return out
+
+
+@dataclass
+class Timing:
+    """Server-side time of one call (nanoseconds)."""
+
+    queue_ns: int
+    compute_ns: int
+    total_ns: int
+
+    @classmethod
+    def from_proto(cls, timing: pb.Timing) -> "Timing":
+        return cls(timing.queue_ns, timing.compute_ns, timing.total_ns)
+
+    @property
+    def compute_ms(self) -> float:
+        return self.compute_ns / 1e6
+
+    @property
+    def total_ms(self) -> float:
+        return self.total_ns / 1e6
+
+    @property
+    def queue_ms(self) -> float:
+        return self.queue_ns / 1e6
+
+
+@dataclass
+class ConfigureResult:
+    session_id: str
+    parameter_count: int
+    parameter_bytes: int
+    kv_bytes_per_token: int
+    page_bytes: int
+    max_context_tokens: int
+    timing: Timing
+
+
+@dataclass
+class StepResult:
+    """Outputs of a Forward or Decode call, by request id."""
+
+    outputs: Dict[str, np.ndarray]
+    sequence_lengths: Dict[str, int]
+    timing: Timing
+    client_ms: float = 0.0  # round trip as this client measured it (0 for stream steps)
+
+
+class AttnServeError(Exception):
+    """A failed RPC: `code` is the gRPC status code name, `message` the server's message."""
+
+    def __init__(self, rpc: str, code: str, message: str):
+        super().__init__(f"{rpc} failed: {code}: {message}")
+        self.rpc = rpc
+        self.code = code
+        self.message = message
+
+
+def _wrap(rpc: str, error: grpc.RpcError) -> AttnServeError:
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else str(error)
+    return AttnServeError(rpc, code.name if code is not None else "UNKNOWN", details or "")
+
+
+# ---- The client ---------------------------------------------------------------------------------
+
+class AttnServeClient:
+    """Blocking client over one insecure channel. Use as a context manager, or call close()."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", timeout_s: float = 60.0,
+                 bf16_as: str = "float32"):
+        self.target = target
+        self.timeout_s = timeout_s
+        self.bf16_as = bf16_as
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+        ])
+        self.stub = pb_grpc.AttentionServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "AttnServeClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, rpc: str, request):
+        try:
+            return getattr(self.stub, rpc)(request, timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            raise _wrap(rpc, error) from None
+
+    # -- sessions --
+
+    def configure(self, spec: Union[LayerSpec, Mapping[str, Any]], *, seed: Optional[int] = None,
+                  checkpoint: Optional[str] = None, layer: int = 0,
+                  weights: Optional[Mapping[str, np.ndarray]] = None, kv_dtype: str = "f32",
+                  page_size: int = 0, max_requests: int = 0, max_sequence_length: int = 0,
+                  label: str = "") -> ConfigureResult:
+        """Creates a session. Weights: `seed`, or `checkpoint` (a safetensors file or directory on
+        the server's side) with `layer`, or `weights` (Hugging Face names without the
+        "model.layers.N.self_attn." prefix -> arrays). Default: seed 0."""
+        if not isinstance(spec, LayerSpec):
+            spec = LayerSpec.from_dict(spec)
+        if sum(x is not None for x in (seed, checkpoint, weights)) > 1:
+            raise ValueError("give one of seed=, checkpoint=, weights=")
+        source = pb.WeightSource()
+        if checkpoint is not None:
+            source.checkpoint.CopyFrom(pb.CheckpointWeights(path=checkpoint, layer_index=layer))
+        elif weights is not None:
+            source.inline_weights.CopyFrom(pb.InlineWeights(tensors=[
+                pb.NamedTensor(name=name, tensor=numpy_to_tensor(array))
+                for name, array in weights.items()]))
+        else:
+            source.seed = seed if seed is not None else 0
+        if kv_dtype.lower() not in _DTYPES:
+            raise ValueError(f"kv_dtype '{kv_dtype}': expected f32, f16 or bf16")
+        response = self._call("Configure", pb.ConfigureRequest(
+            spec=spec.to_proto(), weights=source, kv_cache_dtype=_DTYPES[kv_dtype.lower()],
+            page_size=page_size, max_requests=max_requests,
+            max_sequence_length=max_sequence_length, label=label))
+        cost = response.cost
+        return ConfigureResult(response.session_id, cost.parameter_count, cost.parameter_bytes,
+                               cost.kv_bytes_per_token, cost.page_bytes, cost.max_context_tokens,
+                               Timing.from_proto(response.timing))
+
+    def release(self, session_id: str, request_id: str = "") -> int:
+        """Frees a request's KV cache, or the whole session when request_id is empty; returns the
+        bytes freed."""
+        return self._call("Release", pb.ReleaseRequest(session_id=session_id,
+                                                       request_id=request_id)).freed_bytes
+
+    def get_session(self, session_id: str) -> pb.SessionInfo:
+        return self._call("GetSession", pb.GetSessionRequest(session_id=session_id)).session
+
+    def list_sessions(self) -> Sequence[pb.SessionInfo]:
+        return list(self._call("ListSessions", pb.ListSessionsRequest()).sessions)
+
+    def info(self) -> pb.GetServerInfoResponse:
+        return self._call("GetServerInfo", pb.GetServerInfoRequest())
+
+    # -- compute --
+
+    def _results(self, response, client_ms: float) -> StepResult:
+        return StepResult(
+            outputs={r.request_id: tensor_to_numpy(r.output, self.bf16_as) for r in response.results},
+            sequence_lengths={r.request_id: r.sequence_length for r in response.results},
+            timing=Timing.from_proto(response.timing), client_ms=client_ms)
+
+    def forward(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
+                positions: Optional[Mapping[str, Sequence[int]]] = None,
+                dtype: Optional[str] = None) -> StepResult:
+        """Prefill: `inputs` maps request ids to [num_tokens, d_model] hidden states (requests are
+        created on first use, extended afterwards). Outputs have the inputs' shape and dtype."""
+        positions = positions or {}
+        request = pb.ForwardRequest(session_id=session_id, items=[
+            pb.ForwardItem(request_id=rid, hidden=numpy_to_tensor(np.atleast_2d(x), dtype),
+                           positions=list(positions.get(rid, ())))
+            for rid, x in inputs.items()])
+        start = time.perf_counter()
+        response = self._call("Forward", request)
+        return self._results(response, (time.perf_counter() - start) * 1e3)
+
+    def _decode_request(self, session_id: str, inputs: Mapping[str, np.ndarray],
+                        dtype: Optional[str]) -> pb.DecodeRequest:
+        items = []
+        for rid, x in inputs.items():
+            x = np.asarray(x)
+            items.append(pb.DecodeItem(request_id=rid,
+                                       hidden=numpy_to_tensor(x.reshape(1, x.shape[-1]), dtype)))
+        return pb.DecodeRequest(session_id=session_id, items=items)
+
+    def decode(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
+               dtype: Optional[str] = None) -> StepResult:
+        """One decode step: `inputs` maps request ids to one hidden row ([d_model] or
+        [1, d_model]); each output is [1, d_model]."""
+        request = self._decode_request(session_id, inputs, dtype)
+        start = time.perf_counter()
+        response = self._call("Decode", request)
+        return self._results(response, (time.perf_counter() - start) * 1e3)
+
+    def decode_stream(self, session_id: str, steps: Iterable[Mapping[str, np.ndarray]], *,
+                      dtype: Optional[str] = None) -> Iterator[StepResult]:
+        """Decode steps over one DecodeStream: yields one StepResult per element of `steps`, in
+        order. `steps` may be a generator that computes each step from the previous result."""
+        requests = (self._decode_request(session_id, step, dtype) for step in steps)
+        try:
+            for response in self.stub.DecodeStream(requests, timeout=self.timeout_s):
+                yield self._results(response, 0.0)
+        except grpc.RpcError as error:
+            raise _wrap("DecodeStream", error) from None
+
+    def open_decode_stream(self, session_id: str, *, dtype: Optional[str] = None) -> "DecodeStream":
+        """An open DecodeStream driven step by step: `stream.step({rid: x})` sends one step and
+        waits for its answer. Close it (or use `with`) to end the call."""
+        return DecodeStream(self, session_id, dtype)
+
+    # -- health --
+
+    def health(self, service: str = "", wait_s: float = 0.0) -> str:
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" or "UNKNOWN".
+        With wait_s > 0, retries until SERVING or the time is up (then returns or raises the last
+        answer)."""
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        request = b"" if not service else (b"\x0a" + _varint(len(service.encode())) +
+                                           service.encode())
+        give_up = time.monotonic() + wait_s
+        while True:
+            try:
+                answer = _health_status(check(request, timeout=min(self.timeout_s, 1.0)
+                                              if wait_s > 0 else self.timeout_s))
+                if answer == "SERVING" or time.monotonic() >= give_up:
+                    return answer
+            except grpc.RpcError as error:
+                if time.monotonic() >= give_up:
+                    raise _wrap("Health.Check", error) from None
+            time.sleep(0.1)
+
+
+class DecodeStream:
+    """One DecodeStream call, driven a step at a time (see AttnServeClient.open_decode_stream)."""
+
+    _END = object()
+
+    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str]):
+        self._client = client
+        self._session_id = session_id
+        self._dtype = dtype
+        self._requests: "queue.Queue[Any]" = queue.Queue()
+        self._responses = client.stub.DecodeStream(iter(self._requests.get, self._END),
+                                                   timeout=client.timeout_s)
+        self._closed = False
+
+    def step(self, inputs: Mapping[str, np.ndarray]) -> StepResult:
+        if self._closed:
+            raise RuntimeError("the decode stream is closed")
+        self._requests.put(self._client._decode_request(self._session_id, inputs, self._dtype))
+        start = time.perf_counter()
+        try:
+            response = next(self._responses)
+        except StopIteration:
+            raise AttnServeError("DecodeStream", "UNKNOWN", "the server ended the stream") from None
+        except grpc.RpcError as error:
+            raise _wrap("DecodeStream", error) from None
+        return self._client._results(response, (time.perf_counter() - start) * 1e3)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._requests.put(self._END)
+        try:
+            for _ in self._responses:  # Drain to the end so that the call finishes cleanly.
+                pass
+        except grpc.RpcError as error:
+            raise _wrap("DecodeStream", error) from None
+
+    def __enter__(self) -> "DecodeStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _health_status(response: bytes) -> str:
+    """Field 1 (enum ServingStatus) of grpc.health.v1.HealthCheckResponse, hand-decoded: the
+    health proto is not part of this package."""
+    status, i = 0, 0
+    while i < len(response):
+        key = response[i]
+        i += 1
+        value, shift = 0, 0
+        while i < len(response):
+            byte = response[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if key >> 3 == 1:
+            status = value
+    return {1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}.get(status, "UNKNOWN")

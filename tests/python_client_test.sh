@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# ctest: the Python client example (client/python/example.py) against the real server binary on
+# 127.0.0.1. Starts attnserve_server on a free port, runs the example with unary Decode and with
+# DecodeStream, checks each run's exit status and the output shapes it prints, then stops the
+# server with SIGTERM and checks that it exits 0.
+#
+# Usage: tests/python_client_test.sh SERVER_BINARY PYTHON
+set -euo pipefail
+
+readonly SERVER="${1:?usage: $0 SERVER_BINARY PYTHON}"
+readonly PYTHON="${2:?usage: $0 SERVER_BINARY PYTHON}"
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly EXAMPLE="${ROOT}/client/python/example.py"
+
+fail() { printf 'python_client_test: FAIL: %s\n' "$*" >&2; exit 1; }
+
+[[ -x "${SERVER}" ]] || fail "server binary ${SERVER} not found"
+[[ -x "${PYTHON}" ]] || fail "${PYTHON} not found: run deploy/setup.sh (it installs client/python/requirements.txt into .venv)"
+"${PYTHON}" -c 'import grpc, grpc_tools, numpy' 2>/dev/null ||
+  fail "${PYTHON} lacks grpcio/grpcio-tools/numpy: run deploy/setup.sh"
+
+workdir="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  local status=$?
+  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
+    kill -KILL "${server_pid}" 2>/dev/null || true
+    wait "${server_pid}" 2>/dev/null || true
+  fi
+  if [[ "${status}" -ne 0 && -s "${workdir}/server.log" ]]; then
+    echo "--- server log ---" >&2
+    tail -n 40 "${workdir}/server.log" >&2
+  fi
+  rm -rf "${workdir}"
+  exit "${status}"
+}
+trap cleanup EXIT
+
+"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 300); do
+  [[ -s "${workdir}/port" ]] && break
+  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
+  sleep 0.1
+done
+[[ -s "${workdir}/port" ]] || fail "the server did not write its port within 30 s"
+readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+
+# Generate the client's protobuf modules up front (the package would do it on first import too).
+"${PYTHON}" "${ROOT}/client/python/gen_proto.py"
+
+for mode in unary stream; do
+  flags=(--server="${ADDRESS}" --timeout_s=60)
+  [[ "${mode}" == stream ]] && flags+=(--stream)
+  status=0
+  "${PYTHON}" "${EXAMPLE}" "${flags[@]}" >"${workdir}/${mode}.out" 2>&1 || status=$?
+  cat "${workdir}/${mode}.out"
+  [[ "${status}" -eq 0 ]] || fail "example.py (${mode}) exited with status ${status}"
+  # The example's prompts are 48 and 17 tokens at d_model 512, then 8 decode steps.
+  for expected in "forward alice: output shape (48, 512) float32, sequence_length 48" \
+                  "forward bob: output shape (17, 512) float32, sequence_length 17" \
+                  "decode step 8: alice (1, 512) len=56, bob (1, 512) len=25" \
+                  "example: OK"; do
+    grep -qF "${expected}" "${workdir}/${mode}.out" || fail "example.py (${mode}) did not print '${expected}'"
+  done
+done
+
+kill -TERM "${server_pid}"
+status=0
+wait "${server_pid}" || status=$?
+server_pid=""
+[[ "${status}" -eq 0 ]] || fail "the server exited with status ${status} after SIGTERM"
+echo "python_client_test: PASS"
