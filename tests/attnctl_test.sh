@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# ctest: attnctl against the real server binary on 127.0.0.1, and deploy/run_demo.sh.
+#   - health, info, configure (flags and --spec_file), list, get, release, demo --json;
+#   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
+#     what the Python client gets for the same input on another request of the same session;
+#   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
+#   - errors: the exit code (1 for an RPC error, 2 for bad flags) and the status code name;
+#   - deploy/run_demo.sh runs the demo against its own server and stops it.
+#
+# Usage: tests/attnctl_test.sh BUILD_DIR PYTHON   (BUILD_DIR holds server/attnserve_server and
+# client/attnctl)
+set -euo pipefail
+
+readonly BUILD="${1:?usage: $0 BUILD_DIR PYTHON}"
+readonly PYTHON="${2:?usage: $0 BUILD_DIR PYTHON}"
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+readonly SERVER="${BUILD}/server/attnserve_server"
+readonly ATTNCTL="${BUILD}/client/attnctl"
+
+fail() { printf 'attnctl_test: FAIL: %s\n' "$*" >&2; exit 1; }
+[[ -x "${SERVER}" && -x "${ATTNCTL}" ]] || fail "${SERVER} or ${ATTNCTL} not built"
+"${PYTHON}" -c 'import grpc, grpc_tools, numpy' 2>/dev/null ||
+  fail "${PYTHON} lacks grpcio/grpcio-tools/numpy: run deploy/setup.sh"
+
+workdir="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  local status=$?
+  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
+    kill -KILL "${server_pid}" 2>/dev/null || true
+    wait "${server_pid}" 2>/dev/null || true
+  fi
+  if [[ "${status}" -ne 0 && -s "${workdir}/server.log" ]]; then
+    echo "--- server log ---" >&2
+    tail -n 40 "${workdir}/server.log" >&2
+  fi
+  rm -rf "${workdir}"
+  exit "${status}"
+}
+trap cleanup EXIT
+
+"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 300); do
+  [[ -s "${workdir}/port" ]] && break
+  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
+  sleep 0.1
+done
+readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+ctl() { "${ATTNCTL}" --server="${ADDRESS}" "$@"; }
+json() { "${PYTHON}" -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
+
+# expect_exit CODE STATUS_NAME_OR_EMPTY -- attnctl args...
+expect_exit() {
+  local want="$1" name="$2" status=0
+  shift 3
+  ctl "$@" >"${workdir}/err.out" 2>&1 || status=$?
+  [[ "${status}" -eq "${want}" ]] || fail "attnctl $* exited ${status}, expected ${want}: $(cat "${workdir}/err.out")"
+  [[ -z "${name}" ]] || grep -q "${name}" "${workdir}/err.out" || fail "attnctl $* did not print ${name}: $(cat "${workdir}/err.out")"
+}
+
+[[ "$(ctl health)" == SERVING ]] || fail "health is not SERVING"
+[[ "$(ctl --json info | json 'd["backend"]')" == cpu ]] || fail "info: backend is not cpu"
+
+cat >"${workdir}/spec.json" <<'SPEC'
+{"variant": "gqa", "d_model": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "rope": "half"}
+SPEC
+session="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --label=attnctl_test |
+           json 'd["session_id"]')"
+[[ "${#session}" -eq 32 ]] || fail "configure: session id '${session}' is not 32 hex digits"
+
+# forward: .npy in and out, compared with the Python client on another request.
+"${PYTHON}" - "${workdir}" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(1)
+np.save(f"{sys.argv[1]}/x32.npy", rng.standard_normal((9, 128), dtype=np.float32))
+np.save(f"{sys.argv[1]}/x16.npy", rng.standard_normal((4, 128)).astype(np.float16))
+PY
+ctl forward --session="${session}" --request=a --input="${workdir}/x32.npy" --output="${workdir}/a.npy" >/dev/null
+ctl forward --session="${session}" --request=h --input="${workdir}/x16.npy" --output="${workdir}/h.npy" >/dev/null
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${session}" "${workdir}" <<'PY'
+import sys, numpy as np
+from attnserve_client import AttnServeClient
+address, session, work = sys.argv[1:]
+with AttnServeClient(address) as client:
+    for rid, name in (("p32", "x32"), ("p16", "x16")):
+        x = np.load(f"{work}/{name}.npy")
+        out = client.forward(session, {rid: x}).outputs[rid]
+        ctl = np.load(f"{work}/{'a' if name == 'x32' else 'h'}.npy")
+        assert out.dtype == x.dtype == ctl.dtype and out.shape == ctl.shape == x.shape, (out.dtype, ctl.dtype, out.shape, ctl.shape)
+        assert np.array_equal(out.view(np.uint8), ctl.view(np.uint8)), f"{name}: attnctl and Python outputs differ"
+print("forward: attnctl (.npy) and Python client agree bit for bit")
+PY
+
+# decode: unary vs stream, same seeded inputs on two requests with the same prompt.
+ctl forward --session="${session}" --request=u --tokens=20 --seed=3 >/dev/null
+ctl forward --session="${session}" --request=s --tokens=20 --seed=3 >/dev/null
+unary="$(ctl --json decode --session="${session}" --request=u --steps=3 --seed=9 |
+         json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+stream="$(ctl --json decode --session="${session}" --request=s --steps=3 --seed=9 --stream |
+          json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+[[ "${unary}" == "${stream}" ]] || fail "decode: unary ${unary} != stream ${stream}"
+[[ "$(ctl --json get --session="${session}" | json 'len(d["session"]["requests"])')" == 6 ]] ||
+  fail "get: expected 6 requests"
+[[ "$(ctl --json list | json 'len(d["sessions"])')" -ge 1 ]] || fail "list: no sessions"
+
+# errors
+expect_exit 1 NOT_FOUND -- forward --session=0123 --request=a
+expect_exit 1 NOT_FOUND -- decode --session="${session}" --request=nope
+expect_exit 1 INVALID_ARGUMENT -- forward --session="${session}" --request=a --tokens=2 --positions=1,0
+expect_exit 2 "" -- forward --session="${session}" --request=a --input="${workdir}/missing.npy"
+expect_exit 2 "num_kv_heads" -- configure --variant=gqa --d_model=128 --num_heads=4
+expect_exit 2 "" -- no_such_command
+
+ctl release --session="${session}" --request=a >/dev/null
+ctl release --session="${session}" >/dev/null
+expect_exit 1 NOT_FOUND -- get --session="${session}"
+[[ "$(ctl --json info | json 'd["kv_pool_used_bytes"]')" == 0 ]] || fail "KV pool not empty after release"
+
+variants="$(ctl --json demo --tokens=16 --steps=2 --batch=2 | json '" ".join(v["variant"] for v in d["variants"])')"
+[[ "${variants}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo: variants '${variants}'"
+
+kill -TERM "${server_pid}"
+status=0
+wait "${server_pid}" || status=$?
+server_pid=""
+[[ "${status}" -eq 0 ]] || fail "the server exited with status ${status} after SIGTERM"
+
+ATTNSERVE_BUILD_DIR="${BUILD}" "${ROOT}/deploy/run_demo.sh" --tokens=16 --steps=2 >"${workdir}/demo.out" 2>&1 ||
+  { cat "${workdir}/demo.out"; fail "deploy/run_demo.sh failed"; }
+grep -q "^MLA-256 " "${workdir}/demo.out" || { cat "${workdir}/demo.out"; fail "run_demo.sh printed no MLA row"; }
+grep -q "server stopped (exit status 0)" "${workdir}/demo.out" || fail "run_demo.sh did not stop its server cleanly"
+echo "attnctl_test: PASS"
