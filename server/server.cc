@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/grpcpp.h>
@@ -97,6 +98,12 @@ absl::Status RunServer(const ServerOptions& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = MakeBackend(options);
   if (!backend.ok()) return backend.status();
+
+  // Keep one gRPC library reference for the life of the process. Without it the last
+  // grpc_shutdown (in ~ServerBuilder or ~Server) joins gRPC's executor threads synchronously,
+  // and gRPC 1.51 can leave one parked in epoll_wait for many seconds after Shutdown, so a
+  // drained server would not exit. Process exit reclaims everything instead.
+  grpc_init();
 
   KvPool pool(options.kv_pool_bytes);
   SessionRegistry registry(options.limits.max_sessions);
