@@ -71,7 +71,6 @@ std::shared_ptr<Session> SessionRegistry::Remove(const std::string& session_id) 
   if (it == sessions_.end()) return nullptr;
   std::shared_ptr<Session> session = std::move(it->second);
   sessions_.erase(it);
-  session->MarkClosing();
   return session;
 }
 
