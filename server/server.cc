@@ -24,6 +24,9 @@ namespace attnserve::server {
 
 namespace {
 
+// The full name of the service, as health checks and reflection name it.
+constexpr char kServiceName[] = "attnserve.v1.AttentionService";
+
 absl::Status ValidateOptions(const ServerOptions& o) {
   const ServerLimits& l = o.limits;
   if (o.kv_pool_bytes < 1) {
@@ -123,7 +126,10 @@ absl::Status RunServer(const ServerOptions& options) {
     return absl::UnavailableError(
         absl::StrCat("--listen: cannot listen on '", options.listen_address, "'"));
   }
+  // Health answers both the server as a whole ("") and the service by its full name, as
+  // Kubernetes gRPC probes and grpc_health_probe -service=... ask for either.
   server->GetHealthCheckService()->SetServingStatus(true);
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, true);
 
   SERVER_LOG(INFO, "attnserve %s listening on %s (port %d)", ATTNSERVE_VERSION,
              options.listen_address, port);
@@ -154,6 +160,7 @@ absl::Status RunServer(const ServerOptions& options) {
   // Order matters: stop accepting and drain calls (their tasks run on the executor, which is
   // still up), then stop the sweeper, then the executor, then free the sessions.
   server->GetHealthCheckService()->SetServingStatus(false);
+  server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(options.shutdown_grace));
   server->Wait();
