@@ -13,7 +13,8 @@
 //   inline weights of the wrong shape                  INVALID_ARGUMENT (names the tensor)
 //   checkpoint path that does not exist                NOT_FOUND
 //   checkpoint directory without model.safetensors     NOT_FOUND
-//   checkpoint file that is corrupt (truncated header) DATA_LOSS
+//   checkpoint file that is corrupt (truncated header) DATA_LOSS (the safetensors reader's code;
+//                                                      docs/api.md does not list it yet)
 //   checkpoint file without read permission            INVALID_ARGUMENT (only checked when not
 //                                                      root: root reads a chmod 000 file anyway)
 #include <sys/stat.h>
@@ -209,6 +210,29 @@ TEST_F(BadInputTest, UnknownSessionAndRequest) {
   // A released session is unknown afterwards.
   ASSERT_TRUE(Release(stub(), session_, "").ok());
   EXPECT_STATUS(ForwardOne(MakeForwardItem("r", Hidden(2))), NOT_FOUND, session_);
+}
+
+// docs/api.md: the first failing message ends a DecodeStream with that message's status; the
+// responses before it stand.
+TEST_F(BadInputTest, DecodeStreamEndsAtTheFirstBadStep) {
+  ASSERT_TRUE(ForwardOne(MakeForwardItem("r", Hidden(3))).ok());
+  grpc::ClientContext context;
+  SetDeadline(context);
+  auto stream = stub().DecodeStream(&context);
+  for (const char* id : {"r", "unknown", "r"}) {
+    v1::DecodeRequest request;
+    request.set_session_id(session_);
+    *request.add_items() = MakeDecodeItem(id, Hidden(1));
+    if (!stream->Write(request)) break;  // The server may already have ended the stream.
+  }
+  stream->WritesDone();
+  v1::DecodeResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.results(0).sequence_length(), 4);
+  EXPECT_FALSE(stream->Read(&response)) << "an answer after the failing step";
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("request 'unknown' not found"));
 }
 
 TEST_F(BadInputTest, WrongShapeDtypeAndByteCount) {
