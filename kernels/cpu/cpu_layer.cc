@@ -103,21 +103,23 @@ absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch,
     batch.push_back({&table, row, counts[i], table.num_tokens});
     row += counts[i];
   }
-  absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
-  if (!pages.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ",
-        layout_.page_size, " tokens (", pages_needed * store_.page_bytes(), " bytes), ",
-        allocator_.free(), " of ", allocator_.capacity(), " pages are free"));
-  }
+  // The shared budget (all sessions on the device) is checked first: when both would refuse, its
+  // numbers are the ones a client can act on.
   const int64_t bytes = pages_needed * store_.page_bytes();
   const std::shared_ptr<KvMemoryBudget>& budget = kv_config_.budget;
   if (budget != nullptr && !budget->TryCharge(bytes)) {
-    allocator_.Free(*pages);
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
         " pages of ", layout_.page_size, " tokens), ", budget->free_bytes(), " of ",
         budget->capacity_bytes(), " bytes are free"));
+  }
+  absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
+  if (!pages.ok()) {
+    if (budget != nullptr) budget->Release(bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ",
+        layout_.page_size, " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
+        allocator_.capacity(), " pages of this layer are free"));
   }
   if (absl::Status s = store_.Commit(*pages); !s.ok()) {
     allocator_.Free(*pages);
