@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Installs everything attnserve needs to build and test on a fresh Debian 12 (bookworm) machine:
 #   1. Debian packages (compiler, CMake, Ninja, gRPC, protobuf, Abseil, prometheus-cpp, OpenBLAS,
-#      nlohmann-json, GoogleTest, Google Benchmark, Python venv support);
-#   2. the Python packages of the peer tests (tests/peer/requirements.txt) and of the Python client
-#      (client/python/requirements.txt), pinned, into ./.venv, a virtual environment made with
-#      Debian's /usr/bin/python3; then generates the client's protobuf modules from proto/.
+#      nlohmann-json, GoogleTest, Google Benchmark, Python venv support, and Prometheus, whose
+#      binary the deploy test runs itself on 127.0.0.1 — the test does not use the prometheus
+#      service that Debian enables on :9090 where systemd runs);
+#   2. the Python packages of the peer tests (tests/peer/requirements.txt), of the Python client
+#      (client/python/requirements.txt) and of the deploy tests (tests/deploy/requirements.txt),
+#      pinned, into ./.venv, a virtual environment made with Debian's /usr/bin/python3; then
+#      generates the client's protobuf modules from proto/.
 # It does not install CUDA (Debian's registry has no nvcc 12/13); it only reports whether nvcc exists.
 #
 # Idempotent: packages already installed are not touched (apt-get update runs only when something
 # is missing), and the venv is left alone when a stamp file says it already holds exactly the
 # current requirements. A second run takes about a second.
 #
-# Usage: deploy/setup.sh [--no-python] [--help]
+# Usage: deploy/setup.sh [--no-python | --runtime-only] [--help]
+#   --runtime-only: only the shared libraries attnserve_server and attnctl load (the Dockerfile's
+#   runtime stage); no compiler, no Python.
 set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly VENV="${ROOT}/.venv"
-readonly REQUIREMENTS=("${ROOT}/tests/peer/requirements.txt" "${ROOT}/client/python/requirements.txt")
+readonly REQUIREMENTS=("${ROOT}/tests/peer/requirements.txt" "${ROOT}/client/python/requirements.txt"
+                       "${ROOT}/tests/deploy/requirements.txt")
 readonly STAMP="${VENV}/.attnserve-requirements.sha256"
 # Debian's interpreter, never `python3` from PATH: a pyenv build there cannot see Debian's packages
 # and may lack the venv/ensurepip modules that python3-venv provides.
@@ -30,12 +36,22 @@ readonly PACKAGES=(
   libabsl-dev prometheus-cpp-dev libopenblas-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv python3-dev
+  prometheus
+)
+
+# What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to
+# packages with dpkg -S); the Dockerfile's runtime stage installs only these. Keep in step with
+# PACKAGES' -dev packages.
+readonly RUNTIME_PACKAGES=(
+  libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libopenblas0-pthread
 )
 
 with_python=1
+runtime_only=0
 
 usage() {
-  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -46,6 +62,7 @@ parse_flags() {
   for arg in "$@"; do
     case "${arg}" in
       --no-python) with_python=0 ;;
+      --runtime-only) runtime_only=1; with_python=0 ;;
       -h | --help) usage; exit 0 ;;
       *) die "unknown flag '${arg}' (try --help)" ;;
     esac
@@ -70,7 +87,9 @@ is_installed() {
   [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == "installed" ]]
 }
 
+# install_debian_packages PACKAGE...: installs those of the packages that are missing.
 install_debian_packages() {
+  local wanted=("$@")
   command -v dpkg-query >/dev/null 2>&1 || die "dpkg-query not found: this script expects Debian 12"
   if [[ -r /etc/os-release ]]; then
     local codename
@@ -79,11 +98,11 @@ install_debian_packages() {
   fi
 
   local missing=() pkg
-  for pkg in "${PACKAGES[@]}"; do
+  for pkg in "${wanted[@]}"; do
     is_installed "${pkg}" || missing+=("${pkg}")
   done
   if [[ "${#missing[@]}" -eq 0 ]]; then
-    log "Debian packages: all ${#PACKAGES[@]} already installed, apt skipped"
+    log "Debian packages: all ${#wanted[@]} already installed, apt skipped"
     return 0
   fi
 
@@ -176,7 +195,12 @@ report_cuda() {
 
 main() {
   parse_flags "$@"
-  install_debian_packages
+  if [[ "${runtime_only}" -eq 1 ]]; then
+    install_debian_packages "${RUNTIME_PACKAGES[@]}"
+    log "done (runtime libraries only)"
+    return 0
+  fi
+  install_debian_packages "${PACKAGES[@]}"
   if [[ "${with_python}" -eq 1 ]]; then
     setup_python
   else
