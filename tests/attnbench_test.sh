@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# ctest (label server): attnbench against the real server binary on 127.0.0.1.
+#   - 4 concurrent DecodeStream streams x 20 steps x 2 variants (mha, mla) finish, report no
+#     errors, exit 0, and the --json output parses with every stream's steps counted;
+#   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
+#
+# Usage: tests/attnbench_test.sh BUILD_DIR [PYTHON]   (BUILD_DIR holds server/attnserve_server and
+# client/attnbench; PYTHON defaults to python3, only the standard library is used)
+set -euo pipefail
+
+readonly BUILD="${1:?usage: $0 BUILD_DIR [PYTHON]}"
+PYTHON="${2:-python3}"
+[[ -x "${PYTHON}" ]] || PYTHON=python3
+readonly SERVER="${BUILD}/server/attnserve_server"
+readonly ATTNBENCH="${BUILD}/client/attnbench"
+
+fail() { printf 'attnbench_test: FAIL: %s\n' "$*" >&2; exit 1; }
+[[ -x "${SERVER}" && -x "${ATTNBENCH}" ]] || fail "${SERVER} or ${ATTNBENCH} not built"
+
+workdir="$(mktemp -d)"
+server_pid=""
+cleanup() {
+  local status=$?
+  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
+    kill -KILL "${server_pid}" 2>/dev/null || true
+    wait "${server_pid}" 2>/dev/null || true
+  fi
+  if [[ "${status}" -ne 0 ]]; then
+    for f in bench.err server.log; do
+      [[ -s "${workdir}/${f}" ]] && { echo "--- ${f} ---" >&2; tail -n 40 "${workdir}/${f}" >&2; }
+    done
+  fi
+  rm -rf "${workdir}"
+  exit "${status}"
+}
+trap cleanup EXIT
+
+"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 300); do
+  [[ -s "${workdir}/port" ]] && break
+  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
+  sleep 0.1
+done
+[[ -s "${workdir}/port" ]] || fail "the server did not write its port within 30 s"
+readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+
+status=0
+timeout 240 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha,mla --concurrency=4 --steps=20 \
+  --context=64 --step_timeout=30s --timeout_s=60 --json >"${workdir}/bench.json" \
+  2>"${workdir}/bench.err" || status=$?
+[[ "${status}" -eq 0 ]] || fail "attnbench exited ${status}"
+
+"${PYTHON}" - "${workdir}/bench.json" <<'PY' || fail "the JSON output does not hold what it should"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["errors"] == 0, d["errors"]
+rows = d["results"]
+assert [r["variant"] for r in rows] == ["mha", "mla"], [r["variant"] for r in rows]
+for r in rows:
+    assert r["concurrency"] == 4 and r["context"] == 64, r
+    assert r["errors"] == 0 and not r["error_messages"], r
+    assert r["steps"] == 80, r["steps"]              # 4 streams x 20 steps, all answered
+    assert r["tokens_per_s"] > 0 and r["seconds"] > 0, r
+    lat = r["step_latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"], lat
+    assert r["server_ms_per_step"]["compute"] > 0, r["server_ms_per_step"]
+    b = r["batch_size"]
+    assert (b["mean"] is not None) == b["available"], b
+    if b["available"]:
+        assert 1 <= b["mean"] <= 4 + 1e-9, b         # never more than the 4 streams
+print("attnbench_test: %s" % ", ".join(
+    "%s %.0f tok/s p50 %.3f ms batch %s" % (r["label"], r["tokens_per_s"], r["step_latency_ms"]["p50"],
+                                          r["batch_size"]["mean"]) for r in rows))
+PY
+
+# Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
+kill -KILL "${server_pid}"
+wait "${server_pid}" 2>/dev/null || true
+server_pid=""
+status=0
+timeout 60 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha --concurrency=2 --steps=5 \
+  --timeout_s=3 >"${workdir}/dead.out" 2>&1 || status=$?
+[[ "${status}" -eq 1 ]] || fail "attnbench against a dead server exited ${status}, expected 1: $(cat "${workdir}/dead.out")"
+grep -q UNAVAILABLE "${workdir}/dead.out" || fail "no UNAVAILABLE in: $(cat "${workdir}/dead.out")"
+echo "attnbench_test: OK"
