@@ -36,8 +36,21 @@ struct CallTimer {
   Clock::time_point arrival = Clock::now();
   Clock::time_point start = arrival;
   int64_t compute_ns = 0;
+  bool started = false;
 
-  void Started() { start = Clock::now(); }
+  void Started() {
+    start = Clock::now();
+    started = true;
+  }
+  // For metrics, as the call finishes.
+  RpcTiming Timing() const {
+    RpcTiming t;
+    t.computed = started;
+    t.queue_seconds = std::chrono::duration<double>(start - arrival).count();
+    t.compute_seconds = static_cast<double>(compute_ns) * 1e-9;
+    t.total_seconds = std::chrono::duration<double>(Clock::now() - arrival).count();
+    return t;
+  }
   void Fill(v1::Timing* timing) const {
     timing->set_queue_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(start - arrival)
                              .count());
@@ -59,6 +72,32 @@ grpc::Status ShuttingDown() {
 
 grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
 
+// Reports a finished call (or stream message) to metrics.
+void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
+             const CallTimer& timer) {
+  metrics.ObserveRpc(rpc, variant, static_cast<absl::StatusCode>(status.error_code()),
+                     timer.Timing());
+}
+
+// Reports a unary call to metrics, then finishes it.
+void FinishCall(grpc::ServerUnaryReactor* reactor, Metrics& metrics, Rpc rpc,
+                const std::string& variant, const CallTimer& timer, grpc::Status status) {
+  Observe(metrics, rpc, variant, status, timer);
+  reactor->Finish(std::move(status));
+}
+
+// Reports one backend call (today each Forward/Decode is one batch) or its KV refusal.
+void ObserveStep(Metrics& metrics, const std::string& variant, bool decode,
+                 const absl::Status& status, int64_t sequences, int64_t tokens,
+                 int64_t compute_ns) {
+  if (status.ok()) {
+    metrics.ObserveBatch(variant, decode, sequences, tokens,
+                         static_cast<double>(compute_ns) * 1e-9);
+  } else if (IsKvExhaustion(status)) {
+    metrics.CountKvRejection(variant);
+  }
+}
+
 template <typename Result>
 void FillResult(StepOutput& out, Result* result) {
   result->set_request_id(std::move(out.request_id));
@@ -68,12 +107,16 @@ void FillResult(StepOutput& out, Result* result) {
 
 // One Decode step (shared by Decode and DecodeStream), on the session's queue.
 absl::Status RunDecode(Session& session, const v1::DecodeRequest& request, CallTimer& timer,
+                       Metrics& metrics, const std::string& variant,
                        v1::DecodeResponse* response) {
   timer.Started();
   absl::StatusOr<std::vector<StepInput>> inputs = DecodeInputsFromProto(request, session.spec());
   if (!inputs.ok()) return inputs.status();
+  const int64_t steps = static_cast<int64_t>(inputs->size());
   absl::StatusOr<std::vector<StepOutput>> outputs =
       session.Step(*std::move(inputs), /*decode=*/true, &timer.compute_ns);
+  ObserveStep(metrics, variant, /*decode=*/true, outputs.status(), steps, steps,
+              timer.compute_ns);
   if (!outputs.ok()) return outputs.status();
   for (StepOutput& out : *outputs) FillResult(out, response->add_results());
   timer.Fill(response->mutable_timing());
@@ -84,17 +127,24 @@ absl::Status RunDecode(Session& session, const v1::DecodeRequest& request, CallT
 
 AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* executor,
                                            KvPool* pool, SessionRegistry* registry,
-                                           const ServerLimits& limits)
-    : backend_(backend), executor_(executor), pool_(pool), registry_(registry), limits_(limits) {}
+                                           Metrics* metrics, const ServerLimits& limits)
+    : backend_(backend),
+      executor_(executor),
+      pool_(pool),
+      registry_(registry),
+      metrics_(metrics),
+      limits_(limits) {}
 
 // ---- Configure ---------------------------------------------------------------------------------
 
 absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& request,
-                                               v1::ConfigureResponse* response) {
+                                               v1::ConfigureResponse* response,
+                                               std::string* variant) {
   // Fail fast before loading weights; Add() checks again.
   if (absl::Status s = registry_->CheckCapacity(); !s.ok()) return s;
   absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
   if (!spec.ok()) return spec.status();
+  *variant = VariantLabel(*spec);
 
   DType kv_dtype = DType::kF32;
   if (request.kv_cache_dtype() != v1::DTYPE_UNSPECIFIED) {
@@ -161,14 +211,17 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Configure(grpc::CallbackServerCo
   auto timer = std::make_shared<CallTimer>();
   // Loading a checkpoint and building a layer are compute: do them on the executor.
   const bool queued = executor_->Submit([this, context, request, response, reactor, timer] {
-    if (context->IsCancelled()) return reactor->Finish(Cancelled());
+    if (context->IsCancelled()) {
+      return FinishCall(reactor, *metrics_, Rpc::kConfigure, kNoVariant, *timer, Cancelled());
+    }
     timer->Started();
-    absl::Status status = DoConfigure(*request, response);
+    std::string variant = kNoVariant;
+    absl::Status status = DoConfigure(*request, response, &variant);
     timer->compute_ns = NanosSince(timer->start);
     if (status.ok()) timer->Fill(response->mutable_timing());
-    reactor->Finish(ToGrpc(status));
+    FinishCall(reactor, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
   });
-  if (!queued) reactor->Finish(ShuttingDown());
+  if (!queued) FinishCall(reactor, *metrics_, Rpc::kConfigure, kNoVariant, *timer, ShuttingDown());
   return reactor;
 }
 
@@ -179,27 +232,41 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerCont
                                                         v1::ForwardResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   CallTimer timer;
+  Metrics& metrics = *metrics_;
   absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
   if (!session.ok()) {
-    reactor->Finish(ToGrpc(session.status()));
+    FinishCall(reactor, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(session.status()));
     return reactor;
   }
+  std::string variant = VariantLabel((*session)->spec());
   const bool queued = (*session)->queue().Post([session = *session, context, request, response,
-                                                reactor, timer]() mutable {
+                                                reactor, timer, &metrics, variant]() mutable {
     // A call cancelled while queued is dropped before it changes any request.
-    if (context->IsCancelled()) return reactor->Finish(Cancelled());
+    if (context->IsCancelled()) {
+      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, Cancelled());
+    }
     timer.Started();
     absl::StatusOr<std::vector<StepInput>> inputs =
         ForwardInputsFromProto(*request, session->spec());
-    if (!inputs.ok()) return reactor->Finish(ToGrpc(inputs.status()));
+    if (!inputs.ok()) {
+      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ToGrpc(inputs.status()));
+    }
+    const int64_t sequences = static_cast<int64_t>(inputs->size());
+    int64_t tokens = 0;
+    for (const StepInput& in : *inputs) tokens += in.hidden.dim(0);
     absl::StatusOr<std::vector<StepOutput>> outputs =
         session->Step(*std::move(inputs), /*decode=*/false, &timer.compute_ns);
-    if (!outputs.ok()) return reactor->Finish(ToGrpc(outputs.status()));
+    ObserveStep(metrics, variant, /*decode=*/false, outputs.status(), sequences, tokens,
+                timer.compute_ns);
+    if (!outputs.ok()) {
+      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer,
+                        ToGrpc(outputs.status()));
+    }
     for (StepOutput& out : *outputs) FillResult(out, response->add_results());
     timer.Fill(response->mutable_timing());
-    reactor->Finish(grpc::Status::OK);
+    FinishCall(reactor, metrics, Rpc::kForward, variant, timer, grpc::Status::OK);
   });
-  if (!queued) reactor->Finish(ShuttingDown());
+  if (!queued) FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ShuttingDown());
   return reactor;
 }
 
@@ -208,17 +275,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerConte
                                                        v1::DecodeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   CallTimer timer;
+  Metrics& metrics = *metrics_;
   absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
   if (!session.ok()) {
-    reactor->Finish(ToGrpc(session.status()));
+    FinishCall(reactor, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(session.status()));
     return reactor;
   }
+  std::string variant = VariantLabel((*session)->spec());
   const bool queued = (*session)->queue().Post([session = *session, context, request, response,
-                                                reactor, timer]() mutable {
-    if (context->IsCancelled()) return reactor->Finish(Cancelled());
-    reactor->Finish(ToGrpc(RunDecode(*session, *request, timer, response)));
+                                                reactor, timer, &metrics, variant]() mutable {
+    if (context->IsCancelled()) {
+      return FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, Cancelled());
+    }
+    const absl::Status status = RunDecode(*session, *request, timer, metrics, variant, response);
+    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(status));
   });
-  if (!queued) reactor->Finish(ShuttingDown());
+  if (!queued) FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ShuttingDown());
   return reactor;
 }
 
@@ -246,17 +318,21 @@ class AttentionServiceImpl::DecodeStreamReactor
     absl::StatusOr<std::shared_ptr<Session>> session =
         service_->registry_->Find(request_.session_id());
     if (!session.ok()) {
-      Finish(ToGrpc(session.status()));
+      variant_ = kNoVariant;
+      FinishMessage(ToGrpc(session.status()));
       return;
     }
+    variant_ = VariantLabel((*session)->spec());
     const bool queued = (*session)->queue().Post([this, session = *session] {
-      if (context_->IsCancelled()) return Finish(Cancelled());
+      if (context_->IsCancelled()) return FinishMessage(Cancelled());
       response_.Clear();
-      absl::Status status = RunDecode(*session, request_, timer_, &response_);
-      if (!status.ok()) return Finish(ToGrpc(status));
+      absl::Status status =
+          RunDecode(*session, request_, timer_, *service_->metrics_, variant_, &response_);
+      if (!status.ok()) return FinishMessage(ToGrpc(status));
+      Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, grpc::Status::OK, timer_);
       StartWrite(&response_);
     });
-    if (!queued) Finish(ShuttingDown());
+    if (!queued) FinishMessage(ShuttingDown());
   }
 
   void OnWriteDone(bool ok) override {
@@ -270,11 +346,18 @@ class AttentionServiceImpl::DecodeStreamReactor
   void OnDone() override { delete this; }
 
  private:
+  // Ends the stream at the current message with `status`, reporting that message to metrics.
+  void FinishMessage(grpc::Status status) {
+    Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, status, timer_);
+    Finish(std::move(status));
+  }
+
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   CallTimer timer_;
+  std::string variant_;  // Of the current message's session, for metrics.
 };
 
 grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>*
@@ -288,35 +371,47 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerCont
                                                         const v1::ReleaseRequest* request,
                                                         v1::ReleaseResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CallTimer timer;
+  Metrics& metrics = *metrics_;
   absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request->session_id());
   if (!found.ok()) {
-    reactor->Finish(ToGrpc(found.status()));
+    FinishCall(reactor, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(found.status()));
     return reactor;
   }
   std::shared_ptr<Session> session = *found;
+  std::string variant = VariantLabel(session->spec());
   bool queued;
   if (request->request_id().empty()) {
     // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
     if (registry_->Remove(session->id()) == nullptr) {
-      reactor->Finish(ToGrpc(absl::NotFoundError(absl::StrCat(
-          "session_id: session '", request->session_id(), "' was released concurrently"))));
+      FinishCall(reactor, metrics, Rpc::kRelease, variant, timer,
+                 ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '",
+                                                         request->session_id(),
+                                                         "' was released concurrently"))));
       return reactor;
     }
-    queued = session->queue().Post([session, response, reactor] {
+    queued = session->queue().Post([session, response, reactor, timer, &metrics, variant] {
+      CallTimer t = timer;
+      t.Started();
       response->set_freed_bytes(session->Close());
+      t.compute_ns = NanosSince(t.start);
       SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
                  response->freed_bytes());
-      reactor->Finish(grpc::Status::OK);
+      FinishCall(reactor, metrics, Rpc::kRelease, variant, t, grpc::Status::OK);
     });
   } else {
     // Not skipped when cancelled: the client asked for memory back.
-    queued = session->queue().Post([session, request, response, reactor] {
-      absl::StatusOr<int64_t> freed = session->ReleaseRequest(request->request_id());
-      if (freed.ok()) response->set_freed_bytes(*freed);
-      reactor->Finish(ToGrpc(freed.status()));
-    });
+    queued = session->queue().Post(
+        [session, request, response, reactor, timer, &metrics, variant] {
+          CallTimer t = timer;
+          t.Started();
+          absl::StatusOr<int64_t> freed = session->ReleaseRequest(request->request_id());
+          t.compute_ns = NanosSince(t.start);
+          if (freed.ok()) response->set_freed_bytes(*freed);
+          FinishCall(reactor, metrics, Rpc::kRelease, variant, t, ToGrpc(freed.status()));
+        });
   }
-  if (!queued) reactor->Finish(ShuttingDown());
+  if (!queued) FinishCall(reactor, metrics, Rpc::kRelease, variant, timer, ShuttingDown());
   return reactor;
 }
 
@@ -324,9 +419,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerC
                                                            const v1::GetSessionRequest* request,
                                                            v1::GetSessionResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const CallTimer timer;
   absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
   if (session.ok()) (*session)->FillInfo(absl::Now(), true, response->mutable_session());
-  reactor->Finish(ToGrpc(session.status()));
+  FinishCall(reactor, *metrics_, Rpc::kGetSession,
+             session.ok() ? VariantLabel((*session)->spec()) : kNoVariant, timer,
+             ToGrpc(session.status()));
   return reactor;
 }
 
@@ -334,11 +432,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(
     grpc::CallbackServerContext* context, const v1::ListSessionsRequest* request,
     v1::ListSessionsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const CallTimer timer;
   const absl::Time now = absl::Now();
   for (const std::shared_ptr<Session>& session : registry_->All()) {
     session->FillInfo(now, false, response->add_sessions());
   }
-  reactor->Finish(grpc::Status::OK);
+  FinishCall(reactor, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
   return reactor;
 }
 
@@ -346,6 +445,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
     grpc::CallbackServerContext* context, const v1::GetServerInfoRequest* request,
     v1::GetServerInfoResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const CallTimer timer;
   response->set_version(ATTNSERVE_VERSION);
   response->set_backend(std::string(backend_->name()));
   response->set_device(backend_->device_description());
@@ -363,7 +463,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
   limits->set_max_message_bytes(limits_.max_message_bytes);
   limits->set_request_ttl_ns(absl::ToInt64Nanoseconds(limits_.request_ttl));
   limits->set_session_ttl_ns(absl::ToInt64Nanoseconds(limits_.session_ttl));
-  reactor->Finish(grpc::Status::OK);
+  FinishCall(reactor, *metrics_, Rpc::kGetServerInfo, kNoVariant, timer, grpc::Status::OK);
   return reactor;
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/session_registry.h"
 
@@ -21,9 +22,10 @@ namespace attnserve::server {
 
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  // `backend`, `executor`, `pool` and `registry` must outlive the service and its calls.
+  // `backend`, `executor`, `pool`, `registry` and `metrics` must outlive the service and its
+  // calls. Every call is reported to `metrics` as it finishes (see docs/metrics.md).
   AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
-                       SessionRegistry* registry, const ServerLimits& limits);
+                       SessionRegistry* registry, Metrics* metrics, const ServerLimits& limits);
 
   grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
                                       const v1::ConfigureRequest* request,
@@ -53,12 +55,15 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   class DecodeStreamReactor;
 
   // Runs on the executor: validates, builds the layer, registers the session.
-  absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response);
+  // `variant` receives the spec's metrics label once the spec is valid.
+  absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
+                           std::string* variant);
 
   AttentionBackend* const backend_;
   Executor* const executor_;
   KvPool* const pool_;
   SessionRegistry* const registry_;
+  Metrics* const metrics_;
   const ServerLimits limits_;
 };
 

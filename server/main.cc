@@ -18,6 +18,11 @@ const attnserve::server::ServerLimits kDefaultLimits;
 ABSL_FLAG(std::string, listen, kDefaults.listen_address,
           "Address to listen on, host:port; port 0 picks a free port (see --port_file).");
 ABSL_FLAG(std::string, port_file, "", "Write the bound port to this file once listening.");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics at http://ADDRESS/metrics (host:port; port 0 picks a free "
+          "port, see --metrics_port_file); empty = no metrics endpoint. See docs/metrics.md.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the bound metrics port to this file once /metrics is served.");
 ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu, or auto (= cpu for now).");
 ABSL_FLAG(int, threads, kDefaults.engine_threads,
           "CPU backend threads; 0 = one per hardware thread.");
@@ -45,6 +50,8 @@ int main(int argc, char** argv) {
   attnserve::server::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.engine_threads = absl::GetFlag(FLAGS_threads);
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);

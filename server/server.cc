@@ -17,6 +17,7 @@
 #include "server/executor.h"
 #include "server/kv_pool.h"
 #include "server/logging.h"
+#include "server/metrics.h"
 #include "server/session_registry.h"
 #include "server/ttl_sweeper.h"
 
@@ -73,16 +74,16 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeBackend(const ServerOption
 }
 
 // Writes the port to `path` via a rename, so a reader never sees a partial file.
-absl::Status WritePortFile(const std::string& path, int port) {
+absl::Status WritePortFile(const std::string& path, int port, const char* flag = "--port_file") {
   const std::string tmp = absl::StrCat(path, ".tmp");
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--port_file: cannot write '", tmp, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot write '", tmp, "'"));
   }
   std::fprintf(f, "%d\n", port);
   const bool ok = std::fclose(f) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--port_file: cannot write '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot write '", path, "'"));
   }
   return absl::OkStatus();
 }
@@ -111,7 +112,25 @@ absl::Status RunServer(const ServerOptions& options) {
   KvPool pool(options.kv_pool_bytes);
   SessionRegistry registry(options.limits.max_sessions);
   Executor executor(options.compute_threads);
-  AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, options.limits);
+  Metrics metrics({ATTNSERVE_VERSION, std::string((*backend)->name()),
+                   (*backend)->device_description()},
+                  &pool, &registry);
+  // Metrics first: once the gRPC port (file) is visible, /metrics answers too.
+  if (!options.metrics_address.empty()) {
+    absl::StatusOr<int> metrics_port = metrics.Serve(options.metrics_address);
+    if (!metrics_port.ok()) return metrics_port.status();
+    SERVER_LOG(INFO, "metrics at http://%s/metrics (port %d)", options.metrics_address,
+               *metrics_port);
+    if (!options.metrics_port_file.empty()) {
+      if (absl::Status s =
+              WritePortFile(options.metrics_port_file, *metrics_port, "--metrics_port_file");
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, &metrics,
+                               options.limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -149,7 +168,8 @@ absl::Status RunServer(const ServerOptions& options) {
   }
 
   TtlSweeper sweeper(&registry, options.limits.request_ttl, options.limits.session_ttl,
-                     SweepPeriod(options.limits.request_ttl, options.limits.session_ttl));
+                     SweepPeriod(options.limits.request_ttl, options.limits.session_ttl),
+                     &metrics);
 
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) != 0) {

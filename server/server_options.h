@@ -22,6 +22,9 @@ struct ServerLimits {
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // Port 0 picks a free port.
   std::string port_file;    // When set, the bound port is written here once listening.
+  // Prometheus /metrics endpoint, host:port (port 0 picks a free port); empty = not served.
+  std::string metrics_address;
+  std::string metrics_port_file;  // When set, the metrics port is written here before serving.
   std::string backend = "cpu";  // "cpu" or "auto" (= cpu until the CUDA backend exists).
   int engine_threads = 0;   // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;  // Executor threads running engine calls (one per busy session).

@@ -77,6 +77,9 @@ class Session {
   void FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info) const;
   absl::Duration IdleTime(absl::Time now) const;
   int64_t kv_bytes_used() const { return kv_bytes_used_.load(std::memory_order_relaxed); }
+  // Bytes of one KV page of this session's layer, and what Configure reported (for metrics).
+  int64_t page_bytes() const { return page_bytes_; }
+  const v1::SessionCost& cost() const { return cost_; }
   int num_requests() const;
   // True once Close ran or was scheduled.
   bool closed() const { return closed_.load(std::memory_order_relaxed); }

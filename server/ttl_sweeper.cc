@@ -16,8 +16,9 @@ absl::Duration SweepPeriod(absl::Duration request_ttl, absl::Duration session_tt
 }
 
 TtlSweeper::TtlSweeper(SessionRegistry* registry, absl::Duration request_ttl,
-                       absl::Duration session_ttl, absl::Duration period)
+                       absl::Duration session_ttl, absl::Duration period, Metrics* metrics)
     : registry_(registry),
+      metrics_(metrics),
       request_ttl_(request_ttl),
       session_ttl_(session_ttl),
       period_(period),
@@ -49,8 +50,11 @@ void TtlSweeper::SweepOnce(absl::Time now) {
   for (const std::shared_ptr<Session>& session : registry_->All()) {
     if (session_ttl_ > absl::ZeroDuration() && session->IdleTime(now) > session_ttl_) {
       if (std::shared_ptr<Session> removed = registry_->Remove(session->id())) {
-        removed->queue().Post([removed] {
+        removed->queue().Post([removed, metrics = metrics_] {
           const int64_t freed = removed->Close();
+          if (metrics != nullptr) {
+            metrics->CountExpired(VariantLabel(removed->spec()), ExpiryKind::kSession, 1);
+          }
           SERVER_LOG(INFO, "session %s expired after session_ttl; freed %d KV bytes",
                      removed->id(), freed);
         });
@@ -58,8 +62,11 @@ void TtlSweeper::SweepOnce(absl::Time now) {
       continue;
     }
     if (request_ttl_ > absl::ZeroDuration()) {
-      session->queue().Post([session, now, ttl = request_ttl_] {
+      session->queue().Post([session, now, ttl = request_ttl_, metrics = metrics_] {
         const int expired = session->ExpireRequests(now, ttl);
+        if (expired > 0 && metrics != nullptr) {
+          metrics->CountExpired(VariantLabel(session->spec()), ExpiryKind::kRequest, expired);
+        }
         if (expired > 0) {
           SERVER_LOG(INFO, "session %s: %d requests expired after request_ttl", session->id(),
                      expired);

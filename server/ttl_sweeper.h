@@ -9,15 +9,17 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/metrics.h"
 #include "server/session_registry.h"
 
 namespace attnserve::server {
 
 class TtlSweeper {
  public:
-  // Checks every `period`; a TTL of zero or less disables that kind of expiry.
+  // Checks every `period`; a TTL of zero or less disables that kind of expiry. Expiries are
+  // counted in `metrics` (attnserve_expired_total) when it is not null; it must outlive this.
   TtlSweeper(SessionRegistry* registry, absl::Duration request_ttl, absl::Duration session_ttl,
-             absl::Duration period);
+             absl::Duration period, Metrics* metrics = nullptr);
   ~TtlSweeper();  // Stops and joins.
 
   void Stop();
@@ -29,6 +31,7 @@ class TtlSweeper {
   void Loop();
 
   SessionRegistry* const registry_;
+  Metrics* const metrics_;
   const absl::Duration request_ttl_;
   const absl::Duration session_ttl_;
   const absl::Duration period_;
