@@ -100,6 +100,8 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
     batch["mean"] = nullptr;
   }
   if (!row.batch.note.empty()) batch["note"] = row.batch.note;
+  batch["seen_by_steps"] =
+      row.step_batch_size > 0 ? nlohmann::json(row.step_batch_size) : nlohmann::json(nullptr);
   return {{"variant", row.variant},
           {"label", row.label},
           {"spec", row.spec},
@@ -134,9 +136,11 @@ void PrintTable(const std::vector<BenchResult>& results) {
   for (const BenchResult& row : results) {
     const double single = SingleStreamRate(results, row);
     const std::string gain = single > 0 ? absl::StrFormat("%.2fx", row.tokens_per_s / single) : "-";
-    const std::string batch =
-        row.batch.available ? absl::StrFormat("%.2f", row.batch.mean) : std::string("N/A");
-    any_batch = any_batch || row.batch.available;
+    // The server's counters; else the step-weighted mean of Timing.batch_size, marked '*'.
+    const std::string batch = row.batch.available  ? absl::StrFormat("%.2f", row.batch.mean)
+                              : row.step_batch_size > 0 ? absl::StrFormat("%.2f*", row.step_batch_size)
+                                                      : std::string("N/A");
+    any_batch = any_batch || row.batch.available || row.step_batch_size > 0;
     absl::PrintF("%-8s %5d %5d %8d %10.1f %6s %8.3f %8.3f %8.3f %8.3f %8.3f %7s %6d\n", row.label,
                  row.context, row.concurrency, row.steps, row.tokens_per_s, gain,
                  row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms, row.queue_ms,
@@ -146,6 +150,13 @@ void PrintTable(const std::vector<BenchResult>& results) {
                "same variant and context in this run; p50/p90/p99: step latency measured by this "
                "client; queue/comp ms: the server's Timing per step (mean); batch: the server's "
                "mean decode batch size.\n");
+  for (const BenchResult& row : results) {
+    if (!row.batch.available && row.step_batch_size > 0) {
+      absl::PrintF("*: the mean over steps of Timing.batch_size (the server exposes no batch "
+                   "counters: %s)\n", row.batch.note);
+      break;
+    }
+  }
   for (const BenchResult& row : results) {
     if (row.batch.available) {
       absl::PrintF("batch sizes of %s c=%d from %s\n", row.label, row.concurrency, row.batch.source);

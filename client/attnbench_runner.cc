@@ -16,6 +16,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/attnctl_convert.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "kernels/layer_spec.h"
 
 namespace attnserve {
@@ -26,6 +28,30 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr int kInputsPerStream = 8;    // Distinct decode inputs per stream, cycled.
 constexpr int kMaxErrorMessages = 8;   // Error messages kept per cell.
 constexpr double kPoolShare = 0.9;     // Of the free KV pool, what the cell's streams may fill.
+
+// Timing.batch_size (the steps in the engine call that served a step) when the server's proto has
+// it; read by reflection so attnbench builds against either version of the API.
+const google::protobuf::FieldDescriptor* TimingBatchSizeField() {
+  static const google::protobuf::FieldDescriptor* const field = [] {
+    const google::protobuf::FieldDescriptor* f =
+        v1::Timing::descriptor()->FindFieldByName("batch_size");
+    if (f == nullptr || f->is_repeated()) return static_cast<decltype(f)>(nullptr);
+    const auto type = f->cpp_type();
+    return type == google::protobuf::FieldDescriptor::CPPTYPE_INT32 ||
+                   type == google::protobuf::FieldDescriptor::CPPTYPE_INT64
+               ? f
+               : nullptr;
+  }();
+  return field;
+}
+
+int64_t TimingBatchSize(const v1::Timing& timing) {
+  const google::protobuf::FieldDescriptor* field = TimingBatchSizeField();
+  if (field == nullptr) return 0;
+  return field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT32
+             ? timing.GetReflection()->GetInt32(timing, field)
+             : timing.GetReflection()->GetInt64(timing, field);
+}
 
 int64_t NowNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -42,6 +68,7 @@ struct Stream {
 
   std::vector<double> latencies_ms;
   int64_t queue_ns = 0, compute_ns = 0, total_ns = 0;
+  int64_t batch_size_sum = 0;  // Timing.batch_size summed over steps (0 when absent).
   bool capped = false;
   bool failed = false;
   grpc::Status error;
@@ -181,6 +208,7 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
     stream->queue_ns += response.timing().queue_ns();
     stream->compute_ns += response.timing().compute_ns();
     stream->total_ns += response.timing().total_ns();
+    stream->batch_size_sum += TimingBatchSize(response.timing());
     stream->last_answer_ns = end;
     stream->steps_done.store(step, std::memory_order_relaxed);
   }
@@ -396,8 +424,9 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
 
   std::vector<double> latencies;
   int64_t last_answer_ns = start_ns;
-  int64_t queue_ns = 0, compute_ns = 0, total_ns = 0;
+  int64_t queue_ns = 0, compute_ns = 0, total_ns = 0, batch_size_sum = 0;
   for (auto& stream : streams) {
+    batch_size_sum += stream->batch_size_sum;
     latencies.insert(latencies.end(), stream->latencies_ms.begin(), stream->latencies_ms.end());
     last_answer_ns = std::max(last_answer_ns, stream->last_answer_ns);
     queue_ns += stream->queue_ns;
@@ -425,6 +454,7 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
     result.queue_ms = static_cast<double>(queue_ns) / 1e6 / n;
     result.compute_ms = static_cast<double>(compute_ns) / 1e6 / n;
     result.server_total_ms = static_cast<double>(total_ns) / 1e6 / n;
+    if (batch_size_sum > 0) result.step_batch_size = static_cast<double>(batch_size_sum) / n;
   }
   if (started) {
     result.batch = ServerBatchStats::Between(before, batch_stats.Take(plan.session, variant_label));

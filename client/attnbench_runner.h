@@ -57,6 +57,9 @@ struct BenchResult {
   double queue_ms = 0, compute_ms = 0, server_total_ms = 0;
 
   BatchSummary batch;
+  // Mean over this run's steps of Timing.batch_size (the batch each step rode in), when the
+  // server reports it; 0 otherwise. Step-weighted, so >= the mean batch size of the server.
+  double step_batch_size = 0;
 
   int errors = 0;                          // Failed streams (or setup failures).
   std::map<std::string, int> errors_by_code;
