@@ -2,6 +2,8 @@
 # ctest (label server): attnbench against the real server binary on 127.0.0.1.
 #   - 4 concurrent DecodeStream streams x 20 steps x 2 variants (mha, mla) finish, report no
 #     errors, exit 0, and the --json output parses with every stream's steps counted;
+#   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
+#     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
 #
 # Usage: tests/attnbench_test.sh BUILD_DIR [PYTHON]   (BUILD_DIR holds server/attnserve_server and
@@ -35,19 +37,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
+"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" --metrics_address=127.0.0.1:0 \
+  --metrics_port_file="${workdir}/metrics_port" >"${workdir}/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
-  [[ -s "${workdir}/port" ]] && break
+  [[ -s "${workdir}/port" && -s "${workdir}/metrics_port" ]] && break
   kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
   sleep 0.1
 done
 [[ -s "${workdir}/port" ]] || fail "the server did not write its port within 30 s"
 readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+readonly METRICS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/metrics_port")"
 
 status=0
 timeout 240 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha,mla --concurrency=4 --steps=20 \
-  --context=64 --step_timeout=30s --timeout_s=60 --json >"${workdir}/bench.json" \
+  --context=64 --step_timeout=30s --timeout_s=60 --metrics="${METRICS}" --json >"${workdir}/bench.json" \
   2>"${workdir}/bench.err" || status=$?
 [[ "${status}" -eq 0 ]] || fail "attnbench exited ${status}"
 
@@ -66,9 +70,8 @@ for r in rows:
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"], lat
     assert r["server_ms_per_step"]["compute"] > 0, r["server_ms_per_step"]
     b = r["batch_size"]
-    assert (b["mean"] is not None) == b["available"], b
-    if b["available"]:
-        assert 1 <= b["mean"] <= 4 + 1e-9, b         # never more than the 4 streams
+    assert b["available"] and b["mean"] is not None, b
+    assert 1 <= b["mean"] <= 4 + 1e-9, b             # never more than the 4 streams
 print("attnbench_test: %s" % ", ".join(
     "%s %.0f tok/s p50 %.3f ms batch %s" % (r["label"], r["tokens_per_s"], r["step_latency_ms"]["p50"],
                                           r["batch_size"]["mean"]) for r in rows))
