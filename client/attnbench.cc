@@ -96,6 +96,7 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
     batch["mean"] = row.batch.mean;
     batch["batches"] = row.batch.batches;
     batch["source"] = row.batch.source;
+    batch["max"] = row.batch.max > 0 ? nlohmann::json(row.batch.max) : nlohmann::json(nullptr);
   } else {
     batch["mean"] = nullptr;
   }

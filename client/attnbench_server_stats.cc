@@ -246,6 +246,10 @@ BatchSnapshot ServerBatchStats::Take(const std::string& session_id,
       std::map<std::string, double> fields;
       CollectIntegers(response.session(), "", 2, &fields);
       AddCounterSources(fields, "GetSession", &snapshot.sources);
+      for (const auto& [path, value] : fields) {
+        const std::string name = LastName(path);
+        if (name == "max_decode_batch" || name == "max_batch_size") snapshot.max_batch = value;
+      }
     }
   }
   {
@@ -276,6 +280,7 @@ BatchSnapshot ServerBatchStats::Take(const std::string& session_id,
 
 BatchSummary ServerBatchStats::Between(const BatchSnapshot& before, const BatchSnapshot& after) {
   BatchSummary summary;
+  summary.max = after.max_batch;
   std::vector<std::pair<int, std::string>> ranked;  // Preference order, source name.
   for (const auto& [source, counter] : after.sources) {
     if (!before.sources.count(source)) continue;

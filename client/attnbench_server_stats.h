@@ -28,6 +28,7 @@ struct BatchCounter {
 struct BatchSnapshot {
   std::map<std::string, BatchCounter> sources;  // Source description -> counters.
   std::string metrics_error;                     // Why /metrics could not be read ("" = fine).
+  double max_batch = 0;  // The session's largest decode batch so far (GetSession), 0 = unknown.
 };
 
 struct BatchSummary {
@@ -35,6 +36,7 @@ struct BatchSummary {
   std::string source;  // Which source the mean comes from; "" when none answered.
   double mean = 0;     // Mean decode batch size (steps per batch) during the run.
   double batches = 0;  // Batches launched during the run.
+  double max = 0;      // The session's largest decode batch (since Configure), 0 = unknown.
   std::string note;    // Why not available, or other sources' disagreement.
 };
 
