@@ -72,11 +72,15 @@ grpc::Status ShuttingDown() {
 
 grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"); }
 
-// Reports a finished call (or stream message) to metrics.
+// Reports a finished call (or stream message) to metrics, and its refusal for KV memory.
 void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
              const CallTimer& timer) {
-  metrics.ObserveRpc(rpc, variant, static_cast<absl::StatusCode>(status.error_code()),
-                     timer.Timing());
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  metrics.ObserveRpc(rpc, variant, code, timer.Timing());
+  if (code == absl::StatusCode::kResourceExhausted &&
+      IsKvExhaustion(absl::Status(code, status.error_message()))) {
+    metrics.CountKvRejection(variant);
+  }
 }
 
 // Reports a unary call to metrics, then finishes it.
@@ -86,16 +90,12 @@ void FinishCall(grpc::ServerUnaryReactor* reactor, Metrics& metrics, Rpc rpc,
   reactor->Finish(std::move(status));
 }
 
-// Reports one backend call (today each Forward/Decode is one batch) or its KV refusal.
+// Reports one successful backend call (today each Forward/Decode call is one engine call).
 void ObserveStep(Metrics& metrics, const std::string& variant, bool decode,
                  const absl::Status& status, int64_t sequences, int64_t tokens,
                  int64_t compute_ns) {
-  if (status.ok()) {
-    metrics.ObserveBatch(variant, decode, sequences, tokens,
-                         static_cast<double>(compute_ns) * 1e-9);
-  } else if (IsKvExhaustion(status)) {
-    metrics.CountKvRejection(variant);
-  }
+  if (!status.ok()) return;
+  metrics.ObserveBatch(variant, decode, sequences, tokens, static_cast<double>(compute_ns) * 1e-9);
 }
 
 template <typename Result>
