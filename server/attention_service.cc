@@ -12,6 +12,7 @@
 #include "kernels/layer_spec.h"
 #include "server/logging.h"
 #include "server/session.h"
+#include "server/session_scheduler.h"
 #include "server/spec_codec.h"
 #include "server/step_codec.h"
 #include "server/tensor_codec.h"
@@ -90,14 +91,6 @@ void FinishCall(grpc::ServerUnaryReactor* reactor, Metrics& metrics, Rpc rpc,
   reactor->Finish(std::move(status));
 }
 
-// Reports one successful backend call (today each Forward/Decode call is one engine call).
-void ObserveStep(Metrics& metrics, const std::string& variant, bool decode,
-                 const absl::Status& status, int64_t sequences, int64_t tokens,
-                 int64_t compute_ns) {
-  if (!status.ok()) return;
-  metrics.ObserveBatch(variant, decode, sequences, tokens, static_cast<double>(compute_ns) * 1e-9);
-}
-
 template <typename Result>
 void FillResult(StepOutput& out, Result* result) {
   result->set_request_id(std::move(out.request_id));
@@ -105,35 +98,33 @@ void FillResult(StepOutput& out, Result* result) {
   result->set_sequence_length(out.sequence_length);
 }
 
-// One Decode step (shared by Decode and DecodeStream), on the session's queue.
-absl::Status RunDecode(Session& session, const v1::DecodeRequest& request, CallTimer& timer,
-                       Metrics& metrics, const std::string& variant,
-                       v1::DecodeResponse* response) {
-  timer.Started();
-  absl::StatusOr<std::vector<StepInput>> inputs = DecodeInputsFromProto(request, session.spec());
-  if (!inputs.ok()) return inputs.status();
-  const int64_t steps = static_cast<int64_t>(inputs->size());
-  absl::StatusOr<std::vector<StepOutput>> outputs =
-      session.Step(*std::move(inputs), /*decode=*/true, &timer.compute_ns);
-  ObserveStep(metrics, variant, /*decode=*/true, outputs.status(), steps, steps,
-              timer.compute_ns);
-  if (!outputs.ok()) return outputs.status();
-  for (StepOutput& out : *outputs) FillResult(out, response->add_results());
+// Fills a Decode response from the outputs of one call's steps.
+void FillDecodeResponse(std::vector<StepOutput>& outputs, const CallTimer& timer,
+                        v1::DecodeResponse* response) {
+  for (StepOutput& out : outputs) FillResult(out, response->add_results());
   timer.Fill(response->mutable_timing());
-  return absl::OkStatus();
+}
+
+// Folds the scheduler's timing of a call into its CallTimer.
+void ApplyStepTiming(const StepTiming& timing, CallTimer& timer) {
+  timer.start = timer.arrival + std::chrono::nanoseconds(timing.queue_ns);
+  timer.started = true;
+  timer.compute_ns = timing.compute_ns;
 }
 
 }  // namespace
 
 AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* executor,
                                            KvPool* pool, SessionRegistry* registry,
-                                           Metrics* metrics, const ServerLimits& limits)
+                                           Metrics* metrics, const ServerLimits& limits,
+                                           const SchedulerOptions& scheduler)
     : backend_(backend),
       executor_(executor),
       pool_(pool),
       registry_(registry),
       metrics_(metrics),
-      limits_(limits) {}
+      limits_(limits),
+      scheduler_options_(scheduler) {}
 
 // ---- Configure ---------------------------------------------------------------------------------
 
@@ -194,8 +185,16 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   cost.set_page_bytes(usage.page_bytes);
   cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);
 
-  auto session = std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype,
-                                           limits, *std::move(layer), cost, executor_);
+  // Every engine call of the session (a decode batch, a whole Forward) feeds the batch metrics.
+  SchedulerContext scheduling{scheduler_options_, &timer_,
+                              [metrics = metrics_, variant = *variant](const Session&,
+                                                                       const BatchStats& b) {
+                                metrics->ObserveBatch(variant, b.decode, b.size, b.tokens,
+                                                      static_cast<double>(b.compute_ns) * 1e-9);
+                              }};
+  auto session =
+      std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype, limits,
+                                *std::move(layer), cost, executor_, std::move(scheduling));
   if (absl::Status s = registry_->Add(session); !s.ok()) return s;
   response->set_session_id(session->id());
   *response->mutable_cost() = cost;
@@ -239,8 +238,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerCont
     return reactor;
   }
   std::string variant = VariantLabel((*session)->spec());
-  const bool queued = (*session)->queue().Post([session = *session, context, request, response,
-                                                reactor, timer, &metrics, variant]() mutable {
+  // Ordered against decode steps of the same requests (see SessionScheduler::PostOp).
+  std::vector<std::string> request_ids;
+  for (const v1::ForwardItem& item : request->items()) request_ids.push_back(item.request_id());
+  SessionScheduler& scheduler = (*session)->scheduler();
+  const bool queued = scheduler.PostOp(std::move(request_ids), [session = *session, context,
+                                                                request, response, reactor, timer,
+                                                                &metrics, variant]() mutable {
     // A call cancelled while queued is dropped before it changes any request.
     if (context->IsCancelled()) {
       return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, Cancelled());
@@ -251,13 +255,26 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerCont
     if (!inputs.ok()) {
       return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ToGrpc(inputs.status()));
     }
-    const int64_t sequences = static_cast<int64_t>(inputs->size());
-    int64_t tokens = 0;
-    for (const StepInput& in : *inputs) tokens += in.hidden.dim(0);
-    absl::StatusOr<std::vector<StepOutput>> outputs =
-        session->Step(*std::move(inputs), /*decode=*/false, &timer.compute_ns);
-    ObserveStep(metrics, variant, /*decode=*/false, outputs.status(), sequences, tokens,
-                timer.compute_ns);
+    BatchStats stats;
+    stats.decode = false;
+    stats.size = stats.calls = static_cast<int64_t>(inputs->size());
+    for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
+    absl::StatusOr<StepPlan> plan = session->Plan(*std::move(inputs), /*decode=*/false);
+    absl::StatusOr<std::vector<StepOutput>> outputs = std::vector<StepOutput>();
+    if (!plan.ok()) {
+      outputs = plan.status();
+    } else {
+      // Long prompts run in chunks; one batch of the session's waiting decode steps runs
+      // between two chunks, so neither starves the other.
+      SessionScheduler& scheduler = session->scheduler();
+      int chunks = 0;
+      outputs = session->RunPrefill(*std::move(plan), scheduler.options().prefill_chunk_tokens,
+                                    [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns,
+                                    &chunks);
+      stats.chunks = chunks;
+      stats.compute_ns = timer.compute_ns;
+      if (outputs.ok()) scheduler.RecordForward(stats);
+    }
     if (!outputs.ok()) {
       return FinishCall(reactor, metrics, Rpc::kForward, variant, timer,
                         ToGrpc(outputs.status()));
@@ -282,15 +299,25 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerConte
     return reactor;
   }
   std::string variant = VariantLabel((*session)->spec());
-  const bool queued = (*session)->queue().Post([session = *session, context, request, response,
-                                                reactor, timer, &metrics, variant]() mutable {
-    if (context->IsCancelled()) {
-      return FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, Cancelled());
-    }
-    const absl::Status status = RunDecode(*session, *request, timer, metrics, variant, response);
-    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(status));
-  });
-  if (!queued) FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ShuttingDown());
+  absl::StatusOr<std::vector<StepInput>> inputs =
+      DecodeInputsFromProto(*request, (*session)->spec());
+  if (!inputs.ok()) {
+    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(inputs.status()));
+    return reactor;
+  }
+  // The steps join the session's next decode batch; `done` answers the call.
+  auto call = std::make_unique<DecodeCall>();
+  call->inputs = *std::move(inputs);
+  call->arrival = timer.arrival;
+  call->is_cancelled = [context] { return context->IsCancelled(); };
+  call->done = [response, reactor, timer, &metrics, variant](
+                   absl::StatusOr<std::vector<StepOutput>> outputs,
+                   const StepTiming& timing) mutable {
+    ApplyStepTiming(timing, timer);
+    if (outputs.ok()) FillDecodeResponse(*outputs, timer, response);
+    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(outputs.status()));
+  };
+  (*session)->scheduler().SubmitDecode(std::move(call));
   return reactor;
 }
 
@@ -323,16 +350,28 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     variant_ = VariantLabel((*session)->spec());
-    const bool queued = (*session)->queue().Post([this, session = *session] {
-      if (context_->IsCancelled()) return FinishMessage(Cancelled());
+    absl::StatusOr<std::vector<StepInput>> inputs =
+        DecodeInputsFromProto(request_, (*session)->spec());
+    if (!inputs.ok()) {
+      FinishMessage(ToGrpc(inputs.status()));
+      return;
+    }
+    // The step joins the session's next decode batch; `done` writes the response (or ends the
+    // stream), and the next message is read once the write is done.
+    auto call = std::make_unique<DecodeCall>();
+    call->inputs = *std::move(inputs);
+    call->arrival = timer_.arrival;
+    call->is_cancelled = [context = context_] { return context->IsCancelled(); };
+    call->done = [this](absl::StatusOr<std::vector<StepOutput>> outputs,
+                        const StepTiming& timing) {
+      ApplyStepTiming(timing, timer_);
+      if (!outputs.ok()) return FinishMessage(ToGrpc(outputs.status()));
       response_.Clear();
-      absl::Status status =
-          RunDecode(*session, request_, timer_, *service_->metrics_, variant_, &response_);
-      if (!status.ok()) return FinishMessage(ToGrpc(status));
+      FillDecodeResponse(*outputs, timer_, &response_);
       Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, grpc::Status::OK, timer_);
       StartWrite(&response_);
-    });
-    if (!queued) FinishMessage(ShuttingDown());
+    };
+    (*session)->scheduler().SubmitDecode(std::move(call));
   }
 
   void OnWriteDone(bool ok) override {
@@ -390,7 +429,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerCont
                                                          "' was released concurrently"))));
       return reactor;
     }
-    queued = session->queue().Post([session, response, reactor, timer, &metrics, variant] {
+    queued = session->scheduler().PostOp({}, [session, response, reactor, timer, &metrics,
+                                              variant] {
       CallTimer t = timer;
       t.Started();
       response->set_freed_bytes(session->Close());
@@ -401,8 +441,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerCont
     });
   } else {
     // Not skipped when cancelled: the client asked for memory back.
-    queued = session->queue().Post(
-        [session, request, response, reactor, timer, &metrics, variant] {
+    queued = session->scheduler().PostOp(
+        {request->request_id()}, [session, request, response, reactor, timer, &metrics, variant] {
           CallTimer t = timer;
           t.Started();
           absl::StatusOr<int64_t> freed = session->ReleaseRequest(request->request_id());

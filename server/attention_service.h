@@ -1,8 +1,9 @@
 // The attnserve.v1.AttentionService implementation over the gRPC callback API.
 //
 // Handlers run on gRPC's threads and never block: they validate what is cheap, look the session
-// up, and hand the rest to the session's SerialQueue (Forward, Decode, DecodeStream, Release of a
-// request) or to the Executor (Configure), whose task finishes the call. GetSession,
+// up, and hand the rest to the session's scheduler (server/session_scheduler.h): decode steps of
+// Decode and DecodeStream join the session's next batch; Forward and Release run as ordered ops
+// on the session's SerialQueue. Configure runs on the Executor. The task finishes the call. GetSession,
 // ListSessions and GetServerInfo only read counters under short mutexes and answer inline.
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
@@ -17,6 +18,7 @@
 #include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/session_registry.h"
+#include "server/timer_queue.h"
 
 namespace attnserve::server {
 
@@ -25,7 +27,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // `backend`, `executor`, `pool`, `registry` and `metrics` must outlive the service and its
   // calls. Every call is reported to `metrics` as it finishes (see docs/metrics.md).
   AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
-                       SessionRegistry* registry, Metrics* metrics, const ServerLimits& limits);
+                       SessionRegistry* registry, Metrics* metrics, const ServerLimits& limits,
+                       const SchedulerOptions& scheduler = {});
 
   grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
                                       const v1::ConfigureRequest* request,
@@ -65,6 +68,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   SessionRegistry* const registry_;
   Metrics* const metrics_;
   const ServerLimits limits_;
+  const SchedulerOptions scheduler_options_;
+  // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,
+  // after the executor has been shut down (server.cc), so no batch task can still arm it.
+  TimerQueue timer_;
 };
 
 }  // namespace attnserve::server

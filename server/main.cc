@@ -44,6 +44,18 @@ ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
 ABSL_FLAG(absl::Duration, shutdown_grace, kDefaults.shutdown_grace,
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
 
+ABSL_FLAG(int, max_batch_size, kDefaults.scheduler.max_batch_size,
+          "Continuous batching: decode steps per engine Decode call at most (per session).");
+ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.scheduler.max_batch_tokens,
+          "Continuous batching: tokens one decode batch may attend to in all (sum of its steps' "
+          "context lengths); a batch launches once it would pass this.");
+ABSL_FLAG(absl::Duration, max_queue_delay, kDefaults.scheduler.max_queue_delay,
+          "Continuous batching: longest a decode step waits for its batch to fill (e.g. 500us); "
+          "0 = launch with whatever waits.");
+ABSL_FLAG(int64_t, prefill_chunk_tokens, kDefaults.scheduler.prefill_chunk_tokens,
+          "Chunked prefill: Forward prompts longer than this run in chunks of this many tokens, "
+          "with decode batches of the session between them; 0 = never split.");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves attnserve.v1.AttentionService over gRPC.");
   absl::ParseCommandLine(argc, argv);
@@ -63,6 +75,11 @@ int main(int argc, char** argv) {
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+
+  options.scheduler.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.scheduler.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
+  options.scheduler.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
 
   const absl::Status status = attnserve::server::RunServer(options);
   if (!status.ok()) {

@@ -38,6 +38,24 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--compute_threads = ", o.compute_threads, ", must be in [1, 256]"));
   }
+  const SchedulerOptions& b = o.scheduler;
+  if (b.max_batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_size = ", b.max_batch_size, ", must be >= 1"));
+  }
+  if (b.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_batch_tokens = ", b.max_batch_tokens, ", must be >= 1"));
+  }
+  if (b.max_queue_delay < absl::ZeroDuration() || b.max_queue_delay > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_queue_delay = ",
+                                                   absl::FormatDuration(b.max_queue_delay),
+                                                   ", must be in [0, 1s]"));
+  }
+  if (b.prefill_chunk_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prefill_chunk_tokens = ", b.prefill_chunk_tokens, ", must be >= 0 (0 = never split)"));
+  }
   if (l.max_sessions < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_sessions = ", l.max_sessions, ", must be >= 1"));
@@ -130,7 +148,7 @@ absl::Status RunServer(const ServerOptions& options) {
     }
   }
   AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, &metrics,
-                               options.limits);
+                               options.limits, options.scheduler);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -154,6 +172,11 @@ absl::Status RunServer(const ServerOptions& options) {
              options.listen_address, port);
   SERVER_LOG(INFO, "backend %s: %s; %d compute threads", (*backend)->name(),
              (*backend)->device_description(), executor.num_threads());
+  SERVER_LOG(INFO, "batching: max_batch_size %d, max_batch_tokens %d, max_queue_delay %s, "
+             "prefill_chunk_tokens %d",
+             options.scheduler.max_batch_size, options.scheduler.max_batch_tokens,
+             absl::FormatDuration(options.scheduler.max_queue_delay),
+             options.scheduler.prefill_chunk_tokens);
   SERVER_LOG(INFO, "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
              "message bytes, request_ttl %s, session_ttl %s",
              pool.capacity_bytes(), options.limits.max_sessions,

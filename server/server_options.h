@@ -19,6 +19,23 @@ struct ServerLimits {
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
 };
 
+// Continuous batching and chunked prefill, per session (see server/session_scheduler.h and the
+// "Server" section of docs/design.md).
+struct SchedulerOptions {
+  // A decode batch launches when it holds this many steps (one token each)...
+  int max_batch_size = 64;
+  // ...or when its steps attend to this many tokens in all (sum of each step's context length,
+  // the new token included: TGI's max_batch_total_tokens), which bounds one batch's compute...
+  int64_t max_batch_tokens = 262144;
+  // ...or when its oldest step has waited this long...
+  absl::Duration max_queue_delay = absl::Microseconds(500);
+  // ...or at once when as many steps wait as the previous batch held (every stream that was in it
+  // is back, so waiting longer gains nothing; a lone client never waits).
+  // Forward prompts longer than this run as several engine Prefill calls of this many tokens,
+  // with one decode batch of the session between two chunks. 0 = never split.
+  int64_t prefill_chunk_tokens = 512;
+};
+
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // Port 0 picks a free port.
   std::string port_file;    // When set, the bound port is written here once listening.
@@ -31,6 +48,7 @@ struct ServerOptions {
   int64_t kv_pool_bytes = int64_t{1} << 30;
   absl::Duration shutdown_grace = absl::Seconds(10);
   ServerLimits limits;
+  SchedulerOptions scheduler;
 };
 
 }  // namespace attnserve::server

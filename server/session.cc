@@ -22,7 +22,7 @@ absl::Status SessionClosedError(const std::string& id) {
 
 Session::Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
                  SessionLimits limits, std::unique_ptr<AttentionLayer> layer,
-                 v1::SessionCost cost, Executor* executor)
+                 v1::SessionCost cost, Executor* executor, SchedulerContext scheduler)
     : id_(std::move(id)),
       label_(std::move(label)),
       spec_(spec),
@@ -33,6 +33,7 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       page_bytes_(layer->PoolUsage().page_bytes),
       queue_(SerialQueue::Create(executor)),
       layer_(std::move(layer)),
+      scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
       last_used_(absl::Now()) {}
 
 int64_t Session::RequestKvBytes(int64_t length) const {
@@ -49,171 +50,324 @@ void Session::RefreshKvBytes() {
   kv_bytes_used_.store(usage.used_pages * usage.page_bytes, std::memory_order_relaxed);
 }
 
-absl::StatusOr<std::vector<StepOutput>> Session::Step(std::vector<StepInput> inputs, bool decode,
-                                                      int64_t* compute_ns) {
-  *compute_ns = 0;
+absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
-  const absl::Time now = absl::Now();
-
-  // Plan: resolve each input's request and check positions and limits, changing nothing yet.
-  struct Planned {
-    SequenceId sequence = 0;
-    bool is_new = false;
-    int64_t length = 0;
-  };
-  std::vector<Planned> plan(inputs.size());
-  bool explicit_positions = false;
-  {
-    absl::MutexLock lock(&mu_);
-    last_used_ = now;
-    int new_requests = 0;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const StepInput& in = inputs[i];
-      const int64_t rows = in.hidden.dim(0);
-      int64_t length = 0;
-      int64_t last_position = -1;
-      auto it = requests_.find(in.request_id);
-      if (it == requests_.end()) {
-        if (decode) {
-          return absl::NotFoundError(absl::StrCat(
-              "items[", i, "].request_id: request '", in.request_id, "' not found in session '",
-              id_, "' (create it with Forward; it may have been released or expired)"));
-        }
-        plan[i].is_new = true;
-        ++new_requests;
-      } else {
-        plan[i].sequence = it->second.sequence;
-        length = it->second.length;
-        last_position = it->second.last_position;
-      }
-      plan[i].length = length;
-      if (!in.positions.empty()) {
-        explicit_positions = true;
-        if (static_cast<int64_t>(in.positions.size()) != rows) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("items[", i, "].positions: has ", in.positions.size(),
-                           " entries, expected one per token (", rows, ") or none"));
-        }
-        for (size_t t = 0; t < in.positions.size(); ++t) {
-          if (in.positions[t] < 0) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "items[", i, "].positions[", t, "] = ", in.positions[t], ", must be >= 0"));
-          }
-          if (t > 0 && in.positions[t] <= in.positions[t - 1]) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "items[", i, "].positions[", t, "] = ", in.positions[t],
-                ", must be greater than positions[", t - 1, "] = ", in.positions[t - 1]));
-          }
-        }
-        if (in.positions[0] <= last_position) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "items[", i, "].positions[0] = ", in.positions[0],
-              ", must be after the last position (", last_position, ") of request '",
-              in.request_id, "'"));
-        }
-      } else if (length <= last_position) {
-        // Earlier explicit positions ran ahead of the length; implicit ones would go backwards.
-        return absl::InvalidArgumentError(absl::StrCat(
-            "items[", i, "].positions: empty means positions from the request's length ", length,
-            ", which is not after the last position (", last_position, ") of request '",
-            in.request_id, "'; give positions explicitly"));
-      }
-      if (length + rows > limits_.max_sequence_length) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "items[", i, "]: request '", in.request_id, "' would hold ", length + rows,
-            " tokens, over max_sequence_length = ", limits_.max_sequence_length));
-      }
-    }
-    if (new_requests > 0 &&
-        static_cast<int64_t>(requests_.size()) + new_requests > limits_.max_requests) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session '", id_, "' has ", requests_.size(), " requests; ", new_requests,
-          " more would pass max_requests = ", limits_.max_requests,
-          " (release requests or raise the limit)"));
-    }
-  }
-
-  // Batch: concatenate rows (one dtype per call: the engine takes one tensor).
-  const DType dtype = inputs[0].hidden.dtype();
-  int64_t total_rows = 0;
+  StepPlan plan;
+  plan.decode = decode;
+  plan.requests.resize(inputs.size());
+  absl::MutexLock lock(&mu_);
+  last_used_ = absl::Now();
+  int new_requests = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].hidden.dtype() != dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "].hidden: dtype ", DTypeName(inputs[i].hidden.dtype()),
-          " differs from items[0] (", DTypeName(dtype), "); one call takes one dtype"));
+    const StepInput& in = inputs[i];
+    const int64_t rows = in.hidden.dim(0);
+    int64_t length = 0;
+    int64_t last_position = -1;
+    auto it = requests_.find(in.request_id);
+    if (it == requests_.end()) {
+      if (decode) {
+        return absl::NotFoundError(absl::StrCat(
+            "items[", i, "].request_id: request '", in.request_id, "' not found in session '",
+            id_, "' (create it with Forward; it may have been released or expired)"));
+      }
+      plan.requests[i].is_new = true;
+      ++new_requests;
+    } else {
+      plan.requests[i].sequence = it->second.sequence;
+      length = it->second.length;
+      last_position = it->second.last_position;
     }
-    total_rows += inputs[i].hidden.dim(0);
+    plan.requests[i].length = length;
+    if (!in.positions.empty()) {
+      plan.explicit_positions = true;
+      if (static_cast<int64_t>(in.positions.size()) != rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].positions: has ", in.positions.size(),
+                         " entries, expected one per token (", rows, ") or none"));
+      }
+      for (size_t t = 0; t < in.positions.size(); ++t) {
+        if (in.positions[t] < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "items[", i, "].positions[", t, "] = ", in.positions[t], ", must be >= 0"));
+        }
+        if (t > 0 && in.positions[t] <= in.positions[t - 1]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "items[", i, "].positions[", t, "] = ", in.positions[t],
+              ", must be greater than positions[", t - 1, "] = ", in.positions[t - 1]));
+        }
+      }
+      if (in.positions[0] <= last_position) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "items[", i, "].positions[0] = ", in.positions[0],
+            ", must be after the last position (", last_position, ") of request '",
+            in.request_id, "'"));
+      }
+    } else if (length <= last_position) {
+      // Earlier explicit positions ran ahead of the length; implicit ones would go backwards.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].positions: empty means positions from the request's length ", length,
+          ", which is not after the last position (", last_position, ") of request '",
+          in.request_id, "'; give positions explicitly"));
+    }
+    if (length + rows > limits_.max_sequence_length) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "items[", i, "]: request '", in.request_id, "' would hold ", length + rows,
+          " tokens, over max_sequence_length = ", limits_.max_sequence_length));
+    }
+    if (i > 0 && in.hidden.dtype() != inputs[0].hidden.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].hidden: dtype ", DTypeName(in.hidden.dtype()), " differs from items[0] (",
+          DTypeName(inputs[0].hidden.dtype()), "); one call takes one dtype"));
+    }
   }
-  Tensor hidden(dtype, {total_rows, spec_.d_model});
+  if (new_requests > 0 &&
+      static_cast<int64_t>(requests_.size()) + new_requests > limits_.max_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session '", id_, "' has ", requests_.size(), " requests; ", new_requests,
+        " more would pass max_requests = ", limits_.max_requests,
+        " (release requests or raise the limit)"));
+  }
+  plan.inputs = std::move(inputs);
+  return plan;
+}
+
+absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
+                                 std::vector<int64_t>* positions) {
+  std::byte* dst = hidden->data();
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    const Tensor& h = plan.inputs[i].hidden;
+    if (h.dtype() != hidden->dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden: dtype ", DTypeName(h.dtype()), " differs from the batch's (",
+                       DTypeName(hidden->dtype()), ")"));
+    }
+    std::memcpy(dst, h.data(), h.num_bytes());
+    dst += h.num_bytes();
+    if (positions == nullptr) continue;
+    if (plan.inputs[i].positions.empty()) {
+      // Same positions the engine would choose: continue from the length.
+      for (int64_t t = 0; t < h.dim(0); ++t) positions->push_back(plan.requests[i].length + t);
+    } else {
+      positions->insert(positions->end(), plan.inputs[i].positions.begin(),
+                        plan.inputs[i].positions.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
+                                        absl::Time now) {
+  std::vector<StepOutput> results(plan.inputs.size());
+  absl::MutexLock lock(&mu_);
+  last_used_ = now;
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(out.dtype());
+  const std::byte* src = out.data() + static_cast<size_t>(first_row) * row_bytes;
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    const int64_t rows = plan.inputs[i].hidden.dim(0);
+    RequestState& state = requests_[plan.inputs[i].request_id];
+    state.sequence = plan.requests[i].sequence;
+    state.length = plan.requests[i].length + rows;
+    state.last_position =
+        plan.inputs[i].positions.empty() ? state.length - 1 : plan.inputs[i].positions.back();
+    state.last_used = now;
+    StepOutput& r = results[i];
+    r.request_id = std::move(plan.inputs[i].request_id);
+    r.output = Tensor(out.dtype(), {rows, spec_.d_model});
+    std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
+    src += static_cast<size_t>(rows) * row_bytes;
+    r.sequence_length = state.length;
+  }
+  return results;
+}
+
+absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* compute_ns,
+                                std::vector<std::vector<StepOutput>>* outputs) {
+  *compute_ns = 0;
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (plans.empty()) return absl::OkStatus();
+  int64_t total_rows = 0;
+  bool explicit_positions = false;
+  for (StepPlan* plan : plans) {
+    total_rows += static_cast<int64_t>(plan->inputs.size());
+    explicit_positions |= plan->explicit_positions;
+  }
+  // One engine call takes one dtype; the scheduler batches only calls of one dtype together.
+  Tensor hidden(plans[0]->inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
   std::vector<int64_t> positions;
-  if (explicit_positions) positions.reserve(static_cast<size_t>(total_rows));
+  std::vector<SequenceId> ids;
+  ids.reserve(static_cast<size_t>(total_rows));
   {
     std::byte* dst = hidden.data();
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const Tensor& h = inputs[i].hidden;
-      std::memcpy(dst, h.data(), h.num_bytes());
-      dst += h.num_bytes();
-      if (!explicit_positions) continue;
-      if (inputs[i].positions.empty()) {
-        // Same positions the engine would choose: continue from the length.
-        for (int64_t t = 0; t < h.dim(0); ++t) positions.push_back(plan[i].length + t);
-      } else {
-        positions.insert(positions.end(), inputs[i].positions.begin(), inputs[i].positions.end());
+    const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
+    for (StepPlan* plan : plans) {
+      Tensor part(hidden.dtype(), {static_cast<int64_t>(plan->inputs.size()), spec_.d_model});
+      if (absl::Status s = GatherRows(*plan, &part, explicit_positions ? &positions : nullptr);
+          !s.ok()) {
+        return s;
       }
+      std::memcpy(dst, part.data(), part.num_bytes());
+      dst += plan->inputs.size() * row_bytes;
+      for (const StepPlan::Request& r : plan->requests) ids.push_back(r.sequence);
     }
-  }
-
-  for (Planned& p : plan) {
-    if (p.is_new) p.sequence = layer_->CreateSequence();
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<Tensor> out;
-  if (decode) {
-    std::vector<SequenceId> ids;
-    for (const Planned& p : plan) ids.push_back(p.sequence);
-    out = layer_->Decode(ids, hidden, positions);
-  } else {
-    std::vector<PrefillChunk> chunks;
-    for (size_t i = 0; i < plan.size(); ++i) {
-      chunks.push_back({plan[i].sequence, inputs[i].hidden.dim(0)});
-    }
-    out = layer_->Prefill(chunks, hidden, positions);
-  }
+  absl::StatusOr<Tensor> out = layer_->Decode(ids, hidden, positions);
   *compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - start)
                     .count();
-  if (!out.ok()) {
-    for (const Planned& p : plan) {
-      if (p.is_new) layer_->ReleaseSequence(p.sequence).IgnoreError();
+  RefreshKvBytes();
+  if (!out.ok()) return out.status();
+  const absl::Time now = absl::Now();
+  outputs->clear();
+  int64_t row = 0;
+  for (StepPlan* plan : plans) {
+    outputs->push_back(Commit(*plan, *out, row, now));
+    row += static_cast<int64_t>(outputs->back().size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
+    StepPlan plan, int64_t chunk_tokens, const std::function<void()>& between_chunks,
+    int64_t* compute_ns, int* chunks) {
+  *compute_ns = 0;
+  *chunks = 0;
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  int64_t total_rows = 0;
+  for (const StepInput& in : plan.inputs) total_rows += in.hidden.dim(0);
+  Tensor hidden(plan.inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
+  std::vector<int64_t> positions;
+  if (absl::Status s =
+          GatherRows(plan, &hidden, plan.explicit_positions ? &positions : nullptr);
+      !s.ok()) {
+    return s;
+  }
+  if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = total_rows;
+
+  // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
+  // back just before the engine charges it.
+  int64_t reserved = 0;
+  KvMemoryBudget* budget = layer_->kv_config().budget.get();
+  const bool chunked = chunk_tokens < total_rows;
+  std::vector<int64_t> reserve_per_input(plan.inputs.size(), 0);
+  if (chunked && budget != nullptr) {
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      const int64_t before = plan.requests[i].length;
+      reserve_per_input[i] = std::max<int64_t>(
+          0, RequestKvBytes(before + plan.inputs[i].hidden.dim(0)) - RequestKvBytes(before));
+      reserved += reserve_per_input[i];
     }
-    RefreshKvBytes();
-    return out.status();
+    if (!budget->TryCharge(reserved)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV memory budget exhausted: this Forward needs ", reserved, " bytes (",
+          reserved / page_bytes_, " pages of ", page_size_, " tokens), ", budget->free_bytes(),
+          " of ", budget->capacity_bytes(), " bytes are free"));
+    }
   }
 
-  std::vector<StepOutput> results(inputs.size());
-  {
-    absl::MutexLock lock(&mu_);
-    const std::byte* src = out->data();
-    const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(out->dtype());
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const int64_t rows = inputs[i].hidden.dim(0);
-      RequestState& state = requests_[inputs[i].request_id];
-      state.sequence = plan[i].sequence;
-      state.length = plan[i].length + rows;
-      state.last_position =
-          inputs[i].positions.empty() ? state.length - 1 : inputs[i].positions.back();
-      state.last_used = now;
-      StepOutput& r = results[i];
-      r.request_id = std::move(inputs[i].request_id);
-      r.output = Tensor(out->dtype(), {rows, spec_.d_model});
-      std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
-      src += static_cast<size_t>(rows) * row_bytes;
-      r.sequence_length = state.length;
-    }
+  for (StepPlan::Request& r : plan.requests) {
+    if (r.is_new) r.sequence = layer_->CreateSequence();
   }
-  RefreshKvBytes();
-  return results;
+  const auto undo = [&](const absl::Status& status) {
+    if (budget != nullptr && reserved > 0) budget->Release(reserved);
+    for (const StepPlan::Request& r : plan.requests) {
+      if (r.is_new) layer_->ReleaseSequence(r.sequence).IgnoreError();
+    }
+    RefreshKvBytes();
+    return status;
+  };
+
+  // Rows [begin, end) of the concatenation, as (sequence, rows) pieces.
+  std::vector<int64_t> row_start(plan.inputs.size() + 1, 0);
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    row_start[i + 1] = row_start[i] + plan.inputs[i].hidden.dim(0);
+  }
+  Tensor out(hidden.dtype(), {total_rows, spec_.d_model});
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
+  for (int64_t begin = 0; begin < total_rows; begin += chunk_tokens) {
+    const int64_t end = std::min(total_rows, begin + chunk_tokens);
+    std::vector<PrefillChunk> pieces;
+    int64_t chunk_bytes = 0;
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      const int64_t lo = std::max(begin, row_start[i]);
+      const int64_t hi = std::min(end, row_start[i + 1]);
+      if (lo >= hi) continue;
+      pieces.push_back({plan.requests[i].sequence, hi - lo});
+      if (reserved > 0) {
+        // This chunk's share of the reservation: the pages its rows newly need.
+        const int64_t done = plan.requests[i].length + (lo - row_start[i]);
+        const int64_t share =
+            std::clamp<int64_t>(RequestKvBytes(done + hi - lo) - RequestKvBytes(done), 0,
+                                reserve_per_input[i]);
+        reserve_per_input[i] -= share;
+        chunk_bytes += share;
+      }
+    }
+    if (chunk_bytes > 0) {
+      budget->Release(chunk_bytes);
+      reserved -= chunk_bytes;
+    }
+    Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
+    std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
+                static_cast<size_t>(end - begin) * row_bytes);
+    absl::Span<const int64_t> chunk_positions;
+    if (!positions.empty()) {
+      chunk_positions = absl::MakeConstSpan(positions).subspan(static_cast<size_t>(begin),
+                                                               static_cast<size_t>(end - begin));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<Tensor> chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    *compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+    ++*chunks;
+    if (!chunk_out.ok()) {
+      if (begin > 0) {
+        // Only a sliding window's eviction arithmetic can get here (the reservation covers the
+        // rest): earlier chunks stand, so record them before failing.
+        for (size_t i = 0; i < plan.inputs.size(); ++i) {
+          if (plan.requests[i].is_new || row_start[i] >= begin) continue;
+          absl::MutexLock lock(&mu_);
+          RequestState& state = requests_[plan.inputs[i].request_id];
+          state.length = plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
+          state.last_position = plan.inputs[i].positions.empty()
+                                    ? state.length - 1
+                                    : plan.inputs[i].positions[state.length - 1 -
+                                                               plan.requests[i].length];
+        }
+      }
+      return undo(chunk_out.status());
+    }
+    std::memcpy(out.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
+                static_cast<size_t>(end - begin) * row_bytes);
+    RefreshKvBytes();
+    if (end < total_rows && between_chunks) between_chunks();
+    if (layer_ == nullptr || closed()) return undo(SessionClosedError(id_));
+  }
+  if (budget != nullptr && reserved > 0) budget->Release(reserved);
+  return Commit(plan, out, 0, absl::Now());
+}
+
+absl::StatusOr<std::vector<StepOutput>> Session::Step(std::vector<StepInput> inputs, bool decode,
+                                                      int64_t* compute_ns) {
+  *compute_ns = 0;
+  absl::StatusOr<StepPlan> plan = Plan(std::move(inputs), decode);
+  if (!plan.ok()) return plan.status();
+  if (!decode) {
+    int chunks = 0;
+    return RunPrefill(*std::move(plan), 0, nullptr, compute_ns, &chunks);
+  }
+  std::vector<std::vector<StepOutput>> outputs;
+  StepPlan* plans[] = {&*plan};
+  if (absl::Status s = RunDecode(plans, compute_ns, &outputs); !s.ok()) return s;
+  return std::move(outputs[0]);
+}
+
+int64_t Session::RequestLength(const std::string& request_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  return it == requests_.end() ? 0 : it->second.length;
 }
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
@@ -277,6 +431,13 @@ void Session::FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info
   info->set_page_size(static_cast<int32_t>(page_size_));
   *info->mutable_cost() = cost_;
   info->set_kv_bytes_used(kv_bytes_used());
+  const SchedulerCounters counters = scheduler_->counters();
+  v1::BatchingStats* batching = info->mutable_batching();
+  batching->set_decode_batches(counters.decode_batches);
+  batching->set_decode_steps(counters.decode_steps);
+  batching->set_max_decode_batch(counters.max_decode_batch);
+  batching->set_prefill_chunks(counters.prefill_chunks);
+  batching->set_batches_retried_alone(counters.batches_retried_alone);
   absl::MutexLock lock(&mu_);
   info->set_idle_ns(absl::ToInt64Nanoseconds(now - last_used_));
   if (!with_requests) return;

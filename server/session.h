@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,11 +20,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "attnserve/v1/attention_service.pb.h"
 #include "kernels/backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/tensor.h"
 #include "server/serial_queue.h"
+#include "server/session_scheduler.h"
 
 namespace attnserve::server {
 
@@ -45,23 +48,63 @@ struct StepOutput {
   int64_t sequence_length = 0;
 };
 
-class Session {
+// One call's inputs checked against the session's requests (Session::Plan): what the engine call
+// needs and what to record once it succeeded.
+struct StepPlan {
+  struct Request {
+    SequenceId sequence = 0;  // 0 until created, for a new request.
+    bool is_new = false;
+    int64_t length = 0;  // Tokens cached before this step.
+  };
+  bool decode = false;
+  bool explicit_positions = false;  // Some input gave positions: pass positions for every row.
+  std::vector<StepInput> inputs;
+  std::vector<Request> requests;  // One per input.
+};
+
+class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
           SessionLimits limits, std::unique_ptr<AttentionLayer> layer, v1::SessionCost cost,
-          Executor* executor);
+          Executor* executor, SchedulerContext scheduler = {});
 
   const std::string& id() const { return id_; }
   const LayerSpec& spec() const { return spec_; }
   SerialQueue& queue() { return *queue_; }
+  // Continuous batching of decode steps and ordering of the session's other work.
+  SessionScheduler& scheduler() { return *scheduler_; }
 
   // ---- On the session's queue only -----------------------------------------------------------
 
   // Appends each input's tokens to its request. Forward (decode = false) creates unknown requests;
   // Decode requires them (NOT_FOUND). All-or-nothing: on error no request changes.
-  // `compute_ns` receives the engine time.
+  // `compute_ns` receives the engine time. (Plan + RunDecode / RunPrefill in one go.)
   absl::StatusOr<std::vector<StepOutput>> Step(std::vector<StepInput> inputs, bool decode,
                                                int64_t* compute_ns);
+
+  // Checks one call's inputs against the requests' state (existence, positions, limits) and
+  // resolves their sequences, changing nothing. The plan stays valid until a step or release
+  // touches one of its requests.
+  absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode);
+
+  // One engine Decode call for several decode plans whose requests are all distinct (continuous
+  // batching). All-or-nothing over every plan: on error no request changes. On success
+  // `outputs[i]` answers plans[i]. `compute_ns` receives the engine time.
+  absl::Status RunDecode(absl::Span<StepPlan* const> plans, int64_t* compute_ns,
+                         std::vector<std::vector<StepOutput>>* outputs);
+
+  // Runs a Forward plan as engine Prefill calls of at most `chunk_tokens` rows (0 = one call;
+  // non-causal layers always run in one call, since a chunk could not see the rows after it),
+  // calling `between_chunks` after every chunk but the last. The KV bytes of the whole plan are
+  // reserved from the pool before the first chunk, so a chunked Forward stays all-or-nothing
+  // against the pool even while other work runs between its chunks. `compute_ns` receives the
+  // engine time of all chunks, `chunks` their count.
+  absl::StatusOr<std::vector<StepOutput>> RunPrefill(StepPlan plan, int64_t chunk_tokens,
+                                                     const std::function<void()>& between_chunks,
+                                                     int64_t* compute_ns, int* chunks);
+
+  // Tokens cached by `request_id` now; 0 if unknown. Any thread.
+  int64_t RequestLength(const std::string& request_id) const;
 
   // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
@@ -97,6 +140,11 @@ class Session {
   // sliding window has already evicted (mirrors the CPU layer's eviction rule).
   int64_t RequestKvBytes(int64_t length) const;
   void RefreshKvBytes();
+  // The rows and positions of `plan` concatenated, as one engine call takes them.
+  absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
+  // Records a successful engine call: lengths, positions, last use; slices `out` per input.
+  std::vector<StepOutput> Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
+                                 absl::Time now);
 
   const std::string id_;
   const std::string label_;
@@ -108,6 +156,7 @@ class Session {
   const int64_t page_bytes_;
   std::shared_ptr<SerialQueue> queue_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
+  std::unique_ptr<SessionScheduler> scheduler_;
   std::atomic<int64_t> kv_bytes_used_{0};
   std::atomic<bool> closed_{false};
 
