@@ -267,7 +267,12 @@ void Metrics::Drop(prometheus::Family<Gauge>& family, const Labels& labels) {
 }
 
 void Metrics::NoteVariant(const std::string& variant) {
-  if (variant != kNoVariant) variants_.insert(variant);
+  if (variant == kNoVariant || !variants_.insert(variant).second) return;
+  // Counters of rare events start at 0 for every variant seen, so rate() and increase() over
+  // them return data (0) before the first event, rather than nothing.
+  Get(kv_rejections_, {{"variant", variant}});
+  Get(expired_, {{"variant", variant}, {"kind", "request"}});
+  Get(expired_, {{"variant", variant}, {"kind", "session"}});
 }
 
 void Metrics::ObserveRpc(Rpc rpc, const std::string& variant, absl::StatusCode code,

@@ -1,0 +1,520 @@
+// Prometheus metrics of the real attnserve_server (docs/metrics.md): the server is started with
+// --metrics_address=127.0.0.1:0 and --metrics_port_file, driven through Configure / Forward /
+// Decode / DecodeStream / Release and calls that fail, and /metrics is read with a plain HTTP GET
+// over a TCP socket (no client library). Every name of the metric contract must be present with
+// its labels, and the values must match what the test did.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "tests/reference/test_cases.h"
+#include "tests/server/server_fixture.h"
+
+namespace attnserve::server_test {
+namespace {
+
+using reference::FindSpec;
+using Labels = std::map<std::string, std::string>;
+
+// ---- A minimal scraper ---------------------------------------------------------------------
+
+// GET http://127.0.0.1:port/metrics over HTTP/1.0 (the server closes after the answer); the body,
+// or an error. Bounded: 10 s socket timeouts.
+absl::StatusOr<std::string> HttpGetMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
+  }
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::UnavailableError("send failed");
+  }
+  std::string answer;
+  char buffer[65536];
+  while (true) {
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n < 0) {
+      close(fd);
+      return absl::DeadlineExceededError("recv failed or timed out");
+    }
+    if (n == 0) break;
+    answer.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t header_end = answer.find("\r\n\r\n");
+  if (header_end == std::string::npos || answer.rfind("HTTP/1.", 0) != 0 ||
+      answer.find(" 200 ") > answer.find("\r\n")) {
+    return absl::UnavailableError(absl::StrCat("bad HTTP answer: ", answer.substr(0, 200)));
+  }
+  return answer.substr(header_end + 4);
+}
+
+struct Sample {
+  std::string name;
+  Labels labels;
+  double value = 0;
+};
+
+// The text exposition format: `# TYPE name type` lines and `name{k="v",...} value` samples.
+struct Exposition {
+  std::map<std::string, std::string> types;  // Family name -> counter/gauge/histogram.
+  std::vector<Sample> samples;
+
+  static Exposition Parse(const std::string& text) {
+    Exposition e;
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      if (absl::ConsumePrefix(&line, "# TYPE ")) {
+        std::vector<std::string> parts = absl::StrSplit(line, ' ');
+        if (parts.size() == 2) e.types[parts[0]] = parts[1];
+        continue;
+      }
+      if (line.empty() || line[0] == '#') continue;
+      Sample s;
+      const size_t brace = line.find('{');
+      const size_t space = line.rfind(' ');
+      if (space == absl::string_view::npos) continue;
+      if (brace != absl::string_view::npos && brace < space) {
+        s.name = std::string(line.substr(0, brace));
+        const size_t close = line.rfind('}', space);
+        absl::string_view labels = line.substr(brace + 1, close - brace - 1);
+        // Label values here never hold `",` (no escapes in this server's values but the device
+        // description, which has no quotes).
+        for (absl::string_view pair : absl::StrSplit(labels, "\",", absl::SkipEmpty())) {
+          const size_t eq = pair.find("=\"");
+          if (eq == absl::string_view::npos) continue;
+          absl::string_view value = pair.substr(eq + 2);
+          absl::ConsumeSuffix(&value, "\"");
+          s.labels[std::string(pair.substr(0, eq))] = std::string(value);
+        }
+      } else {
+        s.name = std::string(line.substr(0, space));
+      }
+      absl::string_view value = line.substr(space + 1);
+      if (value == "+Inf") {
+        s.value = 1e308;
+      } else if (!absl::SimpleAtod(value, &s.value)) {
+        continue;
+      }
+      e.samples.push_back(std::move(s));
+    }
+    return e;
+  }
+
+  // The sum of the samples named `name` whose labels include `labels`; nullopt when none match.
+  std::optional<double> Get(const std::string& name, const Labels& labels = {}) const {
+    std::optional<double> sum;
+    for (const Sample& s : samples) {
+      if (s.name != name) continue;
+      bool match = true;
+      for (const auto& [k, v] : labels) {
+        auto it = s.labels.find(k);
+        if (it == s.labels.end() || it->second != v) {
+          match = false;
+          break;
+        }
+      }
+      if (match) sum = sum.value_or(0) + s.value;
+    }
+    return sum;
+  }
+  // Get(), or -1 when absent (so EXPECT_EQ prints something useful).
+  double Value(const std::string& name, const Labels& labels = {}) const {
+    return Get(name, labels).value_or(-1);
+  }
+};
+
+// ---- Fixture ---------------------------------------------------------------------------------
+
+constexpr int64_t kPoolBytes = 262144;  // Small, so a long Forward runs out of KV memory.
+
+class MetricsTest : public ServerTest {
+ protected:
+  MetricsTest()
+      : metrics_port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_port_",
+                                        getpid(), "_", next_id_++)) {}
+
+  std::vector<std::string> ExtraFlags() const override {
+    std::vector<std::string> flags = {"--metrics_address=127.0.0.1:0",
+                                      "--metrics_port_file=" + metrics_port_file_,
+                                      absl::StrCat("--kv_pool_bytes=", kPoolBytes)};
+    for (const std::string& f : MoreFlags()) flags.push_back(f);
+    return flags;
+  }
+  virtual std::vector<std::string> MoreFlags() const { return {}; }
+
+  void SetUp() override {
+    ServerTest::SetUp();
+    if (HasFatalFailure()) return;
+    // Written before the gRPC port, so it is there once the server is SERVING.
+    std::ifstream in(metrics_port_file_);
+    ASSERT_TRUE(in >> metrics_port_) << "no port in " << metrics_port_file_;
+    ASSERT_GT(metrics_port_, 0);
+  }
+  void TearDown() override {
+    ServerTest::TearDown();
+    std::remove(metrics_port_file_.c_str());
+  }
+
+  Exposition Scrape() {
+    absl::StatusOr<std::string> body = HttpGetMetrics(metrics_port_);
+    EXPECT_TRUE(body.ok()) << body.status();
+    return Exposition::Parse(body.ok() ? *body : "");
+  }
+
+  v1::ConfigureResponse Configure(const LayerSpec& spec) {
+    v1::ConfigureResponse configured;
+    grpc::Status status =
+        attnserve::server_test::Configure(stub(), SeedConfigure(spec, 1), &configured);
+    EXPECT_TRUE(status.ok()) << Describe(status);
+    return configured;
+  }
+
+  grpc::Status Prefill(const std::string& session, const std::string& id, int64_t tokens,
+                       int64_t d) {
+    v1::ForwardRequest request;
+    request.set_session_id(session);
+    *request.add_items() = MakeForwardItem(id, RandomHidden(tokens, d, rng_));
+    v1::ForwardResponse response;
+    return Forward(stub(), request, &response);
+  }
+
+  grpc::Status Step(const std::string& session, const std::string& id, int64_t d) {
+    v1::DecodeRequest request;
+    request.set_session_id(session);
+    *request.add_items() = MakeDecodeItem(id, RandomHidden(1, d, rng_));
+    v1::DecodeResponse response;
+    return Decode(stub(), request, &response);
+  }
+
+  static inline int next_id_ = 0;
+  std::string metrics_port_file_;
+  int metrics_port_ = 0;
+  std::mt19937_64 rng_{11};
+};
+
+// Every name of the contract in docs/metrics.md, with its type.
+const std::map<std::string, std::string>& ContractTypes() {
+  static const auto* kTypes = new std::map<std::string, std::string>{
+      {"attnserve_kv_pool_capacity_bytes", "gauge"},
+      {"attnserve_kv_pool_used_bytes", "gauge"},
+      {"attnserve_kv_pool_pages", "gauge"},
+      {"attnserve_kv_bytes_per_token", "gauge"},
+      {"attnserve_sessions_active", "gauge"},
+      {"attnserve_requests_active", "gauge"},
+      {"attnserve_rpc_duration_seconds", "histogram"},
+      {"attnserve_queue_wait_seconds", "histogram"},
+      {"attnserve_compute_seconds", "histogram"},
+      {"attnserve_batch_size", "histogram"},
+      {"attnserve_batch_tokens", "histogram"},
+      {"attnserve_prefill_tokens_total", "counter"},
+      {"attnserve_decode_tokens_total", "counter"},
+      {"attnserve_decode_step_seconds", "histogram"},
+      {"attnserve_rpc_errors_total", "counter"},
+      {"attnserve_kv_rejections_total", "counter"},
+      {"attnserve_expired_total", "counter"},
+      {"attnserve_device_memory_bytes", "gauge"},
+      {"attnserve_build_info", "gauge"},
+  };
+  return *kTypes;
+}
+
+TEST_F(MetricsTest, EveryContractMetricWithLabelsAndValues) {
+  // Before any session: the pool and device series are there already.
+  {
+    const Exposition e = Scrape();
+    EXPECT_EQ(e.Value("attnserve_kv_pool_capacity_bytes", {{"variant", "all"}}), kPoolBytes);
+    EXPECT_EQ(e.Value("attnserve_kv_pool_used_bytes", {{"variant", "all"}}), 0);
+    EXPECT_GT(e.Value("attnserve_device_memory_bytes", {{"state", "used"}}), 0);
+  }
+
+  struct Case {
+    const char* spec;
+    const char* variant;
+    int prompt;
+    int unary_steps;
+    int stream_steps;
+  };
+  const std::vector<Case> cases = {
+      {"gqa2_half_bias_hd16_theta5e5", "gqa", 5, 3, 0},
+      {"mla_q24_half", "mla", 7, 2, 2},
+      {"mha_interleaved_bias_window16", "mha_swa", 20, 4, 0},
+      {"mqa_half", "mqa", 3, 1, 3},
+  };
+  std::map<std::string, v1::ConfigureResponse> sessions;
+  for (const Case& c : cases) {
+    const LayerSpec spec = FindSpec(c.spec).spec;
+    const v1::ConfigureResponse configured = Configure(spec);
+    ASSERT_FALSE(configured.session_id().empty());
+    sessions[c.variant] = configured;
+    const std::string& id = configured.session_id();
+    ASSERT_TRUE(Prefill(id, "r", c.prompt, spec.d_model).ok());
+    for (int i = 0; i < c.unary_steps; ++i) ASSERT_TRUE(Step(id, "r", spec.d_model).ok());
+    if (c.stream_steps > 0) {
+      grpc::ClientContext context;
+      SetDeadline(context);
+      auto stream = stub().DecodeStream(&context);
+      for (int i = 0; i < c.stream_steps; ++i) {
+        v1::DecodeRequest request;
+        request.set_session_id(id);
+        *request.add_items() = MakeDecodeItem("r", RandomHidden(1, spec.d_model, rng_));
+        ASSERT_TRUE(stream->Write(request));
+        v1::DecodeResponse response;
+        ASSERT_TRUE(stream->Read(&response));
+      }
+      ASSERT_TRUE(stream->WritesDone());
+      grpc::Status finished = stream->Finish();
+      ASSERT_TRUE(finished.ok()) << Describe(finished);
+    }
+  }
+  const LayerSpec gqa = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  const std::string& gqa_session = sessions["gqa"].session_id();
+
+  // Errors: unknown session (variant "none"), unknown request (the session's variant), a prompt
+  // too large for the KV pool (RESOURCE_EXHAUSTED for KV memory), a stream ending on NOT_FOUND.
+  EXPECT_EQ(Step("0123456789abcdef0123456789abcdef", "r", gqa.d_model).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Step(gqa_session, "nope", gqa.d_model).error_code(), grpc::StatusCode::NOT_FOUND);
+  const int64_t too_many = 2 * kPoolBytes / KvBytesPerToken(gqa, DType::kF32);
+  EXPECT_EQ(Prefill(gqa_session, "big", too_many, gqa.d_model).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    auto stream = stub().DecodeStream(&context);
+    v1::DecodeRequest request;
+    request.set_session_id(gqa_session);
+    *request.add_items() = MakeDecodeItem("nope", RandomHidden(1, gqa.d_model, rng_));
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::DecodeResponse response;
+    EXPECT_FALSE(stream->Read(&response));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  // The server-wide calls.
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
+  ASSERT_TRUE(info.ok()) << info.status();
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::GetSessionRequest request;
+    request.set_session_id(gqa_session);
+    v1::GetSessionResponse response;
+    ASSERT_TRUE(stub().GetSession(&context, request, &response).ok());
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::ListSessionsResponse response;
+    ASSERT_TRUE(stub().ListSessions(&context, v1::ListSessionsRequest(), &response).ok());
+  }
+
+  const Exposition e = Scrape();
+  for (const auto& [name, type] : ContractTypes()) {
+    auto it = e.types.find(name);
+    ASSERT_NE(it, e.types.end()) << name << " is missing from /metrics";
+    EXPECT_EQ(it->second, type) << name;
+  }
+  for (const Sample& s : e.samples) {
+    if (s.name.rfind("attnserve_", 0) != 0) continue;
+    EXPECT_EQ(s.labels.count("session_id"), 0u) << s.name;
+    EXPECT_EQ(s.labels.count("request_id"), 0u) << s.name;
+  }
+
+  // Pool: the whole and its split by variant agree with GetServerInfo (nothing ran in between).
+  EXPECT_EQ(e.Value("attnserve_kv_pool_capacity_bytes", {{"variant", "all"}}), kPoolBytes);
+  EXPECT_EQ(e.Value("attnserve_kv_pool_used_bytes", {{"variant", "all"}}),
+            info->kv_pool_used_bytes());
+  double used_by_variants = 0;
+  for (const Case& c : cases) {
+    const Labels v = {{"variant", c.variant}};
+    const v1::SessionCost& cost = sessions[c.variant].cost();
+    SCOPED_TRACE(c.variant);
+    EXPECT_EQ(e.Value("attnserve_kv_pool_capacity_bytes", v), kPoolBytes);
+    const double used = e.Value("attnserve_kv_pool_used_bytes", v);
+    EXPECT_GT(used, 0);
+    used_by_variants += used;
+    EXPECT_EQ(e.Value("attnserve_kv_pool_pages", {{"variant", c.variant}, {"state", "used"}}),
+              used / cost.page_bytes());
+    EXPECT_EQ(e.Value("attnserve_kv_pool_pages", {{"variant", c.variant}, {"state", "free"}}),
+              (kPoolBytes - info->kv_pool_used_bytes()) / cost.page_bytes());
+    EXPECT_EQ(e.Value("attnserve_kv_bytes_per_token", v), cost.kv_bytes_per_token());
+    EXPECT_EQ(e.Value("attnserve_sessions_active", v), 1);
+    EXPECT_EQ(e.Value("attnserve_requests_active", v), 1);
+
+    // Calls and tokens.
+    const int steps = c.unary_steps + c.stream_steps;
+    EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                      {{"rpc", "configure"}, {"variant", c.variant}}),
+              1);
+    EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                      {{"rpc", "decode"}, {"variant", c.variant}}),
+              c.unary_steps + (c.variant == std::string("gqa") ? 1 : 0));
+    if (c.stream_steps > 0) {
+      EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                        {{"rpc", "decode_stream"}, {"variant", c.variant}}),
+                c.stream_steps);
+      EXPECT_EQ(e.Value("attnserve_queue_wait_seconds_count",
+                        {{"rpc", "decode_stream"}, {"variant", c.variant}}),
+                c.stream_steps);
+    }
+    EXPECT_EQ(e.Value("attnserve_compute_seconds_count",
+                      {{"rpc", "forward"}, {"variant", c.variant}}),
+              c.variant == std::string("gqa") ? 2 : 1);
+    EXPECT_GT(e.Value("attnserve_compute_seconds_sum", {{"rpc", "forward"}, {"variant", c.variant}}),
+              0);
+    EXPECT_EQ(e.Value("attnserve_decode_tokens_total", v), steps);
+    EXPECT_EQ(e.Value("attnserve_prefill_tokens_total", v), c.prompt);
+    // Whatever the batching, the sequences of all backend calls add up to the work done, and
+    // every step ran in some decode call.
+    EXPECT_EQ(e.Value("attnserve_batch_size_sum", v), 1 + steps);
+    EXPECT_EQ(e.Value("attnserve_batch_tokens_sum", v), c.prompt + steps);
+    EXPECT_GE(e.Value("attnserve_batch_size_count", v), 2);
+    EXPECT_GE(e.Value("attnserve_decode_step_seconds_count", v), 1);
+    EXPECT_LE(e.Value("attnserve_decode_step_seconds_count", v), steps);
+    EXPECT_EQ(e.Value("attnserve_batch_size_bucket", {{"variant", c.variant}, {"le", "+Inf"}}),
+              e.Value("attnserve_batch_size_count", v));
+  }
+  EXPECT_EQ(used_by_variants, info->kv_pool_used_bytes());
+
+  // Errors by rpc, code and variant.
+  EXPECT_EQ(e.Value("attnserve_rpc_errors_total",
+                    {{"rpc", "decode"}, {"code", "NOT_FOUND"}, {"variant", "none"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_errors_total",
+                    {{"rpc", "decode"}, {"code", "NOT_FOUND"}, {"variant", "gqa"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_errors_total",
+                    {{"rpc", "forward"}, {"code", "RESOURCE_EXHAUSTED"}, {"variant", "gqa"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_errors_total",
+                    {{"rpc", "decode_stream"}, {"code", "NOT_FOUND"}, {"variant", "gqa"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_errors_total"), 4) << "no other errors";
+  EXPECT_EQ(e.Value("attnserve_kv_rejections_total", {{"variant", "gqa"}}), 1);
+  EXPECT_EQ(e.Value("attnserve_kv_rejections_total"), 1);
+  EXPECT_EQ(e.Value("attnserve_kv_rejections_total", {{"variant", "mla"}}), 0);
+  EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "mqa"}, {"kind", "request"}}), 0);
+  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                    {{"rpc", "decode"}, {"variant", "none"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                    {{"rpc", "get_server_info"}, {"variant", "none"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                    {{"rpc", "list_sessions"}, {"variant", "none"}}),
+            1);
+  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
+                    {{"rpc", "get_session"}, {"variant", "gqa"}}),
+            1);
+
+  // Device and build.
+  const double rss = e.Value("attnserve_device_memory_bytes", {{"state", "used"}});
+  EXPECT_GT(rss, 1 << 20);
+  EXPECT_GE(e.Value("attnserve_device_memory_bytes", {{"state", "total"}}), rss);
+  EXPECT_EQ(e.Value("attnserve_build_info", {{"backend", "cpu"}, {"version", info->version()}}),
+            1);
+
+  // Release a request, then the session: its variant's state series drop to 0 (or go away for
+  // the per-live-session ones) while capacity stays.
+  ASSERT_TRUE(Release(stub(), gqa_session, "r").ok());
+  {
+    const Exposition after = Scrape();
+    EXPECT_EQ(after.Value("attnserve_requests_active", {{"variant", "gqa"}}), 0);
+    EXPECT_EQ(after.Value("attnserve_kv_pool_used_bytes", {{"variant", "gqa"}}), 0);
+    EXPECT_EQ(after.Value("attnserve_sessions_active", {{"variant", "gqa"}}), 1);
+  }
+  ASSERT_TRUE(Release(stub(), gqa_session, "").ok());
+  {
+    const Exposition after = Scrape();
+    EXPECT_EQ(after.Value("attnserve_sessions_active", {{"variant", "gqa"}}), 0);
+    EXPECT_EQ(after.Value("attnserve_kv_pool_capacity_bytes", {{"variant", "gqa"}}), kPoolBytes);
+    EXPECT_FALSE(after.Get("attnserve_kv_bytes_per_token", {{"variant", "gqa"}}).has_value());
+    EXPECT_FALSE(
+        after.Get("attnserve_kv_pool_pages", {{"variant", "gqa"}, {"state", "free"}}).has_value());
+    EXPECT_EQ(after.Value("attnserve_rpc_duration_seconds_count",
+                          {{"rpc", "release"}, {"variant", "gqa"}}),
+              2);
+    EXPECT_EQ(after.Value("attnserve_sessions_active", {{"variant", "mla"}}), 1);
+  }
+}
+
+class MetricsTtlTest : public MetricsTest {
+ protected:
+  std::vector<std::string> MoreFlags() const override {
+    return {"--request_ttl=500ms", "--session_ttl=1500ms"};
+  }
+};
+
+TEST_F(MetricsTtlTest, ExpiriesAreCountedByKind) {
+  const LayerSpec spec = FindSpec("gqa2_half_window7").spec;
+  const v1::ConfigureResponse configured = Configure(spec);
+  ASSERT_TRUE(Prefill(configured.session_id(), "idle", 9, spec.d_model).ok());
+
+  // Sweeps run every 125 ms: the request goes after ~0.5 s, the session after ~1.5 s.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  Exposition e;
+  while (std::chrono::steady_clock::now() < until) {
+    e = Scrape();
+    if (e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "session"}}) >= 1) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "request"}}), 1);
+  EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "session"}}), 1);
+  EXPECT_EQ(e.Value("attnserve_sessions_active", {{"variant", "gqa_swa"}}), 0);
+  EXPECT_EQ(e.Value("attnserve_requests_active", {{"variant", "gqa_swa"}}), 0);
+  EXPECT_EQ(e.Value("attnserve_kv_pool_used_bytes", {{"variant", "all"}}), 0);
+}
+
+TEST(MetricsFlagsTest, UnbindableAddressFailsStartup) {
+  // Hold a listening socket, then ask the server for the same address.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int taken = ntohs(addr.sin_port);
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
+      {absl::StrCat("--metrics_address=127.0.0.1:", taken), "--threads=1"},
+      std::chrono::seconds(10));
+  close(fd);
+  EXPECT_FALSE(started.ok()) << "the server must not serve without its metrics endpoint";
+}
+
+}  // namespace
+}  // namespace attnserve::server_test
