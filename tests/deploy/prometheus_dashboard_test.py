@@ -196,10 +196,12 @@ class Load:
             client.forward(sid, {rid: rng.standard_normal((PROMPT_TOKENS + i, D_MODEL),
                                                           dtype=np.float32)
                                  for i, rid in enumerate(requests)})
-            step = 0
+            step = 0  # decode steps of these requests
+            iteration = 0  # loop turns (a stream turn takes 2 steps)
             while step < STEPS_PER_PREFILL and not self.stop_event.is_set():
+                iteration += 1
                 inputs = {rid: rng.standard_normal(D_MODEL, dtype=np.float32) for rid in requests}
-                if step % 4 == 3:
+                if iteration % 4 == 0:
                     with client.open_decode_stream(sid) as stream:
                         stream.step(inputs)
                         stream.step({rid: rng.standard_normal(D_MODEL, dtype=np.float32)
@@ -208,7 +210,7 @@ class Load:
                 else:
                     client.decode(sid, inputs)
                     step += 1
-                if step % 8 == 0:
+                if iteration % 3 == 0:
                     client.get_session(sid)
                     client.list_sessions()
                     client.info()
