@@ -78,8 +78,7 @@ print("attnbench_test: %s" % ", ".join(
 PY
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
-kill -KILL "${server_pid}"
-wait "${server_pid}" 2>/dev/null || true
+{ kill -KILL "${server_pid}" && wait "${server_pid}"; } 2>/dev/null || true
 server_pid=""
 status=0
 timeout 60 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha --concurrency=2 --steps=5 \
