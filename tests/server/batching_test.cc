@@ -14,8 +14,8 @@
 //    many outputs were nevertheless bit-identical. (Prompts over --prefill_chunk_tokens = 512 run
 //    in two chunks, which rounds differently from the reference's one call as well.)
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
-//    With --prefill_chunk_tokens=512 no decode step may wait longer than 5 prefill chunks plus
-//    50 ms of slack; with chunking off (0) a step that arrives during the Forward waits for most
+//    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
+//    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with chunking off (0) a step that arrives during the Forward waits for most
 //    of it (which shows the first bound is not trivially met). Measured numbers: docs/benchmarks.md,
 //    "Chunked prefill".
 #include <algorithm>
@@ -310,7 +310,10 @@ TEST_F(ChunkedPrefillTest, LongForwardDoesNotStallDecodes) {
   RunPrefillBesideDecodes(*this, stub(), server(), &run);
   if (HasFatalFailure()) return;
   const double chunk_ms = run.forward_ms / std::max<int64_t>(1, run.chunks);
-  const double bound_ms = 5 * chunk_ms + 50;
+  // Later chunks attend to more keys (the last ~2x the mean) and a loaded CI machine stretches
+  // single chunks, so the bound is 8 mean chunks (half the Forward) plus 100 ms: far below the
+  // whole-Forward stall that UnchunkedPrefillTest shows without chunking.
+  const double bound_ms = 8 * chunk_ms + 100;
   std::cout << "chunked (512): forward " << run.forward_ms << " ms in " << run.chunks
             << " chunks (" << chunk_ms << " ms each); decode step median before " << run.median_step_ms
             << " ms; max during forward " << run.max_step_ms << " ms over "
