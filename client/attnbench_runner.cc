@@ -19,6 +19,8 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "kernels/layer_spec.h"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve {
 namespace {

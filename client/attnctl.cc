@@ -49,6 +49,8 @@
 #include "kernels/layer_spec_json.h"
 #include "kernels/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 // Connection and output.
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address, HOST:PORT.");

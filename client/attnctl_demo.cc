@@ -11,6 +11,8 @@
 #include "client/attnctl_convert.h"
 #include "client/demo_variants.h"
 #include "nlohmann/json.hpp"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve {
 namespace {

@@ -13,9 +13,9 @@
 #include "server/logging.h"
 #include "server/session.h"
 #include "server/session_scheduler.h"
-#include "server/spec_codec.h"
+#include "proto/codec/spec_codec.h"
 #include "server/step_codec.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 #include "server/weight_source.h"
 
 #ifndef ATTNSERVE_VERSION

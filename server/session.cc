@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/spec_codec.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve::server {
 
@@ -426,7 +426,7 @@ int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
 void Session::FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info) const {
   info->set_session_id(id_);
   info->set_label(label_);
-  LayerSpecToProto(spec_, info->mutable_spec());
+  *info->mutable_spec() = LayerSpecToProto(spec_);
   info->set_kv_cache_dtype(DTypeToProto(kv_dtype_));
   info->set_page_size(static_cast<int32_t>(page_size_));
   *info->mutable_cost() = cost_;

@@ -5,7 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve::server {
 

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/checkpoint_loader.h"
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve::server {
 

@@ -420,14 +420,14 @@ TEST_F(BadInputTest, InlineWeightsOfTheWrongShape) {
   for (const auto& [name, tensor] : *weights) {
     v1::NamedTensor* named = good.mutable_inline_weights()->add_tensors();
     named->set_name(name);
-    *named->mutable_tensor() = ToProto(tensor);
+    TensorToProto(tensor, named->mutable_tensor());
   }
   // k_proj.weight transposed: [d_model, kv*hd] instead of [kv*hd, d_model].
   v1::WeightSource source = good;
   for (v1::NamedTensor& named : *source.mutable_inline_weights()->mutable_tensors()) {
     if (named.name() != "k_proj.weight") continue;
     const Tensor& k = weights->at("k_proj.weight");
-    *named.mutable_tensor() = ToProto(Tensor(DType::kF32, {k.dim(1), k.dim(0)}));
+    TensorToProto(Tensor(DType::kF32, {k.dim(1), k.dim(0)}), named.mutable_tensor());
   }
   EXPECT_STATUS(ConfigureWith(source), INVALID_ARGUMENT,
                 "weight 'k_proj.weight' has shape [64, 16], expected [16, 64]");
@@ -438,7 +438,7 @@ TEST_F(BadInputTest, InlineWeightsOfTheWrongShape) {
   v1::WeightSource extra = good;
   v1::NamedTensor* stray = extra.mutable_inline_weights()->add_tensors();
   stray->set_name("gate_proj.weight");
-  *stray->mutable_tensor() = ToProto(Hidden(2));
+  TensorToProto(Hidden(2), stray->mutable_tensor());
   EXPECT_STATUS(ConfigureWith(extra), INVALID_ARGUMENT, "gate_proj.weight");
 }
 

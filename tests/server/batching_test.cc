@@ -52,7 +52,7 @@ LayerSpec SmallGqa() {
 // Elementwise |a - b| <= abs_tol + rel_tol * |b|; `identical` is set when the bytes are equal.
 ::testing::AssertionResult Close(const v1::Tensor& actual, const Tensor& expected,
                                  bool* identical) {
-  absl::StatusOr<Tensor> got = FromProto(actual);
+  absl::StatusOr<Tensor> got = TensorFromProto(actual);
   if (!got.ok()) return ::testing::AssertionFailure() << got.status();
   if (got->shape() != expected.shape() || got->dtype() != DType::kF32 ||
       expected.dtype() != DType::kF32) {

@@ -50,7 +50,7 @@ TEST_P(ServiceMatchesEngineTest, ForwardDecodeAndStreamAreBitExact) {
   const int64_t d = spec.d_model;
 
   v1::ConfigureRequest configure = SeedConfigure(spec, seed);
-  configure.set_kv_cache_dtype(ToProto(param.kv_dtype));
+  configure.set_kv_cache_dtype(DTypeToProto(param.kv_dtype));
   v1::ConfigureResponse configured;
   grpc::Status status = Configure(stub(), configure, &configured);
   ASSERT_TRUE(status.ok()) << Describe(status);
@@ -209,7 +209,7 @@ TEST_F(ServerTest, InlineWeightsEqualSeedWeights) {
   for (const auto& [name, tensor] : *weights) {
     v1::NamedTensor* named = by_value.mutable_weights()->mutable_inline_weights()->add_tensors();
     named->set_name(name);
-    *named->mutable_tensor() = ToProto(tensor);
+    TensorToProto(tensor, named->mutable_tensor());
   }
   std::mt19937_64 rng(seed);
   const Tensor prompt = RandomHidden(23, spec.d_model, rng);

@@ -9,79 +9,6 @@
 
 namespace attnserve::server_test {
 
-// ---- Wire conversion --------------------------------------------------------------------------
-
-v1::LayerSpec ToProto(const LayerSpec& spec) {
-  v1::LayerSpec out;
-  switch (spec.variant) {
-    case AttentionVariant::kMHA: out.set_variant(v1::VARIANT_MHA); break;
-    case AttentionVariant::kMQA: out.set_variant(v1::VARIANT_MQA); break;
-    case AttentionVariant::kGQA: out.set_variant(v1::VARIANT_GQA); break;
-    case AttentionVariant::kMLA: out.set_variant(v1::VARIANT_MLA); break;
-  }
-  out.set_d_model(spec.d_model);
-  out.set_num_heads(spec.num_heads);
-  if (spec.variant != AttentionVariant::kMLA) {
-    out.set_num_kv_heads(spec.num_kv_heads);
-    out.set_head_dim(spec.head_dim);
-  }
-  out.set_qkv_bias(spec.qkv_bias);
-  out.set_o_bias(spec.o_bias);
-  switch (spec.rope) {
-    case RopeLayout::kNone: out.set_rope(v1::ROPE_NONE); break;
-    case RopeLayout::kHalf: out.set_rope(v1::ROPE_HALF); break;
-    case RopeLayout::kInterleaved: out.set_rope(v1::ROPE_INTERLEAVED); break;
-  }
-  out.set_rope_theta(spec.rope_theta);
-  out.set_causal(spec.causal);  // proto3 default is false; the engine's is true: always send it.
-  out.set_sliding_window(spec.sliding_window);
-  out.set_softmax_scale(spec.softmax_scale);
-  if (spec.variant == AttentionVariant::kMLA) {
-    v1::MlaDims* mla = out.mutable_mla();
-    mla->set_q_lora_rank(spec.mla.q_lora_rank);
-    mla->set_kv_lora_rank(spec.mla.kv_lora_rank);
-    mla->set_qk_nope_head_dim(spec.mla.qk_nope_head_dim);
-    mla->set_qk_rope_head_dim(spec.mla.qk_rope_head_dim);
-    mla->set_v_head_dim(spec.mla.v_head_dim);
-    mla->set_rms_norm_eps(spec.mla.rms_norm_eps);
-  }
-  return out;
-}
-
-v1::DType ToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return v1::DTYPE_F32;
-    case DType::kF16: return v1::DTYPE_F16;
-    case DType::kBF16: return v1::DTYPE_BF16;
-  }
-  return v1::DTYPE_UNSPECIFIED;
-}
-
-v1::Tensor ToProto(const Tensor& tensor) {
-  v1::Tensor out;
-  out.set_dtype(ToProto(tensor.dtype()));
-  for (int64_t dim : tensor.shape()) out.add_shape(dim);
-  out.set_data(reinterpret_cast<const char*>(tensor.data()), tensor.num_bytes());
-  return out;
-}
-
-absl::StatusOr<Tensor> FromProto(const v1::Tensor& tensor) {
-  DType dtype;
-  switch (tensor.dtype()) {
-    case v1::DTYPE_F32: dtype = DType::kF32; break;
-    case v1::DTYPE_F16: dtype = DType::kF16; break;
-    case v1::DTYPE_BF16: dtype = DType::kBF16; break;
-    default: return absl::InvalidArgumentError("tensor dtype unspecified");
-  }
-  Tensor out(dtype, std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end()));
-  if (out.num_bytes() != tensor.data().size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", out.DebugString(), " holds ",
-                                                   tensor.data().size(), " bytes"));
-  }
-  std::memcpy(out.data(), tensor.data().data(), out.num_bytes());
-  return out;
-}
-
 Tensor RandomHidden(int64_t rows, int64_t d_model, std::mt19937_64& rng, DType dtype) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<float> values(static_cast<size_t>(rows * d_model));
@@ -110,9 +37,9 @@ Tensor ConcatRows(absl::Span<const Tensor> parts) {
 }
 
 ::testing::AssertionResult SameBytes(const v1::Tensor& actual, const Tensor& expected) {
-  if (actual.dtype() != ToProto(expected.dtype())) {
+  if (actual.dtype() != DTypeToProto(expected.dtype())) {
     return ::testing::AssertionFailure() << "dtype " << v1::DType_Name(actual.dtype())
-                                         << ", expected " << v1::DType_Name(ToProto(expected.dtype()));
+                                         << ", expected " << v1::DType_Name(DTypeToProto(expected.dtype()));
   }
   const std::vector<int64_t> shape(actual.shape().begin(), actual.shape().end());
   if (shape != expected.shape()) {
@@ -126,7 +53,7 @@ Tensor ConcatRows(absl::Span<const Tensor> parts) {
   if (std::memcmp(actual.data().data(), expected.data(), expected.num_bytes()) == 0) {
     return ::testing::AssertionSuccess();
   }
-  absl::StatusOr<Tensor> host = FromProto(actual);
+  absl::StatusOr<Tensor> host = TensorFromProto(actual);
   const std::vector<float> got = host->ToFloats();
   const std::vector<float> want = expected.ToFloats();
   int64_t differing = 0, first = -1;
@@ -152,7 +79,7 @@ void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout
 
 v1::ConfigureRequest SeedConfigure(const LayerSpec& spec, uint64_t seed) {
   v1::ConfigureRequest request;
-  *request.mutable_spec() = ToProto(spec);
+  *request.mutable_spec() = LayerSpecToProto(spec);
   request.mutable_weights()->set_seed(seed);
   return request;
 }
@@ -205,7 +132,7 @@ v1::ForwardItem MakeForwardItem(const std::string& request_id, const Tensor& hid
                                 absl::Span<const int64_t> positions) {
   v1::ForwardItem item;
   item.set_request_id(request_id);
-  *item.mutable_hidden() = ToProto(hidden);
+  TensorToProto(hidden, item.mutable_hidden());
   for (int64_t p : positions) item.add_positions(p);
   return item;
 }
@@ -214,7 +141,7 @@ v1::DecodeItem MakeDecodeItem(const std::string& request_id, const Tensor& hidde
                               std::optional<int64_t> position) {
   v1::DecodeItem item;
   item.set_request_id(request_id);
-  *item.mutable_hidden() = ToProto(hidden);
+  TensorToProto(hidden, item.mutable_hidden());
   if (position.has_value()) item.set_position(*position);
   return item;
 }

@@ -23,6 +23,8 @@
 #include "kernels/backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/tensor.h"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 namespace attnserve::server_test {
 
@@ -32,13 +34,7 @@ namespace v1 = ::attnserve::v1;
 // Equal counts give equal work splits, which bit-exact comparison relies on.
 inline constexpr int kBackendThreads = 2;
 
-// ---- Wire conversion --------------------------------------------------------------------------
-
-v1::LayerSpec ToProto(const LayerSpec& spec);
-v1::DType ToProto(DType dtype);
-v1::Tensor ToProto(const Tensor& tensor);
-// The wire tensor as a host tensor; INVALID_ARGUMENT if dtype or byte count are inconsistent.
-absl::StatusOr<Tensor> FromProto(const v1::Tensor& tensor);
+// Wire conversions: proto/codec/ (shared with the server and the clients).
 
 // [rows, d_model] with values U(-1, 1), cast to `dtype`.
 Tensor RandomHidden(int64_t rows, int64_t d_model, std::mt19937_64& rng,

@@ -3,8 +3,8 @@
 // Validation happens once here, at the API edge, so the engine only sees well-formed tensors.
 // Every error is INVALID_ARGUMENT and names the field path given by the caller
 // (e.g. "items[2].hidden") and the rule it breaks.
-#ifndef ATTNSERVE_SERVER_TENSOR_CODEC_H_
-#define ATTNSERVE_SERVER_TENSOR_CODEC_H_
+#ifndef ATTNSERVE_PROTO_CODEC_TENSOR_CODEC_H_
+#define ATTNSERVE_PROTO_CODEC_TENSOR_CODEC_H_
 
 #include <cstdint>
 
@@ -15,19 +15,19 @@
 #include "kernels/dtype.h"
 #include "kernels/tensor.h"
 
-namespace attnserve::server {
+namespace attnserve {
 
 // Largest element count accepted in one tensor (2^40): far above any message size limit, and
 // small enough that count * 4 bytes cannot overflow int64.
 inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;
 
-absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field);
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field = "dtype");
 v1::DType DTypeToProto(DType dtype);
 
 // Checks dtype (set), rank (== expected_rank unless expected_rank < 0), every dim >= 1, the
 // element count (no overflow), and data size == elements * dtype size; then copies the bytes.
-absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto, int expected_rank,
-                                       absl::string_view field);
+absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto, int expected_rank = -1,
+                                       absl::string_view field = "tensor");
 
 void TensorToProto(const Tensor& tensor, v1::Tensor* proto);
 
@@ -37,6 +37,6 @@ void TensorToProto(const Tensor& tensor, v1::Tensor* proto);
 // request.
 absl::Status CheckFinite(const Tensor& tensor, absl::string_view field);
 
-}  // namespace attnserve::server
+}  // namespace attnserve
 
-#endif  // ATTNSERVE_SERVER_TENSOR_CODEC_H_
+#endif  // ATTNSERVE_PROTO_CODEC_TENSOR_CODEC_H_

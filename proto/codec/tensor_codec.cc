@@ -1,4 +1,4 @@
-#include "server/tensor_codec.h"
+#include "proto/codec/tensor_codec.h"
 
 #include <cstring>
 #include <string>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace attnserve::server {
+namespace attnserve {
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
@@ -125,4 +125,4 @@ absl::Status CheckFinite(const Tensor& tensor, absl::string_view field) {
                                                  "; inputs must be finite"));
 }
 
-}  // namespace attnserve::server
+}  // namespace attnserve

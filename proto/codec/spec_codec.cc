@@ -1,8 +1,8 @@
-#include "server/spec_codec.h"
+#include "proto/codec/spec_codec.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace attnserve::server {
+namespace attnserve {
 
 v1::Variant VariantToProto(AttentionVariant variant) {
   switch (variant) {
@@ -79,31 +79,32 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   return spec;
 }
 
-void LayerSpecToProto(const LayerSpec& spec, v1::LayerSpec* proto) {
-  proto->set_variant(VariantToProto(spec.variant));
-  proto->set_d_model(spec.d_model);
-  proto->set_num_heads(spec.num_heads);
-  proto->set_num_kv_heads(spec.num_kv_heads);
-  proto->set_head_dim(spec.head_dim);
-  proto->set_qkv_bias(spec.qkv_bias);
-  proto->set_o_bias(spec.o_bias);
+v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
+  v1::LayerSpec out;
+  out.set_variant(VariantToProto(spec.variant));
+  out.set_d_model(spec.d_model);
+  out.set_num_heads(spec.num_heads);
+  out.set_num_kv_heads(spec.num_kv_heads);
+  out.set_head_dim(spec.head_dim);
+  out.set_qkv_bias(spec.qkv_bias);
+  out.set_o_bias(spec.o_bias);
   switch (spec.rope) {
     case RopeLayout::kNone:
-      proto->set_rope(v1::ROPE_NONE);
+      out.set_rope(v1::ROPE_NONE);
       break;
     case RopeLayout::kHalf:
-      proto->set_rope(v1::ROPE_HALF);
+      out.set_rope(v1::ROPE_HALF);
       break;
     case RopeLayout::kInterleaved:
-      proto->set_rope(v1::ROPE_INTERLEAVED);
+      out.set_rope(v1::ROPE_INTERLEAVED);
       break;
   }
-  proto->set_rope_theta(spec.rope_theta);
-  proto->set_causal(spec.causal);
-  proto->set_sliding_window(spec.sliding_window);
-  proto->set_softmax_scale(spec.softmax_scale);
+  out.set_rope_theta(spec.rope_theta);
+  out.set_causal(spec.causal);
+  out.set_sliding_window(spec.sliding_window);
+  out.set_softmax_scale(spec.softmax_scale);
   if (spec.variant == AttentionVariant::kMLA) {
-    v1::MlaDims* mla = proto->mutable_mla();
+    v1::MlaDims* mla = out.mutable_mla();
     mla->set_q_lora_rank(spec.mla.q_lora_rank);
     mla->set_kv_lora_rank(spec.mla.kv_lora_rank);
     mla->set_qk_nope_head_dim(spec.mla.qk_nope_head_dim);
@@ -111,6 +112,7 @@ void LayerSpecToProto(const LayerSpec& spec, v1::LayerSpec* proto) {
     mla->set_v_head_dim(spec.mla.v_head_dim);
     mla->set_rms_norm_eps(spec.mla.rms_norm_eps);
   }
+  return out;
 }
 
-}  // namespace attnserve::server
+}  // namespace attnserve
