@@ -22,26 +22,21 @@ for binary in "${SERVER}" "${ATTNCTL}"; do
   [[ -x "${binary}" ]] || die "${binary} not found; build first: cmake --preset release && cmake --build --preset release"
 done
 
+# shellcheck source=lib/server_process.sh
+source "${ROOT}/deploy/lib/server_process.sh"
 workdir="$(mktemp -d)"
-server_pid=""
 
 stop_server() {
-  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
-    kill -TERM "${server_pid}" 2>/dev/null || true
-    local status=0
-    wait "${server_pid}" || status=$?
-    log "server stopped (exit status ${status})"
-  fi
-  server_pid=""
+  [[ -n "${SERVER_PID}" ]] || return 0
+  local status=0
+  server_stop || status=$?
+  log "server stopped (exit status ${status})"
 }
 
 cleanup() {
   local status=$?
   stop_server
-  if [[ "${status}" -ne 0 && -s "${workdir}/server.log" ]]; then
-    log "server log (last 20 lines):"
-    tail -n 20 "${workdir}/server.log" >&2
-  fi
+  [[ "${status}" -ne 0 ]] && server_log_tail 20
   rm -rf "${workdir}"
   exit "${status}"
 }
@@ -50,19 +45,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # shellcheck disable=SC2086  # ATTNSERVE_SERVER_FLAGS is a list of flags.
-"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" ${ATTNSERVE_SERVER_FLAGS:-} \
-  >"${workdir}/server.log" 2>&1 &
-server_pid=$!
-
-# The server writes the port file (atomically) once it listens.
-for _ in $(seq 1 300); do
-  [[ -s "${workdir}/port" ]] && break
-  kill -0 "${server_pid}" 2>/dev/null || die "the server exited before listening"
-  sleep 0.1
-done
-[[ -s "${workdir}/port" ]] || die "the server did not write its port within 30 s"
-readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
-log "server pid ${server_pid} listening on ${ADDRESS}"
+server_start "${SERVER}" "${workdir}" ${ATTNSERVE_SERVER_FLAGS:-} || die "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
+log "server pid ${SERVER_PID} listening on ${ADDRESS}"
 
 "${ATTNCTL}" --server="${ADDRESS}" health --wait_s=30 >/dev/null ||
   die "the server's health check did not report SERVING"

@@ -19,35 +19,24 @@ readonly ATTNBENCH="${BUILD}/client/attnbench"
 fail() { printf 'attnbench_test: FAIL: %s\n' "$*" >&2; exit 1; }
 [[ -x "${SERVER}" && -x "${ATTNBENCH}" ]] || fail "${SERVER} or ${ATTNBENCH} not built"
 
+# shellcheck source=../deploy/lib/server_process.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/lib/server_process.sh"
 workdir="$(mktemp -d)"
-server_pid=""
 cleanup() {
   local status=$?
-  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
-    kill -KILL "${server_pid}" 2>/dev/null || true
-    wait "${server_pid}" 2>/dev/null || true
-  fi
+  server_kill
   if [[ "${status}" -ne 0 ]]; then
-    for f in bench.err server.log; do
-      [[ -s "${workdir}/${f}" ]] && { echo "--- ${f} ---" >&2; tail -n 40 "${workdir}/${f}" >&2; }
-    done
+    [[ -s "${workdir}/bench.err" ]] && { echo "--- bench.err ---" >&2; tail -n 40 "${workdir}/bench.err" >&2; }
+    server_log_tail 40
   fi
   rm -rf "${workdir}"
   exit "${status}"
 }
 trap cleanup EXIT
 
-"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" --metrics_address=127.0.0.1:0 \
-  --metrics_port_file="${workdir}/metrics_port" >"${workdir}/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 300); do
-  [[ -s "${workdir}/port" && -s "${workdir}/metrics_port" ]] && break
-  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
-  sleep 0.1
-done
-[[ -s "${workdir}/port" ]] || fail "the server did not write its port within 30 s"
-readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
-readonly METRICS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/metrics_port")"
+server_start "${SERVER}" "${workdir}" --with_metrics || fail "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
+readonly METRICS="${SERVER_METRICS}"
 
 status=0
 timeout 240 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha,mla --concurrency=4 --steps=20 \
@@ -78,8 +67,7 @@ print("attnbench_test: %s" % ", ".join(
 PY
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
-{ kill -KILL "${server_pid}" && wait "${server_pid}"; } 2>/dev/null || true
-server_pid=""
+server_kill
 status=0
 timeout 60 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha --concurrency=2 --steps=5 \
   --timeout_s=3 >"${workdir}/dead.out" 2>&1 || status=$?

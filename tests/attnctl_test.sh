@@ -22,31 +22,20 @@ fail() { printf 'attnctl_test: FAIL: %s\n' "$*" >&2; exit 1; }
 "${PYTHON}" -c 'import grpc, grpc_tools, numpy' 2>/dev/null ||
   fail "${PYTHON} lacks grpcio/grpcio-tools/numpy: run deploy/setup.sh"
 
+# shellcheck source=../deploy/lib/server_process.sh
+source "${ROOT}/deploy/lib/server_process.sh"
 workdir="$(mktemp -d)"
-server_pid=""
 cleanup() {
   local status=$?
-  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
-    kill -KILL "${server_pid}" 2>/dev/null || true
-    wait "${server_pid}" 2>/dev/null || true
-  fi
-  if [[ "${status}" -ne 0 && -s "${workdir}/server.log" ]]; then
-    echo "--- server log ---" >&2
-    tail -n 40 "${workdir}/server.log" >&2
-  fi
+  server_kill
+  [[ "${status}" -ne 0 ]] && server_log_tail 40
   rm -rf "${workdir}"
   exit "${status}"
 }
 trap cleanup EXIT
 
-"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 300); do
-  [[ -s "${workdir}/port" ]] && break
-  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
-  sleep 0.1
-done
-readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+server_start "${SERVER}" "${workdir}" || fail "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
 ctl() { "${ATTNCTL}" --server="${ADDRESS}" "$@"; }
 json() { "${PYTHON}" -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
 
@@ -120,10 +109,8 @@ expect_exit 1 NOT_FOUND -- get --session="${session}"
 variants="$(ctl --json demo --tokens=16 --steps=2 --batch=2 | json '" ".join(v["variant"] for v in d["variants"])')"
 [[ "${variants}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo: variants '${variants}'"
 
-kill -TERM "${server_pid}"
 status=0
-wait "${server_pid}" || status=$?
-server_pid=""
+server_stop || status=$?
 [[ "${status}" -eq 0 ]] || fail "the server exited with status ${status} after SIGTERM"
 
 ATTNSERVE_BUILD_DIR="${BUILD}" "${ROOT}/deploy/run_demo.sh" --tokens=16 --steps=2 >"${workdir}/demo.out" 2>&1 ||

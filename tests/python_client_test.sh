@@ -19,32 +19,20 @@ fail() { printf 'python_client_test: FAIL: %s\n' "$*" >&2; exit 1; }
 "${PYTHON}" -c 'import grpc, grpc_tools, numpy' 2>/dev/null ||
   fail "${PYTHON} lacks grpcio/grpcio-tools/numpy: run deploy/setup.sh"
 
+# shellcheck source=../deploy/lib/server_process.sh
+source "${ROOT}/deploy/lib/server_process.sh"
 workdir="$(mktemp -d)"
-server_pid=""
 cleanup() {
   local status=$?
-  if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
-    kill -KILL "${server_pid}" 2>/dev/null || true
-    wait "${server_pid}" 2>/dev/null || true
-  fi
-  if [[ "${status}" -ne 0 && -s "${workdir}/server.log" ]]; then
-    echo "--- server log ---" >&2
-    tail -n 40 "${workdir}/server.log" >&2
-  fi
+  server_kill
+  [[ "${status}" -ne 0 ]] && server_log_tail 40
   rm -rf "${workdir}"
   exit "${status}"
 }
 trap cleanup EXIT
 
-"${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/port" >"${workdir}/server.log" 2>&1 &
-server_pid=$!
-for _ in $(seq 1 300); do
-  [[ -s "${workdir}/port" ]] && break
-  kill -0 "${server_pid}" 2>/dev/null || fail "the server exited before listening"
-  sleep 0.1
-done
-[[ -s "${workdir}/port" ]] || fail "the server did not write its port within 30 s"
-readonly ADDRESS="127.0.0.1:$(tr -d '[:space:]' <"${workdir}/port")"
+server_start "${SERVER}" "${workdir}" || fail "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
 
 # Generate the client's protobuf modules up front (the package would do it on first import too).
 "${PYTHON}" "${ROOT}/client/python/gen_proto.py"
@@ -65,9 +53,7 @@ for mode in unary stream; do
   done
 done
 
-kill -TERM "${server_pid}"
 status=0
-wait "${server_pid}" || status=$?
-server_pid=""
+server_stop || status=$?
 [[ "${status}" -eq 0 ]] || fail "the server exited with status ${status} after SIGTERM"
 echo "python_client_test: PASS"
