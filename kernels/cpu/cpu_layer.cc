@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace attnserve {
@@ -13,57 +12,31 @@ CpuLayer::CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
       kv_config_(kv_config),
       layout_(layout),
       pool_(pool),
-      allocator_(kv_config.max_pages),
       store_(layout.page_elements * static_cast<int64_t>(DTypeSize(layout.dtype)),
-             kv_config.max_pages) {}
+             kv_config.max_pages),
+      sequences_(layout.page_size, store_.page_bytes(), kv_config.max_pages, kv_config.budget,
+                 spec.causal, spec.sliding_window) {}
+
+CpuLayer::~CpuLayer() = default;
 
 SequenceId CpuLayer::CreateSequence() {
   absl::MutexLock lock(&mu_);
-  const SequenceId id = next_id_++;
-  sequences_.emplace(id, PageTable{});
-  return id;
+  return sequences_.Create();
 }
 
 absl::Status CpuLayer::ReleaseSequence(SequenceId sequence) {
   absl::MutexLock lock(&mu_);
-  auto it = sequences_.find(sequence);
-  if (it == sequences_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
-  }
-  std::vector<int32_t> held;
-  for (int32_t page : it->second.pages) {
-    if (page != kEvictedPage) held.push_back(page);
-  }
-  FreePages(held);
-  sequences_.erase(it);
-  return absl::OkStatus();
+  return sequences_.Release(sequence);
 }
 
 absl::StatusOr<int64_t> CpuLayer::SequenceLength(SequenceId sequence) const {
   absl::MutexLock lock(&mu_);
-  auto it = sequences_.find(sequence);
-  if (it == sequences_.end()) {
-    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
-  }
-  return it->second.num_tokens;
-}
-
-void CpuLayer::FreePages(absl::Span<const int32_t> pages) {
-  allocator_.Free(pages);
-  if (kv_config_.budget != nullptr) {
-    kv_config_.budget->Release(static_cast<int64_t>(pages.size()) * store_.page_bytes());
-  }
-}
-
-CpuLayer::~CpuLayer() {
-  // Sessions end by destroying their layer: give everything still held back to the shared budget.
-  absl::MutexLock lock(&mu_);
-  if (kv_config_.budget != nullptr) kv_config_.budget->Release(allocator_.used() * store_.page_bytes());
+  return sequences_.Length(sequence);
 }
 
 KvPoolUsage CpuLayer::PoolUsage() const {
   absl::MutexLock lock(&mu_);
-  return {layout_.page_size, store_.page_bytes(), allocator_.capacity(), allocator_.used()};
+  return sequences_.Usage();
 }
 
 absl::Status CpuLayer::CheckHidden(const Tensor& hidden, int64_t rows) const {
@@ -81,72 +54,8 @@ absl::Status CpuLayer::CheckHidden(const Tensor& hidden, int64_t rows) const {
 absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch,
                                absl::Span<const SequenceId> ids,
                                absl::Span<const int64_t> counts) {
-  absl::flat_hash_set<SequenceId> seen;
-  int64_t pages_needed = 0;
-  int64_t row = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto it = sequences_.find(ids[i]);
-    if (it == sequences_.end()) {
-      return absl::NotFoundError(absl::StrCat("sequence ", ids[i], " does not exist"));
-    }
-    if (!seen.insert(ids[i]).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", ids[i], " appears more than once in one batch"));
-    }
-    if (counts[i] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sequence ", ids[i], ": num_tokens = ", counts[i], ", must be >= 1"));
-    }
-    PageTable& table = it->second;
-    pages_needed += PagesForTokens(table.num_tokens + counts[i], layout_.page_size) -
-                    static_cast<int64_t>(table.pages.size());
-    batch.push_back({&table, row, counts[i], table.num_tokens});
-    row += counts[i];
-  }
-  // The shared budget (all sessions on the device) is checked first: when both would refuse, its
-  // numbers are the ones a client can act on.
-  const int64_t bytes = pages_needed * store_.page_bytes();
-  const std::shared_ptr<KvMemoryBudget>& budget = kv_config_.budget;
-  if (budget != nullptr && !budget->TryCharge(bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
-        " pages of ", layout_.page_size, " tokens), ", budget->free_bytes(), " of ",
-        budget->capacity_bytes(), " bytes are free"));
-  }
-  absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
-  if (!pages.ok()) {
-    if (budget != nullptr) budget->Release(bytes);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ",
-        layout_.page_size, " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
-        allocator_.capacity(), " pages of this layer are free"));
-  }
-  if (absl::Status s = store_.Commit(*pages); !s.ok()) {
-    allocator_.Free(*pages);
-    if (budget != nullptr) budget->Release(bytes);
-    return s;
-  }
-  auto next_page = pages->begin();
-  for (BatchSequence& seq : batch) {
-    seq.table->num_tokens += seq.num_new;
-    while (static_cast<int64_t>(seq.table->pages.size()) <
-           PagesForTokens(seq.table->num_tokens, layout_.page_size)) {
-      seq.table->pages.push_back(*next_page++);
-    }
-  }
-  return absl::OkStatus();
-}
-
-void CpuLayer::EvictOutsideWindow(PageTable& table) {
-  if (!spec_.causal || spec_.sliding_window <= 0) return;
-  // The next query (index num_tokens) sees keys > num_tokens - W; page p is dead when its last
-  // token (p + 1) * page_size - 1 is at most num_tokens - W.
-  const int64_t dead_pages = (table.num_tokens - spec_.sliding_window + 1) / layout_.page_size;
-  for (int64_t p = 0; p < dead_pages && p < static_cast<int64_t>(table.pages.size()); ++p) {
-    if (table.pages[p] == kEvictedPage) continue;
-    FreePages({&table.pages[p], 1});
-    table.pages[p] = kEvictedPage;
-  }
+  return sequences_.Reserve(
+      ids, counts, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); }, batch);
 }
 
 absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
@@ -167,7 +76,7 @@ absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequ
   } else {
     RunPrefill(batch);
   }
-  for (const BatchSequence& seq : batch.sequences) EvictOutsideWindow(*seq.table);
+  for (const BatchSequence& seq : batch.sequences) sequences_.EvictOutsideWindow(*seq.table);
   return out.CastTo(hidden.dtype());
 }
 

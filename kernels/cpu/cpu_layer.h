@@ -9,24 +9,17 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/page_allocator.h"
+#include "kernels/kv_sequence_table.h"
 #include "kernels/page_table.h"
 
 namespace attnserve {
 
-// One sequence's share of a batch, after validation and page reservation.
-struct BatchSequence {
-  PageTable* table = nullptr;  // num_tokens already counts the new tokens; pages reserved.
-  int64_t first_row = 0;       // Row of the batch holding its first new token.
-  int64_t num_new = 0;         // New tokens (rows).
-  int64_t first_index = 0;     // Index within the sequence of its first new token.
-};
+// BatchSequence (one sequence's share of a batch) comes from kernels/kv_sequence_table.h.
 
 // Inputs and outputs of one compute call, all float32 and dense.
 struct CpuBatch {
@@ -74,10 +67,6 @@ class CpuLayer : public AttentionLayer {
   // num_tokens; on error nothing changed.
   absl::Status Reserve(std::vector<BatchSequence>& sequences, absl::Span<const SequenceId> ids,
                        absl::Span<const int64_t> counts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns pages to the allocator and their bytes to the shared budget.
-  void FreePages(absl::Span<const int32_t> pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns pages that no future query can see (sliding window) to the pool.
-  void EvictOutsideWindow(PageTable& table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckHidden(const Tensor& hidden, int64_t rows) const;
   absl::StatusOr<Tensor> Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
                              absl::Span<const int64_t> positions, bool decode)
@@ -89,10 +78,9 @@ class CpuLayer : public AttentionLayer {
   ThreadPool* const pool_;
 
   mutable absl::Mutex mu_;  // Serialises calls: one batch at a time per layer.
-  PageAllocator allocator_ ABSL_GUARDED_BY(mu_);
   HostPageStore store_;
-  absl::node_hash_map<SequenceId, PageTable> sequences_ ABSL_GUARDED_BY(mu_);
-  SequenceId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Sequences, reservation and eviction, shared with the CUDA backend.
+  KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve

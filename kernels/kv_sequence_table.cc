@@ -1,0 +1,149 @@
+#include "kernels/kv_sequence_table.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
+                                 std::shared_ptr<KvMemoryBudget> budget, bool causal,
+                                 int sliding_window)
+    : page_size_(page_size),
+      page_bytes_(page_bytes),
+      budget_(std::move(budget)),
+      causal_(causal),
+      sliding_window_(sliding_window),
+      allocator_(max_pages) {}
+
+KvSequenceTable::~KvSequenceTable() {
+  // Sessions end by destroying their layer: give everything still held back to the shared budget.
+  if (budget_ != nullptr) budget_->Release(allocator_.used() * page_bytes_);
+}
+
+SequenceId KvSequenceTable::Create() {
+  const SequenceId id = next_id_++;
+  sequences_.emplace(id, PageTable{});
+  return id;
+}
+
+absl::Status KvSequenceTable::Release(SequenceId sequence) {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  std::vector<int32_t> held;
+  for (int32_t page : it->second.pages) {
+    if (page != kEvictedPage) held.push_back(page);
+  }
+  FreePages(held);
+  sequences_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KvSequenceTable::Length(SequenceId sequence) const {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  return it->second.num_tokens;
+}
+
+void KvSequenceTable::FreePages(absl::Span<const int32_t> pages) {
+  allocator_.Free(pages);
+  if (budget_ != nullptr) budget_->Release(static_cast<int64_t>(pages.size()) * page_bytes_);
+}
+
+KvPoolUsage KvSequenceTable::Usage() const {
+  return {page_size_, page_bytes_, allocator_.capacity(), allocator_.used()};
+}
+
+absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
+                                      absl::Span<const int64_t> counts, const CommitFn& commit,
+                                      std::vector<BatchSequence>& batch) {
+  batch.clear();
+  absl::flat_hash_set<SequenceId> seen;
+  int64_t pages_needed = 0;
+  int64_t row = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = sequences_.find(ids[i]);
+    if (it == sequences_.end()) {
+      batch.clear();
+      return absl::NotFoundError(absl::StrCat("sequence ", ids[i], " does not exist"));
+    }
+    if (!seen.insert(ids[i]).second) {
+      batch.clear();
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], " appears more than once in one batch"));
+    }
+    if (counts[i] < 1) {
+      batch.clear();
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], ": num_tokens = ", counts[i], ", must be >= 1"));
+    }
+    PageTable& table = it->second;
+    const int64_t pages_before = static_cast<int64_t>(table.pages.size());
+    pages_needed += PagesForTokens(table.num_tokens + counts[i], page_size_) - pages_before;
+    batch.push_back({&table, row, counts[i], table.num_tokens, pages_before});
+    row += counts[i];
+  }
+  // The shared budget (all sessions on the device) is checked first: when both would refuse, its
+  // numbers are the ones a client can act on.
+  const int64_t bytes = pages_needed * page_bytes_;
+  if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
+    batch.clear();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
+        " pages of ", page_size_, " tokens), ", budget_->free_bytes(), " of ",
+        budget_->capacity_bytes(), " bytes are free"));
+  }
+  absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
+  if (!pages.ok()) {
+    if (budget_ != nullptr) budget_->Release(bytes);
+    batch.clear();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ", page_size_,
+        " tokens (", bytes, " bytes), ", allocator_.free(), " of ", allocator_.capacity(),
+        " pages of this layer are free"));
+  }
+  if (absl::Status s = commit(*pages); !s.ok()) {
+    allocator_.Free(*pages);
+    if (budget_ != nullptr) budget_->Release(bytes);
+    batch.clear();
+    return s;
+  }
+  auto next_page = pages->begin();
+  for (BatchSequence& seq : batch) {
+    seq.table->num_tokens += seq.num_new;
+    while (static_cast<int64_t>(seq.table->pages.size()) <
+           PagesForTokens(seq.table->num_tokens, page_size_)) {
+      seq.table->pages.push_back(*next_page++);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KvSequenceTable::Rollback(absl::Span<const BatchSequence> batch) {
+  for (const BatchSequence& seq : batch) {
+    PageTable& table = *seq.table;
+    std::vector<int32_t> added(table.pages.begin() + seq.pages_before, table.pages.end());
+    FreePages(added);
+    table.pages.resize(static_cast<size_t>(seq.pages_before));
+    table.num_tokens = seq.first_index;
+  }
+}
+
+void KvSequenceTable::EvictOutsideWindow(PageTable& table) {
+  if (!causal_ || sliding_window_ <= 0) return;
+  // The next query (index num_tokens) sees keys > num_tokens - W; page p is dead when its last
+  // token (p + 1) * page_size - 1 is at most num_tokens - W.
+  const int64_t dead_pages = (table.num_tokens - sliding_window_ + 1) / page_size_;
+  for (int64_t p = 0; p < dead_pages && p < static_cast<int64_t>(table.pages.size()); ++p) {
+    if (table.pages[p] == kEvictedPage) continue;
+    FreePages({&table.pages[p], 1});
+    table.pages[p] = kEvictedPage;
+  }
+}
+
+}  // namespace attnserve

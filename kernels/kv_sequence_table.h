@@ -1,0 +1,83 @@
+// A layer's sequences and their KV pages, independent of where the pages live: the sequence
+// table, all-or-nothing page reservation against the layer's allocator and the shared byte budget,
+// rollback, and sliding-window eviction. The CPU and CUDA layers share it, so both backends refuse,
+// reserve and evict identically; each supplies only a commit hook that backs page ids with memory.
+//
+// Not thread-safe: the owning layer serialises calls (it holds its own mutex around every call).
+#ifndef ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
+#define ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/node_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/kv_memory_budget.h"
+#include "kernels/page_allocator.h"
+#include "kernels/page_table.h"
+
+namespace attnserve {
+
+// One sequence's share of a batch, after validation and page reservation.
+struct BatchSequence {
+  PageTable* table = nullptr;  // num_tokens already counts the new tokens; pages reserved.
+  int64_t first_row = 0;       // Row of the batch holding its first new token.
+  int64_t num_new = 0;         // New tokens (rows).
+  int64_t first_index = 0;     // Index within the sequence of its first new token.
+  int64_t pages_before = 0;    // table->pages.size() before the reservation (for rollback).
+};
+
+class KvSequenceTable {
+ public:
+  // Backs newly allocated page ids with memory; an error makes the reservation fail unchanged.
+  using CommitFn = std::function<absl::Status(absl::Span<const int32_t> pages)>;
+
+  // causal/sliding_window as in LayerSpec (window 0 = unlimited: nothing is ever evicted).
+  KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
+                  std::shared_ptr<KvMemoryBudget> budget, bool causal, int sliding_window);
+  // Gives every page still held back to the shared budget.
+  ~KvSequenceTable();
+
+  SequenceId Create();
+  // Frees the sequence's pages. NOT_FOUND for an unknown id.
+  absl::Status Release(SequenceId sequence);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<int64_t> Length(SequenceId sequence) const;
+
+  // Checks ids (known, distinct) and counts (>= 1), then reserves pages for every sequence's new
+  // tokens, all or nothing: the shared budget first, then the allocator, then `commit`. On success
+  // each table's num_tokens counts the new tokens and `batch` describes the rows (in the order
+  // given, rows consecutive). On error nothing changed. RESOURCE_EXHAUSTED names the numbers.
+  absl::Status Reserve(absl::Span<const SequenceId> ids, absl::Span<const int64_t> counts,
+                       const CommitFn& commit, std::vector<BatchSequence>& batch);
+  // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
+  // return to what they were and the new pages go back to the pool and the budget.
+  void Rollback(absl::Span<const BatchSequence> batch);
+  // Returns pages that no future query can see (causal sliding window) to the pool.
+  void EvictOutsideWindow(PageTable& table);
+
+  KvPoolUsage Usage() const;
+  int page_size() const { return page_size_; }
+  int64_t page_bytes() const { return page_bytes_; }
+
+ private:
+  void FreePages(absl::Span<const int32_t> pages);
+
+  const int page_size_;
+  const int64_t page_bytes_;
+  const std::shared_ptr<KvMemoryBudget> budget_;
+  const bool causal_;
+  const int sliding_window_;
+  PageAllocator allocator_;
+  absl::node_hash_map<SequenceId, PageTable> sequences_;
+  SequenceId next_id_ = 1;
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
