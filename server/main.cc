@@ -23,7 +23,9 @@ ABSL_FLAG(std::string, metrics_address, "",
           "port, see --metrics_port_file); empty = no metrics endpoint. See docs/metrics.md.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the bound metrics port to this file once /metrics is served.");
-ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu, or auto (= cpu for now).");
+ABSL_FLAG(std::string, backend, kDefaults.backend,
+          "auto, cpu or cuda. auto: CUDA when this binary has it and a device is usable (the log "
+          "says which and why), else CPU. cuda with no usable device fails at startup.");
 ABSL_FLAG(int, threads, kDefaults.engine_threads,
           "CPU backend threads; 0 = one per hardware thread.");
 ABSL_FLAG(int, compute_threads, kDefaults.compute_threads,

@@ -12,7 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend_factory.h"
 #include "server/attention_service.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
@@ -78,17 +78,14 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeBackend(const ServerOptions& o) {
-  if (o.backend == "cpu" || o.backend == "auto") {
-    CpuBackendOptions cpu;
-    cpu.num_threads = o.engine_threads;
-    return CreateCpuBackend(cpu);
-  }
-  if (o.backend == "cuda") {
-    return absl::FailedPreconditionError("--backend=cuda: CUDA backend not built yet");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend = '", o.backend, "', must be cpu, auto or cuda"));
+absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
+  BackendOptions backend;
+  backend.name = o.backend;
+  backend.cpu.num_threads = o.engine_threads;
+  // The CUDA backend's device page pool holds the same KV budget the sessions share.
+  backend.cuda.kv_pool_bytes = o.kv_pool_bytes;
+  // Errors name the flag's value ("backend = cuda: no CUDA device: ...").
+  return CreateBackend(backend);
 }
 
 // Writes the port to `path` via a rename, so a reader never sees a partial file.
@@ -118,8 +115,10 @@ absl::Status RunServer(const ServerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = MakeBackend(options);
-  if (!backend.ok()) return backend.status();
+  absl::StatusOr<BackendChoice> choice = MakeBackend(options);
+  if (!choice.ok()) return choice.status();
+  SERVER_LOG(INFO, "backend %s", choice->reason);
+  std::unique_ptr<AttentionBackend>* backend = &choice->backend;
 
   // Keep one gRPC library reference for the life of the process. Without it the last
   // grpc_shutdown (in ~ServerBuilder or ~Server) joins gRPC's executor threads synchronously,

@@ -42,7 +42,7 @@ struct ServerOptions {
   // Prometheus /metrics endpoint, host:port (port 0 picks a free port); empty = not served.
   std::string metrics_address;
   std::string metrics_port_file;  // When set, the metrics port is written here before serving.
-  std::string backend = "cpu";  // "cpu" or "auto" (= cpu until the CUDA backend exists).
+  std::string backend = "cpu";  // "auto", "cpu" or "cuda" (kernels/backend_factory.h).
   int engine_threads = 0;   // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;  // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;

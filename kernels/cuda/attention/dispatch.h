@@ -1,0 +1,25 @@
+// The one place where KV dtype x head dim picks a kernel instantiation. Supported: f32, f16 and
+// bf16 pages, head dims 64 and 128 (6 instantiations per kernel); anything else is refused with
+// INVALID_ARGUMENT when the layer is created, never at run time.
+#ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
+#define ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
+
+#include "absl/status/status.h"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/dtype.h"
+
+namespace attnserve::cuda {
+
+// OK when the attention kernels are built for this page dtype and head dim.
+absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim);
+KvType ToKvType(DType dtype);
+
+absl::Status RunPrefillAttention(DType kv_dtype, int head_dim, const AttentionParams& params,
+                                 cudaStream_t stream);
+// Split-KV decode then the combine; `row_blocks` = ceil(group / kAttentionRowsPerBlock).
+absl::Status RunDecodeAttention(DType kv_dtype, int head_dim, const AttentionParams& params,
+                                int row_blocks, cudaStream_t stream);
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_

@@ -1,0 +1,249 @@
+// Paged attention over the KV pool: prefill (a tiled online-softmax flash-attention kernel) and
+// split-KV decode (flash-decoding). Both kernels run the same block-level loop, AttendRows: a
+// block owns up to kAttentionRowsPerBlock query rows of ONE KV head (the query heads of a GQA/MQA
+// group, and for prefill several tokens), so each KV tile is read once for all of them.
+//
+// Per key tile of kKeys keys the block
+//   1. gathers K and V rows from their pages into shared memory (float),
+//   2. S = Q . K^T (Q pre-scaled by the softmax scale), masked to each row's visible keys,
+//   3. updates each row's running max m and sum l (warp per row) and turns S into P,
+//   4. O = O * exp(m_old - m_new) + P . V.
+// Prefill writes O / l; decode writes (m, l, O) per KV split and a combine kernel merges splits.
+//
+// This is the correct-first version (fp32 FMA on CUDA cores, no tensor cores, no cp.async): the
+// mma.sync prefill and vectorised loads are CUDA part 2. Masking is in MaskSpec and in the host
+// plan (key ranges), never in the loop body beyond the per-row [lo, hi) test.
+#ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
+#define ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/attention/kv_element.cuh"
+#include "kernels/cuda/attention/params.h"
+
+namespace attnserve::cuda {
+
+// ---- Tile plan ----------------------------------------------------------------------------------
+
+template <int kHeadDim>
+struct TileTraits {
+  static constexpr int kRows = kAttentionRowsPerBlock;  // Query rows per block.
+  static constexpr int kKeys = 2048 / kHeadDim;         // Keys per tile: 32 (D=64), 16 (D=128).
+  static constexpr int kThreads = kAttentionThreads;
+  static constexpr int kWarps = kThreads / 32;
+  static_assert(kKeys <= 32, "softmax step gives each lane one key of the tile");
+};
+
+// Shared memory of one block: 26.9 KB (D=64) or 33.9 KB (D=128), under the 48 KB static limit.
+template <int kHeadDim>
+struct TileStorage {
+  using Traits = TileTraits<kHeadDim>;
+  float q[Traits::kRows][kHeadDim];          // Q rows, pre-scaled.
+  float o[Traits::kRows][kHeadDim];          // Unnormalised output accumulators.
+  float k[Traits::kKeys][kHeadDim + 1];      // +1: lanes reading different keys hit distinct banks.
+  float v[Traits::kKeys][kHeadDim];
+  float s[Traits::kRows][Traits::kKeys];     // Scores, then probabilities.
+  float m[Traits::kRows];                    // Running max.
+  float l[Traits::kRows];                    // Running sum.
+  float corr[Traits::kRows];                 // exp(m_old - m_new) of the current tile.
+  int lo[Traits::kRows];                     // Visible keys of each row: [lo, hi).
+  int hi[Traits::kRows];
+  int64_t out_offset[Traits::kRows];         // Prefill: where each row's output goes.
+};
+
+// ---- Helpers ------------------------------------------------------------------------------------
+
+// Loads `rows` query rows (row r from q + q_offset(r)) scaled by `scale`, and resets the softmax
+// state. Callers fill lo/hi before calling AttendRows.
+template <int kHeadDim, typename QOffset>
+__device__ void LoadQueries(TileStorage<kHeadDim>& sm, const float* q, float scale, int rows,
+                            QOffset q_offset) {
+  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+    const int r = e / kHeadDim, d = e % kHeadDim;
+    sm.q[r][d] = q[q_offset(r) + d] * scale;
+    sm.o[r][d] = 0.0f;
+  }
+  if (threadIdx.x < rows) {
+    sm.m[threadIdx.x] = -INFINITY;
+    sm.l[threadIdx.x] = 0.0f;
+  }
+}
+
+// The online-softmax loop over keys [key_begin, key_end) of one sequence and KV head.
+template <KvType kKv, int kHeadDim>
+__device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const SequenceDesc& seq,
+                           int kv_head, int rows, int key_begin, int key_end) {
+  using Traits = TileTraits<kHeadDim>;
+  using Elem = KvElement<kKv>;
+  using T = typename Elem::T;
+  constexpr int kKeys = Traits::kKeys;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t value_offset = kv.ValueOffset();
+
+  for (int tile = key_begin; tile < key_end; tile += kKeys) {
+    const int count = min(kKeys, key_end - tile);
+    // 1. K, V tile -> shared memory (consecutive threads read consecutive elements of a row).
+    for (int e = tid; e < kKeys * kHeadDim; e += kAttentionThreads) {
+      const int k = e / kHeadDim, d = e % kHeadDim;
+      float key = 0.0f, value = 0.0f;
+      if (k < count) {
+        const int index = tile + k;
+        const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
+        if (page_offset >= 0) {  // Always true for a correct plan; guards against a stray read.
+          const T* page = reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) +
+                                                     page_offset);
+          const int64_t element = kv.KeyElement(kv_head, index % kv.page_size) + d;
+          key = Elem::Load(page + element);
+          value = Elem::Load(page + value_offset + element);
+        }
+      }
+      sm.k[k][d] = key;
+      sm.v[k][d] = value;
+    }
+    __syncthreads();
+    // 2. S = Q . K^T, -inf outside each row's visible keys.
+    for (int e = tid; e < rows * kKeys; e += kAttentionThreads) {
+      const int r = e / kKeys, k = e % kKeys;
+      const int index = tile + k;
+      float score = -INFINITY;
+      if (k < count && index >= sm.lo[r] && index < sm.hi[r]) {
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < kHeadDim; ++d) dot = fmaf(sm.q[r][d], sm.k[k][d], dot);
+        score = dot;
+      }
+      sm.s[r][k] = score;
+    }
+    __syncthreads();
+    // 3. Online softmax, one warp per row, one lane per key.
+    for (int r = warp; r < rows; r += Traits::kWarps) {
+      const float score = lane < kKeys ? sm.s[r][lane] : -INFINITY;
+      const float m_old = sm.m[r];
+      const float m_new = fmaxf(m_old, WarpMax(score));
+      float prob = 0.0f, corr = 1.0f;
+      if (m_new != -INFINITY) {  // A row that has seen no visible key yet keeps m = -inf, l = 0.
+        prob = expf(score - m_new);  // exp(-inf) = 0 for masked keys.
+        corr = expf(m_old - m_new);
+      }
+      const float tile_sum = WarpSum(prob);
+      if (lane < kKeys) sm.s[r][lane] = prob;
+      if (lane == 0) {
+        sm.l[r] = sm.l[r] * corr + tile_sum;
+        sm.m[r] = m_new;
+        sm.corr[r] = corr;
+      }
+    }
+    __syncthreads();
+    // 4. O = O * corr + P . V
+    for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
+      const int r = e / kHeadDim, d = e % kHeadDim;
+      float acc = sm.o[r][d] * sm.corr[r];
+      for (int k = 0; k < count; ++k) acc = fmaf(sm.s[r][k], sm.v[k][d], acc);
+      sm.o[r][d] = acc;
+    }
+    __syncthreads();
+  }
+}
+
+// ---- Kernels ------------------------------------------------------------------------------------
+
+// grid (num_items, num_kv_heads, 1); an item is (sequence, query-row chunk), its key range the
+// union of its rows' visible keys.
+template <KvType kKv, int kHeadDim>
+__global__ void __launch_bounds__(kAttentionThreads) PrefillKernel(const AttentionParams p) {
+  __shared__ TileStorage<kHeadDim> sm;
+  const WorkItem item = p.items[blockIdx.x];
+  const SequenceDesc seq = p.sequences[item.sequence];
+  const int kv_head = blockIdx.y;
+  const int rows = item.row_end - item.row_begin;
+  // Row r is (token t, group head g) of the sequence's new tokens.
+  if (threadIdx.x < rows) {
+    const int flat = item.row_begin + threadIdx.x;
+    const int t = flat / p.group, g = flat % p.group;
+    int lo, hi;
+    p.mask.VisibleKeys(seq.first_index + t, seq.length, &lo, &hi);
+    sm.lo[threadIdx.x] = lo;
+    sm.hi[threadIdx.x] = hi;
+    sm.out_offset[threadIdx.x] =
+        int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
+        int64_t{kv_head * p.group + g} * kHeadDim;
+  }
+  LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
+    const int flat = item.row_begin + r;
+    const int t = flat / p.group, g = flat % p.group;
+    return int64_t{seq.first_row + t} * p.q_stride + int64_t{kv_head * p.group + g} * kHeadDim;
+  });
+  __syncthreads();
+  AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
+  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+    const int r = e / kHeadDim, d = e % kHeadDim;
+    const float l = sm.l[r];
+    p.out[sm.out_offset[r] + d] = l > 0.0f ? sm.o[r][d] / l : 0.0f;
+  }
+}
+
+// grid (num_items, num_kv_heads, row_blocks); an item is one KV split of one sequence, and z picks
+// which kAttentionRowsPerBlock heads of the KV head's group this block serves (1 unless the group
+// is larger). Writes the split's partial state; LaunchCombineSplits finishes.
+template <KvType kKv, int kHeadDim>
+__global__ void __launch_bounds__(kAttentionThreads) PagedDecodeKernel(const AttentionParams p) {
+  __shared__ TileStorage<kHeadDim> sm;
+  const int item_index = blockIdx.x;
+  const WorkItem item = p.items[item_index];
+  const SequenceDesc seq = p.sequences[item.sequence];
+  const int kv_head = blockIdx.y;
+  const int g0 = blockIdx.z * kAttentionRowsPerBlock;
+  const int rows = min(kAttentionRowsPerBlock, p.group - g0);
+  if (rows <= 0) return;
+  const int first_head = kv_head * p.group + g0;
+  if (threadIdx.x < rows) {
+    sm.lo[threadIdx.x] = item.key_begin;  // Every key of the split is visible to the new token.
+    sm.hi[threadIdx.x] = item.key_end;
+  }
+  LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
+    return int64_t{seq.first_row} * p.q_stride + int64_t{first_head + r} * kHeadDim;
+  });
+  __syncthreads();
+  AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
+  const int64_t partial_row = int64_t{item_index} * p.num_heads + first_head;
+  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+    const int r = e / kHeadDim, d = e % kHeadDim;
+    p.partial_acc[(partial_row + r) * kHeadDim + d] = sm.o[r][d];
+  }
+  if (threadIdx.x < rows) {
+    p.partial_max[partial_row + threadIdx.x] = sm.m[threadIdx.x];
+    p.partial_sum[partial_row + threadIdx.x] = sm.l[threadIdx.x];
+  }
+}
+
+// ---- Launchers ----------------------------------------------------------------------------------
+
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream) {
+  if (params.num_items == 0) return cudaSuccess;
+  const dim3 grid(params.num_items, params.kv.num_kv_heads, 1);
+  PrefillKernel<kKv, kHeadDim><<<grid, kAttentionThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks,
+                              cudaStream_t stream) {
+  if (params.num_items == 0) return cudaSuccess;
+  const dim3 grid(params.num_items, params.kv.num_kv_heads, row_blocks);
+  PagedDecodeKernel<kKv, kHeadDim><<<grid, kAttentionThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+// One instantiation set per KV type: the two supported head dims.
+#define ATTNSERVE_INSTANTIATE_ATTENTION(KV)                                                   \
+  template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t);          \
+  template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t);         \
+  template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
+  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_

@@ -1,0 +1,135 @@
+// Plain parameter structs of the CUDA attention kernels, shared by the host planner (C++20) and
+// the kernels (nvcc, C++17). Nothing here includes absl or allocates: the host fills these once per
+// call from its plan (kernels/cuda/cuda_layer.cc) and the launchers take them by value.
+//
+// Conventions: every pointer is device memory; shapes are in elements of the pointee type; a
+// "row" is one token of the batch; head h of a row belongs to KV head h / group.
+#ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PARAMS_H_
+#define ATTNSERVE_KERNELS_CUDA_ATTENTION_PARAMS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTNSERVE_HD __host__ __device__
+#else
+#define ATTNSERVE_HD
+#endif
+
+namespace attnserve::cuda {
+
+// Element type of KV pages (mirrors attnserve::DType without pulling its absl header into nvcc).
+enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Which keys a query may see: the device twin of MaskPolicy (kernels/cpu/attention_policy.h),
+// with the same semantics (Mistral sliding window: query i sees i - W < j <= i).
+struct MaskSpec {
+  int causal = 1;
+  int window = 0;  // Tokens; 0 = unlimited.
+
+  // Half-open [*begin, *end) of keys visible to query index `query` of a `length`-token sequence.
+  ATTNSERVE_HD void VisibleKeys(int query, int length, int* begin, int* end) const {
+    if (!causal) {
+      *begin = 0;
+      *end = length;
+      return;
+    }
+    *begin = (window > 0 && query - window + 1 > 0) ? query - window + 1 : 0;
+    *end = query + 1;
+  }
+};
+
+// The device page table of a batch (FlashInfer's paged_kv_t idea): the pages of every sequence of
+// the batch flattened into one array, each entry the page's byte offset from the pool base, or -1
+// for a page a sliding window evicted (never read: it lies outside every query's window).
+// Page layout (as GqaLayer::MakePageLayout on the CPU): [K|V][num_kv_heads][page_size][head_dim].
+struct PagedKv {
+  void* pool = nullptr;                   // Device page pool base.
+  const int64_t* page_offsets = nullptr;  // [pages of all sequences] bytes from `pool`, or -1.
+  int page_size = 0;                      // Tokens per page.
+  int num_kv_heads = 0;
+  int head_dim = 0;
+
+  // Element index within a page of (kv_head, slot)'s key row; the value row is value_offset() on.
+  ATTNSERVE_HD int64_t KeyElement(int kv_head, int slot) const {
+    return (int64_t{kv_head} * page_size + slot) * head_dim;
+  }
+  ATTNSERVE_HD int64_t ValueOffset() const { return int64_t{num_kv_heads} * page_size * head_dim; }
+};
+
+// One sequence of the batch.
+struct SequenceDesc {
+  int first_row = 0;    // Batch row of its first new token.
+  int num_new = 0;      // New tokens (rows) in this call.
+  int first_index = 0;  // Index within the sequence of the first new token.
+  int length = 0;       // Tokens cached including the new ones.
+  int first_page = 0;   // Index of its page 0 in PagedKv::page_offsets.
+};
+
+// RoPE on q and k, then K/V written to the pages (both RoPE layouts; none when rotary_dim == 0).
+struct RopeAppendParams {
+  float* qkv = nullptr;          // [rows, qkv_stride]: q heads, k heads, v heads (bias included).
+  int64_t qkv_stride = 0;        // num_heads * head_dim + 2 * num_kv_heads * head_dim.
+  const int64_t* positions = nullptr;   // [rows] RoPE positions.
+  const int* row_sequence = nullptr;    // [rows] index into `sequences` of each row.
+  const SequenceDesc* sequences = nullptr;  // [batch]
+  const double* inv_freq = nullptr;     // [rotary_dim / 2] theta^(-2i/rotary_dim), fp64 as the CPU.
+  int rows = 0;
+  int num_heads = 0;
+  int rotary_dim = 0;      // 0 = no RoPE.
+  int interleaved = 0;     // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
+  KvType kv_type = KvType::kF32;
+  PagedKv kv;
+};
+
+// A block's share of an attention call: query rows of one sequence and KV head, and a key range.
+struct WorkItem {
+  int sequence = 0;   // Index into `sequences`.
+  int row_begin = 0;  // Prefill: flattened (token, group head) rows [row_begin, row_end) of the
+  int row_end = 0;    //   sequence's new tokens, row = token * group + g. Decode: unused (0).
+  int key_begin = 0;  // Keys [key_begin, key_end) this block reads (decode: one KV split).
+  int key_end = 0;
+};
+
+struct AttentionParams {
+  const float* q = nullptr;  // [rows, q_stride]; head h at q + row * q_stride + h * head_dim.
+  int64_t q_stride = 0;
+  float* out = nullptr;      // [rows, num_heads * head_dim], normalised attention output.
+  int num_heads = 0;
+  int group = 0;             // Query heads per KV head.
+  float scale = 1.0f;        // Multiplies q.k.
+  MaskSpec mask;
+  PagedKv kv;
+  const SequenceDesc* sequences = nullptr;  // [batch]
+  int batch = 0;
+  const WorkItem* items = nullptr;          // [num_items]; grid.x = num_items.
+  int num_items = 0;
+  // Split-KV decode only: each item writes unnormalised partial softmax states, and the combine
+  // kernel merges the items of one sequence (items of sequence b are [item_begin[b],
+  // item_begin[b + 1])).
+  float* partial_max = nullptr;  // [num_items, num_heads]
+  float* partial_sum = nullptr;  // [num_items, num_heads]
+  float* partial_acc = nullptr;  // [num_items, num_heads, head_dim]
+  const int* item_begin = nullptr;  // [batch + 1]
+};
+
+// Query rows per block and the launch shape of the attention kernels.
+inline constexpr int kAttentionRowsPerBlock = 16;
+inline constexpr int kAttentionThreads = 128;
+
+// Launchers (helpers -> kernel -> launcher live in attention/*.cuh; one .cu per KV type holds the
+// instantiations). They return the launch error; the caller turns it into an absl::Status.
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cudaStream_t stream);
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream);
+cudaError_t LaunchCombineSplits(const AttentionParams& params, cudaStream_t stream);
+cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream);
+// dst[r, :] = bias for r < rows (before a GEMM with beta = 1).
+cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols,
+                                cudaStream_t stream);
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_ATTENTION_PARAMS_H_

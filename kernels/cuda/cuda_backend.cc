@@ -1,0 +1,105 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/cuda/cublas_api.h"
+#include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/cuda_layer.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace attnserve {
+
+namespace {
+
+constexpr int kMaxPageSize = 4096;
+
+class CudaBackend : public AttentionBackend {
+ public:
+  CudaBackend(cuda::CudaContext context, CudaDeviceInfo device)
+      : context_(std::move(context)), device_(std::move(device)) {}
+
+  absl::string_view name() const override { return "cuda"; }
+
+  std::string device_description() const override {
+    return absl::StrFormat("%s (sm_%d, %d SMs, %.1f GiB), KV pool %.2f GiB, %s", device_.name,
+                           device_.compute_capability, device_.multiprocessors,
+                           device_.total_memory_bytes / double(1 << 30),
+                           context_.pool->capacity_bytes() / double(1 << 30),
+                           context_.cublas->library);
+  }
+
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
+      const LayerSpec& spec, const LayerWeights& weights,
+      const KvCacheConfig& kv_config) override {
+    if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+    if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+    if (spec.variant == AttentionVariant::kMLA) {
+      return absl::UnimplementedError(
+          "the CUDA backend does not serve MLA yet (CUDA part 2); use --backend=cpu for MLA");
+    }
+    KvCacheConfig config = kv_config;
+    if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
+    if (config.page_size < 1 || config.page_size > kMaxPageSize) {
+      return absl::InvalidArgumentError(absl::StrCat("page_size = ", config.page_size,
+                                                     ": must be in [1, ", kMaxPageSize, "]"));
+    }
+    if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_pages = ", config.max_pages, ": must be in [1, 2^31 - 1]"));
+    }
+    if (absl::Status s = cuda::CheckAttentionSupported(config.dtype, spec.head_dim); !s.ok()) {
+      return s;
+    }
+    return cuda::CudaGqaLayer::Create(spec, weights, config, context_);
+  }
+
+ private:
+  cuda::CudaContext context_;
+  CudaDeviceInfo device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
+    const CudaBackendOptions& options) {
+  absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
+  if (!devices.ok()) return devices.status();
+  if (options.device < 0 || options.device >= static_cast<int>(devices->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, ": ",
+                                                   devices->size(), " device(s) are visible"));
+  }
+  const CudaDeviceInfo& device = (*devices)[options.device];
+  if (device.compute_capability < 80) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", options.device, " (", device.name, ") has compute capability ",
+        device.compute_capability, "; the kernels are built for sm_80 and sm_90"));
+  }
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
+  absl::StatusOr<const cuda::CublasApi*> cublas = cuda::LoadCublas();
+  if (!cublas.ok()) return cublas.status();
+  int64_t pool_bytes = options.kv_pool_bytes;
+  if (pool_bytes <= 0) {
+    if (!(options.kv_pool_fraction > 0.0 && options.kv_pool_fraction <= 0.95)) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_pool_fraction = ",
+                                                     options.kv_pool_fraction,
+                                                     ": must be in (0, 0.95]"));
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    pool_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_pool_fraction);
+  }
+  absl::StatusOr<std::unique_ptr<cuda::DeviceSlabPool>> pool = cuda::DeviceSlabPool::Create(
+      pool_bytes, options.slab_bytes, options.poison_for_testing);
+  if (!pool.ok()) return pool.status();
+  cuda::CudaContext context;
+  context.device = options.device;
+  context.multiprocessors = device.multiprocessors;
+  context.cublas = *cublas;
+  context.pool = std::shared_ptr<cuda::DeviceSlabPool>(std::move(*pool));
+  return std::make_unique<CudaBackend>(std::move(context), device);
+}
+
+}  // namespace attnserve

@@ -1,0 +1,474 @@
+#include "kernels/cuda/cuda_layer.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace attnserve::cuda {
+
+namespace {
+
+// A KV split shorter than this costs more in its combine than it saves (as the CPU's decode).
+constexpr int64_t kMinKeysPerSplit = 256;
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the sections of one call's workspace.
+struct Section {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+class SectionLayout {
+ public:
+  Section Add(size_t bytes) {
+    Section s{total_, bytes};
+    total_ += AlignUp(bytes);
+    return s;
+  }
+  size_t total() const { return total_; }
+
+ private:
+  size_t total_ = 0;
+};
+
+absl::Status CheckHidden(const LayerSpec& spec, const Tensor& hidden, int64_t rows) {
+  // Same contract and messages as CpuLayer (kernels/cpu/cpu_layer.cc).
+  if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ",
+                                                   ShapeString(hidden.shape()), ", expected [",
+                                                   rows, ", ", spec.d_model, "]"));
+  }
+  if (hidden.num_bytes() != static_cast<size_t>(rows * spec.d_model) * DTypeSize(hidden.dtype())) {
+    return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
+  if (positions.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(positions.size()) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("positions has ", positions.size(),
+                                                   " entries, expected one per token (", rows,
+                                                   ") or none"));
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("positions[", i, "] = ", positions[i], ", must be >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Upload(DeviceBuffer& buffer, const std::vector<float>& values) {
+  if (values.empty()) return absl::OkStatus();
+  if (absl::Status s = buffer.EnsureBytes(values.size() * sizeof(float)); !s.ok()) return s;
+  return CudaStatus(cudaMemcpy(buffer.data(), values.data(), values.size() * sizeof(float),
+                               cudaMemcpyHostToDevice),
+                    "uploading weights");
+}
+
+std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
+  auto it = weights.find(name);
+  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
+}
+
+}  // namespace
+
+CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
+                           const CudaContext& context, int64_t page_bytes)
+    : spec_(spec),
+      kv_config_(kv_config),
+      context_(context),
+      q_width_(spec.num_heads * spec.head_dim),
+      kv_width_(spec.num_kv_heads * spec.head_dim),
+      qkv_width_(q_width_ + 2 * kv_width_),
+      sequences_(kv_config.page_size, page_bytes, kv_config.max_pages, kv_config.budget,
+                 spec.causal, spec.sliding_window),
+      store_(context.pool, page_bytes) {}
+
+CudaGqaLayer::~CudaGqaLayer() {
+  cudaSetDevice(context_.device);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) context_.cublas->destroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(
+    const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config,
+    const CudaContext& context) {
+  const int64_t page_bytes = KvBytesPerToken(spec, kv_config.dtype) * kv_config.page_size;
+  if (page_bytes > context.pool->slab_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size = ", kv_config.page_size, ": one page takes ", page_bytes,
+        " bytes, more than the CUDA pool's slab of ", context.pool->slab_bytes(), " bytes"));
+  }
+  std::unique_ptr<CudaGqaLayer> layer(new CudaGqaLayer(spec, kv_config, context, page_bytes));
+  if (absl::Status s = layer->Init(weights); !s.ok()) return s;
+  return std::unique_ptr<AttentionLayer>(std::move(layer));
+}
+
+absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                 "creating the layer's stream");
+  if (absl::Status s = CublasStatus(context_.cublas->create(&cublas_), "cublasCreate"); !s.ok()) {
+    cublas_ = nullptr;
+    return s;
+  }
+  if (absl::Status s = CublasStatus(context_.cublas->set_stream(cublas_, stream_),
+                                    "cublasSetStream");
+      !s.ok()) {
+    return s;
+  }
+  // Plain fp32 (no TF32): the projections must match the CPU engine to fp32 rounding.
+  if (absl::Status s =
+          CublasStatus(context_.cublas->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "math mode");
+      !s.ok()) {
+    return s;
+  }
+  // [Wq; Wk; Wv] stacked: one GEMM gives q, k and v side by side in each row.
+  std::vector<float> wqkv = weights.at("q_proj.weight").ToFloats();
+  for (const char* name : {"k_proj.weight", "v_proj.weight"}) {
+    const std::vector<float> w = weights.at(name).ToFloats();
+    wqkv.insert(wqkv.end(), w.begin(), w.end());
+  }
+  if (absl::Status s = Upload(wqkv_, wqkv); !s.ok()) return s;
+  if (spec_.qkv_bias) {
+    std::vector<float> bqkv = FloatsOrEmpty(weights, "q_proj.bias");
+    for (const char* name : {"k_proj.bias", "v_proj.bias"}) {
+      const std::vector<float> b = FloatsOrEmpty(weights, name);
+      bqkv.insert(bqkv.end(), b.begin(), b.end());
+    }
+    if (absl::Status s = Upload(bqkv_, bqkv); !s.ok()) return s;
+  }
+  if (absl::Status s = Upload(wo_, weights.at("o_proj.weight").ToFloats()); !s.ok()) return s;
+  if (spec_.o_bias) {
+    if (absl::Status s = Upload(bo_, FloatsOrEmpty(weights, "o_proj.bias")); !s.ok()) return s;
+  }
+  const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
+  if (rotary > 0) {
+    // theta^(-2i/rotary_dim) in fp64, exactly as RotaryEmbedding on the CPU.
+    std::vector<double> inv_freq(static_cast<size_t>(rotary / 2));
+    for (int i = 0; i < rotary / 2; ++i) inv_freq[i] = std::pow(spec_.rope_theta, -2.0 * i / rotary);
+    if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),
+                   cudaMemcpyHostToDevice),
+        "uploading RoPE frequencies");
+  }
+  return absl::OkStatus();
+}
+
+SequenceId CudaGqaLayer::CreateSequence() {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Create();
+}
+
+absl::Status CudaGqaLayer::ReleaseSequence(SequenceId sequence) {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Release(sequence);
+}
+
+absl::StatusOr<int64_t> CudaGqaLayer::SequenceLength(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Length(sequence);
+}
+
+KvPoolUsage CudaGqaLayer::PoolUsage() const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Usage();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
+                                             const Tensor& hidden,
+                                             absl::Span<const int64_t> positions) {
+  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> counts;
+  for (const PrefillChunk& chunk : chunks) {
+    ids.push_back(chunk.sequence);
+    counts.push_back(chunk.num_tokens);
+  }
+  return Run(hidden, ids, counts, positions, /*decode=*/false);
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Decode(absl::Span<const SequenceId> sequences,
+                                            const Tensor& hidden,
+                                            absl::Span<const int64_t> positions) {
+  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
+  const std::vector<int64_t> ones(sequences.size(), 1);
+  return Run(hidden, sequences, ones, positions, /*decode=*/true);
+}
+
+absl::Status CudaGqaLayer::CommitPages(absl::Span<const int32_t> pages) {
+  if (absl::Status s = store_.Commit(pages); !s.ok()) return s;
+  if (!context_.pool->poison()) return absl::OkStatus();
+  for (int32_t page : pages) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(static_cast<char*>(store_.pool_base()) + store_.PageOffset(page), 0xFF,
+                        static_cast<size_t>(store_.page_bytes()), stream_),
+        "poisoning new KV pages");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
+                                         absl::Span<const int64_t> counts,
+                                         absl::Span<const int64_t> positions, bool decode) {
+  int64_t rows = 0;
+  for (int64_t count : counts) rows += count;
+  if (absl::Status s = CheckHidden(spec_, hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  std::vector<BatchSequence> batch;
+  if (absl::Status s = sequences_.Reserve(
+          ids, counts, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
+          batch);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Tensor> out = Compute(hidden, batch, positions, decode);
+  if (!out.ok()) {
+    sequences_.Rollback(batch);
+    return out.status();
+  }
+  for (const BatchSequence& seq : batch) sequences_.EvictOutsideWindow(*seq.table);
+  return out;
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
+                                             const std::vector<BatchSequence>& batch,
+                                             absl::Span<const int64_t> positions, bool decode) {
+  const int64_t rows = hidden.dim(0);
+  const int num_seqs = static_cast<int>(batch.size());
+  const int heads = spec_.num_heads, kv_heads = spec_.num_kv_heads, head_dim = spec_.head_dim;
+  const int group = heads / kv_heads;
+  const int row_blocks = (group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
+  const MaskSpec mask{spec_.causal ? 1 : 0, spec_.sliding_window};
+  if (rows > INT_MAX / std::max(qkv_width_, spec_.d_model)) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
+  }
+
+  // ---- Plan on the host ---------------------------------------------------------------------
+  std::vector<int64_t> resolved(static_cast<size_t>(rows));
+  std::vector<int> row_sequence(static_cast<size_t>(rows));
+  std::vector<SequenceDesc> descs;
+  std::vector<int64_t> page_offsets;
+  std::vector<WorkItem> items;
+  std::vector<int> item_begin;
+  // Decode: enough blocks for two waves over the SMs, but no split under kMinKeysPerSplit keys.
+  const int64_t blocks_per_split = int64_t{num_seqs} * kv_heads * row_blocks;
+  const int64_t wanted_splits =
+      std::max<int64_t>(1, (2 * int64_t{context_.multiprocessors} + blocks_per_split - 1) /
+                               blocks_per_split);
+  for (int b = 0; b < num_seqs; ++b) {
+    const BatchSequence& seq = batch[b];
+    const PageTable& table = *seq.table;
+    if (table.num_tokens > INT_MAX) {
+      return absl::InvalidArgumentError("sequence longer than 2^31 - 1 tokens");
+    }
+    SequenceDesc desc;
+    desc.first_row = static_cast<int>(seq.first_row);
+    desc.num_new = static_cast<int>(seq.num_new);
+    desc.first_index = static_cast<int>(seq.first_index);
+    desc.length = static_cast<int>(table.num_tokens);
+    desc.first_page = static_cast<int>(page_offsets.size());
+    descs.push_back(desc);
+    for (int32_t page : table.pages) {
+      page_offsets.push_back(page == kEvictedPage ? -1 : store_.PageOffset(page));
+    }
+    for (int64_t i = 0; i < seq.num_new; ++i) {
+      resolved[seq.first_row + i] =
+          positions.empty() ? seq.first_index + i : positions[seq.first_row + i];
+      row_sequence[seq.first_row + i] = b;
+    }
+    item_begin.push_back(static_cast<int>(items.size()));
+    if (decode) {
+      int key_begin, key_end;
+      mask.VisibleKeys(desc.length - 1, desc.length, &key_begin, &key_end);
+      const int64_t num_keys = key_end - key_begin;
+      const int64_t splits =
+          std::clamp<int64_t>(num_keys / kMinKeysPerSplit, 1, wanted_splits);
+      for (int64_t s = 0; s < splits; ++s) {
+        WorkItem item;
+        item.sequence = b;
+        item.key_begin = static_cast<int>(key_begin + num_keys * s / splits);
+        item.key_end = static_cast<int>(key_begin + num_keys * (s + 1) / splits);
+        items.push_back(item);
+      }
+    } else {
+      // Flattened rows (token, group head), kAttentionRowsPerBlock per block; the block reads the
+      // union of its rows' visible keys (masks are monotone in the query index).
+      const int flat_rows = desc.num_new * group;
+      for (int r = 0; r < flat_rows; r += kAttentionRowsPerBlock) {
+        WorkItem item;
+        item.sequence = b;
+        item.row_begin = r;
+        item.row_end = std::min(flat_rows, r + kAttentionRowsPerBlock);
+        int begin_lo, begin_hi, end_lo, end_hi;
+        mask.VisibleKeys(desc.first_index + r / group, desc.length, &begin_lo, &begin_hi);
+        mask.VisibleKeys(desc.first_index + (item.row_end - 1) / group, desc.length, &end_lo,
+                         &end_hi);
+        item.key_begin = begin_lo;
+        item.key_end = end_hi;
+        items.push_back(item);
+      }
+    }
+  }
+  item_begin.push_back(static_cast<int>(items.size()));
+  const int num_items = static_cast<int>(items.size());
+
+  // ---- Workspace: [upload | activations | partials]; staging: [upload | output] ----------------
+  SectionLayout up;
+  const Section s_x = up.Add(sizeof(float) * rows * spec_.d_model);
+  const Section s_pos = up.Add(sizeof(int64_t) * rows);
+  const Section s_rowseq = up.Add(sizeof(int) * rows);
+  const Section s_desc = up.Add(sizeof(SequenceDesc) * descs.size());
+  const Section s_pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, page_offsets.size()));
+  const Section s_items = up.Add(sizeof(WorkItem) * items.size());
+  const Section s_ibegin = up.Add(sizeof(int) * item_begin.size());
+  const size_t upload_bytes = up.total();
+  SectionLayout dev = up;
+  const Section s_qkv = dev.Add(sizeof(float) * rows * qkv_width_);
+  const Section s_attn = dev.Add(sizeof(float) * rows * q_width_);
+  const Section s_out = dev.Add(sizeof(float) * rows * spec_.d_model);
+  const int64_t partial_rows = decode ? int64_t{num_items} * heads : 0;
+  const Section s_pmax = dev.Add(sizeof(float) * partial_rows);
+  const Section s_psum = dev.Add(sizeof(float) * partial_rows);
+  const Section s_pacc = dev.Add(sizeof(float) * partial_rows * head_dim);
+  if (absl::Status s = workspace_.EnsureBytes(dev.total()); !s.ok()) return s;
+  if (absl::Status s = staging_.EnsureBytes(upload_bytes + AlignUp(s_out.bytes)); !s.ok()) {
+    return s;
+  }
+  std::byte* host = staging_.data();
+  auto* device = static_cast<std::byte*>(workspace_.data());
+  auto put = [&](const Section& section, const void* src) {
+    if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
+  };
+  {
+    const std::vector<float> x = hidden.ToFloats();
+    put(s_x, x.data());
+  }
+  put(s_pos, resolved.data());
+  put(s_rowseq, row_sequence.data());
+  put(s_desc, descs.data());
+  if (!page_offsets.empty()) put(s_pages, page_offsets.data());
+  put(s_items, items.data());
+  put(s_ibegin, item_begin.data());
+  auto dptr = [&](const Section& section) { return device + section.offset; };
+  auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
+
+  // ---- Run on the stream ----------------------------------------------------------------------
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, host, upload_bytes, cudaMemcpyHostToDevice, stream_),
+      "uploading the batch");
+  if (context_.pool->poison()) {
+    const size_t begin = s_qkv.offset, end = dev.total();
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
+                                   "poisoning the workspace");
+  }
+  const float one = 1.0f, zero = 0.0f;
+  const int m_rows = static_cast<int>(rows);
+  // qkv[rows, qkv_width] = x . Wqkv^T (+ bias): column-major qkv^T = Wqkv^T(op T) . x^T.
+  if (spec_.qkv_bias) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchBroadcastRows(fptr(s_qkv), static_cast<float*>(bqkv_.data()),
+                                                       m_rows, qkv_width_, stream_),
+                                   "qkv bias");
+  }
+  if (absl::Status s = CublasStatus(
+          context_.cublas->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, qkv_width_, m_rows,
+                                 spec_.d_model, &one, static_cast<const float*>(wqkv_.data()),
+                                 spec_.d_model, fptr(s_x), spec_.d_model,
+                                 spec_.qkv_bias ? &one : &zero, fptr(s_qkv), qkv_width_),
+          "qkv projection");
+      !s.ok()) {
+    return s;
+  }
+  PagedKv kv;
+  kv.pool = store_.pool_base();
+  kv.page_offsets = reinterpret_cast<const int64_t*>(dptr(s_pages));
+  kv.page_size = kv_config_.page_size;
+  kv.num_kv_heads = kv_heads;
+  kv.head_dim = head_dim;
+  const auto* d_descs = reinterpret_cast<const SequenceDesc*>(dptr(s_desc));
+
+  RopeAppendParams rope;
+  rope.qkv = fptr(s_qkv);
+  rope.qkv_stride = qkv_width_;
+  rope.positions = reinterpret_cast<const int64_t*>(dptr(s_pos));
+  rope.row_sequence = reinterpret_cast<const int*>(dptr(s_rowseq));
+  rope.sequences = d_descs;
+  rope.inv_freq = static_cast<const double*>(inv_freq_.data());
+  rope.rows = m_rows;
+  rope.num_heads = heads;
+  rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
+  rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
+  rope.kv_type = ToKvType(kv_config_.dtype);
+  rope.kv = kv;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
+
+  AttentionParams attn;
+  attn.q = fptr(s_qkv);
+  attn.q_stride = qkv_width_;
+  attn.out = fptr(s_attn);
+  attn.num_heads = heads;
+  attn.group = group;
+  attn.scale = EffectiveSoftmaxScale(spec_);
+  attn.mask = mask;
+  attn.kv = kv;
+  attn.sequences = d_descs;
+  attn.batch = num_seqs;
+  attn.items = reinterpret_cast<const WorkItem*>(dptr(s_items));
+  attn.num_items = num_items;
+  if (decode) {
+    attn.partial_max = fptr(s_pmax);
+    attn.partial_sum = fptr(s_psum);
+    attn.partial_acc = fptr(s_pacc);
+    attn.item_begin = reinterpret_cast<const int*>(dptr(s_ibegin));
+    if (absl::Status s =
+            RunDecodeAttention(kv_config_.dtype, head_dim, attn, row_blocks, stream_);
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = RunPrefillAttention(kv_config_.dtype, head_dim, attn, stream_);
+             !s.ok()) {
+    return s;
+  }
+
+  // out[rows, d_model] = attn . Wo^T (+ bias)
+  if (spec_.o_bias) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchBroadcastRows(fptr(s_out), static_cast<float*>(bo_.data()),
+                                                       m_rows, spec_.d_model, stream_),
+                                   "o bias");
+  }
+  if (absl::Status s = CublasStatus(
+          context_.cublas->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, spec_.d_model, m_rows,
+                                 q_width_, &one, static_cast<const float*>(wo_.data()), q_width_,
+                                 fptr(s_attn), q_width_, spec_.o_bias ? &one : &zero, fptr(s_out),
+                                 spec_.d_model),
+          "output projection");
+      !s.ok()) {
+    return s;
+  }
+  std::byte* host_out = host + upload_bytes;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_out, dptr(s_out), s_out.bytes, cudaMemcpyDeviceToHost, stream_),
+      "downloading the output");
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "running the batch");
+
+  Tensor out(DType::kF32, {rows, spec_.d_model});
+  std::memcpy(out.data(), host_out, s_out.bytes);
+  return out.CastTo(hidden.dtype());
+}
+
+}  // namespace attnserve::cuda

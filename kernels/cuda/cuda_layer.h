@@ -1,0 +1,85 @@
+// An MHA/MQA/GQA layer on the GPU. Per call: validate and reserve pages (KvSequenceTable, shared
+// with the CPU backend), plan the batch on the host (page table, work items, split-KV plan) into
+// one pinned buffer, upload it with one copy, then run on the layer's stream:
+//   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS sgemm
+//   RoPE(q, k); k, v -> pages              RopeAppendKernel
+//   attention                              PrefillKernel | PagedDecodeKernel + combine
+//   out = attn . Wo^T (+ bias)             cuBLAS sgemm
+// and copy the output back. A failure after the reservation rolls it back, so calls stay
+// all-or-nothing as on the CPU.
+#ifndef ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
+#define ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cublas_api.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/kv_sequence_table.h"
+
+namespace attnserve::cuda {
+
+struct CudaContext {
+  int device = 0;
+  int multiprocessors = 0;
+  const CublasApi* cublas = nullptr;
+  std::shared_ptr<DeviceSlabPool> pool;
+};
+
+class CudaGqaLayer : public AttentionLayer {
+ public:
+  // Spec, weights and config must be validated (the backend does); uploads the weights.
+  static absl::StatusOr<std::unique_ptr<AttentionLayer>> Create(
+      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config,
+      const CudaContext& context);
+  ~CudaGqaLayer() override;
+
+  const LayerSpec& spec() const override { return spec_; }
+  const KvCacheConfig& kv_config() const override { return kv_config_; }
+  SequenceId CreateSequence() override;
+  absl::Status ReleaseSequence(SequenceId sequence) override;
+  absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const override;
+  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
+                                 absl::Span<const int64_t> positions) override;
+  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
+                                absl::Span<const int64_t> positions) override;
+  KvPoolUsage PoolUsage() const override;
+
+ private:
+  CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
+               int64_t page_bytes);
+  absl::Status Init(const LayerWeights& weights);
+  absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
+                             absl::Span<const int64_t> counts,
+                             absl::Span<const int64_t> positions, bool decode);
+  // Plans and runs one reserved batch; on error the caller rolls the reservation back.
+  absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
+                                 absl::Span<const int64_t> positions, bool decode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitPages(absl::Span<const int32_t> pages);
+
+  const LayerSpec spec_;
+  const KvCacheConfig kv_config_;
+  const CudaContext context_;
+  const int q_width_;    // num_heads * head_dim
+  const int kv_width_;   // num_kv_heads * head_dim
+  const int qkv_width_;  // q_width_ + 2 * kv_width_
+
+  mutable absl::Mutex mu_;  // One call at a time per layer.
+  KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);
+  DevicePageStore store_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer wqkv_, bqkv_, wo_, bo_, inv_freq_;  // Weights; biases empty when absent.
+  DeviceBuffer workspace_;   // Upload region, activations and split-KV partials of one call.
+  PinnedBuffer staging_;     // Host side of the upload and of the output.
+};
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark HERE (where gRPC, abseil, OpenBLAS and GoogleTest are
+# installed) and copies them, with every shared library they load that is not part of glibc, into
+# .gpu-bundle/ at the repository root (git-ignored). tests/gpu/run.sh runs that bundle on the lent
+# GPU machine, which has the NVIDIA driver, nvcc, CMake and PyTorch but none of our Debian
+# libraries and no package registry.
+#
+#   tests/gpu/bundle.sh [BUILD_DIR]      (default build-cuda; configured with -DATTNSERVE_CUDA=ON)
+# then, with the device tool: carry [".gpu-bundle"], command "tests/gpu/run.sh".
+#
+# cudart is linked statically and cuBLAS is dlopen'ed, so neither is bundled: run.sh finds the
+# GPU machine's own libcublas (CUDA toolkit or the PyTorch wheel's nvidia/cublas/lib).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD="${1:-${ROOT}/build-cuda}"
+cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
+ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench
+OUT="${ROOT}/.gpu-bundle"
+rm -rf "${OUT}"
+mkdir -p "${OUT}/lib"
+for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench; do
+  cp "${BUILD}/${bin}" "${OUT}/"
+  # Every resolved library except glibc's own pieces (the GPU machine's glibc is as new or newer).
+  ldd "${BUILD}/${bin}" | awk '/=> \//{print $3}' |
+    grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "${lib}" "${OUT}/lib/"; done
+done
+if ldd "${OUT}/cuda_backend_test" | grep -q cublas; then
+  echo "bundle.sh: cuda_backend_test has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
+  exit 1
+fi
+du -sh "${OUT}"
+echo "bundle ready: ${OUT} (carry it as .gpu-bundle)"

@@ -1,0 +1,334 @@
+// The CUDA backend against the CPU engine: every variant it serves (MHA, MQA, GQA with small and
+// large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64 and 128) x KV
+// dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill, decode).
+//
+// Each case draws fresh random weights and inputs (the seed is printed), runs the same calls on
+// both engines and compares every call's output by ||gpu - cpu|| / ||cpu||. The GPU backend runs
+// with poison_for_testing: its pool and every new page are NaN before K/V are written and its
+// workspace outputs are NaN before each call, so an unread-but-used slot or an unwritten output
+// becomes NaN and fails (NaN never passes a bound). Lengths cross the page (16, and 5 in one
+// case), key-tile (16/32), query-tile (16 rows) and window (40) edges; batches are ragged; one
+// sequence is long enough for split-KV decode.
+//
+// Tolerances (relative 2-norm, per call):
+//   f32 KV, f32 I/O:   1e-4  both fp32; cuBLAS vs OpenBLAS and different summation orders.
+//   bf16 KV, bf16 I/O: 1e-2  the CPU engine also caches bf16 (same RNE rounding of the same
+//                            fp32 K/V up to projection rounding); output rounding to bf16 is
+//                            2^-9 relative per element.
+//   f16 KV, f16 I/O:   4e-3  the CPU engine has no f16 cache, so it keeps f32 K/V: f16 rounding
+//                            of K/V (2^-11 relative) and of the output.
+//
+// Without a usable CUDA device (CI) every test SKIPS with the reason. A summary table is printed
+// after all tests.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/layer_spec.h"
+#include "kernels/layer_weights.h"
+#include "tests/reference/attention_reference.h"
+
+namespace attnserve {
+namespace {
+
+using reference::RandomHidden;
+using reference::RelativeError;
+using reference::ToDoubles;
+using reference::ToTensor;
+
+struct SummaryRow {
+  std::string name;
+  std::string kv;
+  std::string phase;
+  int calls = 0;
+  double worst = 0.0;
+  double bound = 0.0;
+};
+
+std::vector<SummaryRow>& Summary() {
+  static auto* rows = new std::vector<SummaryRow>();
+  return *rows;
+}
+
+// One backend for the whole binary (its pool is allocated once); null with the reason when there
+// is no usable device.
+struct GpuBackend {
+  std::unique_ptr<AttentionBackend> backend;
+  std::string why_not;
+};
+
+GpuBackend& Gpu() {
+  static GpuBackend* gpu = [] {
+    auto* g = new GpuBackend;
+    CudaBackendOptions options;
+    options.kv_pool_bytes = int64_t{1} << 30;
+    options.poison_for_testing = true;
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCudaBackend(options);
+    if (backend.ok()) {
+      g->backend = std::move(*backend);
+      std::printf("[cuda] %s\n", g->backend->device_description().c_str());
+    } else {
+      g->why_not = backend.status().ToString();
+    }
+    return g;
+  }();
+  return *gpu;
+}
+
+#define SKIP_WITHOUT_GPU()                                                              \
+  if (Gpu().backend == nullptr) {                                                       \
+    GTEST_SKIP() << "no usable CUDA device, GPU checks skipped: " << Gpu().why_not;    \
+  }
+
+struct GpuCase {
+  std::string name;
+  LayerSpec spec;
+  int page_size = 16;
+};
+
+LayerSpec Spec(int heads, int kv_heads, int head_dim, RopeLayout rope) {
+  LayerSpec spec;
+  spec.variant = kv_heads == heads ? AttentionVariant::kMHA
+                 : kv_heads == 1   ? AttentionVariant::kMQA
+                                   : AttentionVariant::kGQA;
+  spec.d_model = 256;
+  spec.num_heads = heads;
+  spec.num_kv_heads = kv_heads;
+  spec.head_dim = head_dim;
+  spec.rope = rope;
+  return spec;
+}
+
+std::vector<GpuCase> Cases() {
+  std::vector<GpuCase> cases;
+  cases.push_back({"mha_hd64_half", Spec(4, 4, 64, RopeLayout::kHalf)});
+  {
+    LayerSpec s = Spec(4, 4, 128, RopeLayout::kInterleaved);
+    s.qkv_bias = s.o_bias = true;
+    cases.push_back({"mha_hd128_interleaved_bias", s});
+  }
+  cases.push_back({"gqa4x2_hd128_half", Spec(8, 2, 128, RopeLayout::kHalf)});
+  cases.push_back({"mqa8_hd64_norope_page5", Spec(8, 1, 64, RopeLayout::kNone), 5});
+  // Group of 32 > 16 rows per block: decode splits the group over grid.z.
+  cases.push_back({"mqa32_hd64_half", Spec(32, 1, 64, RopeLayout::kHalf)});
+  {
+    LayerSpec s = Spec(8, 2, 64, RopeLayout::kHalf);
+    s.sliding_window = 40;
+    cases.push_back({"gqa_window40_hd64", s});
+  }
+  {
+    LayerSpec s = Spec(4, 4, 64, RopeLayout::kHalf);
+    s.causal = false;
+    s.softmax_scale = 0.05f;
+    cases.push_back({"mha_noncausal_scale_hd64", s});
+  }
+  return cases;
+}
+
+struct DtypeCase {
+  DType kv;
+  DType io;
+  DType cpu_kv;
+  double bound;
+};
+
+const DtypeCase kDtypes[] = {
+    {DType::kF32, DType::kF32, DType::kF32, 1e-4},
+    {DType::kBF16, DType::kBF16, DType::kBF16, 1e-2},
+    {DType::kF16, DType::kF16, DType::kF32, 4e-3},
+};
+
+class CudaVsCpuTest : public ::testing::TestWithParam<std::tuple<GpuCase, DtypeCase>> {};
+
+TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const GpuCase& c = std::get<0>(GetParam());
+  const DtypeCase& dt = std::get<1>(GetParam());
+  const uint64_t seed = std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::printf("[case] %s kv=%s seed=%" PRIu64 "\n", c.name.c_str(), std::string(DTypeName(dt.kv)).c_str(), seed);
+  std::mt19937_64 rng(seed);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  KvCacheConfig gpu_config{dt.kv, c.page_size, 4096, nullptr};
+  KvCacheConfig cpu_config{dt.cpu_kv, c.page_size, 4096, nullptr};
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu =
+      Gpu().backend->CreateLayer(c.spec, *weights, gpu_config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu =
+      (*cpu_backend)->CreateLayer(c.spec, *weights, cpu_config);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+
+  // Ragged lengths crossing pages (16, 5), key tiles (16/32), query tiles (16 rows), the window
+  // (40), and one sequence long enough (600 keys) for several decode splits.
+  const std::vector<int64_t> first = {1, 37, 70, 600};
+  const std::vector<int64_t> second = {17, 1, 33, 2};
+  std::vector<SequenceId> gpu_ids, cpu_ids;
+  for (size_t i = 0; i < first.size(); ++i) {
+    gpu_ids.push_back((*gpu)->CreateSequence());
+    cpu_ids.push_back((*cpu)->CreateSequence());
+  }
+  SummaryRow prefill{c.name, std::string(DTypeName(dt.kv)), "prefill", 0, 0.0, dt.bound};
+  SummaryRow decode{c.name, std::string(DTypeName(dt.kv)), "decode", 0, 0.0, dt.bound};
+  auto compare = [&](const Tensor& g, const Tensor& r, SummaryRow& row, const std::string& what) {
+    const double err = RelativeError(ToDoubles(g), ToDoubles(r));
+    ++row.calls;
+    row.worst = std::isnan(err) || std::isnan(row.worst) ? NAN : std::max(row.worst, err);
+    EXPECT_LE(err, dt.bound) << what;  // NaN fails.
+  };
+  const int d = c.spec.d_model;
+  // Two prefill calls per sequence (the second continues the cache), the second with explicit
+  // positions offset by 1000 for sequence 0.
+  for (int call = 0; call < 2; ++call) {
+    const std::vector<int64_t>& counts = call == 0 ? first : second;
+    std::vector<PrefillChunk> gpu_chunks, cpu_chunks;
+    int64_t rows = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      gpu_chunks.push_back({gpu_ids[i], counts[i]});
+      cpu_chunks.push_back({cpu_ids[i], counts[i]});
+      rows += counts[i];
+    }
+    const Tensor hidden = ToTensor(RandomHidden(rows, d, rng), {rows, d}, dt.io);
+    std::vector<int64_t> positions;
+    if (call == 1) {
+      for (size_t i = 0; i < counts.size(); ++i) {
+        const int64_t start = first[i] + (i == 0 ? 1000 : 0);
+        for (int64_t t = 0; t < counts[i]; ++t) positions.push_back(start + t);
+      }
+    }
+    absl::StatusOr<Tensor> g = (*gpu)->Prefill(gpu_chunks, hidden, positions);
+    absl::StatusOr<Tensor> r = (*cpu)->Prefill(cpu_chunks, hidden, positions);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(g->dtype(), dt.io);
+    compare(*g, *r, prefill, absl::StrCat("prefill call ", call));
+  }
+  // Decode: 24 steps of the whole batch (crosses a page and the window edge), then 5 steps of a
+  // sub-batch in another order.
+  for (int step = 0; step < 29; ++step) {
+    std::vector<size_t> which = {0, 1, 2, 3};
+    if (step >= 24) which = {3, 0};
+    std::vector<SequenceId> g_ids, c_ids;
+    for (size_t i : which) {
+      g_ids.push_back(gpu_ids[i]);
+      c_ids.push_back(cpu_ids[i]);
+    }
+    const int64_t rows = static_cast<int64_t>(which.size());
+    const Tensor hidden = ToTensor(RandomHidden(rows, d, rng), {rows, d}, dt.io);
+    absl::StatusOr<Tensor> g = (*gpu)->Decode(g_ids, hidden, {});
+    absl::StatusOr<Tensor> r = (*cpu)->Decode(c_ids, hidden, {});
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(r.ok()) << r.status();
+    compare(*g, *r, decode, absl::StrCat("decode step ", step));
+  }
+  // Same reservation and eviction logic (KvSequenceTable): the same pages in use.
+  EXPECT_EQ((*gpu)->PoolUsage().used_pages, (*cpu)->PoolUsage().used_pages);
+  for (size_t i = 0; i < gpu_ids.size(); ++i) {
+    EXPECT_EQ(*(*gpu)->SequenceLength(gpu_ids[i]), *(*cpu)->SequenceLength(cpu_ids[i]));
+    ASSERT_TRUE((*gpu)->ReleaseSequence(gpu_ids[i]).ok());
+  }
+  EXPECT_EQ((*gpu)->PoolUsage().used_pages, 0);
+  Summary().push_back(prefill);
+  Summary().push_back(decode);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<std::tuple<GpuCase, DtypeCase>>& info) {
+  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, CudaVsCpuTest,
+                         ::testing::Combine(::testing::ValuesIn(Cases()),
+                                            ::testing::ValuesIn(kDtypes)),
+                         CaseName);
+
+TEST(CudaBackendContractTest, MlaIsUnimplemented) {
+  SKIP_WITHOUT_GPU();
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kMLA;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.rope = RopeLayout::kInterleaved;
+  spec.mla = {.q_lora_rank = 0, .kv_lora_rank = 32, .qk_nope_head_dim = 16,
+              .qk_rope_head_dim = 8, .v_head_dim = 16, .rms_norm_eps = 1e-6f};
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 0, 64, nullptr});
+  EXPECT_EQ(layer.status().code(), absl::StatusCode::kUnimplemented) << layer.status();
+}
+
+TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 4, 32, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
+  ASSERT_TRUE(weights.ok());
+  EXPECT_EQ(Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 2);
+  ASSERT_TRUE(weights.ok());
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 16, 4, nullptr});
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  const SequenceId a = (*layer)->CreateSequence(), b = (*layer)->CreateSequence();
+  std::mt19937_64 rng(3);
+  ASSERT_TRUE((*layer)
+                  ->Prefill({{a, 40}}, ToTensor(RandomHidden(40, 256, rng), {40, 256}, DType::kBF16),
+                            {})
+                  .ok());
+  // 3 pages held; b needs 2 more: refused, and nothing changes.
+  absl::StatusOr<Tensor> out =
+      (*layer)->Prefill({{a, 1}, {b, 17}},
+                        ToTensor(RandomHidden(18, 256, rng), {18, 256}, DType::kBF16), {});
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_EQ(*(*layer)->SequenceLength(a), 40);
+  EXPECT_EQ(*(*layer)->SequenceLength(b), 0);
+  EXPECT_EQ((*layer)->PoolUsage().used_pages, 3);
+}
+
+// Printed at the very end of the program (after gtest's own summary), so it is the last output.
+class SummaryPrinter : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestProgramEnd(const ::testing::UnitTest&) override {
+    if (Gpu().backend == nullptr) {
+      std::printf("\nCUDA vs CPU summary: SKIPPED (%s)\n", Gpu().why_not.c_str());
+      return;
+    }
+    std::printf("\nCUDA vs CPU summary (%s)\n", Gpu().backend->device_description().c_str());
+    std::printf("%-30s %-5s %-8s %5s %12s %10s %s\n", "case", "kv", "phase", "calls",
+                "worst_rel", "bound", "result");
+    for (const SummaryRow& r : Summary()) {
+      std::printf("%-30s %-5s %-8s %5d %12.3e %10.1e %s\n", r.name.c_str(), r.kv.c_str(),
+                  r.phase.c_str(), r.calls, r.worst, r.bound,
+                  r.worst <= r.bound ? "PASS" : "FAIL");
+    }
+    std::fflush(stdout);
+  }
+};
+
+const bool kSummaryRegistered = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new SummaryPrinter);
+  return true;
+}();
+
+}  // namespace
+}  // namespace attnserve

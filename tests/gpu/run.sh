@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one script for the lent GPU machine: runs the CUDA-vs-CPU tests and the benchmark and prints
+# the test summary table last.
+#
+# Approach: the GPU machine has the NVIDIA driver, nvcc, CMake, ninja and PyTorch, but not our
+# Debian dependencies (gRPC, abseil, OpenBLAS, GoogleTest, nlohmann-json) and no package registry,
+# so the tree cannot be configured there. Instead tests/gpu/bundle.sh builds the two binaries on
+# the development machine (same x86-64; glibc there is as old or older) and copies them with their
+# non-glibc shared libraries into .gpu-bundle/. This script runs that bundle. cudart is static in
+# the binaries; cuBLAS is dlopen'ed from the GPU machine's CUDA toolkit or PyTorch wheel.
+#
+#   here:    tests/gpu/bundle.sh
+#   device:  run(command="tests/gpu/run.sh", carry=[".gpu-bundle"])
+# Outputs: full logs under $OUT (when set) and the summary table as the last lines printed.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUNDLE="${ROOT}/.gpu-bundle"
+LOGS="${OUT:-/tmp/attnserve-gpu}"
+mkdir -p "${LOGS}"
+
+if [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
+  echo "run.sh: ${BUNDLE}/cuda_backend_test missing: run tests/gpu/bundle.sh on the build machine" \
+       "and carry .gpu-bundle" >&2
+  exit 2
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+
+# Find libcublas.so.13 (or .12): the toolkit first, then PyTorch's wheel.
+CUBLAS_DIR=""
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  if ls "${dir}"/libcublas.so.1[23]* >/dev/null 2>&1; then CUBLAS_DIR="${dir}"; break; fi
+done
+if [[ -z "${CUBLAS_DIR}" ]]; then
+  CUBLAS_DIR="$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia.cublas as m
+    paths = list(m.__path__)
+except Exception:
+    paths = []
+for p in paths:
+    for lib in glob.glob(os.path.join(p, "lib", "libcublas.so.*")):
+        print(os.path.dirname(lib)); raise SystemExit
+PY
+)"
+fi
+echo "cuBLAS from: ${CUBLAS_DIR:-<loader search path>}"
+export LD_LIBRARY_PATH="${BUNDLE}/lib${CUBLAS_DIR:+:${CUBLAS_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+
+status=0
+echo "== benchmark =="
+"${BUNDLE}/attnserve_cuda_bench" 2>&1 | tee "${LOGS}/bench.txt" || status=1
+echo "== GPU tests (CUDA vs CPU engine) =="
+"${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
+# Failures first (if any), then the summary table, printed last.
+grep -E "^\[  FAILED|Failure|error:|Expected|Which is|seed [0-9]" "${LOGS}/gpu_test.txt" | head -60
+sed -n '/^CUDA vs CPU summary/,$p' "${LOGS}/gpu_test.txt"
+echo "run.sh: exit ${status} (logs in ${LOGS})"
+exit "${status}"
