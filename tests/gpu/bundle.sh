@@ -5,15 +5,17 @@
 # GPU machine, which has the NVIDIA driver, nvcc, CMake and PyTorch but none of our Debian
 # libraries and no package registry.
 #
-#   tests/gpu/bundle.sh [BUILD_DIR]      (default build-cuda; configured with -DATTNSERVE_CUDA=ON)
+#   tests/gpu/bundle.sh [BUILD_DIR]      (default build-gpu-bundle)
+# The build is portable (-DATTNSERVE_NATIVE=OFF): the GPU machine's CPU is not this one.
 # then, with the device tool: carry [".gpu-bundle"], command "tests/gpu/run.sh".
 #
 # cudart is linked statically and cuBLAS is dlopen'ed, so neither is bundled: run.sh finds the
 # GPU machine's own libcublas (CUDA toolkit or the PyTorch wheel's nvidia/cublas/lib).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-BUILD="${1:-${ROOT}/build-cuda}"
-cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
+BUILD="${1:-${ROOT}/build-gpu-bundle}"
+cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
+  -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
 ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench
 OUT="${ROOT}/.gpu-bundle"
 rm -rf "${OUT}"
