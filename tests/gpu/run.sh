@@ -24,7 +24,8 @@ if [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
   exit 2
 fi
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null ||
+  echo "run.sh: nvidia-smi not available"
 
 # Find libcublas.so.13 (or .12): the toolkit first, then PyTorch's wheel.
 CUBLAS_DIR=""
@@ -55,6 +56,8 @@ echo "== GPU tests (CUDA vs CPU engine) =="
 "${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
 # Failures first (if any), then the summary table, printed last.
 grep -E "^\[  FAILED|Failure|error:|Expected|Which is|seed [0-9]" "${LOGS}/gpu_test.txt" | head -60
+# On the GPU machine a skip means the device or cuBLAS was not usable: that is a failure here.
+if grep -q "^CUDA vs CPU summary: SKIPPED" "${LOGS}/gpu_test.txt"; then status=3; fi
 sed -n '/^CUDA vs CPU summary/,$p' "${LOGS}/gpu_test.txt"
 echo "run.sh: exit ${status} (logs in ${LOGS})"
 exit "${status}"
