@@ -58,7 +58,13 @@ RUN cmake --preset release -DATTNSERVE_NATIVE=OFF -DATTNSERVE_BUILD_TESTS=OFF \
       -DATTNSERVE_BUILD_BENCHMARKS=OFF && \
     cmake --build --preset release --target attnserve_server attnctl && \
     install -D -m 0755 build/release/server/attnserve_server /out/bin/attnserve_server && \
-    install -D -m 0755 build/release/client/attnctl /out/bin/attnctl
+    install -D -m 0755 build/release/client/attnctl /out/bin/attnctl && \
+    # The CUDA backend is a module the server loads at run time from next to its executable.
+    if [ "${WITH_CUDA}" = "1" ]; then \
+      cmake --build --preset release --target attnserve_cuda_plugin && \
+      install -D -m 0644 build/release/kernels/cuda/libattnserve_cuda.so \
+        /out/bin/libattnserve_cuda.so; \
+    fi
 
 # ---- runtime: Debian 12 slim + the shared libraries of setup.sh --runtime-only (+ CUDA runtime) --
 FROM debian:12-slim AS runtime

@@ -35,7 +35,8 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address, HOST:PORT.");
 ABSL_FLAG(bool, json, false, "Print the results as JSON on stdout instead of a table.");
-ABSL_FLAG(std::vector<std::string>, variants, std::vector<std::string>({"mha", "gqa", "mqa", "mla"}),
+ABSL_FLAG(std::vector<std::string>, variants,
+          std::vector<std::string>({"mha", "gqa", "mqa", "mla"}),
           "Variants to run (client/demo_variants.h): mha, gqa, mqa, mla.");
 ABSL_FLAG(std::vector<std::string>, context, std::vector<std::string>({"512"}),
           "Prompt tokens prefilled per request before decoding; a list sweeps.");
@@ -138,29 +139,34 @@ void PrintTable(const std::vector<BenchResult>& results) {
     const double single = SingleStreamRate(results, row);
     const std::string gain = single > 0 ? absl::StrFormat("%.2fx", row.tokens_per_s / single) : "-";
     // The server's counters; else the step-weighted mean of Timing.batch_size, marked '*'.
-    const std::string batch = row.batch.available  ? absl::StrFormat("%.2f", row.batch.mean)
-                              : row.step_batch_size > 0 ? absl::StrFormat("%.2f*", row.step_batch_size)
-                                                      : std::string("N/A");
+    const std::string batch = row.batch.available ? absl::StrFormat("%.2f", row.batch.mean)
+                              : row.step_batch_size > 0
+                                  ? absl::StrFormat("%.2f*", row.step_batch_size)
+                                  : std::string("N/A");
     any_batch = any_batch || row.batch.available || row.step_batch_size > 0;
     absl::PrintF("%-8s %5d %5d %8d %10.1f %6s %8.3f %8.3f %8.3f %8.3f %8.3f %7s %6d\n", row.label,
                  row.context, row.concurrency, row.steps, row.tokens_per_s, gain,
                  row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms, row.queue_ms,
                  row.compute_ms, batch, row.errors);
   }
-  absl::PrintF("\ntok/s: decode steps answered per second, all streams; gain: over 1 stream of the "
-               "same variant and context in this run; p50/p90/p99: step latency measured by this "
-               "client; queue/comp ms: the server's Timing per step (mean); batch: the server's "
-               "mean decode batch size.\n");
+  absl::PrintF(
+      "\ntok/s: decode steps answered per second, all streams; gain: over 1 stream of the "
+      "same variant and context in this run; p50/p90/p99: step latency measured by this "
+      "client; queue/comp ms: the server's Timing per step (mean); batch: the server's "
+      "mean decode batch size.\n");
   for (const BenchResult& row : results) {
     if (!row.batch.available && row.step_batch_size > 0) {
-      absl::PrintF("*: the mean over steps of Timing.batch_size (the server exposes no batch "
-                   "counters: %s)\n", row.batch.note);
+      absl::PrintF(
+          "*: the mean over steps of Timing.batch_size (the server exposes no batch "
+          "counters: %s)\n",
+          row.batch.note);
       break;
     }
   }
   for (const BenchResult& row : results) {
     if (row.batch.available) {
-      absl::PrintF("batch sizes of %s c=%d from %s\n", row.label, row.concurrency, row.batch.source);
+      absl::PrintF("batch sizes of %s c=%d from %s\n", row.label, row.concurrency,
+                   row.batch.source);
       break;
     }
   }
@@ -169,9 +175,10 @@ void PrintTable(const std::vector<BenchResult>& results) {
   }
   for (const BenchResult& row : results) {
     if (row.streams_capped > 0) {
-      absl::PrintF("note: %s c=%d: %d streams stopped at the %d-token cap (max_sequence_length or "
-                   "their share of the KV pool)\n",
-                   row.label, row.concurrency, row.streams_capped, row.tokens_cap);
+      absl::PrintF(
+          "note: %s c=%d: %d streams stopped at the %d-token cap (max_sequence_length or "
+          "their share of the KV pool)\n",
+          row.label, row.concurrency, row.streams_capped, row.tokens_cap);
     }
     for (const std::string& message : row.error_messages) {
       absl::PrintF("error: %s c=%d ctx=%d %s\n", row.label, row.concurrency, row.context, message);
@@ -213,7 +220,8 @@ int Main() {
   if (options.steps < 0 || (options.steps == 0 && options.duration <= absl::ZeroDuration())) {
     return ReportError("give --steps > 0 or a positive --duration");
   }
-  if (options.step_timeout <= absl::ZeroDuration()) return ReportError("--step_timeout must be > 0");
+  if (options.step_timeout <= absl::ZeroDuration())
+    return ReportError("--step_timeout must be > 0");
 
   const bool json = absl::GetFlag(FLAGS_json);
   const Client client =
@@ -231,13 +239,13 @@ int Main() {
   if (!json) {
     absl::PrintF("attnbench — server %s: %s backend (%s), version %s\n", client.target,
                  info.backend(), info.device(), info.version());
-    absl::PrintF("DecodeStream streams, one request each, one step outstanding per stream; %s; "
-                 "KV cache %s; d_model %d, %d heads%s\n\n",
-                 workload, DTypeName(options.kv_dtype), absl::GetFlag(FLAGS_d_model),
-                 absl::GetFlag(FLAGS_num_heads),
-                 absl::GetFlag(FLAGS_window) > 0
-                     ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
-                     : "");
+    absl::PrintF(
+        "DecodeStream streams, one request each, one step outstanding per stream; %s; "
+        "KV cache %s; d_model %d, %d heads%s\n\n",
+        workload, DTypeName(options.kv_dtype), absl::GetFlag(FLAGS_d_model),
+        absl::GetFlag(FLAGS_num_heads),
+        absl::GetFlag(FLAGS_window) > 0 ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
+                                        : "");
   }
 
   const ServerBatchStats batch_stats(client, absl::GetFlag(FLAGS_metrics), absl::Seconds(5));

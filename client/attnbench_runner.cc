@@ -27,9 +27,9 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr int kInputsPerStream = 8;    // Distinct decode inputs per stream, cycled.
-constexpr int kMaxErrorMessages = 8;   // Error messages kept per cell.
-constexpr double kPoolShare = 0.9;     // Of the free KV pool, what the cell's streams may fill.
+constexpr int kInputsPerStream = 8;   // Distinct decode inputs per stream, cycled.
+constexpr int kMaxErrorMessages = 8;  // Error messages kept per cell.
+constexpr double kPoolShare = 0.9;    // Of the free KV pool, what the cell's streams may fill.
 
 // Timing.batch_size (the steps in the engine call that served a step) when the server's proto has
 // it; read by reflection so attnbench builds against either version of the API.
@@ -56,8 +56,7 @@ int64_t TimingBatchSize(const v1::Timing& timing) {
 }
 
 int64_t NowNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             SteadyClock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch())
       .count();
 }
 
@@ -106,9 +105,9 @@ struct CellPlan {
   std::string session;
   int context = 0;
   int d_model = 0;
-  int64_t tokens_cap = 0;       // Stop a stream when its length reaches this.
-  int64_t steps = 0;            // > 0: steps per stream.
-  absl::Duration duration;      // When steps == 0.
+  int64_t tokens_cap = 0;   // Stop a stream when its length reaches this.
+  int64_t steps = 0;        // > 0: steps per stream.
+  absl::Duration duration;  // When steps == 0.
   absl::Duration step_timeout;
   absl::Duration call_timeout;  // Forward, and the wait at the start line.
 };
@@ -129,8 +128,7 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
       step.set_session_id(plan.session);
       v1::DecodeItem* decode_item = step.add_items();
       decode_item->set_request_id(stream->request_id);
-      TensorToProto(RandomHidden(rng, 1, plan.d_model, DType::kF32),
-                    decode_item->mutable_hidden());
+      TensorToProto(RandomHidden(rng, 1, plan.d_model, DType::kF32), decode_item->mutable_hidden());
       stream->inputs.push_back(std::move(step));
     }
     v1::ForwardResponse forwarded;
@@ -141,9 +139,10 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
       stream->Fail("prefill (Forward)", status);
     } else if (forwarded.results_size() != 1 ||
                forwarded.results(0).sequence_length() != plan.context) {
-      stream->Fail("prefill (Forward)",
-                   grpc::Status(grpc::StatusCode::INTERNAL,
-                                "client check: the answer is not one result of the context length"));
+      stream->Fail(
+          "prefill (Forward)",
+          grpc::Status(grpc::StatusCode::INTERNAL,
+                       "client check: the answer is not one result of the context length"));
     }
   }
   // 2. The start line (bounded: the main thread opens or aborts it).
@@ -324,8 +323,8 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
   const int64_t per_stream_bytes =
       static_cast<int64_t>(kPoolShare * static_cast<double>(free_bytes)) / cell.concurrency -
       page_bytes;
-  plan.tokens_cap = info.limits().max_sequence_length() > 0 ? info.limits().max_sequence_length()
-                                                            : INT64_MAX;
+  plan.tokens_cap =
+      info.limits().max_sequence_length() > 0 ? info.limits().max_sequence_length() : INT64_MAX;
   if (result.kv_bytes_per_token > 0) {
     plan.tokens_cap = std::min(plan.tokens_cap, per_stream_bytes / result.kv_bytes_per_token);
   }
@@ -405,11 +404,11 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
         failed += stream->finished.load() && stream->failed ? 1 : 0;
       }
       const double elapsed = started ? static_cast<double>(now - start_ns) / 1e9 : 0;
-      std::string goal = options.steps > 0
-                             ? absl::StrFormat("%d/%d steps", steps,
-                                               options.steps * cell.concurrency)
-                             : absl::StrFormat("%d steps, %.1f/%.1f s", steps, elapsed,
-                                               absl::ToDoubleSeconds(options.duration));
+      std::string goal =
+          options.steps > 0
+              ? absl::StrFormat("%d/%d steps", steps, options.steps * cell.concurrency)
+              : absl::StrFormat("%d steps, %.1f/%.1f s", steps, elapsed,
+                                absl::ToDoubleSeconds(options.duration));
       std::fprintf(stderr, "\r\033[K[attnbench] %s c=%d ctx=%d: %s, %.0f tok/s, errors %d",
                    cell.variant.label.c_str(), cell.concurrency, cell.context,
                    started ? goal.c_str() : "prefilling",

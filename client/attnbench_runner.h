@@ -22,18 +22,18 @@
 namespace attnserve {
 
 struct BenchCell {
-  NamedSpec variant;     // One of DemoVariants().
-  int context = 512;     // Prompt tokens prefilled per request before decoding.
-  int concurrency = 1;   // Streams (= requests) decoding at once.
+  NamedSpec variant;    // One of DemoVariants().
+  int context = 512;    // Prompt tokens prefilled per request before decoding.
+  int concurrency = 1;  // Streams (= requests) decoding at once.
 };
 
 struct BenchOptions {
-  absl::Duration duration = absl::Seconds(10);  // Used when steps == 0.
-  int64_t steps = 0;                            // > 0: exactly this many steps per stream.
+  absl::Duration duration = absl::Seconds(10);      // Used when steps == 0.
+  int64_t steps = 0;                                // > 0: exactly this many steps per stream.
   absl::Duration step_timeout = absl::Seconds(30);  // A step outstanding longer is cancelled.
   DType kv_dtype = DType::kF32;
-  uint64_t seed = 1;        // Weights and inputs.
-  bool progress = false;    // A \r-updated line on stderr.
+  uint64_t seed = 1;      // Weights and inputs.
+  bool progress = false;  // A \r-updated line on stderr.
 };
 
 struct BenchResult {
@@ -44,11 +44,11 @@ struct BenchResult {
   int concurrency = 0;
   int64_t kv_bytes_per_token = 0;
 
-  int64_t steps = 0;          // Decode steps answered (= tokens decoded), all streams.
-  double seconds = 0;         // From the common start to the last stream's last answer.
+  int64_t steps = 0;   // Decode steps answered (= tokens decoded), all streams.
+  double seconds = 0;  // From the common start to the last stream's last answer.
   double tokens_per_s = 0;
-  int streams_capped = 0;     // Streams stopped early by max_sequence_length or the KV pool.
-  int64_t tokens_cap = 0;     // The per-request token cap that applied.
+  int streams_capped = 0;  // Streams stopped early by max_sequence_length or the KV pool.
+  int64_t tokens_cap = 0;  // The per-request token cap that applied.
 
   // Client-measured step latency (Write to Read of one step), milliseconds.
   double latency_mean_ms = 0, latency_p50_ms = 0, latency_p90_ms = 0, latency_p99_ms = 0,
@@ -61,7 +61,7 @@ struct BenchResult {
   // server reports it; 0 otherwise. Step-weighted, so >= the mean batch size of the server.
   double step_batch_size = 0;
 
-  int errors = 0;                          // Failed streams (or setup failures).
+  int errors = 0;  // Failed streams (or setup failures).
   std::map<std::string, int> errors_by_code;
   std::vector<std::string> error_messages;  // The first few, "stream 3 step 17: CODE: message".
 };

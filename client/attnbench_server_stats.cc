@@ -34,7 +34,8 @@ void CollectIntegers(const Message& message, const std::string& prefix, int dept
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
     if (field->is_repeated()) continue;
-    const std::string path = prefix.empty() ? field->name() : absl::StrCat(prefix, ".", field->name());
+    const std::string path =
+        prefix.empty() ? field->name() : absl::StrCat(prefix, ".", field->name());
     switch (field->cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32:
         (*out)[path] = reflection->GetInt32(message, field);
@@ -74,16 +75,17 @@ std::string Parent(const std::string& path) {
 void AddCounterSources(const std::map<std::string, double>& fields, const std::string& rpc,
                        std::map<std::string, BatchCounter>* sources) {
   static const char* const kStepNames[] = {
-      "decode_batched_steps", "batched_steps",      "decode_batch_steps", "decode_steps",
-      "decode_batch_size_sum", "batch_size_sum",    "decode_batch_items", "batched_items",
-      "decode_items",         "decode_batch_tokens", "decode_tokens",     "batch_steps"};
+      "decode_batched_steps",  "batched_steps",       "decode_batch_steps", "decode_steps",
+      "decode_batch_size_sum", "batch_size_sum",      "decode_batch_items", "batched_items",
+      "decode_items",          "decode_batch_tokens", "decode_tokens",      "batch_steps"};
   for (const auto& [path, batches] : fields) {
     const std::string name = LastName(path);
     if (!absl::EndsWith(name, "batches")) continue;
     if (absl::StrContains(name, "prefill")) continue;
     for (const char* step_name : kStepNames) {
       const std::string parent = Parent(path);
-      const std::string step_path = parent.empty() ? step_name : absl::StrCat(parent, ".", step_name);
+      const std::string step_path =
+          parent.empty() ? step_name : absl::StrCat(parent, ".", step_name);
       auto it = fields.find(step_path);
       if (it == fields.end()) continue;
       (*sources)[absl::StrCat(rpc, " ", step_path, "/", path)] = {batches, it->second};
@@ -140,7 +142,8 @@ bool HttpGet(const std::string& host_port, const std::string& path, absl::Durati
   }
   std::string host = host_port.substr(0, colon);
   const std::string port = host_port.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* addresses = nullptr;
@@ -284,9 +287,9 @@ BatchSummary ServerBatchStats::Between(const BatchSnapshot& before, const BatchS
   std::vector<std::pair<int, std::string>> ranked;  // Preference order, source name.
   for (const auto& [source, counter] : after.sources) {
     if (!before.sources.count(source)) continue;
-    const int rank = absl::StartsWith(source, "GetSession")  ? 0
+    const int rank = absl::StartsWith(source, "GetSession") ? 0
                      : absl::StartsWith(source, "/metrics") ? 1
-                                                             : 2;
+                                                            : 2;
     ranked.emplace_back(rank, source);
   }
   std::sort(ranked.begin(), ranked.end());

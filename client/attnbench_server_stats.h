@@ -27,7 +27,7 @@ struct BatchCounter {
 
 struct BatchSnapshot {
   std::map<std::string, BatchCounter> sources;  // Source description -> counters.
-  std::string metrics_error;                     // Why /metrics could not be read ("" = fine).
+  std::string metrics_error;                    // Why /metrics could not be read ("" = fine).
   double max_batch = 0;  // The session's largest decode batch so far (GetSession), 0 = unknown.
 };
 

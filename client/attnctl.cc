@@ -58,7 +58,8 @@ ABSL_FLAG(bool, json, false, "Print machine-readable JSON instead of text.");
 ABSL_FLAG(double, timeout_s, 60, "Deadline of each call, seconds (a whole stream for --stream).");
 
 // configure: the layer spec.
-ABSL_FLAG(std::string, spec_file, "", "configure: a JSON layer spec (kernels/layer_spec_json.h); "
+ABSL_FLAG(std::string, spec_file, "",
+          "configure: a JSON layer spec (kernels/layer_spec_json.h); "
           "replaces the spec flags.");
 ABSL_FLAG(std::string, variant, "", "configure: mha, mqa, gqa or mla.");
 ABSL_FLAG(int, d_model, 0, "configure: hidden size (required); demo: default 512.");
@@ -89,17 +90,23 @@ ABSL_FLAG(std::string, label, "", "configure: free text shown by list.");
 
 // forward / decode / get / release.
 ABSL_FLAG(std::string, session, "", "Session id (from configure).");
-ABSL_FLAG(std::string, request, "", "forward/decode: request ids, comma separated; "
+ABSL_FLAG(std::string, request, "",
+          "forward/decode: request ids, comma separated; "
           "release: one request (empty = the whole session).");
-ABSL_FLAG(int, tokens, 0, "forward: random prompt rows per request (default 16); demo: default 128.");
-ABSL_FLAG(std::string, input, "", "forward: .npy (float32/float16) or .safetensors hidden states "
+ABSL_FLAG(int, tokens, 0,
+          "forward: random prompt rows per request (default 16); demo: default 128.");
+ABSL_FLAG(std::string, input, "",
+          "forward: .npy (float32/float16) or .safetensors hidden states "
           "[T, d_model], sent for every listed request.");
 ABSL_FLAG(std::string, tensor, "", "forward: tensor name in a .safetensors --input.");
-ABSL_FLAG(std::string, dtype, "", "forward/decode: wire dtype of the inputs (default: f32 for "
+ABSL_FLAG(std::string, dtype, "",
+          "forward/decode: wire dtype of the inputs (default: f32 for "
           "random inputs, the file's dtype for files).");
-ABSL_FLAG(std::string, positions, "", "forward: RoPE positions, comma separated, one per token "
+ABSL_FLAG(std::string, positions, "",
+          "forward: RoPE positions, comma separated, one per token "
           "(default: continue from the request's length).");
-ABSL_FLAG(std::string, positions_tensor, "", "forward: read the positions from this tensor of the "
+ABSL_FLAG(std::string, positions_tensor, "",
+          "forward: read the positions from this tensor of the "
           ".safetensors --input (any float or integer-valued dtype).");
 ABSL_FLAG(std::string, output, "", "forward: write the first request's output to this .npy.");
 ABSL_FLAG(int, steps, 0, "decode: steps (default 1); demo: default 16.");
@@ -127,7 +134,8 @@ std::string ProtoJson(const google::protobuf::Message& message) {
 
 std::vector<std::string> RequestIds() {
   std::vector<std::string> ids;
-  for (absl::string_view id : absl::StrSplit(absl::GetFlag(FLAGS_request), ',', absl::SkipEmpty())) {
+  for (absl::string_view id :
+       absl::StrSplit(absl::GetFlag(FLAGS_request), ',', absl::SkipEmpty())) {
     ids.emplace_back(id);
   }
   return ids;
@@ -159,7 +167,8 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
   if (!spec_file.empty()) {
     std::ifstream file(spec_file);
     if (!file) return absl::NotFoundError(absl::StrCat("--spec_file: cannot open ", spec_file));
-    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const std::string text((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
     absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(text);
     if (!spec.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(spec_file, ": ", spec.status().message()));
@@ -167,7 +176,8 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
     return spec;
   }
   if (absl::GetFlag(FLAGS_variant).empty()) {
-    return absl::InvalidArgumentError("configure needs --variant (mha, mqa, gqa, mla) or --spec_file");
+    return absl::InvalidArgumentError(
+        "configure needs --variant (mha, mqa, gqa, mla) or --spec_file");
   }
   LayerSpec spec;
   absl::StatusOr<AttentionVariant> variant = ParseVariant(absl::GetFlag(FLAGS_variant));
@@ -273,9 +283,9 @@ absl::StatusOr<Tensor> InputFromFile(const std::string& path) {
     if (name.empty()) {
       std::vector<std::string> names = file->names();
       if (names.size() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, " holds ", names.size(), " tensors; choose one with --tensor (",
-            absl::StrJoin(names, ", "), ")"));
+        return absl::InvalidArgumentError(absl::StrCat(path, " holds ", names.size(),
+                                                       " tensors; choose one with --tensor (",
+                                                       absl::StrJoin(names, ", "), ")"));
       }
       return file->Read(names.front());
     }
@@ -305,11 +315,12 @@ absl::StatusOr<std::vector<int64_t>> PositionsFromFlags() {
     }
     return positions;
   }
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_positions), ',',
-                                               absl::SkipWhitespace())) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_positions), ',', absl::SkipWhitespace())) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(part, &value)) {
-      return absl::InvalidArgumentError(absl::StrCat("--positions: '", part, "' is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--positions: '", part, "' is not an integer"));
     }
     positions.push_back(value);
   }
@@ -398,9 +409,8 @@ int Forward(const Client& client) {
     }
   }
   if (client.json) {
-    nlohmann::json out = {{"results", results},
-                          {"timing", TimingJson(response.timing())},
-                          {"client_ms", client_ms}};
+    nlohmann::json out = {
+        {"results", results}, {"timing", TimingJson(response.timing())}, {"client_ms", client_ms}};
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     absl::PrintF("client %.3f ms; server %s\n", client_ms, TimingText(response.timing()));
@@ -523,7 +533,8 @@ int Decode(const Client& client) {
   return kExitOk;
 }
 
-// ---- info / list / get / release / health ---------------------------------------------------------
+// ---- info / list / get / release / health
+// ---------------------------------------------------------
 
 int Info(const Client& client) {
   v1::GetServerInfoResponse response;
@@ -616,10 +627,9 @@ int Release(const Client& client) {
   if (client.json) {
     std::printf("%s", ProtoJson(response).c_str());
   } else {
-    absl::PrintF("released %s%s: freed %s\n",
-                 request.request_id().empty() ? "session " : "request ",
-                 request.request_id().empty() ? session : request.request_id(),
-                 Mib(response.freed_bytes()));
+    absl::PrintF(
+        "released %s%s: freed %s\n", request.request_id().empty() ? "session " : "request ",
+        request.request_id().empty() ? session : request.request_id(), Mib(response.freed_bytes()));
   }
   return kExitOk;
 }

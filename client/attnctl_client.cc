@@ -113,7 +113,8 @@ grpc::Status CheckHealth(const Client& client, const std::string& service,
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   switch (DecodeHealthStatus(bytes)) {
     case 1:
       *serving_status = "SERVING";

@@ -27,7 +27,8 @@ struct Client {
   std::string target;  // "127.0.0.1:50051"
   std::shared_ptr<grpc::Channel> channel;
   std::shared_ptr<v1::AttentionService::Stub> stub;
-  absl::Duration timeout = absl::Seconds(60);  // Deadline of each call (a whole stream for streams).
+  absl::Duration timeout =
+      absl::Seconds(60);  // Deadline of each call (a whole stream for streams).
   bool json = false;
 
   // Sets the deadline of `context` to now + timeout.

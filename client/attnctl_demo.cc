@@ -22,11 +22,11 @@ struct DemoRow {
   std::string summary;
   int64_t parameters = 0;
   int64_t kv_bytes_per_token = 0;
-  int64_t kv_bytes_used = 0;       // The session's pages after prefill and decode (GetSession).
-  double prefill_client_ms = 0;    // One Forward call for the whole batch, as the client saw it.
-  double prefill_server_ms = 0;    // Its Timing.compute_ns.
-  double decode_client_ms = 0;     // Per step (one Decode call for the whole batch).
-  double decode_server_ms = 0;     // Per step, Timing.compute_ns.
+  int64_t kv_bytes_used = 0;     // The session's pages after prefill and decode (GetSession).
+  double prefill_client_ms = 0;  // One Forward call for the whole batch, as the client saw it.
+  double prefill_server_ms = 0;  // Its Timing.compute_ns.
+  double decode_client_ms = 0;   // Per step (one Decode call for the whole batch).
+  double decode_server_ms = 0;   // Per step, Timing.compute_ns.
   int64_t final_sequence_length = 0;
 };
 
@@ -95,9 +95,10 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
   for (const v1::ForwardResult& result : forwarded.results()) {
     if (result.output().shape_size() != 2 || result.output().shape(0) != options.tokens ||
         result.output().shape(1) != d_model) {
-      return fail("Forward", grpc::Status(grpc::StatusCode::INTERNAL,
-                                          absl::StrCat("client check: output of ",
-                                                       result.request_id(), " has the wrong shape")));
+      return fail("Forward",
+                  grpc::Status(grpc::StatusCode::INTERNAL,
+                               absl::StrCat("client check: output of ", result.request_id(),
+                                            " has the wrong shape")));
     }
   }
 
@@ -119,7 +120,8 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
     decode_client_ms += MillisSince(start);
     if (!status.ok()) return fail(absl::StrCat("Decode step ", step + 1), status);
     decode_server_ns += decoded.timing().compute_ns();
-    if (decoded.results_size() > 0) row->final_sequence_length = decoded.results(0).sequence_length();
+    if (decoded.results_size() > 0)
+      row->final_sequence_length = decoded.results(0).sequence_length();
   }
   if (options.steps > 0) {
     row->decode_client_ms = decode_client_ms / options.steps;
@@ -173,11 +175,11 @@ int RunDemo(const Client& client, const DemoOptions& options) {
   if (!client.json) {
     absl::PrintF("attnserve client demo — server %s: %s backend (%s), version %s\n", client.target,
                  before.backend(), before.device(), before.version());
-    absl::PrintF("KV pool %.1f MiB (%.1f MiB in use); per variant: %d requests x %d prompt "
-                 "tokens, then %d decode steps; KV cache %s; weights seed %d\n\n",
-                 before.kv_pool_capacity_bytes() / 1048576.0,
-                 before.kv_pool_used_bytes() / 1048576.0, options.batch, options.tokens,
-                 options.steps, DTypeName(options.kv_dtype), options.seed);
+    absl::PrintF(
+        "KV pool %.1f MiB (%.1f MiB in use); per variant: %d requests x %d prompt "
+        "tokens, then %d decode steps; KV cache %s; weights seed %d\n\n",
+        before.kv_pool_capacity_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0,
+        options.batch, options.tokens, options.steps, DTypeName(options.kv_dtype), options.seed);
   }
   std::vector<DemoRow> rows;
   for (const NamedSpec& variant : variants) {
@@ -221,8 +223,8 @@ int RunDemo(const Client& client, const DemoOptions& options) {
     return kExitOk;
   }
 
-  absl::PrintF("%-8s %10s %9s %7s %9s %8s  %11s %9s  %s\n", "", "", "KV bytes", "KV MiB",
-               "prefill", "prefill", "decode", "decode", "");
+  absl::PrintF("%-8s %10s %9s %7s %9s %8s  %11s %9s  %s\n", "", "", "KV bytes", "KV MiB", "prefill",
+               "prefill", "decode", "decode", "");
   absl::PrintF("%-8s %10s %9s %7s %9s %8s  %11s %9s  %s\n", "variant", "params", "per tok",
                "in use", "ms", "srv ms", "ms/step", "srv ms", "spec");
   const int64_t mha_bytes = rows.front().kv_bytes_per_token;
@@ -235,10 +237,12 @@ int RunDemo(const Client& client, const DemoOptions& options) {
   for (const DemoRow& row : rows) {
     absl::PrintF(" %s %.1f%%", row.label, 100.0 * row.kv_bytes_per_token / mha_bytes);
   }
-  absl::PrintF("\nms = measured by this client (one call for the whole batch, network included); "
-               "srv ms = the server's compute time (Timing.compute_ns).\n");
-  absl::PrintF("KV pool in use after releasing every session: %.2f MiB (before the demo: %.2f MiB)\n",
-               after.kv_pool_used_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0);
+  absl::PrintF(
+      "\nms = measured by this client (one call for the whole batch, network included); "
+      "srv ms = the server's compute time (Timing.compute_ns).\n");
+  absl::PrintF(
+      "KV pool in use after releasing every session: %.2f MiB (before the demo: %.2f MiB)\n",
+      after.kv_pool_used_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0);
   return kExitOk;
 }
 

@@ -16,12 +16,12 @@ namespace attnserve {
 struct DemoOptions {
   int d_model = 512;
   int num_heads = 8;
-  int window = 0;        // Sliding window of every variant; 0 = full attention.
-  int batch = 4;         // Requests per session.
-  int tokens = 128;      // Prompt tokens per request.
-  int steps = 16;        // Decode steps after the prefill.
+  int window = 0;    // Sliding window of every variant; 0 = full attention.
+  int batch = 4;     // Requests per session.
+  int tokens = 128;  // Prompt tokens per request.
+  int steps = 16;    // Decode steps after the prefill.
   DType kv_dtype = DType::kF32;
-  uint64_t seed = 1;     // Weights and inputs.
+  uint64_t seed = 1;  // Weights and inputs.
 };
 
 // Returns attnctl's exit code.

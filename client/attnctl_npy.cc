@@ -42,7 +42,8 @@ absl::StatusOr<std::string> DictValue(absl::string_view header, absl::string_vie
   }
   if (absl::StartsWith(rest, "'")) {
     end = rest.find('\'', 1);
-    if (end == absl::string_view::npos) return absl::InvalidArgumentError("header: unclosed string");
+    if (end == absl::string_view::npos)
+      return absl::InvalidArgumentError("header: unclosed string");
     return std::string(rest.substr(1, end - 1));
   }
   end = rest.find_first_of(",}");
@@ -57,7 +58,8 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
   size_t header_len = 0;
   size_t header_start = 0;
   if (major == 1) {
-    header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
+    header_len =
+        static_cast<uint8_t>(bytes[8]) | (static_cast<size_t>(static_cast<uint8_t>(bytes[9])) << 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) return absl::InvalidArgumentError("truncated header");
@@ -68,7 +70,8 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unsupported .npy version ", major));
   }
-  if (bytes.size() < header_start + header_len) return absl::InvalidArgumentError("truncated header");
+  if (bytes.size() < header_start + header_len)
+    return absl::InvalidArgumentError("truncated header");
   const absl::string_view header(bytes.data() + header_start, header_len);
 
   absl::StatusOr<std::string> descr = DictValue(header, "descr");
@@ -84,7 +87,8 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
   }
   absl::StatusOr<std::string> fortran = DictValue(header, "fortran_order");
   if (!fortran.ok()) return fortran.status();
-  if (*fortran != "False") return absl::InvalidArgumentError("Fortran-order arrays are not supported");
+  if (*fortran != "False")
+    return absl::InvalidArgumentError("Fortran-order arrays are not supported");
   absl::StatusOr<std::string> shape_text = DictValue(header, "shape");
   if (!shape_text.ok()) return shape_text.status();
   std::vector<int64_t> shape;
@@ -118,7 +122,8 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   absl::StatusOr<Tensor> tensor = ParseNpy(bytes);
   if (!tensor.ok()) {
-    return absl::Status(tensor.status().code(), absl::StrCat(path, ": ", tensor.status().message()));
+    return absl::Status(tensor.status().code(),
+                        absl::StrCat(path, ": ", tensor.status().message()));
   }
   return tensor;
 }
@@ -129,9 +134,8 @@ absl::Status WriteNpy(const std::string& path, const Tensor& input) {
   for (int64_t dim : tensor.shape()) dims.push_back(absl::StrCat(dim));
   std::string shape = absl::StrJoin(dims, ", ");
   if (dims.size() == 1) shape += ",";
-  std::string header =
-      absl::StrCat("{'descr': '", tensor.dtype() == DType::kF16 ? "<f2" : "<f4",
-                   "', 'fortran_order': False, 'shape': (", shape, "), }");
+  std::string header = absl::StrCat("{'descr': '", tensor.dtype() == DType::kF16 ? "<f2" : "<f4",
+                                    "', 'fortran_order': False, 'shape': (", shape, "), }");
   // Pad so that magic + version + length + header + '\n' is a multiple of 64 bytes.
   const size_t unpadded = kMagicLen + 2 + 2 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');

@@ -36,9 +36,8 @@ struct Timing {
   double decode_ms_per_step = 0;
 };
 
-absl::StatusOr<Timing> TimeVariant(AttentionBackend& backend, const LayerSpec& spec,
-                                   DType kv_dtype, int batch, int seq_len, int decode_steps,
-                                   uint64_t seed) {
+absl::StatusOr<Timing> TimeVariant(AttentionBackend& backend, const LayerSpec& spec, DType kv_dtype,
+                                   int batch, int seq_len, int decode_steps, uint64_t seed) {
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, seed);
   if (!weights.ok()) return weights.status();
   KvCacheConfig kv;
@@ -98,9 +97,10 @@ int Run() {
 #ifdef ATTNSERVE_HAVE_CUDA
   if (absl::StatusOr<std::vector<CudaDeviceInfo>> gpus = ListCudaDevices(); gpus.ok()) {
     for (const CudaDeviceInfo& gpu : *gpus) {
-      absl::PrintF("GPU %d: %s (sm_%d, %.1f GiB); the CUDA backend is not built yet, using CPU\n",
-                   gpu.ordinal, gpu.name, gpu.compute_capability,
-                   gpu.total_memory_bytes / double(1 << 30));
+      absl::PrintF(
+          "GPU %d: %s (sm_%d, %.1f GiB); this demo times the CPU backend (the server's "
+          "--backend=cuda uses the GPU)\n",
+          gpu.ordinal, gpu.name, gpu.compute_capability, gpu.total_memory_bytes / double(1 << 30));
     }
   } else {
     absl::PrintF("%s; using the CPU backend\n", gpus.status().message());
@@ -129,8 +129,8 @@ int Run() {
     absl::PrintF("%-8s %10d %14d %13.1f%%  %s\n", v.label, ParameterCount(v.spec), bytes,
                  100.0 * bytes / mha_bytes, LayerSpecSummary(v.spec));
   }
-  absl::PrintF("\n%-8s %8s %14s %18s %16s\n", "variant", "seq_len", "prefill ms",
-               "decode ms/step", "KV MiB (batch)");
+  absl::PrintF("\n%-8s %8s %14s %18s %16s\n", "variant", "seq_len", "prefill ms", "decode ms/step",
+               "KV MiB (batch)");
   for (const NamedSpec& v : variants) {
     for (int seq_len : seq_lens) {
       absl::StatusOr<Timing> timing = TimeVariant(**backend, v.spec, *kv_dtype, batch, seq_len,

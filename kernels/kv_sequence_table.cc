@@ -93,19 +93,19 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
   const int64_t bytes = pages_needed * page_bytes_;
   if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
     batch.clear();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
-        " pages of ", page_size_, " tokens), ", budget_->free_bytes(), " of ",
-        budget_->capacity_bytes(), " bytes are free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV memory budget exhausted: this batch needs ", bytes, " bytes (",
+                     pages_needed, " pages of ", page_size_, " tokens), ", budget_->free_bytes(),
+                     " of ", budget_->capacity_bytes(), " bytes are free"));
   }
   absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
   if (!pages.ok()) {
     if (budget_ != nullptr) budget_->Release(bytes);
     batch.clear();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ", page_size_,
-        " tokens (", bytes, " bytes), ", allocator_.free(), " of ", allocator_.capacity(),
-        " pages of this layer are free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ",
+                     page_size_, " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
+                     allocator_.capacity(), " pages of this layer are free"));
   }
   if (absl::Status s = commit(*pages); !s.ok()) {
     allocator_.Free(*pages);

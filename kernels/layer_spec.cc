@@ -71,7 +71,8 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo, int6
 
 absl::Status ValidateMla(const LayerSpec& spec) {
   const MlaDims& mla = spec.mla;
-  if (absl::Status s = CheckRange("mla.q_lora_rank", mla.q_lora_rank, 0, kMaxDim); !s.ok()) return s;
+  if (absl::Status s = CheckRange("mla.q_lora_rank", mla.q_lora_rank, 0, kMaxDim); !s.ok())
+    return s;
   if (absl::Status s = CheckRange("mla.kv_lora_rank", mla.kv_lora_rank, 1, kMaxDim); !s.ok()) {
     return s;
   }
@@ -94,7 +95,8 @@ absl::Status ValidateMla(const LayerSpec& spec) {
   }
   if (spec.qkv_bias || spec.o_bias) {
     return absl::InvalidArgumentError(
-        "qkv_bias/o_bias: biases are not supported for MLA (DeepSeek-V2/V3 use attention_bias=False)");
+        "qkv_bias/o_bias: biases are not supported for MLA (DeepSeek-V2/V3 use "
+        "attention_bias=False)");
   }
   return absl::OkStatus();
 }
@@ -108,12 +110,13 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
     if (absl::Status s = ValidateMla(spec); !s.ok()) return s;
   } else {
     if (absl::Status s = CheckRange("head_dim", spec.head_dim, 1, kMaxDim); !s.ok()) return s;
-    if (absl::Status s = CheckRange("num_kv_heads", spec.num_kv_heads, 1, spec.num_heads); !s.ok()) {
+    if (absl::Status s = CheckRange("num_kv_heads", spec.num_kv_heads, 1, spec.num_heads);
+        !s.ok()) {
       return s;
     }
     if (spec.num_heads % spec.num_kv_heads != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "num_kv_heads = ", spec.num_kv_heads, ": must divide num_heads = ", spec.num_heads));
+      return absl::InvalidArgumentError(absl::StrCat("num_kv_heads = ", spec.num_kv_heads,
+                                                     ": must divide num_heads = ", spec.num_heads));
     }
     if (spec.variant == AttentionVariant::kMHA && spec.num_kv_heads != spec.num_heads) {
       return absl::InvalidArgumentError(absl::StrCat("num_kv_heads = ", spec.num_kv_heads,
@@ -128,7 +131,8 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
       return Invalid("head_dim", "must be even when rope is enabled", spec.head_dim);
     }
   }
-  if (spec.rope != RopeLayout::kNone && !(spec.rope_theta > 1.0 && std::isfinite(spec.rope_theta))) {
+  if (spec.rope != RopeLayout::kNone &&
+      !(spec.rope_theta > 1.0 && std::isfinite(spec.rope_theta))) {
     return absl::InvalidArgumentError(
         absl::StrCat("rope_theta = ", spec.rope_theta, ": must be finite and > 1"));
   }
@@ -140,8 +144,9 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
                    spec.sliding_window);
   }
   if (spec.softmax_scale < 0.0f || !std::isfinite(spec.softmax_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "softmax_scale = ", spec.softmax_scale, ": must be finite and >= 0 (0 = 1/sqrt(head dim))"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("softmax_scale = ", spec.softmax_scale,
+                     ": must be finite and >= 0 (0 = 1/sqrt(head dim))"));
   }
   return absl::OkStatus();
 }
@@ -181,9 +186,8 @@ int64_t ParameterCount(const LayerSpec& spec) {
     const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
     const int64_t q_params =
         m.q_lora_rank == 0 ? h * qk * d : int64_t{m.q_lora_rank} * (d + 1 + h * qk);
-    const int64_t kv_params = (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * d +
-                              m.kv_lora_rank + h * (m.qk_nope_head_dim + m.v_head_dim) *
-                                                   int64_t{m.kv_lora_rank};
+    const int64_t kv_params = (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * d + m.kv_lora_rank +
+                              h * (m.qk_nope_head_dim + m.v_head_dim) * int64_t{m.kv_lora_rank};
     return q_params + kv_params + d * h * m.v_head_dim;
   }
   const int64_t q = h * spec.head_dim;
@@ -199,8 +203,8 @@ int DefaultPageSize(const LayerSpec& spec) {
 }
 
 std::string LayerSpecSummary(const LayerSpec& spec) {
-  std::string out = absl::StrCat(VariantName(spec.variant), " d_model=", spec.d_model,
-                                 " heads=", spec.num_heads);
+  std::string out =
+      absl::StrCat(VariantName(spec.variant), " d_model=", spec.d_model, " heads=", spec.num_heads);
   if (spec.variant == AttentionVariant::kMLA) {
     absl::StrAppend(&out, " q_lora=", spec.mla.q_lora_rank, " kv_lora=", spec.mla.kv_lora_rank,
                     " nope=", spec.mla.qk_nope_head_dim, " rope=", spec.mla.qk_rope_head_dim,

@@ -7,10 +7,10 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
 
 namespace attnserve {
@@ -36,20 +36,20 @@ absl::string_view RopeLayoutName(RopeLayout layout);
 absl::StatusOr<RopeLayout> ParseRopeLayout(absl::string_view name);
 
 struct MlaDims {
-  int q_lora_rank = 0;         // 0: queries use a plain q_proj; else q_a_proj -> RMSNorm -> q_b_proj.
-  int kv_lora_rank = 0;        // Width of the cached latent c_kv.
-  int qk_nope_head_dim = 0;    // Per-head query/key width without RoPE.
-  int qk_rope_head_dim = 0;    // Width of the decoupled RoPE part (key shared by all heads).
-  int v_head_dim = 0;          // Per-head value width.
+  int q_lora_rank = 0;       // 0: queries use a plain q_proj; else q_a_proj -> RMSNorm -> q_b_proj.
+  int kv_lora_rank = 0;      // Width of the cached latent c_kv.
+  int qk_nope_head_dim = 0;  // Per-head query/key width without RoPE.
+  int qk_rope_head_dim = 0;  // Width of the decoupled RoPE part (key shared by all heads).
+  int v_head_dim = 0;        // Per-head value width.
   float rms_norm_eps = 1e-6f;  // For q_a_layernorm and kv_a_layernorm.
 };
 
 struct LayerSpec {
   AttentionVariant variant = AttentionVariant::kMHA;
-  int d_model = 0;       // Hidden size of the layer's input and output.
-  int num_heads = 0;     // Query heads.
-  int num_kv_heads = 0;  // Key/value heads (MHA/MQA/GQA). Ignored for MLA.
-  int head_dim = 0;      // Per-head width of q, k, v (MHA/MQA/GQA); need not be d_model/num_heads.
+  int d_model = 0;        // Hidden size of the layer's input and output.
+  int num_heads = 0;      // Query heads.
+  int num_kv_heads = 0;   // Key/value heads (MHA/MQA/GQA). Ignored for MLA.
+  int head_dim = 0;       // Per-head width of q, k, v (MHA/MQA/GQA); need not be d_model/num_heads.
   bool qkv_bias = false;  // Bias on q_proj, k_proj and v_proj (MHA/MQA/GQA only).
   bool o_bias = false;    // Bias on o_proj (MHA/MQA/GQA only).
 

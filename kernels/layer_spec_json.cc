@@ -21,10 +21,10 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr absl::string_view kTopLevelKeys[] = {
-    "variant", "d_model",  "num_heads", "num_kv_heads",   "head_dim",       "qkv_bias", "o_bias",
-    "rope",    "rope_theta", "causal",  "sliding_window", "softmax_scale", "mla"};
+    "variant", "d_model",    "num_heads", "num_kv_heads",   "head_dim",      "qkv_bias", "o_bias",
+    "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla"};
 constexpr absl::string_view kMlaKeys[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
-                                         "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
+                                          "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
 
 // Records the first syntax error of a SAX parse, so a malformed file gets nlohmann's message
 // (with its byte position) without enabling exceptions on the DOM parse.
@@ -57,8 +57,8 @@ absl::string_view JsonTypeName(const Json& value) {
 }
 
 absl::Status WrongType(absl::string_view key, absl::string_view expected, const Json& value) {
-  return absl::InvalidArgumentError(absl::StrCat(key, ": expected ", expected, ", got ",
-                                                 JsonTypeName(value), " ", value.dump()));
+  return absl::InvalidArgumentError(
+      absl::StrCat(key, ": expected ", expected, ", got ", JsonTypeName(value), " ", value.dump()));
 }
 
 absl::Status CheckKeys(const Json& object, absl::Span<const absl::string_view> known,
@@ -67,8 +67,8 @@ absl::Status CheckKeys(const Json& object, absl::Span<const absl::string_view> k
     bool found = false;
     for (absl::string_view k : known) found = found || k == key;
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, key, ": unknown key (known keys: ",
-                                                     absl::StrJoin(known, ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, key, ": unknown key (known keys: ", absl::StrJoin(known, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -124,8 +124,7 @@ class FieldReader {
   }
 
   // *out is untouched (and `*present` false) when the key is absent and not required.
-  absl::Status String(absl::string_view key, bool required, std::string* out,
-                      bool* present) const {
+  absl::Status String(absl::string_view key, bool required, std::string* out, bool* present) const {
     const Json* value;
     *present = false;
     if (absl::Status s = Find(key, required, &value); !s.ok() || value == nullptr) return s;
@@ -173,8 +172,7 @@ double FloatForJson(float value) {
   char buffer[32];
   const std::to_chars_result printed = std::to_chars(buffer, buffer + sizeof(buffer), value);
   double parsed = 0.0;
-  if (printed.ec == std::errc() &&
-      std::from_chars(buffer, printed.ptr, parsed).ec == std::errc() &&
+  if (printed.ec == std::errc() && std::from_chars(buffer, printed.ptr, parsed).ec == std::errc() &&
       static_cast<float>(parsed) == value) {
     return parsed;
   }

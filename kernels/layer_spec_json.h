@@ -31,9 +31,9 @@
 #define ATTNSERVE_KERNELS_LAYER_SPEC_JSON_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/layer_spec.h"
 
 namespace attnserve {

@@ -8,8 +8,8 @@
 //   MLA:         q_proj.weight [H*(nope+rope), d_model]            when q_lora_rank == 0, else
 //                q_a_proj.weight [q_lora, d_model], q_a_layernorm.weight [q_lora],
 //                q_b_proj.weight [H*(nope+rope), q_lora];
-//                kv_a_proj_with_mqa.weight [kv_lora+rope, d_model], kv_a_layernorm.weight [kv_lora],
-//                kv_b_proj.weight [H*(nope+v), kv_lora], o_proj.weight [d_model, H*v]
+//                kv_a_proj_with_mqa.weight [kv_lora+rope, d_model], kv_a_layernorm.weight
+//                [kv_lora], kv_b_proj.weight [H*(nope+v), kv_lora], o_proj.weight [d_model, H*v]
 #ifndef ATTNSERVE_KERNELS_LAYER_WEIGHTS_H_
 #define ATTNSERVE_KERNELS_LAYER_WEIGHTS_H_
 

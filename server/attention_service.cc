@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/layer_spec.h"
+#include "proto/codec/spec_codec.h"
+#include "proto/codec/tensor_codec.h"
 #include "server/logging.h"
 #include "server/session.h"
 #include "server/session_scheduler.h"
-#include "proto/codec/spec_codec.h"
 #include "server/step_codec.h"
-#include "proto/codec/tensor_codec.h"
 #include "server/weight_source.h"
 
 #ifndef ATTNSERVE_VERSION
@@ -53,8 +53,8 @@ struct CallTimer {
     return t;
   }
   void Fill(v1::Timing* timing) const {
-    timing->set_queue_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(start - arrival)
-                             .count());
+    timing->set_queue_ns(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(start - arrival).count());
     timing->set_compute_ns(compute_ns);
     timing->set_total_ns(NanosSince(arrival));
   }
@@ -63,8 +63,7 @@ struct CallTimer {
 // absl and gRPC share the canonical code numbering.
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 grpc::Status ShuttingDown() {
@@ -158,9 +157,9 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   if (request.max_requests() > 0) limits.max_requests = request.max_requests();
   if (request.max_sequence_length() < 0 ||
       request.max_sequence_length() > limits_.max_sequence_length) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_sequence_length = ", request.max_sequence_length(), ", must be in [0, ",
-        limits_.max_sequence_length, "] (the server's max_sequence_length)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sequence_length = ", request.max_sequence_length(), ", must be in [0, ",
+                     limits_.max_sequence_length, "] (the server's max_sequence_length)"));
   }
   if (request.max_sequence_length() > 0) limits.max_sequence_length = request.max_sequence_length();
   if (request.label().size() > 1024) {
@@ -186,12 +185,12 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);
 
   // Every engine call of the session (a decode batch, a whole Forward) feeds the batch metrics.
-  SchedulerContext scheduling{scheduler_options_, &timer_,
-                              [metrics = metrics_, variant = *variant](const Session&,
-                                                                       const BatchStats& b) {
-                                metrics->ObserveBatch(variant, b.decode, b.size, b.tokens,
-                                                      static_cast<double>(b.compute_ns) * 1e-9);
-                              }};
+  SchedulerContext scheduling{
+      scheduler_options_, &timer_,
+      [metrics = metrics_, variant = *variant](const Session&, const BatchStats& b) {
+        metrics->ObserveBatch(variant, b.decode, b.size, b.tokens,
+                              static_cast<double>(b.compute_ns) * 1e-9);
+      }};
   auto session =
       std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
@@ -268,16 +267,15 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerCont
       // between two chunks, so neither starves the other.
       SessionScheduler& scheduler = session->scheduler();
       int chunks = 0;
-      outputs = session->RunPrefill(*std::move(plan), scheduler.options().prefill_chunk_tokens,
-                                    [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns,
-                                    &chunks);
+      outputs = session->RunPrefill(
+          *std::move(plan), scheduler.options().prefill_chunk_tokens,
+          [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns, &chunks);
       stats.chunks = chunks;
       stats.compute_ns = timer.compute_ns;
       if (outputs.ok()) scheduler.RecordForward(stats);
     }
     if (!outputs.ok()) {
-      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer,
-                        ToGrpc(outputs.status()));
+      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
     }
     for (StepOutput& out : *outputs) FillResult(out, response->add_results());
     timer.Fill(response->mutable_timing());
@@ -362,8 +360,7 @@ class AttentionServiceImpl::DecodeStreamReactor
     call->inputs = *std::move(inputs);
     call->arrival = timer_.arrival;
     call->is_cancelled = [context = context_] { return context->IsCancelled(); };
-    call->done = [this](absl::StatusOr<std::vector<StepOutput>> outputs,
-                        const StepTiming& timing) {
+    call->done = [this](absl::StatusOr<std::vector<StepOutput>> outputs, const StepTiming& timing) {
       ApplyStepTiming(timing, timer_);
       if (!outputs.ok()) return FinishMessage(ToGrpc(outputs.status()));
       response_.Clear();
@@ -399,8 +396,8 @@ class AttentionServiceImpl::DecodeStreamReactor
   std::string variant_;  // Of the current message's session, for metrics.
 };
 
-grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>*
-AttentionServiceImpl::DecodeStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionServiceImpl::DecodeStream(
+    grpc::CallbackServerContext* context) {
   return new DecodeStreamReactor(this, context);
 }
 
@@ -423,22 +420,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerCont
   if (request->request_id().empty()) {
     // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
     if (registry_->Remove(session->id()) == nullptr) {
-      FinishCall(reactor, metrics, Rpc::kRelease, variant, timer,
-                 ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '",
-                                                         request->session_id(),
-                                                         "' was released concurrently"))));
+      FinishCall(
+          reactor, metrics, Rpc::kRelease, variant, timer,
+          ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '", request->session_id(),
+                                                  "' was released concurrently"))));
       return reactor;
     }
-    queued = session->scheduler().PostOp({}, [session, response, reactor, timer, &metrics,
-                                              variant] {
-      CallTimer t = timer;
-      t.Started();
-      response->set_freed_bytes(session->Close());
-      t.compute_ns = NanosSince(t.start);
-      SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
-                 response->freed_bytes());
-      FinishCall(reactor, metrics, Rpc::kRelease, variant, t, grpc::Status::OK);
-    });
+    queued =
+        session->scheduler().PostOp({}, [session, response, reactor, timer, &metrics, variant] {
+          CallTimer t = timer;
+          t.Started();
+          response->set_freed_bytes(session->Close());
+          t.compute_ns = NanosSince(t.start);
+          SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
+                     response->freed_bytes());
+          FinishCall(reactor, metrics, Rpc::kRelease, variant, t, grpc::Status::OK);
+        });
   } else {
     // Not skipped when cancelled: the client asked for memory back.
     queued = session->scheduler().PostOp(
@@ -468,9 +465,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerC
   return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(
-    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* request,
-    v1::ListSessionsResponse* response) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
+                                                             const v1::ListSessionsRequest* request,
+                                                             v1::ListSessionsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const CallTimer timer;
   const absl::Time now = absl::Now();

@@ -37,9 +37,8 @@ void Executor::WorkerLoop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](Executor* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) {
-            return e->stopping_ || !e->tasks_.empty();
-          },
+          +[](Executor* e)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->stopping_ || !e->tasks_.empty(); },
           this));
       // Drain before exiting: a queued task may be the one that finishes a gRPC call.
       if (tasks_.empty()) return;

@@ -26,8 +26,7 @@ class KvPool {
 
   // The cache configuration of a new session's layer. page_size must be resolved (>= 1).
   // INVALID_ARGUMENT when a single page is larger than the whole pool.
-  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype,
-                                          int page_size) const;
+  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype, int page_size) const;
 
   int64_t capacity_bytes() const { return budget_->capacity_bytes(); }
   int64_t used_bytes() const { return budget_->used_bytes(); }

@@ -10,8 +10,8 @@ namespace attnserve::server::internal {
 
 void WriteLogLine(char severity, absl::string_view message) {
   const std::string line =
-      absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E6S", absl::Now(), absl::LocalTimeZone()),
-                   " ", absl::string_view(&severity, 1), " ", message, "\n");
+      absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%E6S", absl::Now(), absl::LocalTimeZone()), " ",
+                   absl::string_view(&severity, 1), " ", message, "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }

@@ -23,7 +23,7 @@ void WriteLogLine(char severity, absl::string_view message);
 #define SERVER_LOG_SEVERITY_WARNING 'W'
 #define SERVER_LOG_SEVERITY_ERROR 'E'
 
-#define SERVER_LOG(severity, ...)                                   \
+#define SERVER_LOG(severity, ...)                                             \
   ::attnserve::server::internal::WriteLogLine(SERVER_LOG_SEVERITY_##severity, \
                                               ::absl::StrFormat(__VA_ARGS__))
 

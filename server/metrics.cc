@@ -72,24 +72,42 @@ int64_t ProcKilobytes(const char* path, const char* key) {
 
 const char* StatusCodeLabel(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kOk: return "OK";
-    case absl::StatusCode::kCancelled: return "CANCELLED";
-    case absl::StatusCode::kUnknown: return "UNKNOWN";
-    case absl::StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case absl::StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kNotFound: return "NOT_FOUND";
-    case absl::StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case absl::StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case absl::StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case absl::StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case absl::StatusCode::kAborted: return "ABORTED";
-    case absl::StatusCode::kOutOfRange: return "OUT_OF_RANGE";
-    case absl::StatusCode::kUnimplemented: return "UNIMPLEMENTED";
-    case absl::StatusCode::kInternal: return "INTERNAL";
-    case absl::StatusCode::kUnavailable: return "UNAVAILABLE";
-    case absl::StatusCode::kDataLoss: return "DATA_LOSS";
-    case absl::StatusCode::kUnauthenticated: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
+    case absl::StatusCode::kOk:
+      return "OK";
+    case absl::StatusCode::kCancelled:
+      return "CANCELLED";
+    case absl::StatusCode::kUnknown:
+      return "UNKNOWN";
+    case absl::StatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case absl::StatusCode::kNotFound:
+      return "NOT_FOUND";
+    case absl::StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case absl::StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case absl::StatusCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case absl::StatusCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case absl::StatusCode::kAborted:
+      return "ABORTED";
+    case absl::StatusCode::kOutOfRange:
+      return "OUT_OF_RANGE";
+    case absl::StatusCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case absl::StatusCode::kInternal:
+      return "INTERNAL";
+    case absl::StatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case absl::StatusCode::kDataLoss:
+      return "DATA_LOSS";
+    case absl::StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -103,14 +121,22 @@ std::string VariantLabel(const LayerSpec& spec) {
 
 const char* RpcLabel(Rpc rpc) {
   switch (rpc) {
-    case Rpc::kConfigure: return "configure";
-    case Rpc::kForward: return "forward";
-    case Rpc::kDecode: return "decode";
-    case Rpc::kDecodeStream: return "decode_stream";
-    case Rpc::kRelease: return "release";
-    case Rpc::kGetSession: return "get_session";
-    case Rpc::kListSessions: return "list_sessions";
-    case Rpc::kGetServerInfo: return "get_server_info";
+    case Rpc::kConfigure:
+      return "configure";
+    case Rpc::kForward:
+      return "forward";
+    case Rpc::kDecode:
+      return "decode";
+    case Rpc::kDecodeStream:
+      return "decode_stream";
+    case Rpc::kRelease:
+      return "release";
+    case Rpc::kGetSession:
+      return "get_session";
+    case Rpc::kListSessions:
+      return "list_sessions";
+    case Rpc::kGetServerInfo:
+      return "get_server_info";
   }
   return "unknown";
 }
@@ -223,8 +249,8 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
                       .Name("attnserve_build_info")
                       .Help("Always 1; labels give the server version, backend and device.")
                       .Register(*registry_)) {
-  build_info_.Add({{"version", build.version}, {"backend", build.backend},
-                   {"device", build.device}})
+  build_info_
+      .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
       .Set(1);
 }
 
@@ -280,17 +306,14 @@ void Metrics::ObserveRpc(Rpc rpc, const std::string& variant, absl::StatusCode c
   const Labels labels{{"rpc", RpcLabel(rpc)}, {"variant", variant}};
   absl::MutexLock lock(&mu_);
   NoteVariant(variant);
-  Get(rpc_duration_, labels, LatencyBuckets())
-      .Observe(timing.total_seconds);
+  Get(rpc_duration_, labels, LatencyBuckets()).Observe(timing.total_seconds);
   if (timing.computed) {
-    Get(queue_wait_, labels, LatencyBuckets())
-        .Observe(timing.queue_seconds);
-    Get(compute_, labels, LatencyBuckets())
-        .Observe(timing.compute_seconds);
+    Get(queue_wait_, labels, LatencyBuckets()).Observe(timing.queue_seconds);
+    Get(compute_, labels, LatencyBuckets()).Observe(timing.compute_seconds);
   }
   if (code != absl::StatusCode::kOk) {
-    Get(rpc_errors_, {{"rpc", RpcLabel(rpc)}, {"code", StatusCodeLabel(code)},
-                      {"variant", variant}})
+    Get(rpc_errors_,
+        {{"rpc", RpcLabel(rpc)}, {"code", StatusCodeLabel(code)}, {"variant", variant}})
         .Increment();
   }
 }
@@ -300,10 +323,8 @@ void Metrics::ObserveBatch(const std::string& variant, bool decode, int64_t size
   const Labels labels{{"variant", variant}};
   absl::MutexLock lock(&mu_);
   NoteVariant(variant);
-  Get(batch_size_, labels, BatchSizeBuckets())
-      .Observe(static_cast<double>(size));
-  Get(batch_tokens_, labels, BatchTokenBuckets())
-      .Observe(static_cast<double>(tokens));
+  Get(batch_size_, labels, BatchSizeBuckets()).Observe(static_cast<double>(size));
+  Get(batch_tokens_, labels, BatchTokenBuckets()).Observe(static_cast<double>(tokens));
   if (decode) {
     Get(decode_tokens_, labels).Increment(static_cast<double>(tokens));
     Get(decode_step_, labels, LatencyBuckets()).Observe(seconds);
@@ -321,7 +342,8 @@ void Metrics::CountKvRejection(const std::string& variant) {
 void Metrics::CountExpired(const std::string& variant, ExpiryKind kind, int64_t count) {
   absl::MutexLock lock(&mu_);
   NoteVariant(variant);
-  Get(expired_, {{"variant", variant}, {"kind", kind == ExpiryKind::kRequest ? "request" : "session"}})
+  Get(expired_,
+      {{"variant", variant}, {"kind", kind == ExpiryKind::kRequest ? "request" : "session"}})
       .Increment(static_cast<double>(count));
 }
 
@@ -379,8 +401,7 @@ void Metrics::RefreshGauges() {
     Get(sessions_active_, {{"variant", variant}}).Set(static_cast<double>(state.sessions));
     Get(requests_active_, {{"variant", variant}}).Set(static_cast<double>(state.requests));
     if (it != live.end()) {
-      Get(bytes_per_token_, {{"variant", variant}})
-          .Set(static_cast<double>(state.bytes_per_token));
+      Get(bytes_per_token_, {{"variant", variant}}).Set(static_cast<double>(state.bytes_per_token));
     } else {
       Drop(bytes_per_token_, {{"variant", variant}});
     }

@@ -64,7 +64,7 @@ const char* RpcLabel(Rpc rpc);  // "configure", "forward", "decode_stream", ...
 
 // The server's timing of one call or stream message, in seconds.
 struct RpcTiming {
-  bool computed = false;  // The call reached its compute phase (queue/compute are meaningful).
+  bool computed = false;       // The call reached its compute phase (queue/compute are meaningful).
   double queue_seconds = 0;    // Arrival to start of compute (waiting on the session's queue).
   double compute_seconds = 0;  // Engine time.
   double total_seconds = 0;    // Arrival to the answer.

@@ -1,15 +1,14 @@
 #include "server/server.h"
 
+#include <grpc/grpc.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
-
-#include <grpc/grpc.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend_factory.h"
@@ -48,9 +47,8 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         absl::StrCat("--max_batch_tokens = ", b.max_batch_tokens, ", must be >= 1"));
   }
   if (b.max_queue_delay < absl::ZeroDuration() || b.max_queue_delay > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_queue_delay = ",
-                                                   absl::FormatDuration(b.max_queue_delay),
-                                                   ", must be in [0, 1s]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_queue_delay = ", absl::FormatDuration(b.max_queue_delay), ", must be in [0, 1s]"));
   }
   if (b.prefill_chunk_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,8 +67,8 @@ absl::Status ValidateOptions(const ServerOptions& o) {
         absl::StrCat("--max_sequence_length = ", l.max_sequence_length, ", must be >= 1"));
   }
   if (l.max_message_bytes < 1024 || l.max_message_bytes > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_message_bytes = ", l.max_message_bytes, ", must be in [1024, 2^31 - 1]"));
+    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes = ", l.max_message_bytes,
+                                                   ", must be in [1024, 2^31 - 1]"));
   }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_grace must be >= 0");
@@ -129,9 +127,9 @@ absl::Status RunServer(const ServerOptions& options) {
   KvPool pool(options.kv_pool_bytes);
   SessionRegistry registry(options.limits.max_sessions);
   Executor executor(options.compute_threads);
-  Metrics metrics({ATTNSERVE_VERSION, std::string((*backend)->name()),
-                   (*backend)->device_description()},
-                  &pool, &registry);
+  Metrics metrics(
+      {ATTNSERVE_VERSION, std::string((*backend)->name()), (*backend)->device_description()}, &pool,
+      &registry);
   // Metrics first: once the gRPC port (file) is visible, /metrics answers too.
   if (!options.metrics_address.empty()) {
     absl::StatusOr<int> metrics_port = metrics.Serve(options.metrics_address);
@@ -171,12 +169,14 @@ absl::Status RunServer(const ServerOptions& options) {
              options.listen_address, port);
   SERVER_LOG(INFO, "backend %s: %s; %d compute threads", (*backend)->name(),
              (*backend)->device_description(), executor.num_threads());
-  SERVER_LOG(INFO, "batching: max_batch_size %d, max_batch_tokens %d, max_queue_delay %s, "
+  SERVER_LOG(INFO,
+             "batching: max_batch_size %d, max_batch_tokens %d, max_queue_delay %s, "
              "prefill_chunk_tokens %d",
              options.scheduler.max_batch_size, options.scheduler.max_batch_tokens,
              absl::FormatDuration(options.scheduler.max_queue_delay),
              options.scheduler.prefill_chunk_tokens);
-  SERVER_LOG(INFO, "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
+  SERVER_LOG(INFO,
+             "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
              "message bytes, request_ttl %s, session_ttl %s",
              pool.capacity_bytes(), options.limits.max_sessions,
              options.limits.max_requests_per_session, options.limits.max_sequence_length,
@@ -190,8 +190,7 @@ absl::Status RunServer(const ServerOptions& options) {
   }
 
   TtlSweeper sweeper(&registry, options.limits.request_ttl, options.limits.session_ttl,
-                     SweepPeriod(options.limits.request_ttl, options.limits.session_ttl),
-                     &metrics);
+                     SweepPeriod(options.limits.request_ttl, options.limits.session_ttl), &metrics);
 
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) != 0) {

@@ -13,7 +13,7 @@ namespace attnserve::server {
 struct ServerLimits {
   int max_sessions = 64;
   int max_requests_per_session = 256;
-  int64_t max_sequence_length = 32768;    // Tokens per request.
+  int64_t max_sequence_length = 32768;   // Tokens per request.
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
@@ -38,13 +38,13 @@ struct SchedulerOptions {
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // Port 0 picks a free port.
-  std::string port_file;    // When set, the bound port is written here once listening.
+  std::string port_file;  // When set, the bound port is written here once listening.
   // Prometheus /metrics endpoint, host:port (port 0 picks a free port); empty = not served.
   std::string metrics_address;
   std::string metrics_port_file;  // When set, the metrics port is written here before serving.
-  std::string backend = "cpu";  // "auto", "cpu" or "cuda" (kernels/backend_factory.h).
-  int engine_threads = 0;   // CPU backend threads; 0 = one per hardware thread.
-  int compute_threads = 2;  // Executor threads running engine calls (one per busy session).
+  std::string backend = "cpu";    // "auto", "cpu" or "cuda" (kernels/backend_factory.h).
+  int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
+  int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;
   absl::Duration shutdown_grace = absl::Seconds(10);
   ServerLimits limits;

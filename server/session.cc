@@ -21,8 +21,8 @@ absl::Status SessionClosedError(const std::string& id) {
 }  // namespace
 
 Session::Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
-                 SessionLimits limits, std::unique_ptr<AttentionLayer> layer,
-                 v1::SessionCost cost, Executor* executor, SchedulerContext scheduler)
+                 SessionLimits limits, std::unique_ptr<AttentionLayer> layer, v1::SessionCost cost,
+                 Executor* executor, SchedulerContext scheduler)
     : id_(std::move(id)),
       label_(std::move(label)),
       spec_(spec),
@@ -68,8 +68,8 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
     if (it == requests_.end()) {
       if (decode) {
         return absl::NotFoundError(absl::StrCat(
-            "items[", i, "].request_id: request '", in.request_id, "' not found in session '",
-            id_, "' (create it with Forward; it may have been released or expired)"));
+            "items[", i, "].request_id: request '", in.request_id, "' not found in session '", id_,
+            "' (create it with Forward; it may have been released or expired)"));
       }
       plan.requests[i].is_new = true;
       ++new_requests;
@@ -98,22 +98,22 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
         }
       }
       if (in.positions[0] <= last_position) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "items[", i, "].positions[0] = ", in.positions[0],
-            ", must be after the last position (", last_position, ") of request '",
-            in.request_id, "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].positions[0] = ", in.positions[0],
+                         ", must be after the last position (", last_position, ") of request '",
+                         in.request_id, "'"));
       }
     } else if (length <= last_position) {
       // Earlier explicit positions ran ahead of the length; implicit ones would go backwards.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "items[", i, "].positions: empty means positions from the request's length ", length,
-          ", which is not after the last position (", last_position, ") of request '",
-          in.request_id, "'; give positions explicitly"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("items[", i, "].positions: empty means positions from the request's length ",
+                       length, ", which is not after the last position (", last_position,
+                       ") of request '", in.request_id, "'; give positions explicitly"));
     }
     if (length + rows > limits_.max_sequence_length) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "items[", i, "]: request '", in.request_id, "' would hold ", length + rows,
-          " tokens, over max_sequence_length = ", limits_.max_sequence_length));
+      return absl::OutOfRangeError(
+          absl::StrCat("items[", i, "]: request '", in.request_id, "' would hold ", length + rows,
+                       " tokens, over max_sequence_length = ", limits_.max_sequence_length));
     }
     if (i > 0 && in.hidden.dtype() != inputs[0].hidden.dtype()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -123,10 +123,10 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
   }
   if (new_requests > 0 &&
       static_cast<int64_t>(requests_.size()) + new_requests > limits_.max_requests) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session '", id_, "' has ", requests_.size(), " requests; ", new_requests,
-        " more would pass max_requests = ", limits_.max_requests,
-        " (release requests or raise the limit)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session '", id_, "' has ", requests_.size(), " requests; ", new_requests,
+                     " more would pass max_requests = ", limits_.max_requests,
+                     " (release requests or raise the limit)"));
   }
   plan.inputs = std::move(inputs);
   return plan;
@@ -138,9 +138,9 @@ absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
     const Tensor& h = plan.inputs[i].hidden;
     if (h.dtype() != hidden->dtype()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("hidden: dtype ", DTypeName(h.dtype()), " differs from the batch's (",
-                       DTypeName(hidden->dtype()), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("hidden: dtype ", DTypeName(h.dtype()),
+                                                     " differs from the batch's (",
+                                                     DTypeName(hidden->dtype()), ")"));
     }
     std::memcpy(dst, h.data(), h.num_bytes());
     dst += h.num_bytes();
@@ -213,9 +213,9 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   }
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<Tensor> out = layer_->Decode(ids, hidden, positions);
-  *compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+  *compute_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   RefreshKvBytes();
   if (!out.ok()) return out.status();
   const absl::Time now = absl::Now();
@@ -238,8 +238,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
   for (const StepInput& in : plan.inputs) total_rows += in.hidden.dim(0);
   Tensor hidden(plan.inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
   std::vector<int64_t> positions;
-  if (absl::Status s =
-          GatherRows(plan, &hidden, plan.explicit_positions ? &positions : nullptr);
+  if (absl::Status s = GatherRows(plan, &hidden, plan.explicit_positions ? &positions : nullptr);
       !s.ok()) {
     return s;
   }
@@ -259,10 +258,10 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
       reserved += reserve_per_input[i];
     }
     if (!budget->TryCharge(reserved)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "KV memory budget exhausted: this Forward needs ", reserved, " bytes (",
-          reserved / page_bytes_, " pages of ", page_size_, " tokens), ", budget->free_bytes(),
-          " of ", budget->capacity_bytes(), " bytes are free"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV memory budget exhausted: this Forward needs ", reserved, " bytes (",
+                       reserved / page_bytes_, " pages of ", page_size_, " tokens), ",
+                       budget->free_bytes(), " of ", budget->capacity_bytes(), " bytes are free"));
     }
   }
 
@@ -297,9 +296,8 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
       if (reserved > 0) {
         // This chunk's share of the reservation: the pages its rows newly need.
         const int64_t done = plan.requests[i].length + (lo - row_start[i]);
-        const int64_t share =
-            std::clamp<int64_t>(RequestKvBytes(done + hi - lo) - RequestKvBytes(done), 0,
-                                reserve_per_input[i]);
+        const int64_t share = std::clamp<int64_t>(
+            RequestKvBytes(done + hi - lo) - RequestKvBytes(done), 0, reserve_per_input[i]);
         reserve_per_input[i] -= share;
         chunk_bytes += share;
       }
@@ -330,11 +328,12 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
           if (plan.requests[i].is_new || row_start[i] >= begin) continue;
           absl::MutexLock lock(&mu_);
           RequestState& state = requests_[plan.inputs[i].request_id];
-          state.length = plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
-          state.last_position = plan.inputs[i].positions.empty()
-                                    ? state.length - 1
-                                    : plan.inputs[i].positions[state.length - 1 -
-                                                               plan.requests[i].length];
+          state.length =
+              plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
+          state.last_position =
+              plan.inputs[i].positions.empty()
+                  ? state.length - 1
+                  : plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
         }
       }
       return undo(chunk_out.status());
@@ -378,8 +377,8 @@ absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
     last_used_ = absl::Now();
     auto it = requests_.find(request_id);
     if (it == requests_.end()) {
-      return absl::NotFoundError(absl::StrCat("request_id: request '", request_id,
-                                              "' not found in session '", id_, "'"));
+      return absl::NotFoundError(
+          absl::StrCat("request_id: request '", request_id, "' not found in session '", id_, "'"));
     }
     sequence = it->second.sequence;
     requests_.erase(it);

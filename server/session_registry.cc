@@ -34,9 +34,9 @@ std::string NewSessionId() {
 absl::Status SessionRegistry::CheckCapacity() const {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(sessions_.size(), " sessions are live, the limit is max_sessions = ",
-                     max_sessions_, " (release a session or wait for session_ttl)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        sessions_.size(), " sessions are live, the limit is max_sessions = ", max_sessions_,
+        " (release a session or wait for session_ttl)"));
   }
   return absl::OkStatus();
 }
@@ -44,9 +44,9 @@ absl::Status SessionRegistry::CheckCapacity() const {
 absl::Status SessionRegistry::Add(std::shared_ptr<Session> session) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(sessions_.size(), " sessions are live, the limit is max_sessions = ",
-                     max_sessions_, " (release a session or wait for session_ttl)"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        sessions_.size(), " sessions are live, the limit is max_sessions = ", max_sessions_,
+        " (release a session or wait for session_ttl)"));
   }
   const std::string id = session->id();
   sessions_.emplace(id, std::move(session));
@@ -59,8 +59,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "session_id: session '", session_id, "' not found (never created, released, or expired)"));
+    return absl::NotFoundError(absl::StrCat("session_id: session '", session_id,
+                                            "' not found (never created, released, or expired)"));
   }
   return it->second;
 }
@@ -81,8 +81,7 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::All() const {
     all.reserve(sessions_.size());
     for (const auto& [id, session] : sessions_) all.push_back(session);
   }
-  std::sort(all.begin(), all.end(),
-            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->id() < b->id(); });
   return all;
 }
 

@@ -44,8 +44,8 @@ void SessionScheduler::SubmitDecode(std::unique_ptr<DecodeCall> call) {
       PostBatchTaskLocked(&failed);
     } else if (state_ == State::kWaiting) {
       // Waiting for more steps: launch now once as many wait as the batch would take anyway.
-      const int64_t enough = std::min<int64_t>(context_.options.max_batch_size,
-                                               std::max<int64_t>(1, expected_steps_));
+      const int64_t enough =
+          std::min<int64_t>(context_.options.max_batch_size, std::max<int64_t>(1, expected_steps_));
       if (static_cast<int64_t>(pending_.size()) >= enough) {
         state_ = State::kPosted;
         ++timer_generation_;  // The armed timer finds itself stale.
@@ -287,9 +287,8 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   stats.compute_ns = compute_ns;
   if (status.ok()) {
     for (size_t i = 0; i < planned.size(); ++i) {
-      planned[i]->done(std::move(outputs[i]),
-                       StepTiming{NanosBetween(planned[i]->arrival, start), compute_ns,
-                                  static_cast<int>(steps)});
+      planned[i]->done(std::move(outputs[i]), StepTiming{NanosBetween(planned[i]->arrival, start),
+                                                         compute_ns, static_cast<int>(steps)});
     }
   } else if (planned.size() == 1) {
     planned[0]->done(status, StepTiming{NanosBetween(planned[0]->arrival, start), compute_ns,

@@ -19,9 +19,9 @@ absl::Status CheckRequestId(const std::string& id, int index,
         absl::StrCat("items[", index, "].request_id: must not be empty"));
   }
   if (id.size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("items[", index, "].request_id: has ",
-                                                   id.size(), " bytes, at most ",
-                                                   kMaxRequestIdBytes, " allowed"));
+    return absl::InvalidArgumentError(absl::StrCat("items[", index, "].request_id: has ", id.size(),
+                                                   " bytes, at most ", kMaxRequestIdBytes,
+                                                   " allowed"));
   }
   auto [it, inserted] = seen.emplace(id, index);
   if (!inserted) {
@@ -36,8 +36,8 @@ absl::Status CheckWidth(const Tensor& hidden, const LayerSpec& spec, const std::
                         absl::string_view expected) {
   if (hidden.shape().back() != spec.d_model) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(hidden.shape()),
-                                                   ", expected ", expected, " (d_model = ",
-                                                   spec.d_model, ")"));
+                                                   ", expected ", expected,
+                                                   " (d_model = ", spec.d_model, ")"));
   }
   return absl::OkStatus();
 }
@@ -84,9 +84,8 @@ absl::StatusOr<std::vector<StepInput>> DecodeInputsFromProto(const v1::DecodeReq
     if (!hidden.ok()) return hidden.status();
     const bool one_row = hidden->rank() == 1 || (hidden->rank() == 2 && hidden->dim(0) == 1);
     if (!one_row) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ",
-                                                     ShapeString(hidden->shape()),
-                                                     ", expected [1, d_model] or [d_model]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": shape ", ShapeString(hidden->shape()), ", expected [1, d_model] or [d_model]"));
     }
     if (absl::Status s = CheckWidth(*hidden, spec, field, "[1, d_model] or [d_model]"); !s.ok()) {
       return s;

@@ -55,8 +55,8 @@ void TtlSweeper::SweepOnce(absl::Time now) {
           if (metrics != nullptr) {
             metrics->CountExpired(VariantLabel(removed->spec()), ExpiryKind::kSession, 1);
           }
-          SERVER_LOG(INFO, "session %s expired after session_ttl; freed %d KV bytes",
-                     removed->id(), freed);
+          SERVER_LOG(INFO, "session %s expired after session_ttl; freed %d KV bytes", removed->id(),
+                     freed);
         });
       }
       continue;

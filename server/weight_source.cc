@@ -28,8 +28,8 @@ absl::StatusOr<LayerWeights> FromCheckpoint(const v1::CheckpointWeights& checkpo
     return absl::InvalidArgumentError("weights.checkpoint.path: must not be empty");
   }
   if (checkpoint.layer_index() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("weights.checkpoint.layer_index = ",
-                                                   checkpoint.layer_index(), ", must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights.checkpoint.layer_index = ", checkpoint.layer_index(), ", must be >= 0"));
   }
   struct stat info;
   if (stat(path.c_str(), &info) != 0) {

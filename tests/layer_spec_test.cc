@@ -1,4 +1,6 @@
 // LayerSpec validation, its size arithmetic, and its JSON form.
+#include "kernels/layer_spec.h"
+
 #include <cmath>
 #include <limits>
 #include <string>
@@ -7,7 +9,6 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/layer_spec.h"
 #include "kernels/layer_spec_json.h"
 
 namespace attnserve {
@@ -112,56 +113,82 @@ std::vector<BadSpec> BadSpecs() {
     mutate(base);
     cases.push_back({std::move(name), base, std::move(field)});
   };
-  add("ZeroDModel", Gqa(), [](LayerSpec& s) { s.d_model = 0; }, "d_model");
-  add("NegativeDModel", Gqa(), [](LayerSpec& s) { s.d_model = -512; }, "d_model");
-  add("ZeroHeads", Gqa(), [](LayerSpec& s) { s.num_heads = 0; }, "num_heads");
-  add("ZeroHeadDim", Gqa(), [](LayerSpec& s) { s.head_dim = 0; }, "head_dim");
-  add("ZeroKvHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 0; }, "num_kv_heads");
-  add("MoreKvHeadsThanHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 16; }, "num_kv_heads");
-  add("KvHeadsNotDividingHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 3; }, "num_kv_heads");
-  add("MhaWithFewerKvHeads", Mha512(), [](LayerSpec& s) { s.num_kv_heads = 4; }, "num_kv_heads");
-  add("MqaWithTwoKvHeads", Gqa(),
+  add(
+      "ZeroDModel", Gqa(), [](LayerSpec& s) { s.d_model = 0; }, "d_model");
+  add(
+      "NegativeDModel", Gqa(), [](LayerSpec& s) { s.d_model = -512; }, "d_model");
+  add(
+      "ZeroHeads", Gqa(), [](LayerSpec& s) { s.num_heads = 0; }, "num_heads");
+  add(
+      "ZeroHeadDim", Gqa(), [](LayerSpec& s) { s.head_dim = 0; }, "head_dim");
+  add(
+      "ZeroKvHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 0; }, "num_kv_heads");
+  add(
+      "MoreKvHeadsThanHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 16; }, "num_kv_heads");
+  add(
+      "KvHeadsNotDividingHeads", Gqa(), [](LayerSpec& s) { s.num_kv_heads = 3; }, "num_kv_heads");
+  add(
+      "MhaWithFewerKvHeads", Mha512(), [](LayerSpec& s) { s.num_kv_heads = 4; }, "num_kv_heads");
+  add(
+      "MqaWithTwoKvHeads", Gqa(),
       [](LayerSpec& s) {
         s.variant = AttentionVariant::kMQA;
         s.num_kv_heads = 2;
       },
       "num_kv_heads");
-  add("OddHeadDimWithHalfRope", Gqa(), [](LayerSpec& s) { s.head_dim = 65; }, "head_dim");
-  add("OddHeadDimWithInterleavedRope", Gqa(),
+  add(
+      "OddHeadDimWithHalfRope", Gqa(), [](LayerSpec& s) { s.head_dim = 65; }, "head_dim");
+  add(
+      "OddHeadDimWithInterleavedRope", Gqa(),
       [](LayerSpec& s) {
         s.head_dim = 63;
         s.rope = RopeLayout::kInterleaved;
       },
       "head_dim");
-  add("RopeThetaOne", Gqa(), [](LayerSpec& s) { s.rope_theta = 1.0; }, "rope_theta");
-  add("RopeThetaInfinite", Gqa(),
+  add(
+      "RopeThetaOne", Gqa(), [](LayerSpec& s) { s.rope_theta = 1.0; }, "rope_theta");
+  add(
+      "RopeThetaInfinite", Gqa(),
       [](LayerSpec& s) { s.rope_theta = std::numeric_limits<double>::infinity(); }, "rope_theta");
-  add("NegativeWindow", Gqa(), [](LayerSpec& s) { s.sliding_window = -1; }, "sliding_window");
-  add("WindowWithoutCausal", Gqa(),
+  add(
+      "NegativeWindow", Gqa(), [](LayerSpec& s) { s.sliding_window = -1; }, "sliding_window");
+  add(
+      "WindowWithoutCausal", Gqa(),
       [](LayerSpec& s) {
         s.sliding_window = 8;
         s.causal = false;
       },
       "sliding_window");
-  add("NegativeScale", Gqa(), [](LayerSpec& s) { s.softmax_scale = -0.125f; }, "softmax_scale");
-  add("NanScale", Gqa(),
+  add(
+      "NegativeScale", Gqa(), [](LayerSpec& s) { s.softmax_scale = -0.125f; }, "softmax_scale");
+  add(
+      "NanScale", Gqa(),
       [](LayerSpec& s) { s.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
       "softmax_scale");
-  add("MlaZeroKvLoraRank", DeepSeekV3(), [](LayerSpec& s) { s.mla.kv_lora_rank = 0; },
+  add(
+      "MlaZeroKvLoraRank", DeepSeekV3(), [](LayerSpec& s) { s.mla.kv_lora_rank = 0; },
       "mla.kv_lora_rank");
-  add("MlaNegativeQLoraRank", DeepSeekV3(), [](LayerSpec& s) { s.mla.q_lora_rank = -1; },
+  add(
+      "MlaNegativeQLoraRank", DeepSeekV3(), [](LayerSpec& s) { s.mla.q_lora_rank = -1; },
       "mla.q_lora_rank");
-  add("MlaZeroNopeDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_nope_head_dim = 0; },
+  add(
+      "MlaZeroNopeDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_nope_head_dim = 0; },
       "mla.qk_nope_head_dim");
-  add("MlaZeroVDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.v_head_dim = 0; }, "mla.v_head_dim");
-  add("MlaOddRopeDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_rope_head_dim = 63; },
+  add(
+      "MlaZeroVDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.v_head_dim = 0; }, "mla.v_head_dim");
+  add(
+      "MlaOddRopeDim", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_rope_head_dim = 63; },
       "mla.qk_rope_head_dim");
-  add("MlaZeroRopeDimWithRope", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_rope_head_dim = 0; },
+  add(
+      "MlaZeroRopeDimWithRope", DeepSeekV3(), [](LayerSpec& s) { s.mla.qk_rope_head_dim = 0; },
       "mla.qk_rope_head_dim");
-  add("MlaZeroEps", DeepSeekV3(), [](LayerSpec& s) { s.mla.rms_norm_eps = 0.0f; },
+  add(
+      "MlaZeroEps", DeepSeekV3(), [](LayerSpec& s) { s.mla.rms_norm_eps = 0.0f; },
       "mla.rms_norm_eps");
-  add("MlaWithBias", DeepSeekV3(), [](LayerSpec& s) { s.qkv_bias = true; }, "qkv_bias");
-  add("MlaWithWindowWithoutCausal", DeepSeekV3(),
+  add(
+      "MlaWithBias", DeepSeekV3(), [](LayerSpec& s) { s.qkv_bias = true; }, "qkv_bias");
+  add(
+      "MlaWithWindowWithoutCausal", DeepSeekV3(),
       [](LayerSpec& s) {
         s.sliding_window = 16;
         s.causal = false;
@@ -238,9 +265,9 @@ TEST(LayerSpecSizesTest, DeepSeekV3FullSize) {
 
   LayerSpec no_q_lora = spec;
   no_q_lora.mla.q_lora_rank = 0;  // DeepSeek-V2-Lite style: plain q_proj 7168 -> 128*192.
-  EXPECT_EQ(ParameterCount(no_q_lora), expected - (int64_t{1536} * 7168 + 1536 +
-                                                   int64_t{128 * 192} * 1536) +
-                                           int64_t{128 * 192} * 7168);
+  EXPECT_EQ(ParameterCount(no_q_lora),
+            expected - (int64_t{1536} * 7168 + 1536 + int64_t{128 * 192} * 1536) +
+                int64_t{128 * 192} * 7168);
 }
 
 // ---- JSON ---------------------------------------------------------------------------------------

@@ -112,12 +112,14 @@ absl::StatusOr<PeerCase> LoadCase(const fs::path& dir) {
   absl::StatusOr<std::string> spec_text = ReadText(dir / "spec.json");
   if (!spec_text.ok()) return spec_text.status();
   absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(*spec_text);
-  if (!spec.ok()) return absl::Status(spec.status().code(), absl::StrCat("spec.json: ", spec.status().message()));
+  if (!spec.ok())
+    return absl::Status(spec.status().code(), absl::StrCat("spec.json: ", spec.status().message()));
   c.spec = *spec;
 
   absl::StatusOr<std::string> case_text = ReadText(dir / "case.json");
   if (!case_text.ok()) return case_text.status();
-  const nlohmann::json meta = nlohmann::json::parse(*case_text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json meta =
+      nlohmann::json::parse(*case_text, nullptr, /*allow_exceptions=*/false);
   if (meta.is_discarded() || !meta.is_object() || !meta.contains("layer_index") ||
       !meta["layer_index"].is_number_integer() || !meta.contains("prefill_split") ||
       !meta["prefill_split"].is_number_integer()) {
@@ -143,7 +145,8 @@ absl::StatusOr<PeerCase> LoadCase(const fs::path& dir) {
   for (auto [name, t] : {std::pair{"hidden", &c.hidden}, std::pair{"expected", &c.expected},
                          std::pair{"expected_split", &c.expected_split}}) {
     if (absl::Status s = CheckShape(*t, rows, name); !s.ok()) return s;
-    if (t->dtype() != DType::kF32) return absl::InvalidArgumentError(absl::StrCat(name, ": not F32"));
+    if (t->dtype() != DType::kF32)
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not F32"));
   }
   if (absl::Status s = CheckShape(*positions, {c.seq_len}, "positions"); !s.ok()) return s;
   // Positions are stored as F32 (our reader has no integer dtypes); they must be exact integers.
@@ -154,8 +157,8 @@ absl::StatusOr<PeerCase> LoadCase(const fs::path& dir) {
     c.positions.push_back(static_cast<int64_t>(p));
   }
   if (c.prefill_split < 1 || c.prefill_split >= c.seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("case.json: prefill_split ", c.prefill_split,
-                                                   " not in [1, ", c.seq_len, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("case.json: prefill_split ", c.prefill_split, " not in [1, ", c.seq_len, ")"));
   }
 
   // The checkpoint directory as save_pretrained wrote it: our loader resolves model.safetensors.
@@ -267,9 +270,9 @@ void PeerTest::CheckPrefillThenDecode(AttentionLayer& layer, const std::string& 
   outputs.reserve(case_.seq_len * d_model);
 
   const PrefillChunk chunk{seq, split};
-  absl::StatusOr<Tensor> prefill = layer.Prefill(
-      {&chunk, 1}, Rows(case_.hidden, 0, split),
-      absl::MakeConstSpan(case_.positions).subspan(0, split));
+  absl::StatusOr<Tensor> prefill =
+      layer.Prefill({&chunk, 1}, Rows(case_.hidden, 0, split),
+                    absl::MakeConstSpan(case_.positions).subspan(0, split));
   ASSERT_TRUE(prefill.ok()) << prefill.status();
   ASSERT_TRUE(CheckShape(*prefill, {split, d_model}, "prefill output").ok());
   const std::vector<float> first = prefill->ToFloats();

@@ -35,12 +35,12 @@ struct MaskPolicy {
 //   MHA/MQA/GQA page: [K|V][num_kv_heads][page_size][head_dim]
 //   MLA page:         [page_size][kv_lora_rank + qk_rope_head_dim]  (latent, then RoPE key)
 struct KvPageLayout {
-  int page_size = 0;         // Tokens per page.
+  int page_size = 0;          // Tokens per page.
   DType dtype = DType::kF32;  // Element type in the page.
-  int64_t row_stride = 0;    // Elements between the rows of consecutive slots.
-  int64_t head_stride = 0;   // Elements between consecutive KV heads' first rows (0: one head).
-  int64_t key_offset = 0;    // Elements from the page start to KV head 0's key in slot 0.
-  int64_t value_offset = 0;  // Elements from the page start to KV head 0's value in slot 0.
+  int64_t row_stride = 0;     // Elements between the rows of consecutive slots.
+  int64_t head_stride = 0;    // Elements between consecutive KV heads' first rows (0: one head).
+  int64_t key_offset = 0;     // Elements from the page start to KV head 0's key in slot 0.
+  int64_t value_offset = 0;   // Elements from the page start to KV head 0's value in slot 0.
   int64_t page_elements = 0;  // Elements per page.
 
   int64_t KeyElement(int head, int slot) const {

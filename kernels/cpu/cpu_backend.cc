@@ -20,8 +20,8 @@ absl::Status ValidateKvConfig(const KvCacheConfig& config) {
                                                    ": the CPU backend stores KV as f32 or bf16"));
   }
   if (config.page_size < 1 || config.page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(absl::StrCat("page_size = ", config.page_size,
-                                                   ": must be in [1, ", kMaxPageSize, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size = ", config.page_size, ": must be in [1, ", kMaxPageSize, "]"));
   }
   if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError(
@@ -42,8 +42,7 @@ class CpuBackend : public AttentionBackend {
   }
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
-      const LayerSpec& spec, const LayerWeights& weights,
-      const KvCacheConfig& kv_config) override {
+      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
     if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
     KvCacheConfig config = kv_config;

@@ -41,9 +41,8 @@ KvPoolUsage CpuLayer::PoolUsage() const {
 
 absl::Status CpuLayer::CheckHidden(const Tensor& hidden, int64_t rows) const {
   if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec_.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ",
-                                                   ShapeString(hidden.shape()), ", expected [",
-                                                   rows, ", ", spec_.d_model, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
+                                                   ", expected [", rows, ", ", spec_.d_model, "]"));
   }
   if (hidden.num_bytes() != static_cast<size_t>(rows * spec_.d_model) * DTypeSize(hidden.dtype())) {
     return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
@@ -51,8 +50,7 @@ absl::Status CpuLayer::CheckHidden(const Tensor& hidden, int64_t rows) const {
   return absl::OkStatus();
 }
 
-absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch,
-                               absl::Span<const SequenceId> ids,
+absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch, absl::Span<const SequenceId> ids,
                                absl::Span<const int64_t> counts) {
   return sequences_.Reserve(
       ids, counts, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); }, batch);
@@ -119,8 +117,7 @@ absl::StatusOr<Tensor> CpuLayer::Prefill(absl::Span<const PrefillChunk> chunks,
 }
 
 absl::StatusOr<Tensor> CpuLayer::Decode(absl::Span<const SequenceId> sequences,
-                                        const Tensor& hidden,
-                                        absl::Span<const int64_t> positions) {
+                                        const Tensor& hidden, absl::Span<const int64_t> positions) {
   if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
   const int64_t rows = static_cast<int64_t>(sequences.size());
   if (absl::Status s = CheckHidden(hidden, rows); !s.ok()) return s;
@@ -135,8 +132,7 @@ absl::StatusOr<Tensor> CpuLayer::Decode(absl::Span<const SequenceId> sequences,
 void CpuLayer::StoreRow(const PageTable& table, int64_t index, int head, bool value,
                         const float* src, int64_t count) {
   const int slot = static_cast<int>(index % layout_.page_size);
-  const int64_t element =
-      value ? layout_.ValueElement(head, slot) : layout_.KeyElement(head, slot);
+  const int64_t element = value ? layout_.ValueElement(head, slot) : layout_.KeyElement(head, slot);
   std::byte* page = store_.page(table.PageOf(index, layout_.page_size));
   ConvertFromFloat(src, layout_.dtype, page + element * DTypeSize(layout_.dtype),
                    static_cast<size_t>(count));

@@ -39,8 +39,8 @@ struct PartialState {
 // Attends one KV head's query rows to `count` keys of one page, updating their softmax state.
 template <typename Element>
 void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* page, int kv_head,
-                int first_slot, int count, float* scores, int padded_page,
-                const Element** key_rows, const Element** value_rows, PartialState state) {
+                int first_slot, int count, float* scores, int padded_page, const Element** key_rows,
+                const Element** value_rows, PartialState state) {
   const int rows = p.rows_per_kv_head;
   for (int s = 0; s < count; ++s) {
     key_rows[s] = page + p.layout.KeyElement(kv_head, first_slot + s);
@@ -54,9 +54,9 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
 
   // S = Q · K^T for this page; the page's keys stay in L1 across rows.
   if (use_gemm) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, count, p.key_dim, 1.0f, q,
-                p.key_dim, reinterpret_cast<const float*>(key_rows[0]),
-                static_cast<int>(p.layout.row_stride), 0.0f, scores, padded_page);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, count, p.key_dim, 1.0f, q, p.key_dim,
+                reinterpret_cast<const float*>(key_rows[0]), static_cast<int>(p.layout.row_stride),
+                0.0f, scores, padded_page);
   } else {
     for (int r = 0; r < rows; ++r) {
       const float* q_row = q + int64_t{r} * p.key_dim;

@@ -33,8 +33,8 @@ class GqaLayer : public CpuLayer {
   Projections ProjectAndCache(const CpuBatch& batch);
   void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
 
-  int q_width_;   // num_heads * head_dim
-  int kv_width_;  // num_kv_heads * head_dim
+  int q_width_;                           // num_heads * head_dim
+  int kv_width_;                          // num_kv_heads * head_dim
   std::vector<float> wq_, wk_, wv_, wo_;  // nn.Linear layout [out, in]
   std::vector<float> bq_, bk_, bv_, bo_;  // Empty when the spec has no bias.
   RotaryEmbedding rope_;

@@ -1,6 +1,5 @@
 #include "kernels/cpu/host_page_store.h"
 
-
 #include "absl/strings/str_cat.h"
 
 namespace attnserve {

@@ -35,7 +35,8 @@ void LinearForward(const float* x, int64_t ldx, int64_t rows, const float* w, co
     if (m <= 0 || n <= 0) return;
     float* y_block = y + row_begin * ldy + col_begin;
     if (bias != nullptr) {
-      for (int64_t r = 0; r < m; ++r) std::copy(bias + col_begin, bias + col_end, y_block + r * ldy);
+      for (int64_t r = 0; r < m; ++r)
+        std::copy(bias + col_begin, bias + col_end, y_block + r * ldy);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
                 static_cast<int>(in_features), 1.0f, x + row_begin * ldx, static_cast<int>(ldx),

@@ -119,8 +119,8 @@ std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
 void MlaLayer::ComputeAndCacheLatents(const CpuBatch& batch) {
   const LayerSpec& s = spec();
   std::vector<float> latent(batch.rows * latent_dim_);
-  LinearForward(batch.hidden, s.d_model, batch.rows, wkv_a_.data(), nullptr, s.d_model,
-                latent_dim_, latent.data(), latent_dim_, pool());
+  LinearForward(batch.hidden, s.d_model, batch.rows, wkv_a_.data(), nullptr, s.d_model, latent_dim_,
+                latent.data(), latent_dim_, pool());
   RmsNormRows(latent.data(), batch.rows, latent_dim_, dims_.kv_lora_rank, kv_a_norm_.data(),
               dims_.rms_norm_eps);
   rope_.Apply(latent.data() + dims_.kv_lora_rank, latent_dim_, 1, dims_.qk_rope_head_dim,
@@ -205,8 +205,8 @@ void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q
   std::vector<float> q_latent(rows * heads * latent_dim_);
   pool().ParallelFor(heads, [&](int64_t h) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), kv_lora, nope,
-                1.0f, &q[h * qk_dim_], heads * qk_dim_, &wkv_b_[h * kv_b_width_ * kv_lora],
-                kv_lora, 0.0f, &q_latent[h * latent_dim_], heads * latent_dim_);
+                1.0f, &q[h * qk_dim_], heads * qk_dim_, &wkv_b_[h * kv_b_width_ * kv_lora], kv_lora,
+                0.0f, &q_latent[h * latent_dim_], heads * latent_dim_);
     for (int64_t b = 0; b < rows; ++b) {
       const float* pe = &q[(b * heads + h) * qk_dim_ + nope];
       std::copy(pe, pe + rope, &q_latent[(b * heads + h) * latent_dim_ + kv_lora]);
@@ -236,8 +236,8 @@ void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q
   pool().ParallelFor(heads, [&](int64_t h) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), v, kv_lora, 1.0f,
                 &latent_out[h * kv_lora], heads * kv_lora,
-                &wkv_b_[(h * kv_b_width_ + nope) * kv_lora], kv_lora, 0.0f,
-                &attention[h * v], heads * v);
+                &wkv_b_[(h * kv_b_width_ + nope) * kv_lora], kv_lora, 0.0f, &attention[h * v],
+                heads * v);
   });
 }
 

@@ -39,18 +39,18 @@ class MlaLayer : public CpuLayer {
   void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
 
   MlaDims dims_;
-  int qk_dim_;       // nope + rope
-  int latent_dim_;   // kv_lora_rank + rope: one cached row.
-  int kv_b_width_;   // nope + v: rows of kv_b_proj per head.
+  int qk_dim_;      // nope + rope
+  int latent_dim_;  // kv_lora_rank + rope: one cached row.
+  int kv_b_width_;  // nope + v: rows of kv_b_proj per head.
   bool absorbed_decode_;
-  std::vector<float> wq_;          // [H * qk, d_model]        (q_lora_rank == 0)
-  std::vector<float> wq_a_;        // [q_lora, d_model]        (q_lora_rank > 0)
-  std::vector<float> q_a_norm_;    // [q_lora]
-  std::vector<float> wq_b_;        // [H * qk, q_lora]
-  std::vector<float> wkv_a_;       // [kv_lora + rope, d_model]
-  std::vector<float> kv_a_norm_;   // [kv_lora]
-  std::vector<float> wkv_b_;       // [H * (nope + v), kv_lora]
-  std::vector<float> wo_;          // [d_model, H * v]
+  std::vector<float> wq_;         // [H * qk, d_model]        (q_lora_rank == 0)
+  std::vector<float> wq_a_;       // [q_lora, d_model]        (q_lora_rank > 0)
+  std::vector<float> q_a_norm_;   // [q_lora]
+  std::vector<float> wq_b_;       // [H * qk, q_lora]
+  std::vector<float> wkv_a_;      // [kv_lora + rope, d_model]
+  std::vector<float> kv_a_norm_;  // [kv_lora]
+  std::vector<float> wkv_b_;      // [H * (nope + v), kv_lora]
+  std::vector<float> wo_;         // [d_model, H * v]
   RotaryEmbedding rope_;
 };
 

@@ -121,9 +121,8 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
     return a.query_begin > b.query_begin;
   });
-  pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i) {
-    AttendQueryBlock(p, sequences[items[i].sequence], items[i]);
-  });
+  pool.ParallelFor(static_cast<int64_t>(items.size()),
+                   [&](int64_t i) { AttendQueryBlock(p, sequences[items[i].sequence], items[i]); });
 }
 
 }  // namespace attnserve

@@ -32,8 +32,7 @@ class CudaBackend : public AttentionBackend {
   }
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
-      const LayerSpec& spec, const LayerWeights& weights,
-      const KvCacheConfig& kv_config) override {
+      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
     if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
     if (spec.variant == AttentionVariant::kMLA) {
@@ -43,8 +42,8 @@ class CudaBackend : public AttentionBackend {
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
     if (config.page_size < 1 || config.page_size > kMaxPageSize) {
-      return absl::InvalidArgumentError(absl::StrCat("page_size = ", config.page_size,
-                                                     ": must be in [1, ", kMaxPageSize, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_size = ", config.page_size, ": must be in [1, ", kMaxPageSize, "]"));
     }
     if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
       return absl::InvalidArgumentError(
@@ -73,9 +72,9 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
   }
   const CudaDeviceInfo& device = (*devices)[options.device];
   if (device.compute_capability < 80) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA device ", options.device, " (", device.name, ") has compute capability ",
-        device.compute_capability, "; the kernels are built for sm_80 and sm_90"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " (", device.name, ") has compute capability ",
+                     device.compute_capability, "; the kernels are built for sm_80 and sm_90"));
   }
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
   absl::StatusOr<const cuda::CublasApi*> cublas = cuda::LoadCublas();
@@ -83,16 +82,15 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
   int64_t pool_bytes = options.kv_pool_bytes;
   if (pool_bytes <= 0) {
     if (!(options.kv_pool_fraction > 0.0 && options.kv_pool_fraction <= 0.95)) {
-      return absl::InvalidArgumentError(absl::StrCat("kv_pool_fraction = ",
-                                                     options.kv_pool_fraction,
-                                                     ": must be in (0, 0.95]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_pool_fraction = ", options.kv_pool_fraction, ": must be in (0, 0.95]"));
     }
     size_t free_bytes = 0, total_bytes = 0;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     pool_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_pool_fraction);
   }
-  absl::StatusOr<std::unique_ptr<cuda::DeviceSlabPool>> pool = cuda::DeviceSlabPool::Create(
-      pool_bytes, options.slab_bytes, options.poison_for_testing);
+  absl::StatusOr<std::unique_ptr<cuda::DeviceSlabPool>> pool =
+      cuda::DeviceSlabPool::Create(pool_bytes, options.slab_bytes, options.poison_for_testing);
   if (!pool.ok()) return pool.status();
   cuda::CudaContext context;
   context.device = options.device;

@@ -12,8 +12,8 @@ namespace attnserve {
 
 struct CudaDeviceInfo {
   int ordinal = 0;
-  std::string name;              // e.g. "NVIDIA H100 80GB HBM3"
-  int compute_capability = 0;    // major * 10 + minor, e.g. 90
+  std::string name;            // e.g. "NVIDIA H100 80GB HBM3"
+  int compute_capability = 0;  // major * 10 + minor, e.g. 90
   int64_t total_memory_bytes = 0;
   int multiprocessors = 0;
 };

@@ -42,9 +42,8 @@ class SectionLayout {
 absl::Status CheckHidden(const LayerSpec& spec, const Tensor& hidden, int64_t rows) {
   // Same contract and messages as CpuLayer (kernels/cpu/cpu_layer.cc).
   if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ",
-                                                   ShapeString(hidden.shape()), ", expected [",
-                                                   rows, ", ", spec.d_model, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
+                                                   ", expected [", rows, ", ", spec.d_model, "]"));
   }
   if (hidden.num_bytes() != static_cast<size_t>(rows * spec.d_model) * DTypeSize(hidden.dtype())) {
     return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
@@ -102,9 +101,10 @@ CudaGqaLayer::~CudaGqaLayer() {
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
-absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(
-    const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config,
-    const CudaContext& context) {
+absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(const LayerSpec& spec,
+                                                                     const LayerWeights& weights,
+                                                                     const KvCacheConfig& kv_config,
+                                                                     const CudaContext& context) {
   const int64_t page_bytes = KvBytesPerToken(spec, kv_config.dtype) * kv_config.page_size;
   if (page_bytes > context.pool->slab_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -124,8 +124,8 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
     cublas_ = nullptr;
     return s;
   }
-  if (absl::Status s = CublasStatus(context_.cublas->set_stream(cublas_, stream_),
-                                    "cublasSetStream");
+  if (absl::Status s =
+          CublasStatus(context_.cublas->set_stream(cublas_, stream_), "cublasSetStream");
       !s.ok()) {
     return s;
   }
@@ -158,7 +158,8 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   if (rotary > 0) {
     // theta^(-2i/rotary_dim) in fp64, exactly as RotaryEmbedding on the CPU.
     std::vector<double> inv_freq(static_cast<size_t>(rotary / 2));
-    for (int i = 0; i < rotary / 2; ++i) inv_freq[i] = std::pow(spec_.rope_theta, -2.0 * i / rotary);
+    for (int i = 0; i < rotary / 2; ++i)
+      inv_freq[i] = std::pow(spec_.rope_theta, -2.0 * i / rotary);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),
@@ -268,9 +269,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   std::vector<int> item_begin;
   // Decode: enough blocks for two waves over the SMs, but no split under kMinKeysPerSplit keys.
   const int64_t blocks_per_split = int64_t{num_seqs} * kv_heads * row_blocks;
-  const int64_t wanted_splits =
-      std::max<int64_t>(1, (2 * int64_t{context_.multiprocessors} + blocks_per_split - 1) /
-                               blocks_per_split);
+  const int64_t wanted_splits = std::max<int64_t>(
+      1, (2 * int64_t{context_.multiprocessors} + blocks_per_split - 1) / blocks_per_split);
   for (int b = 0; b < num_seqs; ++b) {
     const BatchSequence& seq = batch[b];
     const PageTable& table = *seq.table;
@@ -297,8 +297,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
       int key_begin, key_end;
       mask.VisibleKeys(desc.length - 1, desc.length, &key_begin, &key_end);
       const int64_t num_keys = key_end - key_begin;
-      const int64_t splits =
-          std::clamp<int64_t>(num_keys / kMinKeysPerSplit, 1, wanted_splits);
+      const int64_t splits = std::clamp<int64_t>(num_keys / kMinKeysPerSplit, 1, wanted_splits);
       for (int64_t s = 0; s < splits; ++s) {
         WorkItem item;
         item.sequence = b;
@@ -381,16 +380,17 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   const int m_rows = static_cast<int>(rows);
   // qkv[rows, qkv_width] = x . Wqkv^T (+ bias): column-major qkv^T = Wqkv^T(op T) . x^T.
   if (spec_.qkv_bias) {
-    ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchBroadcastRows(fptr(s_qkv), static_cast<float*>(bqkv_.data()),
-                                                       m_rows, qkv_width_, stream_),
-                                   "qkv bias");
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchBroadcastRows(fptr(s_qkv), static_cast<float*>(bqkv_.data()), m_rows, qkv_width_,
+                            stream_),
+        "qkv bias");
   }
-  if (absl::Status s = CublasStatus(
-          context_.cublas->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, qkv_width_, m_rows,
-                                 spec_.d_model, &one, static_cast<const float*>(wqkv_.data()),
-                                 spec_.d_model, fptr(s_x), spec_.d_model,
-                                 spec_.qkv_bias ? &one : &zero, fptr(s_qkv), qkv_width_),
-          "qkv projection");
+  if (absl::Status s =
+          CublasStatus(context_.cublas->sgemm(
+                           cublas_, CUBLAS_OP_T, CUBLAS_OP_N, qkv_width_, m_rows, spec_.d_model,
+                           &one, static_cast<const float*>(wqkv_.data()), spec_.d_model, fptr(s_x),
+                           spec_.d_model, spec_.qkv_bias ? &one : &zero, fptr(s_qkv), qkv_width_),
+                       "qkv projection");
       !s.ok()) {
     return s;
   }
@@ -435,8 +435,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
     attn.partial_sum = fptr(s_psum);
     attn.partial_acc = fptr(s_pacc);
     attn.item_begin = reinterpret_cast<const int*>(dptr(s_ibegin));
-    if (absl::Status s =
-            RunDecodeAttention(kv_config_.dtype, head_dim, attn, row_blocks, stream_);
+    if (absl::Status s = RunDecodeAttention(kv_config_.dtype, head_dim, attn, row_blocks, stream_);
         !s.ok()) {
       return s;
     }
@@ -451,12 +450,12 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
                                                        m_rows, spec_.d_model, stream_),
                                    "o bias");
   }
-  if (absl::Status s = CublasStatus(
-          context_.cublas->sgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, spec_.d_model, m_rows,
-                                 q_width_, &one, static_cast<const float*>(wo_.data()), q_width_,
-                                 fptr(s_attn), q_width_, spec_.o_bias ? &one : &zero, fptr(s_out),
-                                 spec_.d_model),
-          "output projection");
+  if (absl::Status s =
+          CublasStatus(context_.cublas->sgemm(
+                           cublas_, CUBLAS_OP_T, CUBLAS_OP_N, spec_.d_model, m_rows, q_width_, &one,
+                           static_cast<const float*>(wo_.data()), q_width_, fptr(s_attn), q_width_,
+                           spec_.o_bias ? &one : &zero, fptr(s_out), spec_.d_model),
+                       "output projection");
       !s.ok()) {
     return s;
   }

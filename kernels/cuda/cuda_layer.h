@@ -34,9 +34,10 @@ struct CudaContext {
 class CudaGqaLayer : public AttentionLayer {
  public:
   // Spec, weights and config must be validated (the backend does); uploads the weights.
-  static absl::StatusOr<std::unique_ptr<AttentionLayer>> Create(
-      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config,
-      const CudaContext& context);
+  static absl::StatusOr<std::unique_ptr<AttentionLayer>> Create(const LayerSpec& spec,
+                                                                const LayerWeights& weights,
+                                                                const KvCacheConfig& kv_config,
+                                                                const CudaContext& context);
   ~CudaGqaLayer() override;
 
   const LayerSpec& spec() const override { return spec_; }
@@ -55,8 +56,8 @@ class CudaGqaLayer : public AttentionLayer {
                int64_t page_bytes);
   absl::Status Init(const LayerWeights& weights);
   absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
-                             absl::Span<const int64_t> counts,
-                             absl::Span<const int64_t> positions, bool decode);
+                             absl::Span<const int64_t> counts, absl::Span<const int64_t> positions,
+                             bool decode);
   // Plans and runs one reserved batch; on error the caller rolls the reservation back.
   absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
                                  absl::Span<const int64_t> positions, bool decode)
@@ -76,8 +77,8 @@ class CudaGqaLayer : public AttentionLayer {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer wqkv_, bqkv_, wo_, bo_, inv_freq_;  // Weights; biases empty when absent.
-  DeviceBuffer workspace_;   // Upload region, activations and split-KV partials of one call.
-  PinnedBuffer staging_;     // Host side of the upload and of the output.
+  DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
+  PinnedBuffer staging_;    // Host side of the upload and of the output.
 };
 
 }  // namespace attnserve::cuda

@@ -36,10 +36,9 @@ inline absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
 
 }  // namespace attnserve::cuda
 
-#define ATTNSERVE_CUDA_RETURN_IF_ERROR(expr, what)                              \
-  do {                                                                           \
-    if (absl::Status _s = ::attnserve::cuda::CudaStatus((expr), (what)); !_s.ok()) \
-      return _s;                                                                 \
+#define ATTNSERVE_CUDA_RETURN_IF_ERROR(expr, what)                                            \
+  do {                                                                                        \
+    if (absl::Status _s = ::attnserve::cuda::CudaStatus((expr), (what)); !_s.ok()) return _s; \
   } while (0)
 
 #endif  // ATTNSERVE_KERNELS_CUDA_CUDA_STATUS_H_

@@ -84,9 +84,9 @@ DeviceSlabPool::~DeviceSlabPool() { cudaFree(base_); }
 absl::StatusOr<int64_t> DeviceSlabPool::Acquire() {
   absl::MutexLock lock(&mu_);
   if (free_.empty()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("device KV pool exhausted: all ", num_slabs_, " slabs of ", slab_bytes_,
-                     " bytes are held by layers"));
+    return absl::ResourceExhaustedError(absl::StrCat("device KV pool exhausted: all ", num_slabs_,
+                                                     " slabs of ", slab_bytes_,
+                                                     " bytes are held by layers"));
   }
   const int64_t offset = free_.back();
   free_.pop_back();

@@ -54,8 +54,8 @@ class DeviceSlabPool {
  public:
   // Allocates `bytes` (rounded down to whole slabs, at least one) once. `poison` fills it with
   // 0xFF bytes: NaN in f32, f16 and bf16, so a kernel reading a slot nothing wrote shows up.
-  static absl::StatusOr<std::unique_ptr<DeviceSlabPool>> Create(int64_t bytes,
-                                                                int64_t slab_bytes, bool poison);
+  static absl::StatusOr<std::unique_ptr<DeviceSlabPool>> Create(int64_t bytes, int64_t slab_bytes,
+                                                                bool poison);
   ~DeviceSlabPool();
 
   // Byte offset of a free slab from base(). RESOURCE_EXHAUSTED when none is left.

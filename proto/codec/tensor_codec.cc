@@ -57,16 +57,16 @@ absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto, int expected_ran
     }
     // elements * shape[i] <= kMaxTensorElements, checked without overflowing.
     if (shape[i] > kMaxTensorElements / elements) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": shape ", ShapeString(shape),
-                                                     " has more than 2^40 elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shape ", ShapeString(shape), " has more than 2^40 elements"));
     }
     elements *= shape[i];
   }
   const int64_t expected_bytes = elements * static_cast<int64_t>(DTypeSize(*dtype));
   if (static_cast<int64_t>(proto.data().size()) != expected_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": data has ", proto.data().size(), " bytes, expected ", expected_bytes, " (",
-        ShapeString(shape), " of ", DTypeName(*dtype), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": data has ", proto.data().size(), " bytes, expected ", expected_bytes,
+                     " (", ShapeString(shape), " of ", DTypeName(*dtype), ")"));
   }
   Tensor tensor(*dtype, std::move(shape));
   std::memcpy(tensor.data(), proto.data().data(), proto.data().size());
@@ -118,11 +118,11 @@ absl::Status CheckFinite(const Tensor& tensor, absl::string_view field) {
     rest /= tensor.shape()[axis];
   }
   float value = 0.0f;
-  ConvertToFloat(tensor.dtype(), tensor.data() + bad * static_cast<int64_t>(DTypeSize(tensor.dtype())),
-                 &value, 1);
-  return absl::InvalidArgumentError(absl::StrCat(field, ": element ", ShapeString(index), " is ",
-                                                 value != value ? "NaN" : (value > 0 ? "+Inf" : "-Inf"),
-                                                 "; inputs must be finite"));
+  ConvertToFloat(tensor.dtype(),
+                 tensor.data() + bad * static_cast<int64_t>(DTypeSize(tensor.dtype())), &value, 1);
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": element ", ShapeString(index), " is ",
+      value != value ? "NaN" : (value > 0 ? "+Inf" : "-Inf"), "; inputs must be finite"));
 }
 
 }  // namespace attnserve

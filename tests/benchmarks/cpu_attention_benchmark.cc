@@ -50,7 +50,8 @@ double PrefillFlops(const LayerSpec& s, int64_t length) {
   if (s.variant == AttentionVariant::kMLA) {
     const MlaDims& m = s.mla;
     const double qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    const double projections = 2 * n * d * h * qk + 2 * n * d * (m.kv_lora_rank + m.qk_rope_head_dim) +
+    const double projections = 2 * n * d * h * qk +
+                               2 * n * d * (m.kv_lora_rank + m.qk_rope_head_dim) +
                                2 * n * m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim) +
                                2 * n * h * m.v_head_dim * d;
     return projections + 2 * h * (qk + m.v_head_dim) * visible_pairs;
@@ -73,8 +74,8 @@ void BM_SgemmCeiling(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(c[0].data());
   }
-  state.counters["GFLOPs"] = benchmark::Counter(2.0 * n * n * n * threads * state.iterations() / 1e9,
-                                                benchmark::Counter::kIsRate);
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * n * n * n * threads * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_SgemmCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -91,8 +92,8 @@ void BM_CopyCeiling(benchmark::State& state) {
     benchmark::DoNotOptimize(dst.data());
   }
   // A copy reads and writes every byte: count both, as the memory system must move both.
-  state.counters["GBps"] = benchmark::Counter(2.0 * bytes * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
+  state.counters["GBps"] =
+      benchmark::Counter(2.0 * bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CopyCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -114,8 +115,8 @@ void BM_ReadCeiling(benchmark::State& state) {
     });
     benchmark::DoNotOptimize(folds.data());
   }
-  state.counters["GBps"] = benchmark::Counter(8.0 * words * state.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
+  state.counters["GBps"] =
+      benchmark::Counter(8.0 * words * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ReadCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -176,8 +177,8 @@ void BM_Decode(benchmark::State& state) {
       break;
     }
     ++steps;
-    kv_bytes += static_cast<double>(batch) * (context + steps) *
-                KvBytesPerToken(variant.spec, kv.dtype);
+    kv_bytes +=
+        static_cast<double>(batch) * (context + steps) * KvBytesPerToken(variant.spec, kv.dtype);
   }
   state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.dtype)));
   state.counters["KV_GBps"] = benchmark::Counter(kv_bytes / 1e9, benchmark::Counter::kIsRate);

@@ -38,7 +38,8 @@ int Run(bool quick) {
   options.kv_pool_bytes = int64_t{8} << 30;
   absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCudaBackend(options);
   if (!backend.ok()) {
-    std::printf("no usable CUDA device, benchmark skipped: %s\n", backend.status().ToString().c_str());
+    std::printf("no usable CUDA device, benchmark skipped: %s\n",
+                backend.status().ToString().c_str());
     return 0;
   }
   std::printf("%s\n", (*backend)->device_description().c_str());
@@ -84,8 +85,8 @@ int Run(bool quick) {
         part.push_back(chunks[b++]);
         rows += c.context;
       }
-      const Tensor hidden =
-          reference::ToTensor(reference::RandomHidden(rows, c.d_model, rng), {rows, c.d_model}, DType::kBF16);
+      const Tensor hidden = reference::ToTensor(reference::RandomHidden(rows, c.d_model, rng),
+                                                {rows, c.d_model}, DType::kBF16);
       const auto t0 = std::chrono::steady_clock::now();
       absl::StatusOr<Tensor> out = (*layer)->Prefill(part, hidden, {});
       const auto t1 = std::chrono::steady_clock::now();
@@ -117,8 +118,9 @@ int Run(bool quick) {
     std::printf("%-22s %5d %7d %12.3f %14.0f %12.3f %14.0f\n", c.name, c.batch, c.context, p,
                 p > 0 ? c.context / (p / 1e3) : 0.0, dms, c.batch / (dms / 1e3));
   }
-  std::printf("prefill_ms: per sequence of `context` tokens (median over calls after the first);"
-              " decode_ms: one step of the whole batch. Wall clock per synchronous call.\n");
+  std::printf(
+      "prefill_ms: per sequence of `context` tokens (median over calls after the first);"
+      " decode_ms: one step of the whole batch. Wall clock per synchronous call.\n");
   return 0;
 }
 

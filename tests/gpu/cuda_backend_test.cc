@@ -20,6 +20,8 @@
 //
 // Without a usable CUDA device (CI) every test SKIPS with the reason. A summary table is printed
 // after all tests.
+#include "kernels/cuda/cuda_backend.h"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -34,7 +36,6 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/layer_weights.h"
 #include "tests/reference/attention_reference.h"
@@ -86,9 +87,9 @@ GpuBackend& Gpu() {
   return *gpu;
 }
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  if (Gpu().backend == nullptr) {                                                       \
-    GTEST_SKIP() << "no usable CUDA device, GPU checks skipped: " << Gpu().why_not;    \
+#define SKIP_WITHOUT_GPU()                                                          \
+  if (Gpu().backend == nullptr) {                                                   \
+    GTEST_SKIP() << "no usable CUDA device, GPU checks skipped: " << Gpu().why_not; \
   }
 
 struct GpuCase {
@@ -155,9 +156,11 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   SKIP_WITHOUT_GPU();
   const GpuCase& c = std::get<0>(GetParam());
   const DtypeCase& dt = std::get<1>(GetParam());
-  const uint64_t seed = std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
+  const uint64_t seed =
+      std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::printf("[case] %s kv=%s seed=%" PRIu64 "\n", c.name.c_str(), std::string(DTypeName(dt.kv)).c_str(), seed);
+  std::printf("[case] %s kv=%s seed=%" PRIu64 "\n", c.name.c_str(),
+              std::string(DTypeName(dt.kv)).c_str(), seed);
   std::mt19937_64 rng(seed);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -261,8 +264,12 @@ TEST(CudaBackendContractTest, MlaIsUnimplemented) {
   spec.d_model = 64;
   spec.num_heads = 4;
   spec.rope = RopeLayout::kInterleaved;
-  spec.mla = {.q_lora_rank = 0, .kv_lora_rank = 32, .qk_nope_head_dim = 16,
-              .qk_rope_head_dim = 8, .v_head_dim = 16, .rms_norm_eps = 1e-6f};
+  spec.mla = {.q_lora_rank = 0,
+              .kv_lora_rank = 32,
+              .qk_nope_head_dim = 16,
+              .qk_rope_head_dim = 8,
+              .v_head_dim = 16,
+              .rms_norm_eps = 1e-6f};
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
   ASSERT_TRUE(weights.ok()) << weights.status();
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
@@ -275,10 +282,9 @@ TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
   const LayerSpec spec = Spec(4, 4, 32, RopeLayout::kHalf);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
   ASSERT_TRUE(weights.ok());
-  EXPECT_EQ(Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr}).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
@@ -291,14 +297,13 @@ TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
   ASSERT_TRUE(layer.ok()) << layer.status();
   const SequenceId a = (*layer)->CreateSequence(), b = (*layer)->CreateSequence();
   std::mt19937_64 rng(3);
-  ASSERT_TRUE((*layer)
-                  ->Prefill({{a, 40}}, ToTensor(RandomHidden(40, 256, rng), {40, 256}, DType::kBF16),
-                            {})
-                  .ok());
+  ASSERT_TRUE(
+      (*layer)
+          ->Prefill({{a, 40}}, ToTensor(RandomHidden(40, 256, rng), {40, 256}, DType::kBF16), {})
+          .ok());
   // 3 pages held; b needs 2 more: refused, and nothing changes.
-  absl::StatusOr<Tensor> out =
-      (*layer)->Prefill({{a, 1}, {b, 17}},
-                        ToTensor(RandomHidden(18, 256, rng), {18, 256}, DType::kBF16), {});
+  absl::StatusOr<Tensor> out = (*layer)->Prefill(
+      {{a, 1}, {b, 17}}, ToTensor(RandomHidden(18, 256, rng), {18, 256}, DType::kBF16), {});
   EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
   EXPECT_EQ(*(*layer)->SequenceLength(a), 40);
   EXPECT_EQ(*(*layer)->SequenceLength(b), 0);
@@ -314,12 +319,11 @@ class SummaryPrinter : public ::testing::EmptyTestEventListener {
       return;
     }
     std::printf("\nCUDA vs CPU summary (%s)\n", Gpu().backend->device_description().c_str());
-    std::printf("%-30s %-5s %-8s %5s %12s %10s %s\n", "case", "kv", "phase", "calls",
-                "worst_rel", "bound", "result");
+    std::printf("%-30s %-5s %-8s %5s %12s %10s %s\n", "case", "kv", "phase", "calls", "worst_rel",
+                "bound", "result");
     for (const SummaryRow& r : Summary()) {
       std::printf("%-30s %-5s %-8s %5d %12.3e %10.1e %s\n", r.name.c_str(), r.kv.c_str(),
-                  r.phase.c_str(), r.calls, r.worst, r.bound,
-                  r.worst <= r.bound ? "PASS" : "FAIL");
+                  r.phase.c_str(), r.calls, r.worst, r.bound, r.worst <= r.bound ? "PASS" : "FAIL");
     }
     std::fflush(stdout);
   }

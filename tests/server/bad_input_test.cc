@@ -17,6 +17,8 @@
 //                                                      docs/api.md does not list it yet)
 //   checkpoint file without read permission            INVALID_ARGUMENT (only checked when not
 //                                                      root: root reads a chmod 000 file anyway)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,9 +32,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/layer_weights.h"
@@ -107,7 +106,8 @@ class WellBehavedClient {
       v1::ForwardResponse forwarded;
       grpc::Status status = Forward(*stub_, forward, &forwarded);
       if (!status.ok()) return Fail("Forward: " + Describe(status));
-      if (!SameBytes(forwarded.results(0).output(), expected_forward_)) return Fail("Forward output");
+      if (!SameBytes(forwarded.results(0).output(), expected_forward_))
+        return Fail("Forward output");
       v1::DecodeRequest decode;
       decode.set_session_id(session_);
       *decode.add_items() = MakeDecodeItem(id, step_);
@@ -120,7 +120,9 @@ class WellBehavedClient {
       ++cycles_;
     }
   }
-  void Fail(const std::string& what) { failure_ = absl::StrCat("cycle ", cycles_.load(), ": ", what); }
+  void Fail(const std::string& what) {
+    failure_ = absl::StrCat("cycle ", cycles_.load(), ": ", what);
+  }
 
   std::unique_ptr<v1::AttentionService::Stub> stub_;
   std::string session_;
@@ -192,11 +194,11 @@ class BadInputTest : public ServerTest {
   std::mt19937_64 rng_;
 };
 
-#define EXPECT_STATUS(call, code, substring)                                        \
-  do {                                                                              \
-    const grpc::Status _status = (call);                                            \
-    EXPECT_EQ(_status.error_code(), grpc::StatusCode::code) << Describe(_status);  \
-    EXPECT_THAT(_status.error_message(), HasSubstr(substring));                     \
+#define EXPECT_STATUS(call, code, substring)                                      \
+  do {                                                                            \
+    const grpc::Status _status = (call);                                          \
+    EXPECT_EQ(_status.error_code(), grpc::StatusCode::code) << Describe(_status); \
+    EXPECT_THAT(_status.error_message(), HasSubstr(substring));                   \
   } while (false)
 
 TEST_F(BadInputTest, UnknownSessionAndRequest) {
@@ -367,7 +369,8 @@ TEST_F(BadInputTest, PoolExhaustedLeavesOtherRequestsIntact) {
   {
     v1::ForwardRequest request;
     request.set_session_id(session_);
-    for (const char* id : {"x", "y", "z"}) *request.add_items() = MakeForwardItem(id, Hidden(kTokens));
+    for (const char* id : {"x", "y", "z"})
+      *request.add_items() = MakeForwardItem(id, Hidden(kTokens));
     v1::ForwardResponse response;
     const grpc::Status status = Forward(stub(), request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);

@@ -15,9 +15,11 @@
 //    in two chunks, which rounds differently from the reference's one call as well.)
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
-//    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with chunking off (0) a step that arrives during the Forward waits for most
-//    of it (which shows the first bound is not trivially met). Measured numbers: docs/benchmarks.md,
-//    "Chunked prefill".
+//    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with
+//    chunking off (0) a step that arrives during the Forward waits for most of it (which shows the
+//    first bound is not trivially met). Measured numbers: docs/benchmarks.md, "Chunked prefill".
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,8 +27,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/server/server_fixture.h"
@@ -286,7 +286,8 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
   std::vector<double> before_forward;
   for (const auto& stream_steps : steps) {
     for (const Step& step : stream_steps) {
-      if (step.end_ns < forward_begin_ns) before_forward.push_back((step.end_ns - step.begin_ns) * 1e-6);
+      if (step.end_ns < forward_begin_ns)
+        before_forward.push_back((step.end_ns - step.begin_ns) * 1e-6);
       if (step.end_ns > forward_begin_ns && step.begin_ns < forward_end_ns) {
         run->max_step_ms = std::max(run->max_step_ms, (step.end_ns - step.begin_ns) * 1e-6);
         ++run->overlapping_steps;
@@ -314,10 +315,10 @@ TEST_F(ChunkedPrefillTest, LongForwardDoesNotStallDecodes) {
   // single chunks, so the bound is 8 mean chunks (half the Forward) plus 100 ms: far below the
   // whole-Forward stall that UnchunkedPrefillTest shows without chunking.
   const double bound_ms = 8 * chunk_ms + 100;
-  std::cout << "chunked (512): forward " << run.forward_ms << " ms in " << run.chunks
-            << " chunks (" << chunk_ms << " ms each); decode step median before " << run.median_step_ms
-            << " ms; max during forward " << run.max_step_ms << " ms over "
-            << run.overlapping_steps << " steps; bound " << bound_ms << " ms\n";
+  std::cout << "chunked (512): forward " << run.forward_ms << " ms in " << run.chunks << " chunks ("
+            << chunk_ms << " ms each); decode step median before " << run.median_step_ms
+            << " ms; max during forward " << run.max_step_ms << " ms over " << run.overlapping_steps
+            << " steps; bound " << bound_ms << " ms\n";
   RecordProperty("max_step_ms", std::to_string(run.max_step_ms));
   RecordProperty("chunk_ms", std::to_string(chunk_ms));
   EXPECT_EQ(run.chunks, 16);
@@ -338,8 +339,8 @@ TEST_F(UnchunkedPrefillTest, LongForwardStallsDecodesWithoutChunking) {
   if (HasFatalFailure()) return;
   std::cout << "unchunked: forward " << run.forward_ms << " ms in " << run.chunks
             << " chunk; decode step median before " << run.median_step_ms
-            << " ms; max during forward " << run.max_step_ms << " ms over "
-            << run.overlapping_steps << " steps\n";
+            << " ms; max during forward " << run.max_step_ms << " ms over " << run.overlapping_steps
+            << " steps\n";
   RecordProperty("max_step_ms", std::to_string(run.max_step_ms));
   EXPECT_EQ(run.chunks, 1);
   EXPECT_GT(run.max_step_ms, 0.5 * run.forward_ms);

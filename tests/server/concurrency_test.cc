@@ -5,14 +5,14 @@
 //
 // No hang: every RPC's deadline is the earlier of kRpcTimeout and the test's global deadline
 // (kTestBudget), so the threads always finish; a missed deadline is a failure, not a wait.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"
@@ -84,7 +84,8 @@ TEST_F(ConcurrencyTest, SixteenClientsInterleaveOnSharedSessions) {
       std::unique_ptr<v1::AttentionService::Stub> client = v1::AttentionService::NewStub(channel);
       std::mt19937_64 rng(seed * 1000 + t);
       const auto set_deadline = [&](grpc::ClientContext& context) {
-        context.set_deadline(std::min(test_deadline, std::chrono::system_clock::now() + kRpcTimeout));
+        context.set_deadline(
+            std::min(test_deadline, std::chrono::system_clock::now() + kRpcTimeout));
       };
       for (int p = 0; p < kPairsPerThread; ++p) {
         PairLog& log = logs[t][p];

@@ -5,11 +5,11 @@
 // count, the same spec, RandomLayerWeights(spec, seed), the same cache settings and inputs), driven
 // by calls that mirror the RPCs one to one. Outputs are compared as raw bytes: any difference in
 // decoding the wire tensors, in weights, positions or batching shows.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/layer_weights.h"
 #include "tests/reference/test_cases.h"
@@ -154,8 +154,8 @@ TEST_P(ServiceMatchesEngineTest, ForwardDecodeAndStreamAreBitExact) {
     ASSERT_TRUE(stream->WritesDone());
     for (int step = 0; step < kSteps; ++step) {
       v1::DecodeResponse response;
-      ASSERT_TRUE(stream->Read(&response)) << "no answer for step " << step << ": "
-                                           << Describe(stream->Finish());
+      ASSERT_TRUE(stream->Read(&response))
+          << "no answer for step " << step << ": " << Describe(stream->Finish());
       ASSERT_EQ(response.results_size(), 1);
       EXPECT_EQ(response.results(0).request_id(), "c");
       EXPECT_EQ(response.results(0).sequence_length(), 19 + step + 1);

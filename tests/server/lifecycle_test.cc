@@ -1,6 +1,9 @@
 // Test 5 of issue 3: health reports SERVING, reflection lists (and describes) the service, and
 // SIGTERM drains: a slow call in flight when the signal arrives still completes OK, and the
 // process exits 0 within the grace period.
+#include <gmock/gmock.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -9,10 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <google/protobuf/descriptor.pb.h>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "tests/reference/test_cases.h"
 #include "tests/server/server_fixture.h"
@@ -126,7 +125,8 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
 
   // The process exits 0 within the grace period (plus slack for the process to wind down).
   std::optional<ExitState> ended;
-  while (!(ended = server().TryWait()) && Clock::now() < signalled + kGrace + std::chrono::seconds(5)) {
+  while (!(ended = server().TryWait()) &&
+         Clock::now() < signalled + kGrace + std::chrono::seconds(5)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const Clock::time_point exited = Clock::now();
@@ -143,8 +143,8 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
   EXPECT_GT(outcome.finished, signalled)
       << "the call finished before SIGTERM, so nothing was drained; make it slower";
   EXPECT_LE(outcome.finished, exited + std::chrono::milliseconds(100));
-  std::cerr << "in-flight Forward: compute "
-            << outcome.response.timing().compute_ns() / 1e6 << " ms, answered "
+  std::cerr << "in-flight Forward: compute " << outcome.response.timing().compute_ns() / 1e6
+            << " ms, answered "
             << std::chrono::duration<double, std::milli>(outcome.finished - signalled).count()
             << " ms after SIGTERM; exit "
             << std::chrono::duration<double, std::milli>(exited - signalled).count()

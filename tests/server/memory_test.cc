@@ -1,12 +1,12 @@
 // Test 4 of issue 3: memory comes back. The KV pool's use (GetServerInfo.kv_pool_used_bytes)
 // returns to its baseline after Release and after TTL expiry, and the server's resident memory
 // does not grow across 1,000 Configure/Forward/Release cycles.
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"

@@ -4,6 +4,7 @@
 // over a TCP socket (no client library). Every name of the metric contract must be present with
 // its labels, and the values must match what the test did.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -160,8 +159,8 @@ constexpr int64_t kPoolBytes = 262144;  // Small, so a long Forward runs out of 
 class MetricsTest : public ServerTest {
  protected:
   MetricsTest()
-      : metrics_port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_port_",
-                                        getpid(), "_", next_id_++)) {}
+      : metrics_port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_port_", getpid(),
+                                        "_", next_id_++)) {}
 
   std::vector<std::string> ExtraFlags() const override {
     std::vector<std::string> flags = {"--metrics_address=127.0.0.1:0",
@@ -387,11 +386,11 @@ TEST_F(MetricsTest, EveryContractMetricWithLabelsAndValues) {
                         {{"rpc", "decode_stream"}, {"variant", c.variant}}),
                 c.stream_steps);
     }
-    EXPECT_EQ(e.Value("attnserve_compute_seconds_count",
-                      {{"rpc", "forward"}, {"variant", c.variant}}),
-              c.variant == std::string("gqa") ? 2 : 1);
-    EXPECT_GT(e.Value("attnserve_compute_seconds_sum", {{"rpc", "forward"}, {"variant", c.variant}}),
-              0);
+    EXPECT_EQ(
+        e.Value("attnserve_compute_seconds_count", {{"rpc", "forward"}, {"variant", c.variant}}),
+        c.variant == std::string("gqa") ? 2 : 1);
+    EXPECT_GT(
+        e.Value("attnserve_compute_seconds_sum", {{"rpc", "forward"}, {"variant", c.variant}}), 0);
     EXPECT_EQ(e.Value("attnserve_decode_tokens_total", v), steps);
     EXPECT_EQ(e.Value("attnserve_prefill_tokens_total", v), c.prompt);
     // Whatever the batching, the sequences of all backend calls add up to the work done, and
@@ -424,25 +423,23 @@ TEST_F(MetricsTest, EveryContractMetricWithLabelsAndValues) {
   EXPECT_EQ(e.Value("attnserve_kv_rejections_total"), 1);
   EXPECT_EQ(e.Value("attnserve_kv_rejections_total", {{"variant", "mla"}}), 0);
   EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "mqa"}, {"kind", "request"}}), 0);
-  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
-                    {{"rpc", "decode"}, {"variant", "none"}}),
-            1);
+  EXPECT_EQ(
+      e.Value("attnserve_rpc_duration_seconds_count", {{"rpc", "decode"}, {"variant", "none"}}), 1);
   EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
                     {{"rpc", "get_server_info"}, {"variant", "none"}}),
             1);
   EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
                     {{"rpc", "list_sessions"}, {"variant", "none"}}),
             1);
-  EXPECT_EQ(e.Value("attnserve_rpc_duration_seconds_count",
-                    {{"rpc", "get_session"}, {"variant", "gqa"}}),
-            1);
+  EXPECT_EQ(
+      e.Value("attnserve_rpc_duration_seconds_count", {{"rpc", "get_session"}, {"variant", "gqa"}}),
+      1);
 
   // Device and build.
   const double rss = e.Value("attnserve_device_memory_bytes", {{"state", "used"}});
   EXPECT_GT(rss, 1 << 20);
   EXPECT_GE(e.Value("attnserve_device_memory_bytes", {{"state", "total"}}), rss);
-  EXPECT_EQ(e.Value("attnserve_build_info", {{"backend", "cpu"}, {"version", info->version()}}),
-            1);
+  EXPECT_EQ(e.Value("attnserve_build_info", {{"backend", "cpu"}, {"version", info->version()}}), 1);
 
   // Release a request, then the session: its variant's state series drop to 0 (or go away for
   // the per-live-session ones) while capacity stays.
@@ -509,9 +506,9 @@ TEST(MetricsFlagsTest, UnbindableAddressFailsStartup) {
   ASSERT_EQ(listen(fd, 1), 0);
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const int taken = ntohs(addr.sin_port);
-  absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
-      {absl::StrCat("--metrics_address=127.0.0.1:", taken), "--threads=1"},
-      std::chrono::seconds(10));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+      ServerProcess::Start({absl::StrCat("--metrics_address=127.0.0.1:", taken), "--threads=1"},
+                           std::chrono::seconds(10));
   close(fd);
   EXPECT_FALSE(started.ok()) << "the server must not serve without its metrics endpoint";
 }

@@ -4,12 +4,12 @@
 #ifndef ATTNSERVE_TESTS_SERVER_SERVER_FIXTURE_H_
 #define ATTNSERVE_TESTS_SERVER_SERVER_FIXTURE_H_
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/v1/attention_service.grpc.pb.h"

@@ -123,9 +123,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       break;
     }
     if (Clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("no port in ", port_file, " after ",
-                                                      startup_timeout.count(), " ms\ncommand: ",
-                                                      command, "\nlog:\n", process->LogTail()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no port in ", port_file, " after ", startup_timeout.count(),
+                       " ms\ncommand: ", command, "\nlog:\n", process->LogTail()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -145,10 +145,9 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
                        : health.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return absl::DeadlineExceededError(absl::StrCat("server on port ", process->port_,
-                                                  " not SERVING after ", startup_timeout.count(),
-                                                  " ms: ", last.ToString(), "\nlog:\n",
-                                                  process->LogTail()));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "server on port ", process->port_, " not SERVING after ", startup_timeout.count(),
+      " ms: ", last.ToString(), "\nlog:\n", process->LogTail()));
 }
 
 ServerProcess::~ServerProcess() {
@@ -203,8 +202,8 @@ absl::StatusOr<ExitState> ServerProcess::Terminate(std::chrono::milliseconds tim
   waitpid(pid_, &wait_status, 0);
   reaped_ = true;
   exit_state_ = DecodeWaitStatus(wait_status);
-  return absl::DeadlineExceededError(absl::StrCat("server did not exit within ", timeout.count(),
-                                                  " ms of SIGTERM; killed"));
+  return absl::DeadlineExceededError(
+      absl::StrCat("server did not exit within ", timeout.count(), " ms of SIGTERM; killed"));
 }
 
 int64_t ServerProcess::ResidentBytes() const {
@@ -270,8 +269,8 @@ absl::StatusOr<grpc::reflection::v1alpha::ServerReflectionResponse> ReflectOnce(
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ReflectionListServices(
-    grpc::Channel& channel, std::chrono::milliseconds timeout) {
+absl::StatusOr<std::vector<std::string>> ReflectionListServices(grpc::Channel& channel,
+                                                                std::chrono::milliseconds timeout) {
   grpc::reflection::v1alpha::ServerReflectionRequest request;
   request.set_list_services("");
   absl::StatusOr<grpc::reflection::v1alpha::ServerReflectionResponse> response =

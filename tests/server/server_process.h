@@ -4,6 +4,7 @@
 #ifndef ATTNSERVE_TESTS_SERVER_SERVER_PROCESS_H_
 #define ATTNSERVE_TESTS_SERVER_SERVER_PROCESS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -12,8 +13,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -38,17 +38,18 @@ Tensor ConcatRows(absl::Span<const Tensor> parts) {
 
 ::testing::AssertionResult SameBytes(const v1::Tensor& actual, const Tensor& expected) {
   if (actual.dtype() != DTypeToProto(expected.dtype())) {
-    return ::testing::AssertionFailure() << "dtype " << v1::DType_Name(actual.dtype())
-                                         << ", expected " << v1::DType_Name(DTypeToProto(expected.dtype()));
+    return ::testing::AssertionFailure()
+           << "dtype " << v1::DType_Name(actual.dtype()) << ", expected "
+           << v1::DType_Name(DTypeToProto(expected.dtype()));
   }
   const std::vector<int64_t> shape(actual.shape().begin(), actual.shape().end());
   if (shape != expected.shape()) {
-    return ::testing::AssertionFailure() << "shape " << ShapeString(shape) << ", expected "
-                                         << ShapeString(expected.shape());
+    return ::testing::AssertionFailure()
+           << "shape " << ShapeString(shape) << ", expected " << ShapeString(expected.shape());
   }
   if (actual.data().size() != expected.num_bytes()) {
-    return ::testing::AssertionFailure() << actual.data().size() << " bytes, expected "
-                                         << expected.num_bytes();
+    return ::testing::AssertionFailure()
+           << actual.data().size() << " bytes, expected " << expected.num_bytes();
   }
   if (std::memcmp(actual.data().data(), expected.data(), expected.num_bytes()) == 0) {
     return ::testing::AssertionSuccess();
@@ -122,8 +123,7 @@ absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::AttentionService::Stub&
   v1::GetServerInfoResponse response;
   grpc::Status status = stub.GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
   if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
   }
   return response;
 }
@@ -147,12 +147,23 @@ v1::DecodeItem MakeDecodeItem(const std::string& request_id, const Tensor& hidde
 }
 
 std::string Describe(const grpc::Status& status) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",       "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const int code = status.error_code();
   const std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
   return absl::StrCat(name, ": ", status.error_message());

@@ -4,6 +4,9 @@
 #ifndef ATTNSERVE_TESTS_SERVER_SERVICE_TEST_UTIL_H_
 #define ATTNSERVE_TESTS_SERVER_SERVICE_TEST_UTIL_H_
 
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -13,9 +16,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -37,8 +37,7 @@ inline constexpr int kBackendThreads = 2;
 // Wire conversions: proto/codec/ (shared with the server and the clients).
 
 // [rows, d_model] with values U(-1, 1), cast to `dtype`.
-Tensor RandomHidden(int64_t rows, int64_t d_model, std::mt19937_64& rng,
-                    DType dtype = DType::kF32);
+Tensor RandomHidden(int64_t rows, int64_t d_model, std::mt19937_64& rng, DType dtype = DType::kF32);
 // Rows [begin, end) of a rank-2 tensor.
 Tensor SliceRows(const Tensor& tensor, int64_t begin, int64_t end);
 // Rows of `parts` concatenated (all of one dtype and width).
@@ -84,8 +83,10 @@ std::string Describe(const grpc::Status& status);
 // to one (a Forward with two items is one Prefill with two chunks), as the server makes them.
 class ReferenceSession {
  public:
-  static absl::StatusOr<std::unique_ptr<ReferenceSession>> Create(
-      const LayerSpec& spec, uint64_t seed, DType kv_dtype = DType::kF32, int page_size = 0);
+  static absl::StatusOr<std::unique_ptr<ReferenceSession>> Create(const LayerSpec& spec,
+                                                                  uint64_t seed,
+                                                                  DType kv_dtype = DType::kF32,
+                                                                  int page_size = 0);
   static absl::StatusOr<std::unique_ptr<ReferenceSession>> Create(const LayerSpec& spec,
                                                                   const LayerWeights& weights,
                                                                   DType kv_dtype, int page_size);

@@ -40,17 +40,17 @@ struct TileTraits {
 template <int kHeadDim>
 struct TileStorage {
   using Traits = TileTraits<kHeadDim>;
-  float q[Traits::kRows][kHeadDim];          // Q rows, pre-scaled.
-  float o[Traits::kRows][kHeadDim];          // Unnormalised output accumulators.
-  float k[Traits::kKeys][kHeadDim + 1];      // +1: lanes reading different keys hit distinct banks.
+  float q[Traits::kRows][kHeadDim];      // Q rows, pre-scaled.
+  float o[Traits::kRows][kHeadDim];      // Unnormalised output accumulators.
+  float k[Traits::kKeys][kHeadDim + 1];  // +1: lanes reading different keys hit distinct banks.
   float v[Traits::kKeys][kHeadDim];
-  float s[Traits::kRows][Traits::kKeys];     // Scores, then probabilities.
-  float m[Traits::kRows];                    // Running max.
-  float l[Traits::kRows];                    // Running sum.
-  float corr[Traits::kRows];                 // exp(m_old - m_new) of the current tile.
-  int lo[Traits::kRows];                     // Visible keys of each row: [lo, hi).
+  float s[Traits::kRows][Traits::kKeys];  // Scores, then probabilities.
+  float m[Traits::kRows];                 // Running max.
+  float l[Traits::kRows];                 // Running sum.
+  float corr[Traits::kRows];              // exp(m_old - m_new) of the current tile.
+  int lo[Traits::kRows];                  // Visible keys of each row: [lo, hi).
   int hi[Traits::kRows];
-  int64_t out_offset[Traits::kRows];         // Prefill: where each row's output goes.
+  int64_t out_offset[Traits::kRows];  // Prefill: where each row's output goes.
 };
 
 // ---- Helpers ------------------------------------------------------------------------------------
@@ -92,8 +92,8 @@ __device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const S
         const int index = tile + k;
         const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
         if (page_offset >= 0) {  // Always true for a correct plan; guards against a stray read.
-          const T* page = reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) +
-                                                     page_offset);
+          const T* page =
+              reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) + page_offset);
           const int64_t element = kv.KeyElement(kv_head, index % kv.page_size) + d;
           key = Elem::Load(page + element);
           value = Elem::Load(page + value_offset + element);
@@ -166,9 +166,8 @@ __global__ void __launch_bounds__(kAttentionThreads) PrefillKernel(const Attenti
     p.mask.VisibleKeys(seq.first_index + t, seq.length, &lo, &hi);
     sm.lo[threadIdx.x] = lo;
     sm.hi[threadIdx.x] = hi;
-    sm.out_offset[threadIdx.x] =
-        int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
-        int64_t{kv_head * p.group + g} * kHeadDim;
+    sm.out_offset[threadIdx.x] = int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
+                                 int64_t{kv_head * p.group + g} * kHeadDim;
   }
   LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
     const int flat = item.row_begin + r;
@@ -229,8 +228,7 @@ cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream) {
 }
 
 template <KvType kKv, int kHeadDim>
-cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks,
-                              cudaStream_t stream) {
+cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cudaStream_t stream) {
   if (params.num_items == 0) return cudaSuccess;
   const dim3 grid(params.num_items, params.kv.num_kv_heads, row_blocks);
   PagedDecodeKernel<kKv, kHeadDim><<<grid, kAttentionThreads, 0, stream>>>(params);
@@ -238,7 +236,7 @@ cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks,
 }
 
 // One instantiation set per KV type: the two supported head dims.
-#define ATTNSERVE_INSTANTIATE_ATTENTION(KV)                                                   \
+#define ATTNSERVE_INSTANTIATE_ATTENTION(KV)                                                  \
   template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t);          \
   template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t);         \
   template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \

@@ -69,16 +69,16 @@ struct SequenceDesc {
 
 // RoPE on q and k, then K/V written to the pages (both RoPE layouts; none when rotary_dim == 0).
 struct RopeAppendParams {
-  float* qkv = nullptr;          // [rows, qkv_stride]: q heads, k heads, v heads (bias included).
-  int64_t qkv_stride = 0;        // num_heads * head_dim + 2 * num_kv_heads * head_dim.
-  const int64_t* positions = nullptr;   // [rows] RoPE positions.
-  const int* row_sequence = nullptr;    // [rows] index into `sequences` of each row.
+  float* qkv = nullptr;    // [rows, qkv_stride]: q heads, k heads, v heads (bias included).
+  int64_t qkv_stride = 0;  // num_heads * head_dim + 2 * num_kv_heads * head_dim.
+  const int64_t* positions = nullptr;       // [rows] RoPE positions.
+  const int* row_sequence = nullptr;        // [rows] index into `sequences` of each row.
   const SequenceDesc* sequences = nullptr;  // [batch]
-  const double* inv_freq = nullptr;     // [rotary_dim / 2] theta^(-2i/rotary_dim), fp64 as the CPU.
+  const double* inv_freq = nullptr;  // [rotary_dim / 2] theta^(-2i/rotary_dim), fp64 as the CPU.
   int rows = 0;
   int num_heads = 0;
-  int rotary_dim = 0;      // 0 = no RoPE.
-  int interleaved = 0;     // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
+  int rotary_dim = 0;   // 0 = no RoPE.
+  int interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
   KvType kv_type = KvType::kF32;
   PagedKv kv;
 };
@@ -95,22 +95,22 @@ struct WorkItem {
 struct AttentionParams {
   const float* q = nullptr;  // [rows, q_stride]; head h at q + row * q_stride + h * head_dim.
   int64_t q_stride = 0;
-  float* out = nullptr;      // [rows, num_heads * head_dim], normalised attention output.
+  float* out = nullptr;  // [rows, num_heads * head_dim], normalised attention output.
   int num_heads = 0;
-  int group = 0;             // Query heads per KV head.
-  float scale = 1.0f;        // Multiplies q.k.
+  int group = 0;       // Query heads per KV head.
+  float scale = 1.0f;  // Multiplies q.k.
   MaskSpec mask;
   PagedKv kv;
   const SequenceDesc* sequences = nullptr;  // [batch]
   int batch = 0;
-  const WorkItem* items = nullptr;          // [num_items]; grid.x = num_items.
+  const WorkItem* items = nullptr;  // [num_items]; grid.x = num_items.
   int num_items = 0;
   // Split-KV decode only: each item writes unnormalised partial softmax states, and the combine
   // kernel merges the items of one sequence (items of sequence b are [item_begin[b],
   // item_begin[b + 1])).
-  float* partial_max = nullptr;  // [num_items, num_heads]
-  float* partial_sum = nullptr;  // [num_items, num_heads]
-  float* partial_acc = nullptr;  // [num_items, num_heads, head_dim]
+  float* partial_max = nullptr;     // [num_items, num_heads]
+  float* partial_sum = nullptr;     // [num_items, num_heads]
+  float* partial_acc = nullptr;     // [num_items, num_heads, head_dim]
   const int* item_begin = nullptr;  // [batch + 1]
 };
 
