@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/layer_input_checks.h"
 
 namespace attnserve {
 
@@ -39,17 +40,6 @@ KvPoolUsage CpuLayer::PoolUsage() const {
   return sequences_.Usage();
 }
 
-absl::Status CpuLayer::CheckHidden(const Tensor& hidden, int64_t rows) const {
-  if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec_.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
-                                                   ", expected [", rows, ", ", spec_.d_model, "]"));
-  }
-  if (hidden.num_bytes() != static_cast<size_t>(rows * spec_.d_model) * DTypeSize(hidden.dtype())) {
-    return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch, absl::Span<const SequenceId> ids,
                                absl::Span<const int64_t> counts) {
   return sequences_.Reserve(
@@ -78,24 +68,6 @@ absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequ
   return out.CastTo(hidden.dtype());
 }
 
-namespace {
-absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
-  if (positions.empty()) return absl::OkStatus();
-  if (static_cast<int64_t>(positions.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("positions has ", positions.size(),
-                                                   " entries, expected one per token (", rows,
-                                                   ") or none"));
-  }
-  for (size_t i = 0; i < positions.size(); ++i) {
-    if (positions[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("positions[", i, "] = ", positions[i], ", must be >= 0"));
-    }
-  }
-  return absl::OkStatus();
-}
-}  // namespace
-
 absl::StatusOr<Tensor> CpuLayer::Prefill(absl::Span<const PrefillChunk> chunks,
                                          const Tensor& hidden,
                                          absl::Span<const int64_t> positions) {
@@ -108,7 +80,7 @@ absl::StatusOr<Tensor> CpuLayer::Prefill(absl::Span<const PrefillChunk> chunks,
     counts.push_back(chunk.num_tokens);
     rows += chunk.num_tokens;
   }
-  if (absl::Status s = CheckHidden(hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
   if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::vector<BatchSequence> batch;
@@ -120,7 +92,7 @@ absl::StatusOr<Tensor> CpuLayer::Decode(absl::Span<const SequenceId> sequences,
                                         const Tensor& hidden, absl::Span<const int64_t> positions) {
   if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
   const int64_t rows = static_cast<int64_t>(sequences.size());
-  if (absl::Status s = CheckHidden(hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
   if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::vector<BatchSequence> batch;

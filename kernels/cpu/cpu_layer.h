@@ -67,7 +67,6 @@ class CpuLayer : public AttentionLayer {
   // num_tokens; on error nothing changed.
   absl::Status Reserve(std::vector<BatchSequence>& sequences, absl::Span<const SequenceId> ids,
                        absl::Span<const int64_t> counts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckHidden(const Tensor& hidden, int64_t rows) const;
   absl::StatusOr<Tensor> Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
                              absl::Span<const int64_t> positions, bool decode)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

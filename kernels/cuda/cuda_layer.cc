@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/layer_input_checks.h"
 
 namespace attnserve::cuda {
 
@@ -38,34 +39,6 @@ class SectionLayout {
  private:
   size_t total_ = 0;
 };
-
-absl::Status CheckHidden(const LayerSpec& spec, const Tensor& hidden, int64_t rows) {
-  // Same contract and messages as CpuLayer (kernels/cpu/cpu_layer.cc).
-  if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec.d_model) {
-    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
-                                                   ", expected [", rows, ", ", spec.d_model, "]"));
-  }
-  if (hidden.num_bytes() != static_cast<size_t>(rows * spec.d_model) * DTypeSize(hidden.dtype())) {
-    return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
-  if (positions.empty()) return absl::OkStatus();
-  if (static_cast<int64_t>(positions.size()) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat("positions has ", positions.size(),
-                                                   " entries, expected one per token (", rows,
-                                                   ") or none"));
-  }
-  for (size_t i = 0; i < positions.size(); ++i) {
-    if (positions[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("positions[", i, "] = ", positions[i], ", must be >= 0"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::Status Upload(DeviceBuffer& buffer, const std::vector<float>& values) {
   if (values.empty()) return absl::OkStatus();
@@ -227,7 +200,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
                                          absl::Span<const int64_t> positions, bool decode) {
   int64_t rows = 0;
   for (int64_t count : counts) rows += count;
-  if (absl::Status s = CheckHidden(spec_, hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
   if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
