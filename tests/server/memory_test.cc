@@ -157,6 +157,11 @@ TEST_F(TtlTest, IdleRequestsAndSessionsExpireAndFreeTheirPages) {
 // and +5.3 MiB after 4,000, a plateau, not a slope). A leak smaller
 // than ~16 KiB per cycle (e.g. a session's bookkeeping alone) is below what this test can see.
 TEST_F(MemoryTest, ResidentMemoryIsFlatOverThousandCycles) {
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer keeps freed blocks in a quarantine (256 MiB by default), so resident memory
+  // grows by design; in that build LeakSanitizer checks for leaks at exit instead.
+  GTEST_SKIP() << "resident-memory bound not meaningful under AddressSanitizer (quarantine)";
+#endif
   LayerSpec spec = FindSpec("mha_half_bias").spec;
   spec.d_model = 128;
   spec.num_heads = 8;
