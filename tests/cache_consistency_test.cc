@@ -9,6 +9,8 @@
 // MLA absorbed vs expanded decode: 1e-5 (the same float32 inputs, reassociated products).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -468,20 +470,41 @@ INSTANTIATE_TEST_SUITE_P(Catalog, MlaAbsorbedDecodeTest, ::testing::ValuesIn(Mla
 // ---- Errors
 // ---------------------------------------------------------------------------------------
 
-class ErrorContractTest : public ::testing::TestWithParam<std::string> {};
+// Every error test starts the same way: the parameter's spec, fresh seeded weights, one layer
+// and a reference harness over it.
+class ErrorContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Builds the layer with `kv_config`; `spec_override` may adjust the catalog spec first.
+  void Build(const KvCacheConfig& kv_config,
+             const std::function<void(LayerSpec&)>& spec_override = nullptr) {
+    spec_ = FindSpec(GetParam()).spec;
+    if (spec_override) spec_override(spec_);
+    seed_ = TestSeed();
+    weights_ = TestWeights(spec_, seed_);
+    absl::StatusOr<TestEngine> engine = MakeEngine(spec_, weights_, kv_config);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+    harness_.emplace(spec_, weights_, *engine_.layer, seed_);
+  }
+  AttentionLayer& layer() { return *engine_.layer; }
+  Harness& harness() { return *harness_; }
+
+  LayerSpec spec_;
+  uint64_t seed_ = 0;
+  LayerWeights weights_;
+  TestEngine engine_;
+  std::optional<Harness> harness_;
+};
 
 // max_pages = 4 pages of 16 tokens. Whatever does not fit is refused as a whole, and the refused
 // call leaves every sequence as it was: later calls on them still match the reference.
 TEST_P(ErrorContractTest, ResourceExhaustedIsAllOrNothing) {
-  LayerSpec spec = FindSpec(GetParam()).spec;
-  spec.sliding_window = 0;  // Page counts below assume no eviction.
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(SeedNote(seed));
-  const LayerWeights weights = TestWeights(spec, seed);
-  absl::StatusOr<TestEngine> engine = MakeEngine(spec, weights, {.page_size = 16, .max_pages = 4});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  AttentionLayer& layer = *engine->layer;
-  Harness harness(spec, weights, layer, seed);
+  // Page counts below assume no eviction.
+  ASSERT_NO_FATAL_FAILURE(
+      Build({.page_size = 16, .max_pages = 4}, [](LayerSpec& spec) { spec.sliding_window = 0; }));
+  SCOPED_TRACE(SeedNote(seed_));
+  AttentionLayer& layer = this->layer();
+  Harness& harness = this->harness();
 
   Track a = harness.NewTrack();
   Track b = harness.NewTrack();
@@ -518,15 +541,11 @@ TEST_P(ErrorContractTest, ResourceExhaustedIsAllOrNothing) {
 }
 
 TEST_P(ErrorContractTest, UnknownSequencesAreNotFound) {
-  const LayerSpec spec = FindSpec(GetParam()).spec;
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(SeedNote(seed));
-  const LayerWeights weights = TestWeights(spec, seed);
-  absl::StatusOr<TestEngine> engine = MakeEngine(spec, weights, {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  AttentionLayer& layer = *engine->layer;
-  Harness harness(spec, weights, layer, seed);
-  const int d = spec.d_model;
+  ASSERT_NO_FATAL_FAILURE(Build({}));
+  SCOPED_TRACE(SeedNote(seed_));
+  AttentionLayer& layer = this->layer();
+  Harness& harness = this->harness();
+  const int d = spec_.d_model;
 
   Track a = harness.NewTrack();
   ASSERT_TRUE(harness.Prefill({&a}, {5}).ok());
@@ -558,15 +577,11 @@ TEST_P(ErrorContractTest, UnknownSequencesAreNotFound) {
 }
 
 TEST_P(ErrorContractTest, MalformedCallsAreInvalidArgument) {
-  const LayerSpec spec = FindSpec(GetParam()).spec;
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(SeedNote(seed));
-  const LayerWeights weights = TestWeights(spec, seed);
-  absl::StatusOr<TestEngine> engine = MakeEngine(spec, weights, {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  AttentionLayer& layer = *engine->layer;
-  Harness harness(spec, weights, layer, seed);
-  const int d = spec.d_model;
+  ASSERT_NO_FATAL_FAILURE(Build({}));
+  SCOPED_TRACE(SeedNote(seed_));
+  AttentionLayer& layer = this->layer();
+  Harness& harness = this->harness();
+  const int d = spec_.d_model;
   constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
   Track a = harness.NewTrack();
