@@ -10,24 +10,19 @@
 #include "kernels/layer_spec.h"
 #include "kernels/layer_weights.h"
 #include "kernels/tensor.h"
+#include "tests/reference/test_cases.h"
 
 namespace attnserve::reference {
 namespace {
 
 constexpr double kExact = 1e-12;  // Same math in double, different order: rounding only.
 
+// The catalog's MHA/MQA/GQA shape, narrowed to d_model 24 (hand-checkable sizes) with biases.
 LayerSpec Gqa(int heads, int kv_heads, int head_dim, RopeLayout rope = RopeLayout::kHalf) {
-  LayerSpec spec;
-  spec.variant = kv_heads == heads ? AttentionVariant::kMHA
-                 : kv_heads == 1   ? AttentionVariant::kMQA
-                                   : AttentionVariant::kGQA;
+  LayerSpec spec = StandardSpec(heads, kv_heads, head_dim, rope);
   spec.d_model = 24;
-  spec.num_heads = heads;
-  spec.num_kv_heads = kv_heads;
-  spec.head_dim = head_dim;
   spec.qkv_bias = true;
   spec.o_bias = true;
-  spec.rope = rope;
   return spec;
 }
 
