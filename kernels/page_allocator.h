@@ -1,5 +1,7 @@
 // Hands out page ids [0, capacity) from a free list. Storage lives elsewhere (host slabs or one
-// device allocation); this class only decides which ids are in use.
+// device allocation); this class only decides which ids are in use. Memory is proportional to the
+// ids ever handed out, not to the capacity: a layer sized for a whole device pool of tiny pages
+// (hundreds of millions of ids) costs nothing until it is used.
 #ifndef ATTNSERVE_KERNELS_PAGE_ALLOCATOR_H_
 #define ATTNSERVE_KERNELS_PAGE_ALLOCATOR_H_
 
@@ -21,12 +23,13 @@ class PageAllocator {
   void Free(absl::Span<const int32_t> pages);
 
   int64_t capacity() const { return capacity_; }
-  int64_t used() const { return capacity_ - static_cast<int64_t>(free_.size()); }
-  int64_t free() const { return static_cast<int64_t>(free_.size()); }
+  int64_t used() const { return next_fresh_ - static_cast<int64_t>(returned_.size()); }
+  int64_t free() const { return capacity_ - used(); }
 
  private:
   int64_t capacity_;
-  std::vector<int32_t> free_;  // Stack; back() is the next id handed out.
+  int64_t next_fresh_ = 0;         // Ids [next_fresh_, capacity) were never handed out.
+  std::vector<int32_t> returned_;  // Freed ids, reused first (stack: back() goes out next).
 };
 
 }  // namespace attnserve

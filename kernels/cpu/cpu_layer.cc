@@ -13,8 +13,7 @@ CpuLayer::CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
       kv_config_(kv_config),
       layout_(layout),
       pool_(pool),
-      store_(layout.page_elements * static_cast<int64_t>(DTypeSize(layout.dtype)),
-             kv_config.max_pages),
+      store_(layout.page_elements * static_cast<int64_t>(DTypeSize(layout.dtype))),
       sequences_(layout.page_size, store_.page_bytes(), kv_config.max_pages, kv_config.budget,
                  spec.causal, spec.sliding_window) {}
 

@@ -17,7 +17,7 @@ namespace attnserve {
 
 class HostPageStore {
  public:
-  HostPageStore(int64_t page_bytes, int64_t capacity_pages);
+  explicit HostPageStore(int64_t page_bytes);
 
   // Commits memory for `pages` if not yet committed. RESOURCE_EXHAUSTED when the host refuses.
   absl::Status Commit(absl::Span<const int32_t> pages);
