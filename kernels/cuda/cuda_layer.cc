@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/work_plan.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/layer_input_checks.h"
 
@@ -229,6 +230,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   const int group = heads / kv_heads;
   const int row_blocks = (group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
   const MaskSpec mask{spec_.causal ? 1 : 0, spec_.sliding_window};
+  const int prefill_rows = PrefillRowsPerBlock(kv_config_.dtype);
   if (rows > INT_MAX / std::max(qkv_width_, spec_.d_model)) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
   }
@@ -267,34 +269,9 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
     }
     item_begin.push_back(static_cast<int>(items.size()));
     if (decode) {
-      int key_begin, key_end;
-      mask.VisibleKeys(desc.length - 1, desc.length, &key_begin, &key_end);
-      const int64_t num_keys = key_end - key_begin;
-      const int64_t splits = std::clamp<int64_t>(num_keys / kMinKeysPerSplit, 1, wanted_splits);
-      for (int64_t s = 0; s < splits; ++s) {
-        WorkItem item;
-        item.sequence = b;
-        item.key_begin = static_cast<int>(key_begin + num_keys * s / splits);
-        item.key_end = static_cast<int>(key_begin + num_keys * (s + 1) / splits);
-        items.push_back(item);
-      }
+      PlanDecodeSplits(desc, b, mask, wanted_splits, kMinKeysPerSplit, items);
     } else {
-      // Flattened rows (token, group head), kAttentionRowsPerBlock per block; the block reads the
-      // union of its rows' visible keys (masks are monotone in the query index).
-      const int flat_rows = desc.num_new * group;
-      for (int r = 0; r < flat_rows; r += kAttentionRowsPerBlock) {
-        WorkItem item;
-        item.sequence = b;
-        item.row_begin = r;
-        item.row_end = std::min(flat_rows, r + kAttentionRowsPerBlock);
-        int begin_lo, begin_hi, end_lo, end_hi;
-        mask.VisibleKeys(desc.first_index + r / group, desc.length, &begin_lo, &begin_hi);
-        mask.VisibleKeys(desc.first_index + (item.row_end - 1) / group, desc.length, &end_lo,
-                         &end_hi);
-        item.key_begin = begin_lo;
-        item.key_end = end_hi;
-        items.push_back(item);
-      }
+      PlanPrefillItems(desc, b, group, mask, prefill_rows, items);
     }
   }
   item_begin.push_back(static_cast<int>(items.size()));

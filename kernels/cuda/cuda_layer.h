@@ -3,7 +3,9 @@
 // one pinned buffer, upload it with one copy, then run on the layer's stream:
 //   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS sgemm
 //   RoPE(q, k); k, v -> pages              RopeAppendKernel
-//   attention                              PrefillKernel | PagedDecodeKernel + combine
+//   attention                              prefill: MmaPrefillKernel (f16/bf16 pages, tensor
+//                                          cores) or PrefillKernel (f32 pages); decode:
+//                                          PagedDecodeKernel + combine
 //   out = attn . Wo^T (+ bias)             cuBLAS sgemm
 // and copy the output back. A failure after the reservation rolls it back, so calls stay
 // all-or-nothing as on the CPU.

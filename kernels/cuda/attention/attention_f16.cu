@@ -1,6 +1,8 @@
-// Prefill and split-KV decode attention over f16 KV pages, head dims 64 and 128.
+// Attention over f16 KV pages, head dims 64 and 128: tensor-core prefill and split-KV decode.
 #include "kernels/cuda/attention/paged_attention.cuh"
+#include "kernels/cuda/attention/prefill_mma.cuh"
 
 namespace attnserve::cuda {
-ATTNSERVE_INSTANTIATE_ATTENTION(KvType::kF16)
+ATTNSERVE_INSTANTIATE_MMA_PREFILL(KvType::kF16)
+ATTNSERVE_INSTANTIATE_DECODE(KvType::kF16)
 }  // namespace attnserve::cuda

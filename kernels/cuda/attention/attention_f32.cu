@@ -1,6 +1,7 @@
-// Prefill and split-KV decode attention over f32 KV pages, head dims 64 and 128.
+// Attention over f32 KV pages, head dims 64 and 128: CUDA-core prefill and split-KV decode.
 #include "kernels/cuda/attention/paged_attention.cuh"
 
 namespace attnserve::cuda {
-ATTNSERVE_INSTANTIATE_ATTENTION(KvType::kF32)
+ATTNSERVE_INSTANTIATE_PREFILL(KvType::kF32)
+ATTNSERVE_INSTANTIATE_DECODE(KvType::kF32)
 }  // namespace attnserve::cuda

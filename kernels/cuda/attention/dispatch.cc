@@ -9,7 +9,12 @@ namespace {
 
 template <KvType kKv>
 cudaError_t Prefill(int head_dim, const AttentionParams& p, cudaStream_t stream) {
-  return head_dim == 64 ? LaunchPrefill<kKv, 64>(p, stream) : LaunchPrefill<kKv, 128>(p, stream);
+  if constexpr (kKv == KvType::kF32) {
+    return head_dim == 64 ? LaunchPrefill<kKv, 64>(p, stream) : LaunchPrefill<kKv, 128>(p, stream);
+  } else {
+    return head_dim == 64 ? LaunchMmaPrefill<kKv, 64>(p, stream)
+                          : LaunchMmaPrefill<kKv, 128>(p, stream);
+  }
 }
 
 template <KvType kKv>
@@ -27,6 +32,10 @@ absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim) {
   }
   (void)kv_dtype;  // f32, f16 and bf16 are all built.
   return absl::OkStatus();
+}
+
+int PrefillRowsPerBlock(DType kv_dtype) {
+  return kv_dtype == DType::kF32 ? kAttentionRowsPerBlock : kMmaPrefillRows;
 }
 
 KvType ToKvType(DType dtype) {

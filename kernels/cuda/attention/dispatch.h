@@ -1,6 +1,7 @@
 // The one place where KV dtype x head dim picks a kernel instantiation. Supported: f32, f16 and
-// bf16 pages, head dims 64 and 128 (6 instantiations per kernel); anything else is refused with
-// INVALID_ARGUMENT when the layer is created, never at run time.
+// bf16 pages, head dims 64 and 128: prefill on CUDA cores for f32 pages and on tensor cores for
+// f16/bf16 pages, split-KV decode on CUDA cores for all (12 instantiations in all); anything else
+// is refused with INVALID_ARGUMENT when the layer is created, never at run time.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 
@@ -13,6 +14,9 @@ namespace attnserve::cuda {
 // OK when the attention kernels are built for this page dtype and head dim.
 absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim);
 KvType ToKvType(DType dtype);
+
+// Query rows per prefill work item of the kernel RunPrefillAttention picks for this page dtype.
+int PrefillRowsPerBlock(DType kv_dtype);
 
 absl::Status RunPrefillAttention(DType kv_dtype, int head_dim, const AttentionParams& params,
                                  cudaStream_t stream);

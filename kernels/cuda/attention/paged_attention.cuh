@@ -10,9 +10,10 @@
 //   4. O = O * exp(m_old - m_new) + P . V.
 // Prefill writes O / l; decode writes (m, l, O) per KV split and a combine kernel merges splits.
 //
-// This is the correct-first version (fp32 FMA on CUDA cores, no tensor cores, no cp.async): the
-// mma.sync prefill and vectorised loads are CUDA part 2. Masking is in MaskSpec and in the host
-// plan (key ranges), never in the loop body beyond the per-row [lo, hi) test.
+// These run on CUDA cores in fp32: decode for every page type (it is bound by reading KV, not by
+// arithmetic) and prefill for f32 pages; f16/bf16 prefill runs on tensor cores (prefill_mma.cuh).
+// Masking is in MaskSpec and in the host plan (key ranges), never in the loop body beyond the
+// per-row [lo, hi) test.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
 
@@ -235,10 +236,12 @@ cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cud
   return cudaGetLastError();
 }
 
-// One instantiation set per KV type: the two supported head dims.
-#define ATTNSERVE_INSTANTIATE_ATTENTION(KV)                                                  \
-  template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t);          \
-  template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t);         \
+// Instantiations per KV type and the two supported head dims (prefill: f32 pages only; 16-bit
+// pages prefill on tensor cores, prefill_mma.cuh).
+#define ATTNSERVE_INSTANTIATE_PREFILL(KV)                                           \
+  template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t); \
+  template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t);
+#define ATTNSERVE_INSTANTIATE_DECODE(KV)                                                     \
   template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
   template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
 

@@ -117,13 +117,22 @@ struct AttentionParams {
 // Query rows per block and the launch shape of the attention kernels.
 inline constexpr int kAttentionRowsPerBlock = 16;
 inline constexpr int kAttentionThreads = 128;
+// The tensor-core prefill (prefill_mma.cuh): 4 warps of 16 query rows, 64-key tiles.
+inline constexpr int kMmaPrefillWarps = 4;
+inline constexpr int kMmaPrefillThreads = 32 * kMmaPrefillWarps;
+inline constexpr int kMmaPrefillRows = 16 * kMmaPrefillWarps;
+inline constexpr int kMmaPrefillKeys = 64;
 
 // Launchers (helpers -> kernel -> launcher live in attention/*.cuh; one .cu per KV type holds the
 // instantiations). They return the launch error; the caller turns it into an absl::Status.
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cudaStream_t stream);
+// CUDA-core prefill (f32 pages; items of kAttentionRowsPerBlock rows).
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream);
+// Tensor-core prefill (f16/bf16 pages; items of kMmaPrefillRows rows), prefill_mma.cuh.
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchMmaPrefill(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchCombineSplits(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream);
 // dst[r, :] = bias for r < rows (before a GEMM with beta = 1).
