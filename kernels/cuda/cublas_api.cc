@@ -41,6 +41,7 @@ absl::StatusOr<CublasApi> Load() {
     bind(api.set_stream, "cublasSetStream_v2");
     bind(api.set_math_mode, "cublasSetMathMode");
     bind(api.sgemm, "cublasSgemm_v2");
+    bind(api.gemm_ex, "cublasGemmEx");
     if (complete) return api;  // The handle stays open for the life of the process.
     dlclose(handle);
   }

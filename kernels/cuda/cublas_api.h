@@ -20,6 +20,11 @@ struct CublasApi {
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSgemm_v2) sgemm = nullptr;
+  // The C entry point (the header also declares a C++ overload taking cudaDataType compute).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
   std::string library;  // The file that was loaded, e.g. "libcublas.so.13".
 };
 

@@ -41,14 +41,6 @@ class SectionLayout {
   size_t total_ = 0;
 };
 
-absl::Status Upload(DeviceBuffer& buffer, const std::vector<float>& values) {
-  if (values.empty()) return absl::OkStatus();
-  if (absl::Status s = buffer.EnsureBytes(values.size() * sizeof(float)); !s.ok()) return s;
-  return CudaStatus(cudaMemcpy(buffer.data(), values.data(), values.size() * sizeof(float),
-                               cudaMemcpyHostToDevice),
-                    "uploading weights");
-}
-
 std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
   auto it = weights.find(name);
   return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
@@ -64,6 +56,7 @@ CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       q_width_(spec.num_heads * spec.head_dim),
       kv_width_(spec.num_kv_heads * spec.head_dim),
       qkv_width_(q_width_ + 2 * kv_width_),
+      compute_(kv_config.dtype),
       sequences_(kv_config.page_size, page_bytes, kv_config.max_pages, kv_config.budget,
                  spec.causal, spec.sliding_window),
       store_(context.pool, page_bytes) {}
@@ -111,22 +104,26 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   }
   // [Wq; Wk; Wv] stacked: one GEMM gives q, k and v side by side in each row.
   std::vector<float> wqkv = weights.at("q_proj.weight").ToFloats();
+  std::vector<float> bqkv;
   for (const char* name : {"k_proj.weight", "v_proj.weight"}) {
     const std::vector<float> w = weights.at(name).ToFloats();
     wqkv.insert(wqkv.end(), w.begin(), w.end());
   }
-  if (absl::Status s = Upload(wqkv_, wqkv); !s.ok()) return s;
   if (spec_.qkv_bias) {
-    std::vector<float> bqkv = FloatsOrEmpty(weights, "q_proj.bias");
-    for (const char* name : {"k_proj.bias", "v_proj.bias"}) {
+    for (const char* name : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
       const std::vector<float> b = FloatsOrEmpty(weights, name);
       bqkv.insert(bqkv.end(), b.begin(), b.end());
     }
-    if (absl::Status s = Upload(bqkv_, bqkv); !s.ok()) return s;
   }
-  if (absl::Status s = Upload(wo_, weights.at("o_proj.weight").ToFloats()); !s.ok()) return s;
-  if (spec_.o_bias) {
-    if (absl::Status s = Upload(bo_, FloatsOrEmpty(weights, "o_proj.bias")); !s.ok()) return s;
+  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, compute_); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          o_proj_.Init(weights.at("o_proj.weight").ToFloats(),
+                       spec_.o_bias ? FloatsOrEmpty(weights, "o_proj.bias") : std::vector<float>(),
+                       spec_.d_model, q_width_, compute_);
+      !s.ok()) {
+    return s;
   }
   const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   if (rotary > 0) {
@@ -279,7 +276,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
 
   // ---- Workspace: [upload | activations | partials]; staging: [upload | output] ----------------
   SectionLayout up;
-  const Section s_x = up.Add(sizeof(float) * rows * spec_.d_model);
+  const size_t compute_bytes = DTypeSize(compute_);
+  const Section s_x = up.Add(compute_bytes * rows * spec_.d_model);
   const Section s_pos = up.Add(sizeof(int64_t) * rows);
   const Section s_rowseq = up.Add(sizeof(int) * rows);
   const Section s_desc = up.Add(sizeof(SequenceDesc) * descs.size());
@@ -290,6 +288,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   SectionLayout dev = up;
   const Section s_qkv = dev.Add(sizeof(float) * rows * qkv_width_);
   const Section s_attn = dev.Add(sizeof(float) * rows * q_width_);
+  // The attention output in the compute dtype, when the output projection reads 16-bit.
+  const Section s_attn16 = dev.Add(compute_ == DType::kF32 ? 0 : compute_bytes * rows * q_width_);
   const Section s_out = dev.Add(sizeof(float) * rows * spec_.d_model);
   const int64_t partial_rows = decode ? int64_t{num_items} * heads : 0;
   const Section s_pmax = dev.Add(sizeof(float) * partial_rows);
@@ -304,8 +304,10 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   auto put = [&](const Section& section, const void* src) {
     if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
   };
-  {
-    const std::vector<float> x = hidden.ToFloats();
+  if (hidden.dtype() == compute_) {
+    put(s_x, hidden.data());
+  } else {
+    const Tensor x = hidden.CastTo(compute_);
     put(s_x, x.data());
   }
   put(s_pos, resolved.data());
@@ -326,21 +328,9 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
                                    "poisoning the workspace");
   }
-  const float one = 1.0f, zero = 0.0f;
   const int m_rows = static_cast<int>(rows);
-  // qkv[rows, qkv_width] = x . Wqkv^T (+ bias): column-major qkv^T = Wqkv^T(op T) . x^T.
-  if (spec_.qkv_bias) {
-    ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        LaunchBroadcastRows(fptr(s_qkv), static_cast<float*>(bqkv_.data()), m_rows, qkv_width_,
-                            stream_),
-        "qkv bias");
-  }
   if (absl::Status s =
-          CublasStatus(context_.cublas->sgemm(
-                           cublas_, CUBLAS_OP_T, CUBLAS_OP_N, qkv_width_, m_rows, spec_.d_model,
-                           &one, static_cast<const float*>(wqkv_.data()), spec_.d_model, fptr(s_x),
-                           spec_.d_model, spec_.qkv_bias ? &one : &zero, fptr(s_qkv), qkv_width_),
-                       "qkv projection");
+          qkv_proj_.Run(*context_.cublas, cublas_, stream_, dptr(s_x), m_rows, fptr(s_qkv));
       !s.ok()) {
     return s;
   }
@@ -395,17 +385,16 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   }
 
   // out[rows, d_model] = attn . Wo^T (+ bias)
-  if (spec_.o_bias) {
-    ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchBroadcastRows(fptr(s_out), static_cast<float*>(bo_.data()),
-                                                       m_rows, spec_.d_model, stream_),
-                                   "o bias");
+  const void* attn_in = fptr(s_attn);
+  if (compute_ != DType::kF32) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(s_attn), ToKvType(compute_), dptr(s_attn16),
+                            int64_t{rows} * q_width_, stream_),
+        "attention output to the compute dtype");
+    attn_in = dptr(s_attn16);
   }
   if (absl::Status s =
-          CublasStatus(context_.cublas->sgemm(
-                           cublas_, CUBLAS_OP_T, CUBLAS_OP_N, spec_.d_model, m_rows, q_width_, &one,
-                           static_cast<const float*>(wo_.data()), q_width_, fptr(s_attn), q_width_,
-                           spec_.o_bias ? &one : &zero, fptr(s_out), spec_.d_model),
-                       "output projection");
+          o_proj_.Run(*context_.cublas, cublas_, stream_, attn_in, m_rows, fptr(s_out));
       !s.ok()) {
     return s;
   }

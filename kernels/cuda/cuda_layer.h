@@ -1,14 +1,16 @@
 // An MHA/MQA/GQA layer on the GPU. Per call: validate and reserve pages (KvSequenceTable, shared
 // with the CPU backend), plan the batch on the host (page table, work items, split-KV plan) into
 // one pinned buffer, upload it with one copy, then run on the layer's stream:
-//   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS sgemm
+//   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS (Projection: sgemm, or GemmEx for 16-bit)
 //   RoPE(q, k); k, v -> pages              RopeAppendKernel
 //   attention                              prefill: MmaPrefillKernel (f16/bf16 pages, tensor
 //                                          cores) or PrefillKernel (f32 pages); decode:
 //                                          PagedDecodeKernel + combine
-//   out = attn . Wo^T (+ bias)             cuBLAS sgemm
-// and copy the output back. A failure after the reservation rolls it back, so calls stay
-// all-or-nothing as on the CPU.
+//   out = attn . Wo^T (+ bias)             cuBLAS (Projection)
+// and copy the output back. The compute dtype follows the KV pages: f32 pages compute in fp32;
+// f16/bf16 pages run the projections and the prefill attention on tensor cores with 16-bit
+// inputs and fp32 accumulation (decode reads the pages and accumulates in fp32). A failure after
+// the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
 #ifndef ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
 #define ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
 
@@ -22,6 +24,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/projection.h"
 #include "kernels/kv_sequence_table.h"
 
 namespace attnserve::cuda {
@@ -72,13 +75,16 @@ class CudaGqaLayer : public AttentionLayer {
   const int q_width_;    // num_heads * head_dim
   const int kv_width_;   // num_kv_heads * head_dim
   const int qkv_width_;  // q_width_ + 2 * kv_width_
+  const DType compute_;  // f32, or the 16-bit page dtype (projections and prefill).
 
   mutable absl::Mutex mu_;  // One call at a time per layer.
   KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);
   DevicePageStore store_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  DeviceBuffer wqkv_, bqkv_, wo_, bo_, inv_freq_;  // Weights; biases empty when absent.
+  Projection qkv_proj_;  // [Wq; Wk; Wv] stacked: q, k and v side by side in each row.
+  Projection o_proj_;
+  DeviceBuffer inv_freq_;   // RoPE frequencies (fp64).
   DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
   PinnedBuffer staging_;    // Host side of the upload and of the output.
 };

@@ -10,14 +10,14 @@
 // case), key-tile (16/32), query-tile (16 rows) and window (40) edges; batches are ragged; one
 // sequence is long enough for split-KV decode.
 //
-// Tolerances (relative 2-norm, per call):
+// Tolerances (relative 2-norm, per call). With f16/bf16 pages the GPU computes in that dtype
+// (weights, activations, Q and P rounded for tensor-core GEMMs and mma, fp32 accumulation) while
+// the CPU engine computes in fp32; each rounding adds about u/sqrt(3) relative, and about eight
+// of them meet in the output.
 //   f32 KV, f32 I/O:   1e-4  both fp32; cuBLAS vs OpenBLAS and different summation orders.
-//   bf16 KV, bf16 I/O: 1e-2  the CPU engine also caches bf16 (same RNE rounding of the same
-//                            fp32 K/V up to projection rounding); output rounding to bf16 is
-//                            2^-9 relative per element.
-//   f16 KV, f16 I/O:   4e-3  the CPU engine has no f16 cache, so it keeps f32 K/V: f16 rounding
-//                            of K/V (2^-11 relative) and of the output.
-//
+//   bf16 KV, bf16 I/O: 1e-2  u = 2^-8: expected ~3e-3. The CPU engine also caches bf16.
+//   f16 KV, f16 I/O:   4e-3  u = 2^-11: expected ~5e-4; the CPU engine has no f16 cache and
+//                            keeps f32 K/V.
 // Without a usable CUDA device (CI) every test SKIPS with the reason. A summary table is printed
 // after all tests.
 #include "kernels/cuda/cuda_backend.h"

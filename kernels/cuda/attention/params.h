@@ -135,6 +135,9 @@ template <KvType kKv, int kHeadDim>
 cudaError_t LaunchMmaPrefill(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchCombineSplits(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream);
+// dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/convert.cu).
+cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
+                                cudaStream_t stream);
 // dst[r, :] = bias for r < rows (before a GEMM with beta = 1).
 cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols,
                                 cudaStream_t stream);
