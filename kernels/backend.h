@@ -98,6 +98,10 @@ class AttentionBackend {
   // Human-readable device description, e.g. "2 CPU threads, OpenBLAS 0.3.21".
   virtual std::string device_description() const = 0;
 
+  // Bytes of the device memory the backend set aside for KV pages when it started (the CUDA page
+  // pool), or 0 when KV pages come from host memory as they are used (CPU).
+  virtual int64_t kv_device_pool_bytes() const { return 0; }
+
   // Validates spec, weights and cache config, then builds the layer.
   virtual absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) = 0;

@@ -32,6 +32,10 @@ ABSL_FLAG(int, compute_threads, kDefaults.compute_threads,
           "Executor threads running engine calls (different sessions run in parallel).");
 ABSL_FLAG(int64_t, kv_pool_bytes, kDefaults.kv_pool_bytes,
           "KV cache pool of the device, in bytes, shared by all sessions.");
+ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
+          "CUDA backend: size the device KV pool as this fraction (0, 0.95] of the GPU memory free "
+          "at startup, instead of --kv_pool_bytes. 0 = use --kv_pool_bytes. Refused when the "
+          "backend is cpu.");
 ABSL_FLAG(int, max_sessions, kDefaultLimits.max_sessions, "Live sessions at most.");
 ABSL_FLAG(int, max_requests_per_session, kDefaultLimits.max_requests_per_session,
           "Live requests per session at most.");
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
   options.engine_threads = absl::GetFlag(FLAGS_threads);
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
+  options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);

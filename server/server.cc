@@ -33,6 +33,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv_pool_bytes = ", o.kv_pool_bytes, ", must be >= 1"));
   }
+  if (o.kv_pool_fraction != 0.0 && !(o.kv_pool_fraction > 0.0 && o.kv_pool_fraction <= 0.95)) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
+                                                   ", must be 0 (unused) or in (0, 0.95]"));
+  }
   if (o.compute_threads < 1 || o.compute_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("--compute_threads = ", o.compute_threads, ", must be in [1, 256]"));
@@ -80,8 +84,10 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   BackendOptions backend;
   backend.name = o.backend;
   backend.cpu.num_threads = o.engine_threads;
-  // The CUDA backend's device page pool holds the same KV budget the sessions share.
-  backend.cuda.kv_pool_bytes = o.kv_pool_bytes;
+  // The CUDA backend's device page pool holds the same KV budget the sessions share: either
+  // --kv_pool_bytes, or a fraction of the free device memory (0 bytes selects the fraction).
+  backend.cuda.kv_pool_bytes = o.kv_pool_fraction > 0.0 ? 0 : o.kv_pool_bytes;
+  if (o.kv_pool_fraction > 0.0) backend.cuda.kv_pool_fraction = o.kv_pool_fraction;
   // Errors name the flag's value ("backend = cuda: no CUDA device: ...").
   return CreateBackend(backend);
 }
@@ -117,6 +123,19 @@ absl::Status RunServer(const ServerOptions& options) {
   if (!choice.ok()) return choice.status();
   SERVER_LOG(INFO, "backend %s", choice->reason);
   std::unique_ptr<AttentionBackend>* backend = &choice->backend;
+  // The sessions' KV budget is what the device pool really holds.
+  int64_t kv_pool_bytes = options.kv_pool_bytes;
+  if (options.kv_pool_fraction > 0.0) {
+    kv_pool_bytes = (*backend)->kv_device_pool_bytes();
+    if (kv_pool_bytes <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
+                       " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
+                       choice->reason, "); use --kv_pool_bytes"));
+    }
+    SERVER_LOG(INFO, "KV pool: %d bytes (--kv_pool_fraction = %g of free device memory)",
+               kv_pool_bytes, options.kv_pool_fraction);
+  }
 
   // Keep one gRPC library reference for the life of the process. Without it the last
   // grpc_shutdown (in ~ServerBuilder or ~Server) joins gRPC's executor threads synchronously,
@@ -124,7 +143,7 @@ absl::Status RunServer(const ServerOptions& options) {
   // drained server would not exit. Process exit reclaims everything instead.
   grpc_init();
 
-  KvPool pool(options.kv_pool_bytes);
+  KvPool pool(kv_pool_bytes);
   SessionRegistry registry(options.limits.max_sessions);
   Executor executor(options.compute_threads);
   Metrics metrics(

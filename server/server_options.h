@@ -46,6 +46,9 @@ struct ServerOptions {
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;
+  // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
+  // the device memory free at startup, instead of kv_pool_bytes.
+  double kv_pool_fraction = 0.0;
   absl::Duration shutdown_grace = absl::Seconds(10);
   ServerLimits limits;
   SchedulerOptions scheduler;

@@ -31,6 +31,8 @@ class CudaBackend : public AttentionBackend {
                            context_.cublas->library);
   }
 
+  int64_t kv_device_pool_bytes() const override { return context_.pool->capacity_bytes(); }
+
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;

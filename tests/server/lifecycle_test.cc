@@ -151,5 +151,21 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
             << " ms after SIGTERM\n";
 }
 
+// --kv_pool_fraction sizes the CUDA device pool; on the CPU backend it is refused at startup
+// with the reason rather than silently ignored, and out-of-range values are refused too.
+TEST(ServerFlagsTest, KvPoolFractionIsRefusedOffTheCudaBackendAndOutOfRange) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> cpu = ServerProcess::Start(
+      {"--backend=cpu", "--kv_pool_fraction=0.5", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(cpu.ok());
+  EXPECT_THAT(std::string(cpu.status().message()),
+              ::testing::HasSubstr("--kv_pool_fraction = 0.5 sizes the CUDA device pool, but the "
+                                   "backend is cpu"));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> too_big =
+      ServerProcess::Start({"--kv_pool_fraction=1.5", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_THAT(std::string(too_big.status().message()),
+              ::testing::HasSubstr("--kv_pool_fraction = 1.5, must be 0 (unused) or in (0, 0.95]"));
+}
+
 }  // namespace
 }  // namespace attnserve::server_test
