@@ -1,11 +1,16 @@
-// Element conversions between float and the KV page types, and warp reductions.
+// Element conversions between float and the KV page types, and warp reductions. Written against
+// simt.h, so the CUDA-core attention kernels that use them also run on the CPU block emulator
+// (the cuda_fp16/cuda_bf16 conversions below have host implementations).
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_KV_ELEMENT_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_KV_ELEMENT_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
+
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/simt.h"
 
 namespace attnserve::cuda {
 
@@ -14,32 +19,32 @@ struct KvElement;
 template <>
 struct KvElement<KvType::kF32> {
   using T = float;
-  static __device__ float Load(const T* p) { return *p; }
-  static __device__ void Store(T* p, float x) { *p = x; }
+  static ATTNSERVE_SIMT float Load(const T* p) { return *p; }
+  static ATTNSERVE_SIMT void Store(T* p, float x) { *p = x; }
 };
 template <>
 struct KvElement<KvType::kF16> {
   using T = __half;
-  static __device__ float Load(const T* p) { return __half2float(*p); }
+  static ATTNSERVE_SIMT float Load(const T* p) { return __half2float(*p); }
   // Round to nearest even, as the CPU's FloatToHalf.
-  static __device__ void Store(T* p, float x) { *p = __float2half_rn(x); }
+  static ATTNSERVE_SIMT void Store(T* p, float x) { *p = __float2half_rn(x); }
 };
 template <>
 struct KvElement<KvType::kBF16> {
   using T = __nv_bfloat16;
-  static __device__ float Load(const T* p) { return __bfloat162float(*p); }
-  static __device__ void Store(T* p, float x) { *p = __float2bfloat16_rn(x); }
+  static ATTNSERVE_SIMT float Load(const T* p) { return __bfloat162float(*p); }
+  static ATTNSERVE_SIMT void Store(T* p, float x) { *p = __float2bfloat16_rn(x); }
 };
 
-__device__ __forceinline__ float WarpMax(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  }
+// Butterfly reductions over the 32 lanes of a warp; every lane gets the result. Every lane of the
+// warp must call them together.
+ATTNSERVE_SIMT float WarpMax(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, simt::ShflXor(x, offset));
   return x;
 }
 
-__device__ __forceinline__ float WarpSum(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+ATTNSERVE_SIMT float WarpSum(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += simt::ShflXor(x, offset);
   return x;
 }
 

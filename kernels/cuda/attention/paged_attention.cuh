@@ -14,15 +14,20 @@
 // arithmetic) and prefill for f32 pages; f16/bf16 prefill runs on tensor cores (prefill_mma.cuh).
 // Masking is in MaskSpec and in the host plan (key ranges), never in the loop body beyond the
 // per-row [lo, hi) test.
+//
+// Each kernel body is a block function (PrefillBlock, PagedDecodeBlock) written against simt.h, so
+// the same source also runs on the CPU block emulator, which is how CI (no GPU) executes it
+// (tests/gpu/paged_attention_emulation_test.cc); the __global__ wrappers and launchers are nvcc
+// only.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
 
-#include <cuda_runtime.h>
-
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/simt.h"
 
 namespace attnserve::cuda {
 
@@ -59,32 +64,34 @@ struct TileStorage {
 // Loads `rows` query rows (row r from q + q_offset(r)) scaled by `scale`, and resets the softmax
 // state. Callers fill lo/hi before calling AttendRows.
 template <int kHeadDim, typename QOffset>
-__device__ void LoadQueries(TileStorage<kHeadDim>& sm, const float* q, float scale, int rows,
-                            QOffset q_offset) {
-  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+ATTNSERVE_SIMT void LoadQueries(TileStorage<kHeadDim>& sm, const float* q, float scale, int rows,
+                                QOffset q_offset) {
+  const int tid = simt::ThreadIndex();
+  for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
     const int r = e / kHeadDim, d = e % kHeadDim;
     sm.q[r][d] = q[q_offset(r) + d] * scale;
     sm.o[r][d] = 0.0f;
   }
-  if (threadIdx.x < rows) {
-    sm.m[threadIdx.x] = -INFINITY;
-    sm.l[threadIdx.x] = 0.0f;
+  if (tid < rows) {
+    sm.m[tid] = -INFINITY;
+    sm.l[tid] = 0.0f;
   }
 }
 
 // The online-softmax loop over keys [key_begin, key_end) of one sequence and KV head.
 template <KvType kKv, int kHeadDim>
-__device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const SequenceDesc& seq,
-                           int kv_head, int rows, int key_begin, int key_end) {
+ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
+                               const SequenceDesc& seq, int kv_head, int rows, int key_begin,
+                               int key_end) {
   using Traits = TileTraits<kHeadDim>;
   using Elem = KvElement<kKv>;
   using T = typename Elem::T;
   constexpr int kKeys = Traits::kKeys;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = simt::ThreadIndex(), lane = tid % 32, warp = tid / 32;
   const int64_t value_offset = kv.ValueOffset();
 
   for (int tile = key_begin; tile < key_end; tile += kKeys) {
-    const int count = min(kKeys, key_end - tile);
+    const int count = key_end - tile < kKeys ? key_end - tile : kKeys;
     // 1. K, V tile -> shared memory (consecutive threads read consecutive elements of a row).
     for (int e = tid; e < kKeys * kHeadDim; e += kAttentionThreads) {
       const int k = e / kHeadDim, d = e % kHeadDim;
@@ -103,7 +110,7 @@ __device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const S
       sm.k[k][d] = key;
       sm.v[k][d] = value;
     }
-    __syncthreads();
+    simt::SyncBlock();
     // 2. S = Q . K^T, -inf outside each row's visible keys.
     for (int e = tid; e < rows * kKeys; e += kAttentionThreads) {
       const int r = e / kKeys, k = e % kKeys;
@@ -111,14 +118,15 @@ __device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const S
       float score = -INFINITY;
       if (k < count && index >= sm.lo[r] && index < sm.hi[r]) {
         float dot = 0.0f;
-#pragma unroll 8
+        ATTNSERVE_UNROLL_BY(8)
         for (int d = 0; d < kHeadDim; ++d) dot = fmaf(sm.q[r][d], sm.k[k][d], dot);
         score = dot;
       }
       sm.s[r][k] = score;
     }
-    __syncthreads();
-    // 3. Online softmax, one warp per row, one lane per key.
+    simt::SyncBlock();
+    // 3. Online softmax, one warp per row, one lane per key. The loop is warp-uniform (rows and
+    //    warp are), as the shuffles of WarpMax/WarpSum require.
     for (int r = warp; r < rows; r += Traits::kWarps) {
       const float score = lane < kKeys ? sm.s[r][lane] : -INFINITY;
       const float m_old = sm.m[r];
@@ -136,7 +144,7 @@ __device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const S
         sm.corr[r] = corr;
       }
     }
-    __syncthreads();
+    simt::SyncBlock();
     // 4. O = O * corr + P . V
     for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
       const int r = e / kHeadDim, d = e % kHeadDim;
@@ -144,78 +152,94 @@ __device__ void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv, const S
       for (int k = 0; k < count; ++k) acc = fmaf(sm.s[r][k], sm.v[k][d], acc);
       sm.o[r][d] = acc;
     }
-    __syncthreads();
+    simt::SyncBlock();
   }
 }
 
-// ---- Kernels ------------------------------------------------------------------------------------
+// ---- Block functions ----------------------------------------------------------------------------
 
-// grid (num_items, num_kv_heads, 1); an item is (sequence, query-row chunk), its key range the
-// union of its rows' visible keys.
+// One block of the prefill: block (item_index, kv_head) of grid (num_items, num_kv_heads, 1). An
+// item is (sequence, query-row chunk), its key range the union of its rows' visible keys.
 template <KvType kKv, int kHeadDim>
-__global__ void __launch_bounds__(kAttentionThreads) PrefillKernel(const AttentionParams p) {
-  __shared__ TileStorage<kHeadDim> sm;
-  const WorkItem item = p.items[blockIdx.x];
+ATTNSERVE_SIMT void PrefillBlock(const AttentionParams& p, int item_index, int kv_head,
+                                 TileStorage<kHeadDim>& sm) {
+  const int tid = simt::ThreadIndex();
+  const WorkItem item = p.items[item_index];
   const SequenceDesc seq = p.sequences[item.sequence];
-  const int kv_head = blockIdx.y;
   const int rows = item.row_end - item.row_begin;
   // Row r is (token t, group head g) of the sequence's new tokens.
-  if (threadIdx.x < rows) {
-    const int flat = item.row_begin + threadIdx.x;
+  if (tid < rows) {
+    const int flat = item.row_begin + tid;
     const int t = flat / p.group, g = flat % p.group;
     int lo, hi;
     p.mask.VisibleKeys(seq.first_index + t, seq.length, &lo, &hi);
-    sm.lo[threadIdx.x] = lo;
-    sm.hi[threadIdx.x] = hi;
-    sm.out_offset[threadIdx.x] = int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
-                                 int64_t{kv_head * p.group + g} * kHeadDim;
+    sm.lo[tid] = lo;
+    sm.hi[tid] = hi;
+    sm.out_offset[tid] = int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
+                         int64_t{kv_head * p.group + g} * kHeadDim;
   }
   LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
     const int flat = item.row_begin + r;
     const int t = flat / p.group, g = flat % p.group;
     return int64_t{seq.first_row + t} * p.q_stride + int64_t{kv_head * p.group + g} * kHeadDim;
   });
-  __syncthreads();
+  simt::SyncBlock();
   AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
-  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+  for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
     const int r = e / kHeadDim, d = e % kHeadDim;
     const float l = sm.l[r];
     p.out[sm.out_offset[r] + d] = l > 0.0f ? sm.o[r][d] / l : 0.0f;
   }
 }
 
-// grid (num_items, num_kv_heads, row_blocks); an item is one KV split of one sequence, and z picks
-// which kAttentionRowsPerBlock heads of the KV head's group this block serves (1 unless the group
-// is larger). Writes the split's partial state; LaunchCombineSplits finishes.
+// One block of the split-KV decode: block (item_index, kv_head, row_block) of grid (num_items,
+// num_kv_heads, row_blocks). An item is one KV split of one sequence, and row_block picks which
+// kAttentionRowsPerBlock heads of the KV head's group this block serves (0 unless the group is
+// larger). Writes the split's partial state; the combine (combine.cuh) finishes.
 template <KvType kKv, int kHeadDim>
-__global__ void __launch_bounds__(kAttentionThreads) PagedDecodeKernel(const AttentionParams p) {
-  __shared__ TileStorage<kHeadDim> sm;
-  const int item_index = blockIdx.x;
+ATTNSERVE_SIMT void PagedDecodeBlock(const AttentionParams& p, int item_index, int kv_head,
+                                     int row_block, TileStorage<kHeadDim>& sm) {
+  const int tid = simt::ThreadIndex();
   const WorkItem item = p.items[item_index];
   const SequenceDesc seq = p.sequences[item.sequence];
-  const int kv_head = blockIdx.y;
-  const int g0 = blockIdx.z * kAttentionRowsPerBlock;
-  const int rows = min(kAttentionRowsPerBlock, p.group - g0);
-  if (rows <= 0) return;
+  const int g0 = row_block * kAttentionRowsPerBlock;
+  const int rows = p.group - g0 < kAttentionRowsPerBlock ? p.group - g0 : kAttentionRowsPerBlock;
+  if (rows <= 0) return;  // Block-uniform: no thread reaches a barrier.
   const int first_head = kv_head * p.group + g0;
-  if (threadIdx.x < rows) {
-    sm.lo[threadIdx.x] = item.key_begin;  // Every key of the split is visible to the new token.
-    sm.hi[threadIdx.x] = item.key_end;
+  if (tid < rows) {
+    sm.lo[tid] = item.key_begin;  // Every key of the split is visible to the new token.
+    sm.hi[tid] = item.key_end;
   }
   LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
     return int64_t{seq.first_row} * p.q_stride + int64_t{first_head + r} * kHeadDim;
   });
-  __syncthreads();
+  simt::SyncBlock();
   AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
   const int64_t partial_row = int64_t{item_index} * p.num_heads + first_head;
-  for (int e = threadIdx.x; e < rows * kHeadDim; e += kAttentionThreads) {
+  for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
     const int r = e / kHeadDim, d = e % kHeadDim;
     p.partial_acc[(partial_row + r) * kHeadDim + d] = sm.o[r][d];
   }
-  if (threadIdx.x < rows) {
-    p.partial_max[partial_row + threadIdx.x] = sm.m[threadIdx.x];
-    p.partial_sum[partial_row + threadIdx.x] = sm.l[threadIdx.x];
+  if (tid < rows) {
+    p.partial_max[partial_row + tid] = sm.m[tid];
+    p.partial_sum[partial_row + tid] = sm.l[tid];
   }
+}
+
+#if defined(__CUDACC__)
+
+// ---- Kernels ------------------------------------------------------------------------------------
+
+template <KvType kKv, int kHeadDim>
+__global__ void __launch_bounds__(kAttentionThreads) PrefillKernel(const AttentionParams p) {
+  __shared__ TileStorage<kHeadDim> sm;
+  PrefillBlock<kKv, kHeadDim>(p, blockIdx.x, blockIdx.y, sm);
+}
+
+template <KvType kKv, int kHeadDim>
+__global__ void __launch_bounds__(kAttentionThreads) PagedDecodeKernel(const AttentionParams p) {
+  __shared__ TileStorage<kHeadDim> sm;
+  PagedDecodeBlock<kKv, kHeadDim>(p, blockIdx.x, blockIdx.y, blockIdx.z, sm);
 }
 
 // ---- Launchers ----------------------------------------------------------------------------------
@@ -244,6 +268,8 @@ cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cud
 #define ATTNSERVE_INSTANTIATE_DECODE(KV)                                                     \
   template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
   template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+
+#endif  // defined(__CUDACC__)
 
 }  // namespace attnserve::cuda
 

@@ -1,4 +1,4 @@
-// The handful of SIMT primitives the tensor-core kernels use, behind one interface so the same
+// The handful of SIMT primitives the attention kernels use, behind one interface so the same
 // kernel source runs on the GPU (nvcc: CUDA intrinsics and mma.sync PTX) and on the CPU under the
 // block emulator (g++ with ATTNSERVE_SIMT_EMULATION: one host thread per CUDA thread, see
 // simt_emulator.h). The emulator is how CI, which has no GPU, executes the kernels' index,
@@ -6,7 +6,9 @@
 //
 // Rules for code written against this header: every lane of a warp calls ShflXor and the Mma
 // functions together (uniform control flow inside a warp), every thread of the block calls
-// SyncBlock, and shared tiles hold raw 16-bit patterns (uint16_t) so both compilers agree on them.
+// SyncBlock, and shared 16-bit tiles hold raw patterns (uint16_t) so both compilers agree on them.
+// Math beyond these primitives must resolve under both compilers: fmaxf/expf/fmaf (<cmath> on the
+// host), ternaries rather than CUDA's min/max, cuda_fp16/cuda_bf16 conversions (host-callable).
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_SIMT_H_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_SIMT_H_
 
@@ -20,10 +22,14 @@
 #define ATTNSERVE_SIMT inline __device__
 // Fragment arrays must live in registers: every loop indexing them is unrolled.
 #define ATTNSERVE_UNROLL _Pragma("unroll")
+// A partial unroll (#pragma unroll n): a hint only, the loop is correct without it.
+#define ATTNSERVE_PRAGMA(text) _Pragma(#text)
+#define ATTNSERVE_UNROLL_BY(n) ATTNSERVE_PRAGMA(unroll n)
 #elif defined(ATTNSERVE_SIMT_EMULATION)
 #include "kernels/cuda/attention/simt_emulator.h"
 #define ATTNSERVE_SIMT inline
 #define ATTNSERVE_UNROLL
+#define ATTNSERVE_UNROLL_BY(n)
 #else
 #error "simt.h is for nvcc, or for g++ with ATTNSERVE_SIMT_EMULATION (the CPU block emulator)"
 #endif

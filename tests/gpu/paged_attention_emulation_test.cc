@@ -1,0 +1,387 @@
+// The CUDA-core attention kernels (kernels/cuda/attention/paged_attention.cuh: the f32-page
+// prefill and the split-KV decode, and combine.cuh: the split combine) executed on the CPU by the
+// block emulator (simt_emulator.h: one host thread per CUDA thread, __syncthreads and warp
+// shuffles emulated), against a float64 reference. This runs in CI, which has no GPU: it checks
+// the kernels' paged gather, tiling, masks, online softmax, row blocks of large groups, split
+// partial states and their combine, with work planned by the CUDA layer's planner (work_plan.h);
+// the GPU run (tests/gpu/cuda_backend_test) checks the same source compiled by nvcc.
+//
+// Every case is drawn fresh (the seed is printed). The KV pool is NaN except for the slots the
+// sequences wrote, pages are scattered in the pool, pages behind a sliding window are evicted
+// (-1), the q buffer's K/V columns are NaN, and the output and the decode's partial buffers start
+// NaN: a read of anything the kernel must not read, or a value it fails to write, turns into NaN
+// and fails. Decode rows are in reverse sequence order (first_row != sequence index).
+//
+// Shapes: f32-page prefill (the only prefill on CUDA cores) and decode for f32, f16 and bf16 pages;
+// head dims 64 and 128 (32- and 16-key tiles); groups 1, 4 and 32 (32 > kAttentionRowsPerBlock:
+// the decode's row blocks, grid.z); causal and a 40-token window; pages of 16 and 5 tokens.
+// Decode splits are planned with a small minimum (kMinKeysPerSplit = 16, at most 4 splits), so a
+// 150-key sequence gets 4 splits (edges mid-page, so tiles straddle pages), and a 40-key window 2.
+//
+// Tolerances (relative 2-norm over the call against float64 from the same page values, which
+// are already rounded to the page type, and the same fp32 q): these kernels load each stored
+// element exactly into fp32 and do every product, exp and sum in fp32, so all page types see only
+// fp32 rounding (u = 2^-24 ~ 6e-8), with no 16-bit rounding of Q or P as on tensor cores. Seen
+// over 16 seeds per case: 9e-8 to 2.6e-7 (prefill and decode alike, all page types); the bound,
+// 2e-6, leaves ~8x. A kernel bug (a mask, split, row block or softmax rescale off) gives 1e-2 or
+// more.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/attention/combine.cuh"
+#include "kernels/cuda/attention/paged_attention.cuh"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/simt_emulator.h"
+#include "kernels/cuda/attention/work_plan.h"
+
+namespace attnserve::cuda {
+namespace {
+
+constexpr int kMinKeysPerSplit = 16;
+constexpr int kMaxSplits = 4;
+constexpr double kBound = 2e-6;
+
+int ElementBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
+
+const char* TypeName(KvType type) {
+  switch (type) {
+    case KvType::kF32:
+      return "f32";
+    case KvType::kF16:
+      return "f16";
+    case KvType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+// Writes x rounded (nearest even) to the page type at `dst` and returns the stored value.
+double StoreRounded(float x, KvType type, void* dst) {
+  switch (type) {
+    case KvType::kF32:
+      std::memcpy(dst, &x, sizeof(x));
+      return x;
+    case KvType::kF16: {
+      const __half h = __float2half_rn(x);
+      std::memcpy(dst, &h, sizeof(h));
+      return __half2float(h);
+    }
+    case KvType::kBF16: {
+      const __nv_bfloat16 h = __float2bfloat16_rn(x);
+      std::memcpy(dst, &h, sizeof(h));
+      return __bfloat162float(h);
+    }
+  }
+  return NAN;
+}
+
+struct SequenceShape {
+  int first_index;  // Tokens already cached.
+  int num_new;      // Decode: 1.
+};
+
+struct Case {
+  std::string name;
+  bool decode;
+  KvType type;
+  int head_dim;
+  int group;
+  MaskSpec mask;
+  int page_size;
+  std::vector<SequenceShape> sequences;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Shared memory starts as garbage (0xFF bytes: NaN floats, -1 ints).
+template <int kHeadDim>
+std::unique_ptr<TileStorage<kHeadDim>> GarbageStorage() {
+  auto storage = std::make_unique<TileStorage<kHeadDim>>();
+  std::memset(storage.get(), 0xFF, sizeof(*storage));
+  return storage;
+}
+
+template <KvType kKv, int kHeadDim>
+void RunPrefillGrid(const AttentionParams& p) {
+  for (int item = 0; item < p.num_items; ++item) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      auto storage = GarbageStorage<kHeadDim>();
+      simt::emulator::RunBlock(kAttentionThreads,
+                               [&] { PrefillBlock<kKv, kHeadDim>(p, item, h, *storage); });
+    }
+  }
+}
+
+template <KvType kKv, int kHeadDim>
+void RunDecodeGrid(const AttentionParams& p, int row_blocks) {
+  for (int item = 0; item < p.num_items; ++item) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      for (int z = 0; z < row_blocks; ++z) {
+        auto storage = GarbageStorage<kHeadDim>();
+        simt::emulator::RunBlock(kAttentionThreads,
+                                 [&] { PagedDecodeBlock<kKv, kHeadDim>(p, item, h, z, *storage); });
+      }
+    }
+  }
+}
+
+template <KvType kKv>
+void RunDecodeGrid(int head_dim, const AttentionParams& p, int row_blocks) {
+  head_dim == 64 ? RunDecodeGrid<kKv, 64>(p, row_blocks) : RunDecodeGrid<kKv, 128>(p, row_blocks);
+}
+
+// The decode as RunDecodeAttention launches it: split-KV blocks, then the combine.
+void RunDecodeOnCpu(KvType type, int head_dim, const AttentionParams& p, int row_blocks) {
+  switch (type) {
+    case KvType::kF32:
+      RunDecodeGrid<KvType::kF32>(head_dim, p, row_blocks);
+      break;
+    case KvType::kF16:
+      RunDecodeGrid<KvType::kF16>(head_dim, p, row_blocks);
+      break;
+    case KvType::kBF16:
+      RunDecodeGrid<KvType::kBF16>(head_dim, p, row_blocks);
+      break;
+  }
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      simt::emulator::RunBlock(p.kv.head_dim, [&] { CombineSplitsBlock(p, b, h); });
+    }
+  }
+}
+
+class PagedAttentionEmulationTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
+  const Case& c = GetParam();
+  const uint64_t seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::printf("[case] %s seed=%" PRIu64 "\n", c.name.c_str(), seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+
+  const int kv_heads = 2, heads = kv_heads * c.group, d = c.head_dim;
+  const int64_t q_stride = int64_t{heads} * d + 2 * int64_t{kv_heads} * d;  // As the qkv buffer.
+  const int element_bytes = ElementBytes(c.type);
+  const int64_t page_elements = 2 * int64_t{kv_heads} * c.page_size * d;
+  const int64_t page_bytes = page_elements * element_bytes;
+
+  // ---- Sequences, their pages scattered over a NaN pool, evicted pages behind the window.
+  const int batch = static_cast<int>(c.sequences.size());
+  std::vector<SequenceDesc> descs;
+  std::vector<int> page_count;
+  int rows = 0, total_pages = 0;
+  for (int b = 0; b < batch; ++b) {
+    const SequenceShape& shape = c.sequences[b];
+    SequenceDesc desc;
+    desc.num_new = shape.num_new;
+    desc.first_index = shape.first_index;
+    desc.length = shape.first_index + shape.num_new;
+    desc.first_page = total_pages;
+    // Prefill rows in order; decode rows (one per sequence) in reverse order.
+    desc.first_row = c.decode ? batch - 1 - b : rows;
+    descs.push_back(desc);
+    const int pages = (desc.length + c.page_size - 1) / c.page_size;
+    page_count.push_back(pages);
+    rows += shape.num_new;
+    total_pages += pages;
+  }
+  const int pool_pages = total_pages + 3;  // Spare pages stay NaN.
+  std::vector<int> slots(pool_pages);
+  for (int i = 0; i < pool_pages; ++i) slots[i] = i;
+  std::shuffle(slots.begin(), slots.end(), rng);
+  // 0xFF bytes: NaN as f32, f16 and bf16. uint32_t elements keep f32 pages aligned.
+  std::vector<uint32_t> pool(static_cast<size_t>(pool_pages * page_bytes / 4), 0xFFFFFFFFu);
+  char* const pool_base = reinterpret_cast<char*>(pool.data());
+  std::vector<int64_t> page_offsets(static_cast<size_t>(total_pages));
+  // keys[b][j] / values[b][j]: the head_dim-vector of key j of KV head h at [h * d], as stored.
+  std::vector<std::vector<std::vector<double>>> keys(batch), values(batch);
+  for (int b = 0; b < batch; ++b) {
+    const SequenceDesc& desc = descs[b];
+    int visible_from = 0;  // First key any new token sees.
+    int unused;
+    c.mask.VisibleKeys(desc.first_index, desc.length, &visible_from, &unused);
+    for (int page = 0; page < page_count[b]; ++page) {
+      const bool evicted = (page + 1) * c.page_size <= visible_from;
+      page_offsets[desc.first_page + page] =
+          evicted ? -1 : int64_t{slots[desc.first_page + page]} * page_bytes;
+    }
+    for (int j = 0; j < desc.length; ++j) {
+      std::vector<double> k(static_cast<size_t>(kv_heads * d)), v(k.size());
+      const int64_t offset = page_offsets[desc.first_page + j / c.page_size];
+      for (int h = 0; h < kv_heads; ++h) {
+        for (int e = 0; e < d; ++e) {
+          // The key was written once; if its page was evicted since, it went to scratch.
+          const int64_t element = (int64_t{h} * c.page_size + j % c.page_size) * d + e;
+          const int64_t value_element = element + int64_t{kv_heads} * c.page_size * d;
+          char scratch[4];
+          char* const k_dst = offset < 0 ? scratch : pool_base + offset + element * element_bytes;
+          char* const v_dst =
+              offset < 0 ? scratch : pool_base + offset + value_element * element_bytes;
+          k[h * d + e] = StoreRounded(normal(rng), c.type, k_dst);
+          v[h * d + e] = StoreRounded(normal(rng), c.type, v_dst);
+        }
+      }
+      keys[b].push_back(std::move(k));
+      values[b].push_back(std::move(v));
+    }
+  }
+
+  // ---- q (its K/V columns NaN: a wrong stride reads them), output NaN.
+  std::vector<float> qkv(static_cast<size_t>(rows * q_stride), NAN);
+  for (int r = 0; r < rows; ++r) {
+    for (int e = 0; e < heads * d; ++e) qkv[r * q_stride + e] = normal(rng);
+  }
+  std::vector<float> out(static_cast<size_t>(rows) * heads * d, NAN);
+
+  // ---- Plan as the CUDA layer does (cuda_layer.cc) and run every block on the emulator.
+  std::vector<WorkItem> items;
+  std::vector<int> item_begin;
+  for (int b = 0; b < batch; ++b) {
+    item_begin.push_back(static_cast<int>(items.size()));
+    if (c.decode) {
+      PlanDecodeSplits(descs[b], b, c.mask, kMaxSplits, kMinKeysPerSplit, items);
+    } else {
+      PlanPrefillItems(descs[b], b, c.group, c.mask, kAttentionRowsPerBlock, items);
+    }
+  }
+  item_begin.push_back(static_cast<int>(items.size()));
+  const int num_items = static_cast<int>(items.size());
+  const int row_blocks = (c.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
+  const int64_t partial_rows = c.decode ? int64_t{num_items} * heads : 0;
+  std::vector<float> partial_max(static_cast<size_t>(partial_rows), NAN);
+  std::vector<float> partial_sum(static_cast<size_t>(partial_rows), NAN);
+  std::vector<float> partial_acc(static_cast<size_t>(partial_rows * d), NAN);
+
+  AttentionParams p;
+  p.q = qkv.data();
+  p.q_stride = q_stride;
+  p.out = out.data();
+  p.num_heads = heads;
+  p.group = c.group;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.mask = c.mask;
+  p.kv.pool = pool.data();
+  p.kv.page_offsets = page_offsets.data();
+  p.kv.page_size = c.page_size;
+  p.kv.num_kv_heads = kv_heads;
+  p.kv.head_dim = d;
+  p.sequences = descs.data();
+  p.batch = batch;
+  p.items = items.data();
+  p.num_items = num_items;
+  if (c.decode) {
+    p.partial_max = partial_max.data();
+    p.partial_sum = partial_sum.data();
+    p.partial_acc = partial_acc.data();
+    p.item_begin = item_begin.data();
+    RunDecodeOnCpu(c.type, d, p, row_blocks);
+  } else {
+    ASSERT_EQ(c.type, KvType::kF32) << "the CUDA-core prefill is built for f32 pages only";
+    d == 64 ? RunPrefillGrid<KvType::kF32, 64>(p) : RunPrefillGrid<KvType::kF32, 128>(p);
+  }
+
+  // ---- float64 reference from the stored K/V and the fp32 q.
+  std::vector<double> expected(out.size()), actual(out.begin(), out.end());
+  for (int b = 0; b < batch; ++b) {
+    const SequenceDesc& desc = descs[b];
+    for (int t = 0; t < desc.num_new; ++t) {
+      int lo, hi;
+      c.mask.VisibleKeys(desc.first_index + t, desc.length, &lo, &hi);
+      const int row = desc.first_row + t;
+      for (int head = 0; head < heads; ++head) {
+        const int h = head / c.group;
+        std::vector<double> score;
+        double max_score = -INFINITY;
+        for (int j = lo; j < hi; ++j) {
+          double dot = 0.0;
+          for (int e = 0; e < d; ++e)
+            dot += double{qkv[row * q_stride + head * d + e]} * keys[b][j][h * d + e];
+          score.push_back(dot * p.scale);
+          max_score = std::max(max_score, score.back());
+        }
+        double sum = 0.0;
+        for (double& s : score) sum += (s = std::exp(s - max_score));
+        for (int e = 0; e < d; ++e) {
+          double acc = 0.0;
+          for (int j = lo; j < hi; ++j) acc += score[j - lo] * values[b][j][h * d + e];
+          expected[(int64_t{row} * heads + head) * d + e] = acc / sum;
+        }
+      }
+    }
+  }
+  double diff = 0.0, norm = 0.0;
+  int64_t nan_count = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::isnan(actual[i])) ++nan_count;
+    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
+    norm += expected[i] * expected[i];
+  }
+  EXPECT_EQ(nan_count, 0) << "outputs left unwritten or computed from poisoned memory";
+  const double error = std::sqrt(diff / norm);
+  std::printf(
+      "[result] %s: %s %d rows x %d heads, %d items x %d row blocks, relative error "
+      "%.3e (bound %.1e)\n",
+      c.name.c_str(), TypeName(c.type), rows, heads, num_items, c.decode ? row_blocks : 1, error,
+      kBound);
+  EXPECT_LE(error, kBound);
+}
+
+const MaskSpec kCausal{1, 0};
+const MaskSpec kWindow40{1, 40};
+
+// Prefill, ragged: a fresh 70-token prompt (crosses tiles, pages and 16-row items), a
+// continuation of 33 tokens after 37 cached, and a 1-token prompt.
+const std::vector<SequenceShape> kRagged = {{0, 70}, {37, 33}, {0, 1}};
+
+// Decode: one new token per sequence of 150 keys (4 splits), 41 and 3 keys.
+const std::vector<SequenceShape> kDecode = {{149, 1}, {40, 1}, {2, 1}};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedAttentionEmulationTest,
+    ::testing::Values(
+        // f32-page prefill (PrefillBlock).
+        Case{"prefill_f32_hd64_mha_causal_page16", false, KvType::kF32, 64, 1, kCausal, 16,
+             kRagged},
+        Case{"prefill_f32_hd128_gqa4_window40_page5",
+             false,
+             KvType::kF32,
+             128,
+             4,
+             kWindow40,
+             5,
+             {{0, 50}, {60, 20}}},
+        Case{"prefill_f32_hd64_group32_window40_page16",
+             false,
+             KvType::kF32,
+             64,
+             32,
+             kWindow40,
+             16,
+             {{45, 3}, {0, 2}}},
+        // Split-KV decode + combine (PagedDecodeBlock, CombineSplitsBlock).
+        Case{"decode_f32_hd128_gqa4_causal_page16", true, KvType::kF32, 128, 4, kCausal, 16,
+             kDecode},
+        Case{"decode_f32_hd64_group32_window40_page5", true, KvType::kF32, 64, 32, kWindow40, 5,
+             kDecode},
+        Case{"decode_f16_hd64_mha_causal_page5", true, KvType::kF16, 64, 1, kCausal, 5, kDecode},
+        Case{"decode_f16_hd128_group32_window40_page16", true, KvType::kF16, 128, 32, kWindow40, 16,
+             kDecode},
+        Case{"decode_bf16_hd64_gqa4_window40_page16", true, KvType::kBF16, 64, 4, kWindow40, 16,
+             kDecode},
+        Case{"decode_bf16_hd128_group32_causal_page5", true, KvType::kBF16, 128, 32, kCausal, 5,
+             kDecode}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace attnserve::cuda
