@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the GPU test and benchmark HERE (where gRPC, abseil, OpenBLAS and GoogleTest are
+# Builds the GPU test and benchmarks HERE (where gRPC, abseil, OpenBLAS and GoogleTest are
 # installed) and copies them, with every shared library they load that is not part of glibc, into
 # .gpu-bundle/ at the repository root (git-ignored). tests/gpu/run.sh runs that bundle on the lent
 # GPU machine, which has the NVIDIA driver, nvcc, CMake and PyTorch but none of our Debian
@@ -16,20 +16,23 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${1:-${ROOT}/build-gpu-bundle}"
 cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
   -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
-ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench
+ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench attention_kernel_bench
 OUT="${ROOT}/.gpu-bundle"
 rm -rf "${OUT}"
 mkdir -p "${OUT}/lib"
-for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench; do
+for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench \
+           tests/gpu/attention_kernel_bench; do
   cp "${BUILD}/${bin}" "${OUT}/"
   # Every resolved library except glibc's own pieces (the GPU machine's glibc is as new or newer).
   ldd "${BUILD}/${bin}" | awk '/=> \//{print $3}' |
     grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "${lib}" "${OUT}/lib/"; done
 done
-if ldd "${OUT}/cuda_backend_test" | grep -q cublas; then
-  echo "bundle.sh: cuda_backend_test has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
-  exit 1
-fi
+for bin in cuda_backend_test attention_kernel_bench; do
+  if ldd "${OUT}/${bin}" | grep -q cublas; then
+    echo "bundle.sh: ${bin} has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
+    exit 1
+  fi
+done
 du -sh "${OUT}"
 echo "bundle ready: ${OUT} (carry it as .gpu-bundle)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one script for the lent GPU machine: runs the CUDA-vs-CPU tests and the benchmark and prints
-# the test summary table last.
+# The one script for the lent GPU machine: runs the benchmarks (layer calls, the attention kernels
+# against same-run ceilings, the PyTorch peer) and the CUDA-vs-CPU tests, and prints the test
+# summary table last.
 #
 # Approach: the GPU machine has the NVIDIA driver, nvcc, CMake, ninja and PyTorch, but not our
 # Debian dependencies (gRPC, abseil, OpenBLAS, GoogleTest, nlohmann-json) and no package registry,
@@ -11,7 +12,9 @@
 #
 #   here:    tests/gpu/bundle.sh
 #   device:  run(command="tests/gpu/run.sh", carry=[".gpu-bundle"])
-# Outputs: full logs under $OUT (when set) and the summary table as the last lines printed.
+# Outputs: full logs under $OUT (when set): bench.txt, kernel_bench.{txt,csv} and
+# torch_peer.{txt,csv} (the benchmarks, run first) and gpu_test.txt; the test summary table is
+# printed last.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUNDLE="${ROOT}/.gpu-bundle"
@@ -52,6 +55,26 @@ export LD_LIBRARY_PATH="${BUNDLE}/lib${CUBLAS_DIR:+:${CUBLAS_DIR}}${LD_LIBRARY_P
 status=0
 echo "== benchmark =="
 "${BUNDLE}/attnserve_cuda_bench" 2>&1 | tee "${LOGS}/bench.txt" || status=1
+# The attention kernels alone against same-run ceilings, then the PyTorch peer at the same shapes
+# (it reads the kernel bench's CSV, so both run exactly the same cases, and ends with a table of
+# attnserve's time against PyTorch's). docs/gpu_benchmarks.md. KERNEL_BENCH_ARGS=--quick for small
+# shapes.
+KERNEL_BENCH_ARGS="${KERNEL_BENCH_ARGS:-}"
+rm -f "${LOGS}/kernel_bench.csv"  # never compare against an earlier run's numbers
+if [[ -x "${BUNDLE}/attention_kernel_bench" ]]; then
+  echo "== attention kernel benchmark (ratios against same-run ceilings) =="
+  # shellcheck disable=SC2086
+  "${BUNDLE}/attention_kernel_bench" ${KERNEL_BENCH_ARGS} --csv "${LOGS}/kernel_bench.csv" 2>&1 |
+    tee "${LOGS}/kernel_bench.txt" || status=1
+else
+  echo "run.sh: ${BUNDLE}/attention_kernel_bench missing: rebuild the bundle (tests/gpu/bundle.sh)"
+  status=1
+fi
+echo "== PyTorch peer (same shapes, same device) =="
+# shellcheck disable=SC2086
+python3 "${ROOT}/tests/gpu/torch_peer_bench.py" ${KERNEL_BENCH_ARGS} \
+  --ours "${LOGS}/kernel_bench.csv" --csv "${LOGS}/torch_peer.csv" 2>&1 |
+  tee "${LOGS}/torch_peer.txt" || status=1
 echo "== GPU tests (CUDA vs CPU engine) =="
 "${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
 # Failures first (if any), then the summary table, printed last.
