@@ -1,0 +1,77 @@
+// RoPE fused with the KV append: rotates each row's q and k heads (both layouts), writes q back
+// in place and k, v into the row's page slot in the page dtype (round to nearest even). One block
+// per batch row. Written against simt.h, so tests run it on the CPU block emulator.
+#ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
+#define ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
+
+#include <cstdint>
+
+#include "kernels/cuda/attention/kv_element.cuh"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/simt.h"
+
+namespace attnserve::cuda {
+
+inline constexpr int kRopeAppendThreads = 128;
+inline constexpr int kMaxHalfRotary = 128;  // rotary_dim <= 256 (the launcher checks).
+
+struct RopeAppendStorage {
+  float cos_table[kMaxHalfRotary];
+  float sin_table[kMaxHalfRotary];
+};
+
+// Rotates pair i of one head vector `x` in place:
+//   (a, b) -> (a cos - b sin, b cos + a sin), pair i = (i, i + half) or (2i, 2i + 1).
+ATTNSERVE_SIMT void RotatePair(float* x, int i, int half, int interleaved,
+                               const RopeAppendStorage& sm) {
+  const int ia = interleaved ? 2 * i : i;
+  const int ib = interleaved ? 2 * i + 1 : i + half;
+  const float a = x[ia], b = x[ib];
+  x[ia] = a * sm.cos_table[i] - b * sm.sin_table[i];
+  x[ib] = b * sm.cos_table[i] + a * sm.sin_table[i];
+}
+
+template <KvType kKv>
+ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppendStorage& sm) {
+  using Elem = KvElement<kKv>;
+  using T = typename Elem::T;
+  const int tid = simt::ThreadIndex();
+  const int half = p.rotary_dim / 2;
+  const int head_dim = p.kv.head_dim;
+  const int kv_heads = p.kv.num_kv_heads;
+  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians).
+  for (int i = tid; i < half; i += kRopeAppendThreads) {
+    double s, c;
+    simt::SinCos(static_cast<double>(p.positions[row]) * p.inv_freq[i], &s, &c);
+    sm.cos_table[i] = static_cast<float>(c);
+    sm.sin_table[i] = static_cast<float>(s);
+  }
+  simt::SyncBlock();
+  float* qkv = p.qkv + row * p.qkv_stride;
+  // q and k heads are consecutive head_dim-wide vectors: num_heads of q, then kv_heads of k.
+  const int rotated_heads = p.num_heads + kv_heads;
+  for (int e = tid; e < rotated_heads * half; e += kRopeAppendThreads) {
+    const int head = e / half, i = e % half;
+    RotatePair(qkv + int64_t{head} * head_dim, i, half, p.interleaved, sm);
+  }
+  simt::SyncBlock();
+  // Append k and v to the row's slot.
+  const SequenceDesc seq = p.sequences[p.row_sequence[row]];
+  const int index = seq.first_index + (row - seq.first_row);
+  const int64_t page_offset = p.kv.page_offsets[seq.first_page + index / p.kv.page_size];
+  if (page_offset < 0) return;  // Impossible for a correct plan: new tokens' pages are reserved.
+  T* page = reinterpret_cast<T*>(static_cast<char*>(p.kv.pool) + page_offset);
+  const int slot = index % p.kv.page_size;
+  const float* k = qkv + int64_t{p.num_heads} * head_dim;
+  const float* v = k + int64_t{kv_heads} * head_dim;
+  for (int e = tid; e < kv_heads * head_dim; e += kRopeAppendThreads) {
+    const int h = e / head_dim, d = e % head_dim;
+    const int64_t element = p.kv.KeyElement(h, slot) + d;
+    Elem::Store(page + element, k[e]);
+    Elem::Store(page + p.kv.ValueOffset() + element, v[e]);
+  }
+}
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
