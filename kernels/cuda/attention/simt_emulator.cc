@@ -2,42 +2,99 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <ucontext.h>
 
-#include <barrier>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
+
+// Each emulated CUDA thread is a fiber (ucontext) of the calling OS thread, so a block of 128
+// threads costs 128 context switches per barrier rather than 128 OS threads contending for two
+// cores. Fibers run round-robin; one that reaches a barrier yields until every live thread of its
+// scope (warp or block) has arrived. As on a GPU, a thread that has exited no longer counts.
+// A pass over all fibers in which no barrier completes and no fiber finishes is a deadlock (some
+// thread waits at a barrier the others never reach): reported and aborted, not hung.
 
 namespace attnserve::cuda::simt::emulator {
 
 namespace {
 
 constexpr int kWarpSize = 32;
+constexpr size_t kStackBytes = size_t{256} << 10;
+
+struct Barrier {
+  int arrived = 0;
+  int live = 0;  // Threads of the scope that have not exited.
+  uint64_t generation = 0;
+};
 
 // What the lanes of one warp exchange at a shuffle or an mma.
 struct WarpSlots {
-  WarpSlots() : barrier(kWarpSize) {}
-  std::barrier<> barrier;
+  Barrier barrier;
   float shuffle[kWarpSize];
   uint32_t a[kWarpSize][4];
   uint32_t b[kWarpSize][2];
 };
 
+struct Fiber {
+  ucontext_t context;
+  bool done = false;
+};
+
 struct Block {
-  explicit Block(int threads) : barrier(threads), warps(threads / kWarpSize) {}
-  std::barrier<> barrier;
+  const std::function<void()>* body = nullptr;
+  int threads = 0;
+  int current = 0;  // The running fiber = threadIdx.x.
+  uint64_t progress = 0;
+  ucontext_t scheduler;
+  std::vector<Fiber> fibers;
+  Barrier barrier;
   std::vector<WarpSlots> warps;
 };
 
-struct ThreadState {
-  Block* block = nullptr;
-  int thread = 0;
-};
-thread_local ThreadState current;
+thread_local Block* current_block = nullptr;
+// Fiber stacks, kept across blocks.
+thread_local std::vector<std::unique_ptr<char[]>> stacks;
 
-WarpSlots& MyWarp() { return current.block->warps[current.thread / kWarpSize]; }
-int MyLane() { return current.thread % kWarpSize; }
+void Yield() {
+  Block& block = *current_block;
+  swapcontext(&block.fibers[block.current].context, &block.scheduler);
+}
+
+void Arrive(Barrier& barrier) {
+  const uint64_t generation = barrier.generation;
+  if (++barrier.arrived == barrier.live) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    ++current_block->progress;
+    return;
+  }
+  while (barrier.generation == generation) Yield();
+}
+
+// A thread exited: the barriers stop waiting for it (and complete if it was the last one out).
+void Leave(Barrier& barrier) {
+  if (--barrier.live > 0 && barrier.arrived == barrier.live) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+  }
+}
+
+void FiberMain() {
+  Block& block = *current_block;
+  const int thread = block.current;
+  (*block.body)();
+  block.fibers[thread].done = true;
+  ++block.progress;
+  Leave(block.barrier);
+  Leave(block.warps[thread / kWarpSize].barrier);
+  // Returning resumes uc_link, the scheduler.
+}
+
+WarpSlots& MyWarp() { return current_block->warps[current_block->current / kWarpSize]; }
+int MyLane() { return current_block->current % kWarpSize; }
 
 // One 16-bit element (0 = low half) of a register, as a double.
 double Element(uint32_t reg, int half, bool bf16) {
@@ -69,33 +126,72 @@ double BElement(const WarpSlots& w, int row, int col, bool bf16) {
   return Element(w.b[lane][reg], row % 2, bf16);
 }
 
-}  // namespace
-
-void RunBlock(int threads, const std::function<void()>& block) {
-  Block shared(threads);
-  std::vector<std::thread> workers;
-  workers.reserve(threads);
-  for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&shared, &block, t] {
-      current.block = &shared;
-      current.thread = t;
-      block();
-      current.block = nullptr;
-    });
-  }
-  for (std::thread& worker : workers) worker.join();
+// Makes fiber t start at FiberMain on its stack (its own frame: getcontext "returns twice").
+__attribute__((noinline)) void InitFiber(Block& block, int t) {
+  ucontext_t& context = block.fibers[t].context;
+  getcontext(&context);
+  context.uc_stack.ss_sp = stacks[t].get();
+  context.uc_stack.ss_size = kStackBytes;
+  context.uc_link = &block.scheduler;
+  makecontext(&context, FiberMain, 0);
 }
 
-int ThreadIndex() { return current.thread; }
+// Runs fiber t until it yields or returns (its own frame: swapcontext "returns twice").
+__attribute__((noinline)) void Resume(Block& block, int t) {
+  block.current = t;
+  swapcontext(&block.scheduler, &block.fibers[t].context);
+}
 
-void SyncBlock() { current.block->barrier.arrive_and_wait(); }
+}  // namespace
+
+void RunBlock(int threads, const std::function<void()>& body) {
+  if (threads <= 0 || threads % kWarpSize != 0 || current_block != nullptr) {
+    std::fprintf(stderr, "simt emulator: bad block (%d threads, nested=%d)\n", threads,
+                 current_block != nullptr);
+    std::abort();
+  }
+  Block block;
+  block.body = &body;
+  block.threads = threads;
+  block.fibers.resize(threads);
+  block.barrier.live = threads;
+  block.warps.resize(threads / kWarpSize);
+  for (WarpSlots& warp : block.warps) warp.barrier.live = kWarpSize;
+  while (static_cast<int>(stacks.size()) < threads) {
+    stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  }
+  for (int t = 0; t < threads; ++t) InitFiber(block, t);
+  current_block = &block;
+  int remaining = threads;
+  while (remaining > 0) {
+    const uint64_t progress_before = block.progress;
+    for (int t = 0; t < threads; ++t) {
+      if (block.fibers[t].done) continue;
+      Resume(block, t);
+      if (block.fibers[t].done) --remaining;
+    }
+    if (remaining > 0 && block.progress == progress_before) {
+      std::fprintf(stderr,
+                   "simt emulator: deadlock: %d of %d threads wait at a barrier that the others "
+                   "never reach\n",
+                   remaining, threads);
+      std::abort();
+    }
+  }
+  current_block = nullptr;
+}
+
+int ThreadIndex() { return current_block->current; }
+
+void SyncBlock() { Arrive(current_block->barrier); }
 
 float ShflXor(float value, int lane_mask) {
   WarpSlots& w = MyWarp();
-  w.shuffle[MyLane()] = value;
-  w.barrier.arrive_and_wait();
-  const float result = w.shuffle[MyLane() ^ lane_mask];
-  w.barrier.arrive_and_wait();  // Nobody overwrites a slot before every lane has read.
+  const int lane = MyLane();
+  w.shuffle[lane] = value;
+  Arrive(w.barrier);
+  const float result = w.shuffle[lane ^ lane_mask];
+  Arrive(w.barrier);  // Nobody overwrites a slot before every lane has read.
   return result;
 }
 
@@ -104,7 +200,7 @@ void Mma16816(bool bf16, float c[4], const uint32_t a[4], const uint32_t b[2]) {
   const int lane = MyLane();
   std::memcpy(w.a[lane], a, sizeof(w.a[lane]));
   std::memcpy(w.b[lane], b, sizeof(w.b[lane]));
-  w.barrier.arrive_and_wait();
+  Arrive(w.barrier);
   // C/D (16x8): c0,c1 at row groupID, c2,c3 at row groupID + 8; col = threadID_in_group*2 + (i&1).
   for (int i = 0; i < 4; ++i) {
     const int row = lane / 4 + (i >= 2 ? 8 : 0);
@@ -113,7 +209,7 @@ void Mma16816(bool bf16, float c[4], const uint32_t a[4], const uint32_t b[2]) {
     for (int k = 0; k < 16; ++k) sum += AElement(w, row, k, bf16) * BElement(w, k, col, bf16);
     c[i] = static_cast<float>(sum);
   }
-  w.barrier.arrive_and_wait();
+  Arrive(w.barrier);
 }
 
 }  // namespace attnserve::cuda::simt::emulator

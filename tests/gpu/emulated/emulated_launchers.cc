@@ -1,0 +1,137 @@
+// The kernel launchers of kernels/cuda/attention/params.h for the emulated device: each "launch"
+// runs every block of the grid, one after another, on the CPU block emulator, executing the
+// kernels' own block functions (the same source nvcc compiles). Replaces the .cu launchers.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cuda/attention/combine.cuh"
+#include "kernels/cuda/attention/paged_attention.cuh"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/prefill_mma.cuh"
+#include "kernels/cuda/attention/rope_append.cuh"
+#include "kernels/cuda/attention/simt_emulator.h"
+
+namespace attnserve::cuda {
+
+namespace {
+
+using simt::emulator::RunBlock;
+
+// Shared memory starts as garbage on a GPU; here every block's starts as NaN bytes.
+template <typename Storage>
+Storage& Garbage(std::unique_ptr<Storage>& storage) {
+  if (storage == nullptr) storage = std::make_unique<Storage>();
+  std::memset(static_cast<void*>(storage.get()), 0xFF, sizeof(Storage));
+  return *storage;
+}
+
+}  // namespace
+
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPrefill(const AttentionParams& p, cudaStream_t) {
+  std::unique_ptr<TileStorage<kHeadDim>> sm;
+  for (int item = 0; item < p.num_items; ++item) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      auto& storage = Garbage(sm);
+      RunBlock(kAttentionThreads, [&] { PrefillBlock<kKv, kHeadDim>(p, item, h, storage); });
+    }
+  }
+  return cudaSuccess;
+}
+
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchMmaPrefill(const AttentionParams& p, cudaStream_t) {
+  constexpr simt::Half16 kType = kKv == KvType::kBF16 ? simt::Half16::kBF16 : simt::Half16::kF16;
+  std::unique_ptr<MmaPrefillStorage<kHeadDim>> sm;
+  for (int item = 0; item < p.num_items; ++item) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      auto& storage = Garbage(sm);
+      RunBlock(kMmaPrefillThreads, [&] { MmaPrefillBlock<kType, kHeadDim>(p, item, h, storage); });
+    }
+  }
+  return cudaSuccess;
+}
+
+template <KvType kKv, int kHeadDim>
+cudaError_t LaunchPagedDecode(const AttentionParams& p, int row_blocks, cudaStream_t) {
+  std::unique_ptr<TileStorage<kHeadDim>> sm;
+  for (int item = 0; item < p.num_items; ++item) {
+    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+      for (int z = 0; z < row_blocks; ++z) {
+        auto& storage = Garbage(sm);
+        RunBlock(kAttentionThreads,
+                 [&] { PagedDecodeBlock<kKv, kHeadDim>(p, item, h, z, storage); });
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+// The instantiations the .cu files make: CUDA-core prefill for f32 pages, tensor-core prefill for
+// 16-bit pages, decode for all.
+template cudaError_t LaunchPrefill<KvType::kF32, 64>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kF32, 128>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchMmaPrefill<KvType::kF16, 64>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchMmaPrefill<KvType::kF16, 128>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchMmaPrefill<KvType::kBF16, 64>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchMmaPrefill<KvType::kBF16, 128>(const AttentionParams&, cudaStream_t);
+#define ATTNSERVE_EMULATED_DECODE(KV)                                                        \
+  template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
+  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+ATTNSERVE_EMULATED_DECODE(KvType::kF32)
+ATTNSERVE_EMULATED_DECODE(KvType::kF16)
+ATTNSERVE_EMULATED_DECODE(KvType::kBF16)
+#undef ATTNSERVE_EMULATED_DECODE
+
+cudaError_t LaunchCombineSplits(const AttentionParams& p, cudaStream_t) {
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      RunBlock(p.kv.head_dim, [&] { CombineSplitsBlock(p, b, h); });
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
+  if (p.rotary_dim / 2 > kMaxHalfRotary) return cudaErrorInvalidValue;
+  std::unique_ptr<RopeAppendStorage> sm;
+  for (int row = 0; row < p.rows; ++row) {
+    auto& storage = Garbage(sm);
+    RunBlock(kRopeAppendThreads, [&] {
+      switch (p.kv_type) {
+        case KvType::kF32:
+          RopeAppendBlock<KvType::kF32>(p, row, storage);
+          break;
+        case KvType::kF16:
+          RopeAppendBlock<KvType::kF16>(p, row, storage);
+          break;
+        case KvType::kBF16:
+          RopeAppendBlock<KvType::kBF16>(p, row, storage);
+          break;
+      }
+    });
+  }
+  return cudaSuccess;
+}
+
+// Element-wise kernels: plain loops (nothing block-shaped to emulate).
+cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols, cudaStream_t) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, bias, sizeof(float) * cols);
+  return cudaSuccess;
+}
+
+cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
+                                cudaStream_t) {
+  if (dst_type == KvType::kF32) return cudaErrorInvalidValue;
+  auto* out = static_cast<uint16_t*>(dst);
+  for (int64_t e = 0; e < count; ++e) {
+    out[e] = dst_type == KvType::kF16
+                 ? static_cast<__half_raw>(__float2half_rn(src[e])).x
+                 : static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(src[e])).x;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace attnserve::cuda
