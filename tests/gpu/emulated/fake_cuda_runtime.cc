@@ -1,7 +1,8 @@
 // The CUDA runtime entry points the CUDA backend's host code calls, implemented on the CPU for the
 // emulated device (tests/gpu/emulated/CMakeLists.txt, docs/design.md): "device" memory is host
 // memory, every stream is the host thread (async copies and launches complete before they return,
-// in issue order), and the one device is described as the emulator it is. Linked instead of cudart, never alongside it.
+// in issue order), and the one device is described as the emulator it is. Linked instead of
+// cudart, never alongside it.
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
