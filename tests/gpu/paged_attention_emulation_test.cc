@@ -25,8 +25,6 @@
 // over 16 seeds per case: 9e-8 to 2.6e-7 (prefill and decode alike, all page types); the bound,
 // 2e-6, leaves ~8x. A kernel bug (a mask, split, row block or softmax rescale off) gives 1e-2 or
 // more.
-#include <algorithm>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +41,7 @@
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/simt_emulator.h"
 #include "kernels/cuda/attention/work_plan.h"
+#include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {
 namespace {
@@ -50,8 +49,6 @@ namespace {
 constexpr int kMinKeysPerSplit = 16;
 constexpr int kMaxSplits = 4;
 constexpr double kBound = 2e-6;
-
-int ElementBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
 
 const char* TypeName(KvType type) {
   switch (type) {
@@ -65,30 +62,7 @@ const char* TypeName(KvType type) {
   return "?";
 }
 
-// Writes x rounded (nearest even) to the page type at `dst` and returns the stored value.
-double StoreRounded(float x, KvType type, void* dst) {
-  switch (type) {
-    case KvType::kF32:
-      std::memcpy(dst, &x, sizeof(x));
-      return x;
-    case KvType::kF16: {
-      const __half h = __float2half_rn(x);
-      std::memcpy(dst, &h, sizeof(h));
-      return __half2float(h);
-    }
-    case KvType::kBF16: {
-      const __nv_bfloat16 h = __float2bfloat16_rn(x);
-      std::memcpy(dst, &h, sizeof(h));
-      return __bfloat162float(h);
-    }
-  }
-  return NAN;
-}
-
-struct SequenceShape {
-  int first_index;  // Tokens already cached.
-  int num_new;      // Decode: 1.
-};
+using emulation::SequenceShape;
 
 struct Case {
   std::string name;
@@ -164,90 +138,30 @@ class PagedAttentionEmulationTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
   const Case& c = GetParam();
-  const uint64_t seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  const uint64_t seed = emulation::DrawCaseSeed(c.name);
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::printf("[case] %s seed=%" PRIu64 "\n", c.name.c_str(), seed);
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
 
   const int kv_heads = 2, heads = kv_heads * c.group, d = c.head_dim;
   const int64_t q_stride = int64_t{heads} * d + 2 * int64_t{kv_heads} * d;  // As the qkv buffer.
-  const int element_bytes = ElementBytes(c.type);
-  const int64_t page_elements = 2 * int64_t{kv_heads} * c.page_size * d;
-  const int64_t page_bytes = page_elements * element_bytes;
 
-  // ---- Sequences, their pages scattered over a NaN pool, evicted pages behind the window.
-  const int batch = static_cast<int>(c.sequences.size());
-  std::vector<SequenceDesc> descs;
-  std::vector<int> page_count;
-  int rows = 0, total_pages = 0;
-  for (int b = 0; b < batch; ++b) {
-    const SequenceShape& shape = c.sequences[b];
-    SequenceDesc desc;
-    desc.num_new = shape.num_new;
-    desc.first_index = shape.first_index;
-    desc.length = shape.first_index + shape.num_new;
-    desc.first_page = total_pages;
-    // Prefill rows in order; decode rows (one per sequence) in reverse order.
-    desc.first_row = c.decode ? batch - 1 - b : rows;
-    descs.push_back(desc);
-    const int pages = (desc.length + c.page_size - 1) / c.page_size;
-    page_count.push_back(pages);
-    rows += shape.num_new;
-    total_pages += pages;
+  // ---- Sequences, their pages scattered over a NaN pool, evicted pages behind the window; q
+  // (its K/V columns NaN), output NaN.
+  emulation::PagedBatch batch =
+      emulation::MakePagedBatch(c.sequences, c.type, kv_heads, d, c.page_size, c.mask, rng);
+  const int batch_size = static_cast<int>(batch.sequences.size()), rows = batch.rows;
+  std::vector<SequenceDesc>& descs = batch.sequences;
+  if (c.decode) {
+    // Decode rows (one per sequence) in reverse order, so first_row != sequence index.
+    for (int b = 0; b < batch_size; ++b) descs[b].first_row = batch_size - 1 - b;
   }
-  const int pool_pages = total_pages + 3;  // Spare pages stay NaN.
-  std::vector<int> slots(pool_pages);
-  for (int i = 0; i < pool_pages; ++i) slots[i] = i;
-  std::shuffle(slots.begin(), slots.end(), rng);
-  // 0xFF bytes: NaN as f32, f16 and bf16. uint32_t elements keep f32 pages aligned.
-  std::vector<uint32_t> pool(static_cast<size_t>(pool_pages * page_bytes / 4), 0xFFFFFFFFu);
-  char* const pool_base = reinterpret_cast<char*>(pool.data());
-  std::vector<int64_t> page_offsets(static_cast<size_t>(total_pages));
-  // keys[b][j] / values[b][j]: the head_dim-vector of key j of KV head h at [h * d], as stored.
-  std::vector<std::vector<std::vector<double>>> keys(batch), values(batch);
-  for (int b = 0; b < batch; ++b) {
-    const SequenceDesc& desc = descs[b];
-    int visible_from = 0;  // First key any new token sees.
-    int unused;
-    c.mask.VisibleKeys(desc.first_index, desc.length, &visible_from, &unused);
-    for (int page = 0; page < page_count[b]; ++page) {
-      const bool evicted = (page + 1) * c.page_size <= visible_from;
-      page_offsets[desc.first_page + page] =
-          evicted ? -1 : int64_t{slots[desc.first_page + page]} * page_bytes;
-    }
-    for (int j = 0; j < desc.length; ++j) {
-      std::vector<double> k(static_cast<size_t>(kv_heads * d)), v(k.size());
-      const int64_t offset = page_offsets[desc.first_page + j / c.page_size];
-      for (int h = 0; h < kv_heads; ++h) {
-        for (int e = 0; e < d; ++e) {
-          // The key was written once; if its page was evicted since, it went to scratch.
-          const int64_t element = (int64_t{h} * c.page_size + j % c.page_size) * d + e;
-          const int64_t value_element = element + int64_t{kv_heads} * c.page_size * d;
-          char scratch[4];
-          char* const k_dst = offset < 0 ? scratch : pool_base + offset + element * element_bytes;
-          char* const v_dst =
-              offset < 0 ? scratch : pool_base + offset + value_element * element_bytes;
-          k[h * d + e] = StoreRounded(normal(rng), c.type, k_dst);
-          v[h * d + e] = StoreRounded(normal(rng), c.type, v_dst);
-        }
-      }
-      keys[b].push_back(std::move(k));
-      values[b].push_back(std::move(v));
-    }
-  }
-
-  // ---- q (its K/V columns NaN: a wrong stride reads them), output NaN.
-  std::vector<float> qkv(static_cast<size_t>(rows * q_stride), NAN);
-  for (int r = 0; r < rows; ++r) {
-    for (int e = 0; e < heads * d; ++e) qkv[r * q_stride + e] = normal(rng);
-  }
+  const std::vector<float> qkv = emulation::RandomQueries(rows, q_stride, heads * d, rng);
   std::vector<float> out(static_cast<size_t>(rows) * heads * d, NAN);
 
   // ---- Plan as the CUDA layer does (cuda_layer.cc) and run every block on the emulator.
   std::vector<WorkItem> items;
   std::vector<int> item_begin;
-  for (int b = 0; b < batch; ++b) {
+  for (int b = 0; b < batch_size; ++b) {
     item_begin.push_back(static_cast<int>(items.size()));
     if (c.decode) {
       PlanDecodeSplits(descs[b], b, c.mask, kMaxSplits, kMinKeysPerSplit, items);
@@ -263,21 +177,7 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
   std::vector<float> partial_sum(static_cast<size_t>(partial_rows), NAN);
   std::vector<float> partial_acc(static_cast<size_t>(partial_rows * d), NAN);
 
-  AttentionParams p;
-  p.q = qkv.data();
-  p.q_stride = q_stride;
-  p.out = out.data();
-  p.num_heads = heads;
-  p.group = c.group;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  p.mask = c.mask;
-  p.kv.pool = pool.data();
-  p.kv.page_offsets = page_offsets.data();
-  p.kv.page_size = c.page_size;
-  p.kv.num_kv_heads = kv_heads;
-  p.kv.head_dim = d;
-  p.sequences = descs.data();
-  p.batch = batch;
+  AttentionParams p = emulation::MakeAttentionParams(batch, qkv, q_stride, heads, c.group, out);
   p.items = items.data();
   p.num_items = num_items;
   if (c.decode) {
@@ -292,49 +192,15 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
   }
 
   // ---- float64 reference from the stored K/V and the fp32 q.
-  std::vector<double> expected(out.size()), actual(out.begin(), out.end());
-  for (int b = 0; b < batch; ++b) {
-    const SequenceDesc& desc = descs[b];
-    for (int t = 0; t < desc.num_new; ++t) {
-      int lo, hi;
-      c.mask.VisibleKeys(desc.first_index + t, desc.length, &lo, &hi);
-      const int row = desc.first_row + t;
-      for (int head = 0; head < heads; ++head) {
-        const int h = head / c.group;
-        std::vector<double> score;
-        double max_score = -INFINITY;
-        for (int j = lo; j < hi; ++j) {
-          double dot = 0.0;
-          for (int e = 0; e < d; ++e)
-            dot += double{qkv[row * q_stride + head * d + e]} * keys[b][j][h * d + e];
-          score.push_back(dot * p.scale);
-          max_score = std::max(max_score, score.back());
-        }
-        double sum = 0.0;
-        for (double& s : score) sum += (s = std::exp(s - max_score));
-        for (int e = 0; e < d; ++e) {
-          double acc = 0.0;
-          for (int j = lo; j < hi; ++j) acc += score[j - lo] * values[b][j][h * d + e];
-          expected[(int64_t{row} * heads + head) * d + e] = acc / sum;
-        }
-      }
-    }
-  }
-  double diff = 0.0, norm = 0.0;
-  int64_t nan_count = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    if (std::isnan(actual[i])) ++nan_count;
-    diff += (actual[i] - expected[i]) * (actual[i] - expected[i]);
-    norm += expected[i] * expected[i];
-  }
-  EXPECT_EQ(nan_count, 0) << "outputs left unwritten or computed from poisoned memory";
-  const double error = std::sqrt(diff / norm);
+  const emulation::OutputError error = emulation::CompareWithReference(
+      out, emulation::ReferenceAttention(batch, qkv.data(), q_stride, heads, c.group, p.scale));
+  EXPECT_EQ(error.nan_count, 0) << "outputs left unwritten or computed from poisoned memory";
   std::printf(
       "[result] %s: %s %d rows x %d heads, %d items x %d row blocks, relative error "
       "%.3e (bound %.1e)\n",
-      c.name.c_str(), TypeName(c.type), rows, heads, num_items, c.decode ? row_blocks : 1, error,
-      kBound);
-  EXPECT_LE(error, kBound);
+      c.name.c_str(), TypeName(c.type), rows, heads, num_items, c.decode ? row_blocks : 1,
+      error.relative, kBound);
+  EXPECT_LE(error.relative, kBound);
 }
 
 const MaskSpec kCausal{1, 0};

@@ -14,7 +14,7 @@
 // f32-page k differ from float64 by a few fp32 ulps: |err| <= 1e-6 * (|x| + 1) with |x| ~ N(0, 1).
 // 16-bit pages hold that fp32 value rounded to nearest: within one 16-bit ulp of the float64 value
 // (2^-10 relative for f16, 2^-7 for bf16, i.e. 2u), plus the fp32 error.
-#include <cinttypes>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +29,7 @@
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/rope_append.cuh"
 #include "kernels/cuda/attention/simt_emulator.h"
+#include "tests/gpu/emulation_support.h"
 #include "tests/reference/attention_reference.h"
 
 namespace attnserve::cuda {
@@ -45,26 +46,6 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-size_t ElementBytes(KvType kv) { return kv == KvType::kF32 ? 4 : 2; }
-
-double LoadElement(const std::vector<uint8_t>& pool, int64_t element, KvType kv) {
-  if (kv == KvType::kF32) {
-    float x;
-    std::memcpy(&x, pool.data() + element * 4, 4);
-    return x;
-  }
-  uint16_t bits;
-  std::memcpy(&bits, pool.data() + element * 2, 2);
-  if (kv == KvType::kF16) {
-    __half_raw raw;
-    raw.x = bits;
-    return __half2float(__half(raw));
-  }
-  __nv_bfloat16_raw raw;
-  raw.x = bits;
-  return __bfloat162float(__nv_bfloat16(raw));
-}
-
 template <KvType kKv>
 void RunRowOnCpu(const RopeAppendParams& p, int row) {
   auto storage = std::make_unique<RopeAppendStorage>();
@@ -76,41 +57,26 @@ class RopeAppendEmulationTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   const Case& c = GetParam();
-  const uint64_t seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  const uint64_t seed = emulation::DrawCaseSeed(c.name);
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::printf("[case] %s seed=%" PRIu64 "\n", c.name.c_str(), seed);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
 
   const int heads = 4, kv_heads = 2, d = c.head_dim;
   const int64_t stride = int64_t{heads + 2 * kv_heads} * d;
   const double theta = 10000.0;
-  // (first_index, num_new) per sequence: a fresh prompt, a continuation landing mid-page, one row.
-  const std::vector<std::pair<int, int>> shapes = {{0, 11}, {c.page_size + 3, 7}, {2, 1}};
-  std::vector<SequenceDesc> descs;
+  // A fresh prompt, a continuation landing mid-page, one row; pages scattered over a NaN pool
+  // that only the kernel writes (no window: no page evicted).
+  emulation::PagedBatch batch = emulation::LayOutPagedBatch(
+      {{0, 11}, {c.page_size + 3, 7}, {2, 1}}, c.kv, kv_heads, d, c.page_size, MaskSpec{}, rng);
+  const std::vector<SequenceDesc>& descs = batch.sequences;
+  const int rows = batch.rows;
   std::vector<int> row_sequence;
-  int rows = 0, total_pages = 0;
-  for (size_t b = 0; b < shapes.size(); ++b) {
-    SequenceDesc desc;
-    desc.first_row = rows;
-    desc.first_index = shapes[b].first;
-    desc.num_new = shapes[b].second;
-    desc.length = desc.first_index + desc.num_new;
-    desc.first_page = total_pages;
-    descs.push_back(desc);
-    for (int i = 0; i < desc.num_new; ++i) row_sequence.push_back(static_cast<int>(b));
-    rows += desc.num_new;
-    total_pages += (desc.length + c.page_size - 1) / c.page_size;
+  for (size_t b = 0; b < descs.size(); ++b) {
+    row_sequence.insert(row_sequence.end(), descs[b].num_new, static_cast<int>(b));
   }
-  const int pool_pages = total_pages + 2;
-  std::vector<int> slots(pool_pages);
-  for (int i = 0; i < pool_pages; ++i) slots[i] = i;
-  std::shuffle(slots.begin(), slots.end(), rng);
-  const int64_t page_elements = 2 * int64_t{kv_heads} * c.page_size * d;
-  const size_t bytes = ElementBytes(c.kv);
-  std::vector<int64_t> page_offsets(total_pages);
-  for (int i = 0; i < total_pages; ++i) page_offsets[i] = slots[i] * page_elements * bytes;
-  std::vector<uint8_t> pool(static_cast<size_t>(pool_pages * page_elements) * bytes, 0xFF);
+  const int64_t pool_elements = batch.pool_pages * batch.PageElements();
+  const int bytes = emulation::ElementBytes(c.kv);
   std::vector<int64_t> positions(rows);
   std::uniform_int_distribution<int64_t> position(0, 200000);
   for (int64_t& pos : positions) pos = position(rng);
@@ -132,11 +98,7 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   p.rotary_dim = c.rotary_dim;
   p.interleaved = c.layout == RopeLayout::kInterleaved ? 1 : 0;
   p.kv_type = c.kv;
-  p.kv.pool = pool.data();
-  p.kv.page_offsets = page_offsets.data();
-  p.kv.page_size = c.page_size;
-  p.kv.num_kv_heads = kv_heads;
-  p.kv.head_dim = d;
+  p.kv = batch.Kv();
   for (int row = 0; row < rows; ++row) {
     switch (c.kv) {
       case KvType::kF32:
@@ -154,12 +116,12 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   const double page_ulp = c.kv == KvType::kF32   ? 0.0
                           : c.kv == KvType::kF16 ? std::ldexp(1.0, -10)
                                                  : std::ldexp(1.0, -7);
-  std::vector<bool> written(static_cast<size_t>(pool_pages * page_elements), false);
+  std::vector<bool> written(static_cast<size_t>(pool_elements), false);
   double worst_q = 0.0, worst_k = 0.0;
   for (int row = 0; row < rows; ++row) {
     const SequenceDesc& desc = descs[row_sequence[row]];
     const int index = desc.first_index + (row - desc.first_row);
-    const int64_t page_base = page_offsets[desc.first_page + index / c.page_size] / bytes;
+    const int64_t page_base = batch.page_offsets[desc.first_page + index / c.page_size] / bytes;
     const int slot = index % c.page_size;
     for (int head = 0; head < heads + 2 * kv_heads; ++head) {
       std::vector<double> x(original.begin() + row * stride + head * d,
@@ -183,7 +145,7 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
         const int64_t element = page_base + (int64_t{h} * c.page_size + slot) * d + e +
                                 (is_v ? int64_t{kv_heads} * c.page_size * d : 0);
         written[element] = true;
-        const double stored = LoadElement(pool, element, c.kv);
+        const double stored = batch.PoolElement(element);
         const double bound = page_ulp * std::abs(x[e]) + 1e-6 * (std::abs(x[e]) + 1.0);
         worst_k = std::max(worst_k, std::abs(stored - x[e]) / (std::abs(x[e]) + 1e-30));
         ASSERT_LE(std::abs(stored - x[e]), bound)
@@ -192,8 +154,8 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
     }
   }
   int64_t stray = 0;
-  for (int64_t element = 0; element < pool_pages * page_elements; ++element) {
-    if (!written[element] && !std::isnan(LoadElement(pool, element, c.kv))) ++stray;
+  for (int64_t element = 0; element < pool_elements; ++element) {
+    if (!written[element] && !std::isnan(batch.PoolElement(element))) ++stray;
   }
   EXPECT_EQ(stray, 0) << "pool elements written outside the rows' slots";
   std::printf("[result] %s: %d rows, worst q error %.2e (relative to |x|+1), worst k/v %.2e\n",
