@@ -202,6 +202,10 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
   if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  // An earlier failed call may have left a non-sticky error behind, which this call's launch
+  // checks (cudaGetLastError) would report as their own: clear it. A sticky error (a kernel
+  // fault) cannot be cleared and fails every later call, as it must.
+  (void)cudaGetLastError();
   std::vector<BatchSequence> batch;
   if (absl::Status s = sequences_.Reserve(
           ids, counts, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },

@@ -25,6 +25,8 @@
 // cuda_backend_emulated_test), where it runs in CI on the CPU.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -324,6 +326,54 @@ TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
   EXPECT_EQ(*(*layer)->SequenceLength(b), 0);
   EXPECT_EQ((*layer)->PoolUsage().used_pages, 3);
 }
+
+#if defined(ATTNSERVE_EMULATED_DEVICE)
+}  // namespace
+}  // namespace attnserve
+extern "C" void AttnserveFakeCudaFailMemcpyAsync(int nth, cudaError_t error);
+namespace attnserve {
+namespace {
+
+// A CUDA error after the pages were reserved (the upload, or the download after K/V were already
+// appended) fails the call with the error and rolls the reservation back; the next call neither
+// sees the old error (cudaGetLastError is per thread and sticky until read) nor the half-written
+// tokens, and matches the CPU engine. Needs fault injection, so only on the emulated device.
+TEST(CudaBackendContractTest, CudaErrorAfterReservationRollsBack) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 5);
+  ASSERT_TRUE(weights.ok());
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu =
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr});
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu =
+      (*cpu_backend)->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr});
+  ASSERT_TRUE(gpu.ok() && cpu.ok());
+  const SequenceId g = (*gpu)->CreateSequence(), c = (*cpu)->CreateSequence();
+  std::mt19937_64 rng(7);
+  const Tensor first = ToTensor(RandomHidden(20, 256, rng), {20, 256}, DType::kF32);
+  ASSERT_TRUE((*gpu)->Prefill({{g, 20}}, first, {}).ok());
+  ASSERT_TRUE((*cpu)->Prefill({{c, 20}}, first, {}).ok());
+  const int64_t pages = (*gpu)->PoolUsage().used_pages;
+  for (int nth : {1, 2}) {  // 1: the batch upload; 2: the output download, after the append.
+    SCOPED_TRACE(absl::StrCat("failing cudaMemcpyAsync #", nth));
+    AttnserveFakeCudaFailMemcpyAsync(nth, cudaErrorLaunchFailure);
+    absl::StatusOr<Tensor> failed = (*gpu)->Prefill(
+        {{g, 13}}, ToTensor(RandomHidden(13, 256, rng), {13, 256}, DType::kF32), {});
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+    EXPECT_EQ(*(*gpu)->SequenceLength(g), 20);
+    EXPECT_EQ((*gpu)->PoolUsage().used_pages, pages);
+  }
+  const Tensor next = ToTensor(RandomHidden(13, 256, rng), {13, 256}, DType::kF32);
+  absl::StatusOr<Tensor> got = (*gpu)->Prefill({{g, 13}}, next, {});
+  absl::StatusOr<Tensor> want = (*cpu)->Prefill({{c, 13}}, next, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok());
+  EXPECT_LE(RelativeError(ToDoubles(*got), ToDoubles(*want)), 1e-4);
+  EXPECT_EQ(*(*gpu)->SequenceLength(g), 33);
+}
+#endif
 
 // Printed at the very end of the program (after gtest's own summary), so it is the last output.
 class SummaryPrinter : public ::testing::EmptyTestEventListener {

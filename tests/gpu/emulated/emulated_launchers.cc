@@ -1,6 +1,7 @@
 // The kernel launchers of kernels/cuda/attention/params.h for the emulated device: each "launch"
 // runs every block of the grid, one after another, on the CPU block emulator, executing the
-// kernels' own block functions (the same source nvcc compiles). Replaces the .cu launchers.
+// kernels' own block functions (the same source nvcc compiles). Replaces the .cu launchers and,
+// like them, ends with cudaGetLastError(), which returns (and clears) the thread's last error.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -38,7 +39,7 @@ cudaError_t LaunchPrefill(const AttentionParams& p, cudaStream_t) {
       RunBlock(kAttentionThreads, [&] { PrefillBlock<kKv, kHeadDim>(p, item, h, storage); });
     }
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 template <KvType kKv, int kHeadDim>
@@ -51,7 +52,7 @@ cudaError_t LaunchMmaPrefill(const AttentionParams& p, cudaStream_t) {
       RunBlock(kMmaPrefillThreads, [&] { MmaPrefillBlock<kType, kHeadDim>(p, item, h, storage); });
     }
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 template <KvType kKv, int kHeadDim>
@@ -66,7 +67,7 @@ cudaError_t LaunchPagedDecode(const AttentionParams& p, int row_blocks, cudaStre
       }
     }
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 // The instantiations the .cu files make: CUDA-core prefill for f32 pages, tensor-core prefill for
@@ -91,7 +92,7 @@ cudaError_t LaunchCombineSplits(const AttentionParams& p, cudaStream_t) {
       RunBlock(p.kv.head_dim, [&] { CombineSplitsBlock(p, b, h); });
     }
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
@@ -113,13 +114,13 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
       }
     });
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 // Element-wise kernels: plain loops (nothing block-shaped to emulate).
 cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols, cudaStream_t) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, bias, sizeof(float) * cols);
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
@@ -131,7 +132,7 @@ cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, in
                  ? static_cast<__half_raw>(__float2half_rn(src[e])).x
                  : static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(src[e])).x;
   }
-  return cudaSuccess;
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
 }  // namespace attnserve::cuda

@@ -11,6 +11,9 @@
 namespace {
 
 cudaError_t last_error = cudaSuccess;
+// Fault injection (tests): the fail_countdown-th cudaMemcpyAsync from arming returns fail_error.
+int fail_countdown = 0;
+cudaError_t fail_error = cudaSuccess;
 
 cudaError_t Record(cudaError_t error) {
   if (error != cudaSuccess) last_error = error;
@@ -70,7 +73,15 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
                             cudaStream_t /*stream*/) {
+  if (fail_countdown > 0 && --fail_countdown == 0) return Record(fail_error);
   return cudaMemcpy(dst, src, count, kind);
+}
+
+// Test hook, declared by the tests that use it: the nth cudaMemcpyAsync from now (1 = the next)
+// fails with `error` (and, as in the real runtime, leaves it for cudaGetLastError).
+void AttnserveFakeCudaFailMemcpyAsync(int nth, cudaError_t error) {
+  fail_countdown = nth;
+  fail_error = error;
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
@@ -107,6 +118,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
     default:
       return "cudaErrorUnknown";
   }
