@@ -11,6 +11,18 @@
 
 namespace attnserve::cuda::emulation {
 
+DType ToDType(KvType type) {
+  switch (type) {
+    case KvType::kF16:
+      return DType::kF16;
+    case KvType::kBF16:
+      return DType::kBF16;
+    case KvType::kF32:
+      break;
+  }
+  return DType::kF32;
+}
+
 int ElementBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
 
 double StoreElement(float x, KvType type, void* dst) {

@@ -11,11 +11,14 @@
 #include <vector>
 
 #include "kernels/cuda/attention/params.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::cuda::emulation {
 
 // Bytes of one page element of `type`.
 int ElementBytes(KvType type);
+// The engine's DType of a page type (the dispatch takes DType).
+DType ToDType(KvType type);
 
 // Writes `x` rounded to nearest even in `type` at `dst` and returns the value stored.
 double StoreElement(float x, KvType type, void* dst);

@@ -1,6 +1,6 @@
 // The CUDA-core attention kernels (kernels/cuda/attention/paged_attention.cuh: the f32-page
 // prefill and the split-KV decode, and combine.cuh: the split combine) executed on the CPU by the
-// block emulator (simt_emulator.h: one host thread per CUDA thread, __syncthreads and warp
+// block emulator (simt_emulator.h: one fiber per CUDA thread, __syncthreads and warp
 // shuffles emulated), against a float64 reference. This runs in CI, which has no GPU: it checks
 // the kernels' paged gather, tiling, masks, online softmax, row blocks of large groups, split
 // partial states and their combine, with work planned by the CUDA layer's planner (work_plan.h);
@@ -27,8 +27,6 @@
 // more.
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -36,10 +34,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/attention/combine.cuh"
-#include "kernels/cuda/attention/paged_attention.cuh"
+#include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/simt_emulator.h"
 #include "kernels/cuda/attention/work_plan.h"
 #include "tests/gpu/emulation_support.h"
 
@@ -76,63 +72,6 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-// Shared memory starts as garbage (0xFF bytes: NaN floats, -1 ints).
-template <int kHeadDim>
-std::unique_ptr<TileStorage<kHeadDim>> GarbageStorage() {
-  auto storage = std::make_unique<TileStorage<kHeadDim>>();
-  std::memset(storage.get(), 0xFF, sizeof(*storage));
-  return storage;
-}
-
-template <KvType kKv, int kHeadDim>
-void RunPrefillGrid(const AttentionParams& p) {
-  for (int item = 0; item < p.num_items; ++item) {
-    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
-      auto storage = GarbageStorage<kHeadDim>();
-      simt::emulator::RunBlock(kAttentionThreads,
-                               [&] { PrefillBlock<kKv, kHeadDim>(p, item, h, *storage); });
-    }
-  }
-}
-
-template <KvType kKv, int kHeadDim>
-void RunDecodeGrid(const AttentionParams& p, int row_blocks) {
-  for (int item = 0; item < p.num_items; ++item) {
-    for (int h = 0; h < p.kv.num_kv_heads; ++h) {
-      for (int z = 0; z < row_blocks; ++z) {
-        auto storage = GarbageStorage<kHeadDim>();
-        simt::emulator::RunBlock(kAttentionThreads,
-                                 [&] { PagedDecodeBlock<kKv, kHeadDim>(p, item, h, z, *storage); });
-      }
-    }
-  }
-}
-
-template <KvType kKv>
-void RunDecodeGrid(int head_dim, const AttentionParams& p, int row_blocks) {
-  head_dim == 64 ? RunDecodeGrid<kKv, 64>(p, row_blocks) : RunDecodeGrid<kKv, 128>(p, row_blocks);
-}
-
-// The decode as RunDecodeAttention launches it: split-KV blocks, then the combine.
-void RunDecodeOnCpu(KvType type, int head_dim, const AttentionParams& p, int row_blocks) {
-  switch (type) {
-    case KvType::kF32:
-      RunDecodeGrid<KvType::kF32>(head_dim, p, row_blocks);
-      break;
-    case KvType::kF16:
-      RunDecodeGrid<KvType::kF16>(head_dim, p, row_blocks);
-      break;
-    case KvType::kBF16:
-      RunDecodeGrid<KvType::kBF16>(head_dim, p, row_blocks);
-      break;
-  }
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.num_heads; ++h) {
-      simt::emulator::RunBlock(p.kv.head_dim, [&] { CombineSplitsBlock(p, b, h); });
-    }
-  }
-}
 
 class PagedAttentionEmulationTest : public ::testing::TestWithParam<Case> {};
 
@@ -185,10 +124,11 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
     p.partial_sum = partial_sum.data();
     p.partial_acc = partial_acc.data();
     p.item_begin = item_begin.data();
-    RunDecodeOnCpu(c.type, d, p, row_blocks);
+    // As the layer launches it: split-KV blocks, then the combine.
+    ASSERT_TRUE(RunDecodeAttention(emulation::ToDType(c.type), d, p, row_blocks, nullptr).ok());
   } else {
     ASSERT_EQ(c.type, KvType::kF32) << "the CUDA-core prefill is built for f32 pages only";
-    d == 64 ? RunPrefillGrid<KvType::kF32, 64>(p) : RunPrefillGrid<KvType::kF32, 128>(p);
+    ASSERT_TRUE(RunPrefillAttention(DType::kF32, d, p, nullptr).ok());
   }
 
   // ---- float64 reference from the stored K/V and the fp32 q.

@@ -1,5 +1,5 @@
 // The tensor-core prefill kernel (kernels/cuda/attention/prefill_mma.cuh) executed on the CPU by
-// the block emulator (simt_emulator.h: one host thread per CUDA thread, mma.sync emulated from
+// the block emulator (simt_emulator.h: one fiber per CUDA thread, mma.sync emulated from
 // the PTX fragment layouts), against a float64 reference. This runs in CI, which has no GPU: it
 // checks the kernel's fragment indexing, paged gather, masks, online softmax and work plan; the
 // GPU run (tests/gpu/cuda_backend_test) checks the same source compiled by nvcc.
@@ -18,8 +18,6 @@
 //   bf16: 8e-3 ~ 2 u, u = 2^-8, for the same two roundings; seen: ~2e-3.
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
@@ -27,9 +25,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/prefill_mma.cuh"
-#include "kernels/cuda/attention/simt_emulator.h"
 #include "kernels/cuda/attention/work_plan.h"
 #include "tests/gpu/emulation_support.h"
 
@@ -37,8 +34,6 @@ namespace attnserve::cuda {
 namespace {
 
 using emulation::SequenceShape;
-using simt::Half16;
-
 struct Case {
   std::string name;
   KvType type;  // kF16 or kBF16: the tensor-core prefill takes 16-bit pages.
@@ -50,24 +45,6 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
-
-template <Half16 kType, int kHeadDim>
-void RunBlockOnCpu(const AttentionParams& p, int item, int kv_head) {
-  auto storage = std::make_unique<MmaPrefillStorage<kHeadDim>>();
-  std::memset(storage.get(), 0xFF, sizeof(*storage));  // Shared memory starts as garbage.
-  simt::emulator::RunBlock(kMmaPrefillThreads,
-                           [&] { MmaPrefillBlock<kType, kHeadDim>(p, item, kv_head, *storage); });
-}
-
-void RunBlockOnCpu(KvType type, int head_dim, const AttentionParams& p, int item, int kv_head) {
-  if (type == KvType::kF16) {
-    head_dim == 64 ? RunBlockOnCpu<Half16::kF16, 64>(p, item, kv_head)
-                   : RunBlockOnCpu<Half16::kF16, 128>(p, item, kv_head);
-  } else {
-    head_dim == 64 ? RunBlockOnCpu<Half16::kBF16, 64>(p, item, kv_head)
-                   : RunBlockOnCpu<Half16::kBF16, 128>(p, item, kv_head);
-  }
-}
 
 class MmaPrefillEmulationTest : public ::testing::TestWithParam<Case> {};
 
@@ -97,9 +74,8 @@ TEST_P(MmaPrefillEmulationTest, MatchesFloat64Reference) {
   AttentionParams p = emulation::MakeAttentionParams(batch, qkv, q_stride, heads, c.group, out);
   p.items = items.data();
   p.num_items = static_cast<int>(items.size());
-  for (int item = 0; item < p.num_items; ++item) {
-    for (int h = 0; h < kv_heads; ++h) RunBlockOnCpu(c.type, d, p, item, h);
-  }
+  // As the layer launches it: the dispatch picks the tensor-core kernel for 16-bit pages.
+  ASSERT_TRUE(RunPrefillAttention(emulation::ToDType(c.type), d, p, nullptr).ok());
 
   // ---- float64 reference with the unrounded q.
   const emulation::OutputError error = emulation::CompareWithReference(
