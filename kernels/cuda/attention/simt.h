@@ -1,6 +1,6 @@
 // The handful of SIMT primitives the attention kernels use, behind one interface so the same
 // kernel source runs on the GPU (nvcc: CUDA intrinsics and mma.sync PTX) and on the CPU under the
-// block emulator (g++ with ATTNSERVE_SIMT_EMULATION: one host thread per CUDA thread, see
+// block emulator (g++ with ATTNSERVE_SIMT_EMULATION: each CUDA thread a fiber, see
 // simt_emulator.h). The emulator is how CI, which has no GPU, executes the kernels' index,
 // fragment and masking logic against a float64 reference.
 //
