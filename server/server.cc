@@ -123,11 +123,14 @@ absl::Status RunServer(const ServerOptions& options) {
   if (!choice.ok()) return choice.status();
   SERVER_LOG(INFO, "backend %s", choice->reason);
   std::unique_ptr<AttentionBackend>* backend = &choice->backend;
-  // The sessions' KV budget is what the device pool really holds.
+  // The sessions' KV budget is what the device pool really holds (whole slabs, so at most
+  // --kv_pool_bytes); the CPU backend takes host memory as it goes, up to --kv_pool_bytes.
   int64_t kv_pool_bytes = options.kv_pool_bytes;
+  if (const int64_t device_pool = (*backend)->kv_device_pool_bytes(); device_pool > 0) {
+    kv_pool_bytes = device_pool;
+  }
   if (options.kv_pool_fraction > 0.0) {
-    kv_pool_bytes = (*backend)->kv_device_pool_bytes();
-    if (kv_pool_bytes <= 0) {
+    if ((*backend)->kv_device_pool_bytes() <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
                        " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
