@@ -1,7 +1,7 @@
 // Split-KV combine, flash-decoding's second step: merges the partial softmax states that
 // PagedDecodeBlock (paged_attention.cuh) wrote for each KV split of a sequence. Written against
 // simt.h, so the same source also runs on the CPU block emulator in CI
-// (tests/gpu/paged_attention_emulation_test.cc); combine.cu holds the kernel and its launcher.
+// (tests/gpu/attention_emulation_test.cc); combine.cu holds the kernel and its launcher.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_COMBINE_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_COMBINE_CUH_
 

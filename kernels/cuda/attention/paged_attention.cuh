@@ -17,7 +17,7 @@
 //
 // Each kernel body is a block function (PrefillBlock, PagedDecodeBlock) written against simt.h, so
 // the same source also runs on the CPU block emulator, which is how CI (no GPU) executes it
-// (tests/gpu/paged_attention_emulation_test.cc); the __global__ wrappers and launchers are nvcc
+// (tests/gpu/attention_emulation_test.cc); the __global__ wrappers and launchers are nvcc
 // only.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_PAGED_ATTENTION_CUH_

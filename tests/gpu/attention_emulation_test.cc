@@ -1,10 +1,13 @@
-// The CUDA-core attention kernels (kernels/cuda/attention/paged_attention.cuh: the f32-page
-// prefill and the split-KV decode, and combine.cuh: the split combine) executed on the CPU by the
-// block emulator (simt_emulator.h: one fiber per CUDA thread, __syncthreads and warp
-// shuffles emulated), against a float64 reference. This runs in CI, which has no GPU: it checks
-// the kernels' paged gather, tiling, masks, online softmax, row blocks of large groups, split
-// partial states and their combine, with work planned by the CUDA layer's planner (work_plan.h);
-// the GPU run (tests/gpu/cuda_backend_test) checks the same source compiled by nvcc.
+// The attention kernels executed on the CPU by the block emulator (simt_emulator.h: one fiber per
+// CUDA thread; __syncthreads, warp shuffles and mma.sync emulated, mma from the PTX fragment
+// tables), launched through the dispatch exactly as the CUDA layer launches them:
+//   prefill, f32 pages:       the CUDA-core kernel (paged_attention.cuh, 16-row items);
+//   prefill, f16/bf16 pages:  the tensor-core kernel (prefill_mma.cuh, 64-row items, 4 warps);
+//   decode, every page type:  split-KV blocks, then the combine (combine.cuh).
+// This runs in CI, which has no GPU: it checks paged gathers, tiling, fragment indexing, masks,
+// online softmax, row blocks of large groups, split partial states and their combine, with work
+// planned by the layer's planner (work_plan.h); the GPU run (tests/gpu/cuda_backend_test) checks
+// the same source compiled by nvcc.
 //
 // Every case is drawn fresh (the seed is printed). The KV pool is NaN except for the slots the
 // sequences wrote, pages are scattered in the pool, pages behind a sliding window are evicted
@@ -12,18 +15,21 @@
 // NaN: a read of anything the kernel must not read, or a value it fails to write, turns into NaN
 // and fails. Decode rows are in reverse sequence order (first_row != sequence index).
 //
-// Shapes: f32-page prefill (the only prefill on CUDA cores) and decode for f32, f16 and bf16 pages;
-// head dims 64 and 128 (32- and 16-key tiles); groups 1, 4 and 32 (32 > kAttentionRowsPerBlock:
-// the decode's row blocks, grid.z); causal and a 40-token window; pages of 16 and 5 tokens.
-// Decode splits are planned with a small minimum (kMinKeysPerSplit = 16, at most 4 splits), so a
+// Shapes: head dims 64 and 128; groups 1 to 32 (32 > kAttentionRowsPerBlock: the decode's row
+// blocks, grid.z); causal, non-causal and a 40-token window; pages of 16 and 5 tokens; ragged
+// batches with continuations (first_index > 0). Lengths cross the key tiles (16/32 keys on CUDA
+// cores, 64 on tensor cores), the pages, the 16- and 64-row items and 16-row warps, and the
+// window. Decode splits are planned with a small minimum (16 keys, at most 4 splits), so a
 // 150-key sequence gets 4 splits (edges mid-page, so tiles straddle pages), and a 40-key window 2.
 //
-// Tolerances (relative 2-norm over the call against float64 from the same page values, which
-// are already rounded to the page type, and the same fp32 q): these kernels load each stored
-// element exactly into fp32 and do every product, exp and sum in fp32, so all page types see only
-// fp32 rounding (u = 2^-24 ~ 6e-8), with no 16-bit rounding of Q or P as on tensor cores. Seen
-// over 16 seeds per case: 9e-8 to 2.6e-7 (prefill and decode alike, all page types); the bound,
-// 2e-6, leaves ~8x. A kernel bug (a mask, split, row block or softmax rescale off) gives 1e-2 or
+// Tolerances (relative 2-norm over the call against float64 from the same page values, which are
+// already rounded to the page type, and the same fp32 q):
+//   CUDA-core kernels, every page type: 2e-6. They load each stored element exactly into fp32 and
+//     do every product, exp and sum in fp32 (u = 2^-24); seen over 16 seeds per case 9e-8 to
+//     2.6e-7, so ~8x margin.
+//   Tensor-core prefill: Q and P are rounded to the page type for the mma. f16: 1e-3 ~ 2u
+//     (u = 2^-11), seen ~2e-4; bf16: 8e-3 ~ 2u (u = 2^-8), seen ~2e-3.
+// A kernel bug (a mask, split, row block, fragment index or softmax rescale off) gives 1e-2 or
 // more.
 #include <cmath>
 #include <cstdio>
@@ -37,6 +43,7 @@
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/work_plan.h"
+#include "kernels/dtype.h"
 #include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {
@@ -44,18 +51,11 @@ namespace {
 
 constexpr int kMinKeysPerSplit = 16;
 constexpr int kMaxSplits = 4;
-constexpr double kBound = 2e-6;
 
-const char* TypeName(KvType type) {
-  switch (type) {
-    case KvType::kF32:
-      return "f32";
-    case KvType::kF16:
-      return "f16";
-    case KvType::kBF16:
-      return "bf16";
-  }
-  return "?";
+// The tolerance of the kernel a case runs (see the header).
+double Bound(bool decode, KvType type) {
+  if (decode || type == KvType::kF32) return 2e-6;
+  return type == KvType::kF16 ? 1e-3 : 8e-3;
 }
 
 using emulation::SequenceShape;
@@ -73,9 +73,9 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-class PagedAttentionEmulationTest : public ::testing::TestWithParam<Case> {};
+class AttentionEmulationTest : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
+TEST_P(AttentionEmulationTest, MatchesFloat64Reference) {
   const Case& c = GetParam();
   const uint64_t seed = emulation::DrawCaseSeed(c.name);
   SCOPED_TRACE(absl::StrCat("seed ", seed));
@@ -98,6 +98,7 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
   std::vector<float> out(static_cast<size_t>(rows) * heads * d, NAN);
 
   // ---- Plan as the CUDA layer does (cuda_layer.cc) and run every block on the emulator.
+  const DType dtype = emulation::ToDType(c.type);
   std::vector<WorkItem> items;
   std::vector<int> item_begin;
   for (int b = 0; b < batch_size; ++b) {
@@ -105,7 +106,7 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
     if (c.decode) {
       PlanDecodeSplits(descs[b], b, c.mask, kMaxSplits, kMinKeysPerSplit, items);
     } else {
-      PlanPrefillItems(descs[b], b, c.group, c.mask, kAttentionRowsPerBlock, items);
+      PlanPrefillItems(descs[b], b, c.group, c.mask, PrefillRowsPerBlock(dtype), items);
     }
   }
   item_begin.push_back(static_cast<int>(items.size()));
@@ -125,10 +126,10 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
     p.partial_acc = partial_acc.data();
     p.item_begin = item_begin.data();
     // As the layer launches it: split-KV blocks, then the combine.
-    ASSERT_TRUE(RunDecodeAttention(emulation::ToDType(c.type), d, p, row_blocks, nullptr).ok());
+    ASSERT_TRUE(RunDecodeAttention(dtype, d, p, row_blocks, nullptr).ok());
   } else {
-    ASSERT_EQ(c.type, KvType::kF32) << "the CUDA-core prefill is built for f32 pages only";
-    ASSERT_TRUE(RunPrefillAttention(DType::kF32, d, p, nullptr).ok());
+    // The dispatch picks the CUDA-core (f32) or tensor-core (f16/bf16) kernel.
+    ASSERT_TRUE(RunPrefillAttention(dtype, d, p, nullptr).ok());
   }
 
   // ---- float64 reference from the stored K/V and the fp32 q.
@@ -138,15 +139,16 @@ TEST_P(PagedAttentionEmulationTest, MatchesFloat64Reference) {
   std::printf(
       "[result] %s: %s %d rows x %d heads, %d items x %d row blocks, relative error "
       "%.3e (bound %.1e)\n",
-      c.name.c_str(), TypeName(c.type), rows, heads, num_items, c.decode ? row_blocks : 1,
-      error.relative, kBound);
-  EXPECT_LE(error.relative, kBound);
+      c.name.c_str(), std::string(DTypeName(dtype)).c_str(), rows, heads, num_items,
+      c.decode ? row_blocks : 1, error.relative, Bound(c.decode, c.type));
+  EXPECT_LE(error.relative, Bound(c.decode, c.type));
 }
 
 const MaskSpec kCausal{1, 0};
 const MaskSpec kWindow40{1, 40};
+const MaskSpec kNonCausal{0, 0};
 
-// Prefill, ragged: a fresh 70-token prompt (crosses tiles, pages and 16-row items), a
+// Prefill, ragged: a fresh 70-token prompt (crosses tiles, pages, 16- and 64-row items), a
 // continuation of 33 tokens after 37 cached, and a 1-token prompt.
 const std::vector<SequenceShape> kRagged = {{0, 70}, {37, 33}, {0, 1}};
 
@@ -154,7 +156,7 @@ const std::vector<SequenceShape> kRagged = {{0, 70}, {37, 33}, {0, 1}};
 const std::vector<SequenceShape> kDecode = {{149, 1}, {40, 1}, {2, 1}};
 
 INSTANTIATE_TEST_SUITE_P(
-    Shapes, PagedAttentionEmulationTest,
+    Shapes, AttentionEmulationTest,
     ::testing::Values(
         // f32-page prefill (PrefillBlock).
         Case{"prefill_f32_hd64_mha_causal_page16", false, KvType::kF32, 64, 1, kCausal, 16,
@@ -175,6 +177,37 @@ INSTANTIATE_TEST_SUITE_P(
              kWindow40,
              16,
              {{45, 3}, {0, 2}}},
+        // f16/bf16-page prefill (MmaPrefillBlock, tensor cores).
+        Case{"prefill_f16_hd64_mha_causal_page16", false, KvType::kF16, 64, 1, kCausal, 16,
+             kRagged},
+        Case{"prefill_bf16_hd128_gqa3_causal_page16", false, KvType::kBF16, 128, 3, kCausal, 16,
+             kRagged},
+        Case{"prefill_f16_hd128_gqa4_window40_page16",
+             false,
+             KvType::kF16,
+             128,
+             4,
+             kWindow40,
+             16,
+             {{0, 90}, {60, 20}}},
+        Case{"prefill_bf16_hd64_mqa8_window40_page5",
+             false,
+             KvType::kBF16,
+             64,
+             8,
+             kWindow40,
+             5,
+             {{50, 30}, {0, 9}}},
+        Case{"prefill_bf16_hd64_noncausal_page16", false, KvType::kBF16, 64, 2, kNonCausal, 16,
+             kRagged},
+        Case{"prefill_f16_hd64_gqa5_causal_page5",
+             false,
+             KvType::kF16,
+             64,
+             5,
+             kCausal,
+             5,
+             {{3, 27}, {0, 13}}},
         // Split-KV decode + combine (PagedDecodeBlock, CombineSplitsBlock).
         Case{"decode_f32_hd128_gqa4_causal_page16", true, KvType::kF32, 128, 4, kCausal, 16,
              kDecode},
