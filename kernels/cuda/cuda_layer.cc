@@ -17,8 +17,6 @@ namespace attnserve::cuda {
 
 namespace {
 
-// A KV split shorter than this costs more in its combine than it saves (as the CPU's decode).
-constexpr int64_t kMinKeysPerSplit = 256;
 constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -243,10 +241,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   std::vector<int64_t> page_offsets;
   std::vector<WorkItem> items;
   std::vector<int> item_begin;
-  // Decode: enough blocks for two waves over the SMs, but no split under kMinKeysPerSplit keys.
-  const int64_t blocks_per_split = int64_t{num_seqs} * kv_heads * row_blocks;
-  const int64_t wanted_splits = std::max<int64_t>(
-      1, (2 * int64_t{context_.multiprocessors} + blocks_per_split - 1) / blocks_per_split);
+  const int64_t wanted_splits =
+      DecodeSplitsForTwoWaves(num_seqs, kv_heads, row_blocks, context_.multiprocessors);
   for (int b = 0; b < num_seqs; ++b) {
     const BatchSequence& seq = batch[b];
     const PageTable& table = *seq.table;
@@ -270,7 +266,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
     }
     item_begin.push_back(static_cast<int>(items.size()));
     if (decode) {
-      PlanDecodeSplits(desc, b, mask, wanted_splits, kMinKeysPerSplit, items);
+      PlanDecodeSplits(desc, b, mask, wanted_splits, kDecodeMinKeysPerSplit, items);
     } else {
       PlanPrefillItems(desc, b, group, mask, prefill_rows, items);
     }

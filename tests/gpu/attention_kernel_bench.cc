@@ -59,9 +59,6 @@ using cuda::PagedKv;
 using cuda::SequenceDesc;
 using cuda::WorkItem;
 
-// As kernels/cuda/cuda_layer.cc (a constant of its anonymous namespace): no decode split under
-// this many keys.
-constexpr int64_t kMinKeysPerSplit = 256;
 // DefaultPageSize for GQA, MHA and MQA (kernels/layer_spec.cc).
 constexpr int kPageSize = 16;
 
@@ -318,9 +315,8 @@ class AttentionSetup {
     std::vector<SequenceDesc> descs;
     std::vector<WorkItem> items;
     std::vector<int> item_begin;
-    const int64_t blocks_per_split = int64_t{c.batch} * s.kv_heads * row_blocks_;
-    const int64_t wanted_splits = std::max<int64_t>(
-        1, (2 * int64_t{device.multiprocessors} + blocks_per_split - 1) / blocks_per_split);
+    const int64_t wanted_splits =
+        cuda::DecodeSplitsForTwoWaves(c.batch, s.kv_heads, row_blocks_, device.multiprocessors);
     const int prefill_rows = cuda::PrefillRowsPerBlock(s.dtype);
     work_ = 0.0;
     for (int b = 0; b < c.batch; ++b) {
@@ -333,7 +329,7 @@ class AttentionSetup {
       descs.push_back(desc);
       item_begin.push_back(static_cast<int>(items.size()));
       if (decode) {
-        cuda::PlanDecodeSplits(desc, b, mask, wanted_splits, kMinKeysPerSplit, items);
+        cuda::PlanDecodeSplits(desc, b, mask, wanted_splits, cuda::kDecodeMinKeysPerSplit, items);
         // K and V rows of every visible key, once per KV head.
         work_ += static_cast<double>(VisibleCount(mask, c.tokens - 1, c.tokens)) * s.kv_heads *
                  2.0 * s.head_dim * static_cast<double>(elem);

@@ -33,6 +33,18 @@ inline void PlanPrefillItems(const SequenceDesc& desc, int sequence_index, int g
   }
 }
 
+// A decode KV split shorter than this costs more in its combine than it saves.
+inline constexpr int64_t kDecodeMinKeysPerSplit = 256;
+
+// Decode: splits per sequence wanted so the grid (sequences x KV heads x row blocks x splits)
+// fills about two waves over the SMs; PlanDecodeSplits caps it by kDecodeMinKeysPerSplit.
+inline int64_t DecodeSplitsForTwoWaves(int num_sequences, int num_kv_heads, int row_blocks,
+                                       int multiprocessors) {
+  const int64_t blocks_per_split = int64_t{num_sequences} * num_kv_heads * row_blocks;
+  return std::max<int64_t>(
+      1, (2 * int64_t{multiprocessors} + blocks_per_split - 1) / blocks_per_split);
+}
+
 // Decode: the new token's visible keys cut into `splits` nearly equal KV splits (flash-decoding);
 // a sliding window's keys start at the window, so pages before it are never read.
 inline void PlanDecodeSplits(const SequenceDesc& desc, int sequence_index, const MaskSpec& mask,
