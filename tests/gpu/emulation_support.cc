@@ -1,8 +1,5 @@
 #include "tests/gpu/emulation_support.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -23,36 +20,18 @@ DType ToDType(KvType type) {
   return DType::kF32;
 }
 
-int ElementBytes(KvType type) { return type == KvType::kF32 ? 4 : 2; }
+int ElementBytes(KvType type) { return static_cast<int>(DTypeSize(ToDType(type))); }
 
+// The engine's own conversions (kernels/dtype.h, round to nearest even), not the kernels'.
 double StoreElement(float x, KvType type, void* dst) {
-  if (type == KvType::kF32) {
-    std::memcpy(dst, &x, sizeof(x));
-    return x;
-  }
-  const uint16_t bits = type == KvType::kF16
-                            ? static_cast<__half_raw>(__float2half_rn(x)).x
-                            : static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(x)).x;
-  std::memcpy(dst, &bits, sizeof(bits));
+  ConvertFromFloat(&x, ToDType(type), dst, 1);
   return LoadElement(dst, type);
 }
 
 double LoadElement(const void* src, KvType type) {
-  if (type == KvType::kF32) {
-    float x;
-    std::memcpy(&x, src, sizeof(x));
-    return x;
-  }
-  uint16_t bits;
-  std::memcpy(&bits, src, sizeof(bits));
-  if (type == KvType::kF16) {
-    __half_raw raw;
-    raw.x = bits;
-    return __half2float(__half(raw));
-  }
-  __nv_bfloat16_raw raw;
-  raw.x = bits;
-  return __bfloat162float(__nv_bfloat16(raw));
+  float x;
+  ConvertToFloat(ToDType(type), src, &x, 1);
+  return x;
 }
 
 uint64_t DrawCaseSeed(const std::string& case_name) {

@@ -13,6 +13,7 @@
 #include "kernels/cuda/attention/prefill_mma.cuh"
 #include "kernels/cuda/attention/rope_append.cuh"
 #include "kernels/cuda/attention/simt_emulator.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::cuda {
 
@@ -126,12 +127,9 @@ cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int col
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
                                 cudaStream_t) {
   if (dst_type == KvType::kF32) return cudaErrorInvalidValue;
-  auto* out = static_cast<uint16_t*>(dst);
-  for (int64_t e = 0; e < count; ++e) {
-    out[e] = dst_type == KvType::kF16
-                 ? static_cast<__half_raw>(__float2half_rn(src[e])).x
-                 : static_cast<__nv_bfloat16_raw>(__float2bfloat16_rn(src[e])).x;
-  }
+  // Round to nearest even, as the device's __float2half_rn / __float2bfloat16_rn.
+  ConvertFromFloat(src, dst_type == KvType::kF16 ? DType::kF16 : DType::kBF16, dst,
+                   static_cast<size_t>(count));
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
