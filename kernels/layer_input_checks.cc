@@ -31,4 +31,14 @@ absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
   return absl::OkStatus();
 }
 
+absl::Status CheckOutputFinite(const Tensor& output) {
+  const int64_t bad = FirstNonFiniteElement(output);
+  if (bad < 0) return absl::OkStatus();
+  const int64_t width = output.rank() == 2 ? output.dim(1) : 1;
+  return absl::InvalidArgumentError(
+      absl::StrCat("the layer's output is not finite (row ", bad / width, ", column ", bad % width,
+                   " of ", ShapeString(output.shape()), ", ", DTypeName(output.dtype()),
+                   "): the inputs overflow this layer; nothing was appended"));
+}
+
 }  // namespace attnserve

@@ -1,10 +1,15 @@
 #include "kernels/layer_weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/clip_for_message.h"
 
 namespace attnserve {
 
@@ -88,41 +93,77 @@ absl::Status ValidateLayerWeights(const LayerSpec& spec, const LayerWeights& wei
   }
   for (const auto& [name, tensor] : weights) {
     if (!expected_names.contains(name)) {
-      return absl::InvalidArgumentError(absl::StrCat("weight '", name, "' ", tensor.DebugString(),
-                                                     " is not used by the ",
+      return absl::InvalidArgumentError(absl::StrCat("weight '", ClipForMessage(name), "' ",
+                                                     tensor.DebugString(), " is not used by the ",
                                                      VariantName(spec.variant), " spec"));
     }
+  }
+  // Last, after the shapes: a NaN or Inf weight would make every output of the session NaN with
+  // status OK. Inline weights and checkpoints both pass through here.
+  for (const auto& [name, tensor] : weights) {
+    const int64_t bad = FirstNonFiniteElement(tensor);
+    if (bad < 0) continue;
+    std::string index;
+    int64_t rest = bad;
+    for (size_t d = tensor.shape().size(); d-- > 0;) {
+      const int64_t dim = tensor.shape()[d];
+      index = absl::StrCat(rest % dim, index.empty() ? "" : ", ", index);
+      rest /= dim;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight '", ClipForMessage(name), "' has a NaN or infinite value at element ",
+                     bad, " (index [", index, "]); weights must be finite"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t seed) {
+absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t seed,
+                                                const std::function<bool()>& cancelled) {
   if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
-  LayerWeights weights;
-  for (const WeightShape& expected : ExpectedWeightShapes(spec)) {
-    Tensor tensor(DType::kF32, expected.shape);
-    float* values = tensor.f32();
-    const int64_t count = tensor.num_elements();
+  const std::vector<WeightShape> shapes = ExpectedWeightShapes(spec);
+  std::vector<Tensor> tensors;
+  for (const WeightShape& expected : shapes) tensors.emplace_back(DType::kF32, expected.shape);
+  std::atomic<bool> stop{false};
+  // One tensor per thread: each tensor's stream is sequential, the tensors are independent.
+  const auto fill = [&](size_t t) {
+    const WeightShape& expected = shapes[t];
+    float* values = tensors[t].f32();
+    const int64_t count = tensors[t].num_elements();
     if (expected.is_norm_scale) {
       for (int64_t i = 0; i < count; ++i) values[i] = 1.0f;
-    } else {
-      // A bias shares its layer's fan-in; find it from the matching weight's second dimension.
-      int64_t fan_in = expected.shape.size() == 2 ? expected.shape[1] : 0;
-      if (expected.is_bias) {
-        const std::string weight_name =
-            expected.name.substr(0, expected.name.size() - absl::string_view(".bias").size()) +
-            ".weight";
-        for (const WeightShape& other : ExpectedWeightShapes(spec)) {
-          if (other.name == weight_name) fan_in = other.shape[1];
-        }
-      }
-      const float bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
-      std::mt19937_64 rng(seed ^ StableHash(expected.name));
-      std::uniform_real_distribution<float> uniform(-bound, bound);
-      for (int64_t i = 0; i < count; ++i) values[i] = uniform(rng);
+      return;
     }
-    weights.emplace(expected.name, std::move(tensor));
-  }
+    // A bias shares its layer's fan-in; find it from the matching weight's second dimension.
+    int64_t fan_in = expected.shape.size() == 2 ? expected.shape[1] : 0;
+    if (expected.is_bias) {
+      const std::string weight_name =
+          expected.name.substr(0, expected.name.size() - absl::string_view(".bias").size()) +
+          ".weight";
+      for (const WeightShape& other : shapes) {
+        if (other.name == weight_name) fan_in = other.shape[1];
+      }
+    }
+    const float bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+    std::mt19937_64 rng(seed ^ StableHash(expected.name));
+    std::uniform_real_distribution<float> uniform(-bound, bound);
+    constexpr int64_t kPollEvery = int64_t{1} << 20;  // ~10 ms of drawing between polls.
+    for (int64_t begin = 0; begin < count; begin += kPollEvery) {
+      if (stop.load(std::memory_order_relaxed)) return;
+      if (cancelled && cancelled()) {
+        stop.store(true, std::memory_order_relaxed);
+        return;
+      }
+      const int64_t end = std::min(count, begin + kPollEvery);
+      for (int64_t i = begin; i < end; ++i) values[i] = uniform(rng);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < shapes.size(); ++t) threads.emplace_back(fill, t);
+  if (!shapes.empty()) fill(0);
+  for (std::thread& thread : threads) thread.join();
+  if (stop.load()) return absl::CancelledError("drawing the weights was cancelled");
+  LayerWeights weights;
+  for (size_t t = 0; t < shapes.size(); ++t) weights.emplace(shapes[t].name, std::move(tensors[t]));
   return weights;
 }
 

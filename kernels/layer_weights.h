@@ -14,6 +14,7 @@
 #define ATTNSERVE_KERNELS_LAYER_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,15 +39,19 @@ struct WeightShape {
 // Every tensor the spec requires, in a stable order.
 std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec);
 
-// OK when `weights` holds exactly the expected tensors with the expected shapes (any dtype).
-// Otherwise INVALID_ARGUMENT naming the missing, unexpected or mis-shaped tensor and both shapes.
+// OK when `weights` holds exactly the expected tensors with the expected shapes (any dtype), all
+// of them finite. Otherwise INVALID_ARGUMENT naming the missing, unexpected or mis-shaped tensor
+// and both shapes, or the tensor and the index of its first NaN or infinite element.
 absl::Status ValidateLayerWeights(const LayerSpec& spec, const LayerWeights& weights);
 
 // Deterministic weights from `seed`, as PyTorch initialises nn.Linear: every projection weight and
 // bias ~ U(-1/sqrt(in_features), +1/sqrt(in_features)); RMSNorm scales = 1. Each tensor draws from
 // its own std::mt19937_64 stream seeded by (seed, tensor name), so a tensor's values do not depend
-// on which other tensors the spec has. Tensors are float32.
-absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t seed);
+// on which other tensors the spec has. Tensors are float32. The tensors are drawn in parallel,
+// one thread each; `cancelled` (optional) is polled as they fill, and once it returns true the
+// draw stops and answers CANCELLED, so a huge layer's deadline is honoured.
+absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t seed,
+                                                const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace attnserve
 

@@ -1,6 +1,7 @@
 #include "kernels/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -13,6 +14,17 @@ namespace attnserve {
 namespace {
 int64_t Product(absl::Span<const int64_t> shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+// Index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1.
+template <typename Bits>
+int64_t FirstAllOnesExponent(const std::byte* data, int64_t count, Bits exponent_mask) {
+  for (int64_t i = 0; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, data + i * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
+    if ((bits & exponent_mask) == exponent_mask) return i;
+  }
+  return -1;
 }
 }  // namespace
 
@@ -57,6 +69,34 @@ absl::Status CheckShape(const Tensor& tensor, absl::Span<const int64_t> expected
   if (absl::Span<const int64_t>(tensor.shape()) == expected) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " has shape ", ShapeString(tensor.shape()),
                                                  ", expected ", ShapeString(expected)));
+}
+
+int64_t FirstNonFiniteElement(const Tensor& tensor) {
+  const int64_t count = tensor.num_elements();
+  switch (tensor.dtype()) {
+    case DType::kF32:
+      return FirstAllOnesExponent<uint32_t>(tensor.data(), count, 0x7f800000u);
+    case DType::kF16:
+      return FirstAllOnesExponent<uint16_t>(tensor.data(), count, 0x7c00u);
+    case DType::kBF16:
+      return FirstAllOnesExponent<uint16_t>(tensor.data(), count, 0x7f80u);
+  }
+  return -1;
+}
+
+float MaxAbsValue(const Tensor& tensor) {
+  constexpr int64_t kBlock = 4096;  // Converted a block at a time: no full fp32 copy.
+  float values[kBlock];
+  float max_abs = 0.0f;
+  const int64_t count = tensor.num_elements();
+  const size_t element_bytes = DTypeSize(tensor.dtype());
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    ConvertToFloat(tensor.dtype(), tensor.data() + begin * static_cast<int64_t>(element_bytes),
+                   values, static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) max_abs = std::max(max_abs, std::abs(values[i]));
+  }
+  return max_abs;
 }
 
 }  // namespace attnserve

@@ -56,6 +56,13 @@ class Tensor {
 // "[3, 512]"
 std::string ShapeString(absl::Span<const int64_t> shape);
 
+// Row-major index of the first element that is NaN or infinite, or -1 when every element is
+// finite. Reads the exponent bits, so it is exact for every dtype and never converts.
+int64_t FirstNonFiniteElement(const Tensor& tensor);
+
+// The largest |x| over the tensor's elements (0 when empty). Meaningful for finite tensors only.
+float MaxAbsValue(const Tensor& tensor);
+
 // OK when `tensor` has exactly `expected` as its shape; otherwise INVALID_ARGUMENT naming `what`
 // and both shapes.
 absl::Status CheckShape(const Tensor& tensor, absl::Span<const int64_t> expected,

@@ -84,10 +84,21 @@ void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::
 }
 
 // Reports a unary call to metrics, then finishes it.
-void FinishCall(grpc::ServerUnaryReactor* reactor, Metrics& metrics, Rpc rpc,
-                const std::string& variant, const CallTimer& timer, grpc::Status status) {
+void FinishCall(UnaryCall* call, Metrics& metrics, Rpc rpc, const std::string& variant,
+                const CallTimer& timer, grpc::Status status) {
   Observe(metrics, rpc, variant, status, timer);
-  reactor->Finish(std::move(status));
+  call->Finish(std::move(status));
+}
+
+// Session ids are 32 hex digits; anything much longer is refused before it is looked up or
+// echoed, so a huge id cannot bloat the status message.
+constexpr size_t kMaxSessionIdBytes = 64;
+constexpr size_t kMaxCallIdBytes = 128;
+
+absl::Status CheckIdLength(const std::string& id, absl::string_view field, size_t max_bytes) {
+  if (id.size() <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": has ", id.size(), " bytes, at most ", max_bytes, " allowed"));
 }
 
 template <typename Result>
@@ -111,25 +122,104 @@ void ApplyStepTiming(const StepTiming& timing, CallTimer& timer) {
   timer.compute_ns = timing.compute_ns;
 }
 
+// The weights of a `seed` source (as WeightsFromProto draws them), but abandoned as soon as
+// `cancelled` says so: a multi-GiB layer takes seconds to draw.
+absl::StatusOr<LayerWeights> SeededWeights(uint64_t seed, const LayerSpec& spec,
+                                           const std::function<bool()>& cancelled) {
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, seed, cancelled);
+  if (!weights.ok()) {
+    return absl::Status(weights.status().code(),
+                        absl::StrCat("weights.seed: ", weights.status().message()));
+  }
+  return weights;
+}
+
 }  // namespace
 
 AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* executor,
-                                           KvPool* pool, SessionRegistry* registry,
-                                           Metrics* metrics, const ServerLimits& limits,
+                                           KvPool* pool, ParameterBudget* parameters,
+                                           SessionRegistry* registry, Metrics* metrics,
+                                           const ServerLimits& limits,
                                            const SchedulerOptions& scheduler)
     : backend_(backend),
       executor_(executor),
       pool_(pool),
+      parameters_(parameters),
       registry_(registry),
       metrics_(metrics),
       limits_(limits),
       scheduler_options_(scheduler) {}
 
+// ---- The wire ----------------------------------------------------------------------------------
+
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(Rpc rpc, Handler<Request, Response> handler,
+                                                      grpc::CallbackServerContext* context,
+                                                      const grpc::ByteBuffer* wire_request,
+                                                      grpc::ByteBuffer* wire_response) {
+  auto* call =
+      new UnaryExchange<Request, Response>(context, wire_response, limits_.max_message_bytes);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  if (!ParseMessage(*wire_request, &call->request())) {
+    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(),
+               UnparseableMessage(call->request(), wire_request->Length()));
+    return reactor;
+  }
+  (this->*handler)(context, call->request(), call->response(), call);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Configure(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Serve(Rpc::kConfigure, &AttentionServiceImpl::HandleConfigure, context, request, response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Serve(Rpc::kForward, &AttentionServiceImpl::HandleForward, context, request, response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  return Serve(Rpc::kDecode, &AttentionServiceImpl::HandleDecode, context, request, response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Serve(Rpc::kRelease, &AttentionServiceImpl::HandleRelease, context, request, response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Serve(Rpc::kGetSession, &AttentionServiceImpl::HandleGetSession, context, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* request,
+                                                             grpc::ByteBuffer* response) {
+  return Serve(Rpc::kListSessions, &AttentionServiceImpl::HandleListSessions, context, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* request,
+                                                              grpc::ByteBuffer* response) {
+  return Serve(Rpc::kGetServerInfo, &AttentionServiceImpl::HandleGetServerInfo, context, request,
+               response);
+}
+
 // ---- Configure ---------------------------------------------------------------------------------
 
 absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& request,
                                                v1::ConfigureResponse* response,
-                                               std::string* variant) {
+                                               std::string* variant,
+                                               const std::function<bool()>& cancelled) {
   // Fail fast before loading weights; Add() checks again.
   if (absl::Status s = registry_->CheckCapacity(); !s.ok()) return s;
   absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
@@ -169,17 +259,33 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
 
   absl::StatusOr<KvCacheConfig> kv_config = pool_->ConfigFor(*spec, kv_dtype, page_size);
   if (!kv_config.ok()) return kv_config.status();
-  absl::StatusOr<LayerWeights> weights = WeightsFromProto(request.weights(), *spec);
-  if (!weights.ok()) return weights.status();
+  // Budgeted from the spec alone, before a byte is allocated: the peak while the loaded weights
+  // and the layer's copy coexist, then what the layer keeps.
+  absl::StatusOr<ParameterCharge> parameters = parameters_->Charge(
+      ConfigurePeakParameterBytes(*spec),
+      absl::StrCat("this layer (", ParameterCount(*spec), " parameters, while being built)"));
+  if (!parameters.ok()) return parameters.status();
+  const auto abandoned = [&cancelled] {
+    return absl::CancelledError("Configure cancelled or past its deadline; nothing was kept");
+  };
+  if (cancelled()) return abandoned();
+  absl::StatusOr<LayerWeights> weights =
+      request.weights().source_case() == v1::WeightSource::kSeed
+          ? SeededWeights(request.weights().seed(), *spec, cancelled)
+          : WeightsFromProto(request.weights(), *spec);
+  if (!weights.ok()) return cancelled() ? abandoned() : weights.status();
+  if (cancelled()) return abandoned();
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
       backend_->CreateLayer(*spec, *weights, *kv_config);
   if (!layer.ok()) return layer.status();
   weights->clear();  // The layer holds its own copy in its compute dtype.
+  parameters->ShrinkTo(LayerParameterBytes(*spec));
+  if (cancelled()) return abandoned();
 
   const KvPoolUsage usage = (*layer)->PoolUsage();
   v1::SessionCost cost;
   cost.set_parameter_count(ParameterCount(*spec));
-  cost.set_parameter_bytes(ParameterCount(*spec) * 4);  // The CPU backend keeps fp32 weights.
+  cost.set_parameter_bytes(LayerParameterBytes(*spec));
   cost.set_kv_bytes_per_token(KvBytesPerToken(*spec, kv_dtype));
   cost.set_page_bytes(usage.page_bytes);
   cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);
@@ -194,6 +300,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   auto session =
       std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
+  session->HoldParameters(*std::move(parameters));
   if (absl::Status s = registry_->Add(session); !s.ok()) return s;
   response->set_session_id(session->id());
   *response->mutable_cost() = cost;
@@ -202,135 +309,168 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Configure(grpc::CallbackServerContext* context,
-                                                          const v1::ConfigureRequest* request,
-                                                          v1::ConfigureResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
+                                           const v1::ConfigureRequest& request,
+                                           v1::ConfigureResponse& response, UnaryCall* call) {
   auto timer = std::make_shared<CallTimer>();
   // Loading a checkpoint and building a layer are compute: do them on the executor.
-  const bool queued = executor_->Submit([this, context, request, response, reactor, timer] {
+  const bool queued = executor_->Submit([this, context, &request, &response, call, timer] {
     if (context->IsCancelled()) {
-      return FinishCall(reactor, *metrics_, Rpc::kConfigure, kNoVariant, *timer, Cancelled());
+      return FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer, Cancelled());
     }
     timer->Started();
     std::string variant = kNoVariant;
-    absl::Status status = DoConfigure(*request, response, &variant);
+    absl::Status status =
+        DoConfigure(request, &response, &variant, [context] { return context->IsCancelled(); });
     timer->compute_ns = NanosSince(timer->start);
-    if (status.ok()) timer->Fill(response->mutable_timing());
-    FinishCall(reactor, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
+    if (status.ok()) timer->Fill(response.mutable_timing());
+    FinishCall(call, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
   });
-  if (!queued) FinishCall(reactor, *metrics_, Rpc::kConfigure, kNoVariant, *timer, ShuttingDown());
-  return reactor;
+  if (!queued) FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer, ShuttingDown());
 }
 
 // ---- Forward / Decode --------------------------------------------------------------------------
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
-                                                        const v1::ForwardRequest* request,
-                                                        v1::ForwardResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
+                                         const v1::ForwardRequest& request,
+                                         v1::ForwardResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
-  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
+  absl::Status ids = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+  if (ids.ok()) ids = CheckIdLength(request.call_id(), "call_id", kMaxCallIdBytes);
+  if (!ids.ok()) {
+    FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(ids));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id());
   if (!session.ok()) {
-    FinishCall(reactor, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(session.status()));
-    return reactor;
+    FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(session.status()));
+    return;
   }
   std::string variant = VariantLabel((*session)->spec());
   // Ordered against decode steps of the same requests (see SessionScheduler::PostOp).
   std::vector<std::string> request_ids;
-  for (const v1::ForwardItem& item : request->items()) request_ids.push_back(item.request_id());
+  for (const v1::ForwardItem& item : request.items()) request_ids.push_back(item.request_id());
   SessionScheduler& scheduler = (*session)->scheduler();
-  const bool queued = scheduler.PostOp(std::move(request_ids), [session = *session, context,
-                                                                request, response, reactor, timer,
-                                                                &metrics, variant]() mutable {
-    // A call cancelled while queued is dropped before it changes any request.
-    if (context->IsCancelled()) {
-      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, Cancelled());
-    }
-    timer.Started();
-    absl::StatusOr<std::vector<StepInput>> inputs =
-        ForwardInputsFromProto(*request, session->spec());
-    if (!inputs.ok()) {
-      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ToGrpc(inputs.status()));
-    }
-    BatchStats stats;
-    stats.decode = false;
-    stats.size = stats.calls = static_cast<int64_t>(inputs->size());
-    for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
-    absl::StatusOr<StepPlan> plan = session->Plan(*std::move(inputs), /*decode=*/false);
-    absl::StatusOr<std::vector<StepOutput>> outputs = std::vector<StepOutput>();
-    if (!plan.ok()) {
-      outputs = plan.status();
-    } else {
-      // Long prompts run in chunks; one batch of the session's waiting decode steps runs
-      // between two chunks, so neither starves the other.
-      SessionScheduler& scheduler = session->scheduler();
-      int chunks = 0;
-      outputs = session->RunPrefill(
-          *std::move(plan), scheduler.options().prefill_chunk_tokens,
-          [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns, &chunks);
-      stats.chunks = chunks;
-      stats.compute_ns = timer.compute_ns;
-      if (outputs.ok()) scheduler.RecordForward(stats);
-    }
-    if (!outputs.ok()) {
-      return FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
-    }
-    for (StepOutput& out : *outputs) FillResult(out, response->add_results());
-    timer.Fill(response->mutable_timing());
-    FinishCall(reactor, metrics, Rpc::kForward, variant, timer, grpc::Status::OK);
-  });
-  if (!queued) FinishCall(reactor, metrics, Rpc::kForward, variant, timer, ShuttingDown());
-  return reactor;
+  const int64_t max_message_bytes = limits_.max_message_bytes;
+  const bool queued = scheduler.PostOp(
+      std::move(request_ids), [session = *session, context, &request, &response, call, timer,
+                               &metrics, variant, max_message_bytes]() mutable {
+        // A call cancelled while queued is dropped before it changes any request.
+        if (context->IsCancelled()) {
+          return FinishCall(call, metrics, Rpc::kForward, variant, timer, Cancelled());
+        }
+        timer.Started();
+        absl::StatusOr<std::vector<StepInput>> inputs =
+            ForwardInputsFromProto(request, session->spec());
+        if (inputs.ok()) {
+          if (absl::Status s = CheckResponseFits(*inputs, max_message_bytes); !s.ok()) inputs = s;
+        }
+        if (!inputs.ok()) {
+          return FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(inputs.status()));
+        }
+        BatchStats stats;
+        stats.decode = false;
+        stats.size = stats.calls = static_cast<int64_t>(inputs->size());
+        for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
+        absl::StatusOr<StepPlan> plan =
+            session->Plan(*std::move(inputs), /*decode=*/false, request.call_id());
+        absl::StatusOr<std::vector<StepOutput>> outputs = std::vector<StepOutput>();
+        if (!plan.ok()) {
+          outputs = plan.status();
+        } else if (plan->replay) {
+          outputs = std::move(plan->replayed);  // A retry of a call already applied.
+        } else {
+          // Long prompts run in chunks; one batch of the session's waiting decode steps runs
+          // between two chunks, so neither starves the other.
+          SessionScheduler& scheduler = session->scheduler();
+          int chunks = 0;
+          outputs = session->RunPrefill(
+              *std::move(plan), scheduler.options().prefill_chunk_tokens,
+              [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns, &chunks);
+          stats.chunks = chunks;
+          stats.compute_ns = timer.compute_ns;
+          if (outputs.ok()) scheduler.RecordForward(stats);
+        }
+        if (!outputs.ok()) {
+          return FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
+        }
+        for (StepOutput& out : *outputs) FillResult(out, response.add_results());
+        timer.Fill(response.mutable_timing());
+        FinishCall(call, metrics, Rpc::kForward, variant, timer, grpc::Status::OK);
+      });
+  if (!queued) FinishCall(call, metrics, Rpc::kForward, variant, timer, ShuttingDown());
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerContext* context,
-                                                       const v1::DecodeRequest* request,
-                                                       v1::DecodeResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  CallTimer timer;
-  Metrics& metrics = *metrics_;
-  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
-  if (!session.ok()) {
-    FinishCall(reactor, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(session.status()));
-    return reactor;
+namespace {
+
+// Validates one Decode call (or DecodeStream message) against its session: the steps that join
+// the session's next batch, or the call's error.
+absl::StatusOr<std::unique_ptr<DecodeCall>> DecodeCallFromProto(const v1::DecodeRequest& request,
+                                                                const Session& session,
+                                                                int64_t max_message_bytes) {
+  if (absl::Status s = CheckIdLength(request.call_id(), "call_id", kMaxCallIdBytes); !s.ok()) {
+    return s;
   }
-  std::string variant = VariantLabel((*session)->spec());
-  absl::StatusOr<std::vector<StepInput>> inputs =
-      DecodeInputsFromProto(*request, (*session)->spec());
-  if (!inputs.ok()) {
-    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(inputs.status()));
-    return reactor;
-  }
-  // The steps join the session's next decode batch; `done` answers the call.
+  absl::StatusOr<std::vector<StepInput>> inputs = DecodeInputsFromProto(request, session.spec());
+  if (!inputs.ok()) return inputs.status();
+  if (absl::Status s = CheckResponseFits(*inputs, max_message_bytes); !s.ok()) return s;
   auto call = std::make_unique<DecodeCall>();
   call->inputs = *std::move(inputs);
-  call->arrival = timer.arrival;
-  call->is_cancelled = [context] { return context->IsCancelled(); };
-  call->done = [response, reactor, timer, &metrics, variant](
-                   absl::StatusOr<std::vector<StepOutput>> outputs,
-                   const StepTiming& timing) mutable {
+  call->call_id = request.call_id();
+  return call;
+}
+
+}  // namespace
+
+void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
+                                        const v1::DecodeRequest& request,
+                                        v1::DecodeResponse& response, UnaryCall* call) {
+  CallTimer timer;
+  Metrics& metrics = *metrics_;
+  if (absl::Status s = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+      !s.ok()) {
+    FinishCall(call, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(s));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id());
+  if (!session.ok()) {
+    FinishCall(call, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(session.status()));
+    return;
+  }
+  std::string variant = VariantLabel((*session)->spec());
+  absl::StatusOr<std::unique_ptr<DecodeCall>> steps =
+      DecodeCallFromProto(request, **session, limits_.max_message_bytes);
+  if (!steps.ok()) {
+    FinishCall(call, metrics, Rpc::kDecode, variant, timer, ToGrpc(steps.status()));
+    return;
+  }
+  // The steps join the session's next decode batch; `done` answers the call.
+  (*steps)->arrival = timer.arrival;
+  (*steps)->is_cancelled = [context] { return context->IsCancelled(); };
+  (*steps)->done = [&response, call, timer, &metrics, variant](
+                       absl::StatusOr<std::vector<StepOutput>> outputs,
+                       const StepTiming& timing) mutable {
     ApplyStepTiming(timing, timer);
-    if (outputs.ok()) FillDecodeResponse(*outputs, timer, response);
-    FinishCall(reactor, metrics, Rpc::kDecode, variant, timer, ToGrpc(outputs.status()));
+    if (outputs.ok()) FillDecodeResponse(*outputs, timer, &response);
+    FinishCall(call, metrics, Rpc::kDecode, variant, timer, ToGrpc(outputs.status()));
   };
-  (*session)->scheduler().SubmitDecode(std::move(call));
-  return reactor;
+  (*session)->scheduler().SubmitDecode(*std::move(steps));
 }
 
 // ---- DecodeStream ------------------------------------------------------------------------------
 
 // One message at a time: read -> compute on the session's queue -> write -> read. Responses are
 // therefore in request order, and at most one step per stream is in flight. The first failing
-// message ends the stream with its status (earlier responses stand; later messages are not read).
+// message ends the stream with its status (earlier responses stand; later messages are not read);
+// a message that does not parse is such a failure (INVALID_ARGUMENT), never a silent end.
 // Each message names its session, so one stream may drive several sessions.
 class AttentionServiceImpl::DecodeStreamReactor
-    : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   DecodeStreamReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
-    StartRead(&request_);
+    StartRead(&wire_request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -340,35 +480,47 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     timer_ = CallTimer();
+    variant_ = kNoVariant;
+    if (!ParseMessage(wire_request_, &request_)) {
+      FinishMessage(UnparseableMessage(request_, wire_request_.Length()));
+      return;
+    }
+    wire_request_.Clear();
+    if (absl::Status s = CheckIdLength(request_.session_id(), "session_id", kMaxSessionIdBytes);
+        !s.ok()) {
+      FinishMessage(ToGrpc(s));
+      return;
+    }
     absl::StatusOr<std::shared_ptr<Session>> session =
         service_->registry_->Find(request_.session_id());
     if (!session.ok()) {
-      variant_ = kNoVariant;
       FinishMessage(ToGrpc(session.status()));
       return;
     }
     variant_ = VariantLabel((*session)->spec());
-    absl::StatusOr<std::vector<StepInput>> inputs =
-        DecodeInputsFromProto(request_, (*session)->spec());
-    if (!inputs.ok()) {
-      FinishMessage(ToGrpc(inputs.status()));
+    absl::StatusOr<std::unique_ptr<DecodeCall>> steps =
+        DecodeCallFromProto(request_, **session, service_->limits_.max_message_bytes);
+    if (!steps.ok()) {
+      FinishMessage(ToGrpc(steps.status()));
       return;
     }
     // The step joins the session's next decode batch; `done` writes the response (or ends the
     // stream), and the next message is read once the write is done.
-    auto call = std::make_unique<DecodeCall>();
-    call->inputs = *std::move(inputs);
-    call->arrival = timer_.arrival;
-    call->is_cancelled = [context = context_] { return context->IsCancelled(); };
-    call->done = [this](absl::StatusOr<std::vector<StepOutput>> outputs, const StepTiming& timing) {
+    (*steps)->arrival = timer_.arrival;
+    (*steps)->is_cancelled = [context = context_] { return context->IsCancelled(); };
+    (*steps)->done = [this](absl::StatusOr<std::vector<StepOutput>> outputs,
+                            const StepTiming& timing) {
       ApplyStepTiming(timing, timer_);
       if (!outputs.ok()) return FinishMessage(ToGrpc(outputs.status()));
       response_.Clear();
       FillDecodeResponse(*outputs, timer_, &response_);
+      grpc::Status serialized =
+          SerializeMessage(response_, service_->limits_.max_message_bytes, &wire_response_);
+      if (!serialized.ok()) return FinishMessage(std::move(serialized));
       Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, grpc::Status::OK, timer_);
-      StartWrite(&response_);
+      StartWrite(&wire_response_);
     };
-    (*session)->scheduler().SubmitDecode(std::move(call));
+    (*session)->scheduler().SubmitDecode(*std::move(steps));
   }
 
   void OnWriteDone(bool ok) override {
@@ -376,7 +528,7 @@ class AttentionServiceImpl::DecodeStreamReactor
       Finish(Cancelled());
       return;
     }
-    StartRead(&request_);
+    StartRead(&wire_request_);
   }
 
   void OnDone() override { delete this; }
@@ -390,118 +542,123 @@ class AttentionServiceImpl::DecodeStreamReactor
 
   AttentionServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
+  grpc::ByteBuffer wire_request_;
+  grpc::ByteBuffer wire_response_;
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   CallTimer timer_;
   std::string variant_;  // Of the current message's session, for metrics.
 };
 
-grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* AttentionServiceImpl::DecodeStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionServiceImpl::DecodeStream(
     grpc::CallbackServerContext* context) {
   return new DecodeStreamReactor(this, context);
 }
 
 // ---- Release, sessions, server ------------------------------------------------------------------
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerContext* context,
-                                                        const v1::ReleaseRequest* request,
-                                                        v1::ReleaseResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
+                                         const v1::ReleaseRequest& request,
+                                         v1::ReleaseResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
-  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request->session_id());
+  if (absl::Status s = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+      !s.ok()) {
+    FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(s));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request.session_id());
   if (!found.ok()) {
-    FinishCall(reactor, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(found.status()));
-    return reactor;
+    FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(found.status()));
+    return;
   }
   std::shared_ptr<Session> session = *found;
   std::string variant = VariantLabel(session->spec());
   bool queued;
-  if (request->request_id().empty()) {
+  if (request.request_id().empty()) {
     // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
     if (registry_->Remove(session->id()) == nullptr) {
       FinishCall(
-          reactor, metrics, Rpc::kRelease, variant, timer,
-          ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '", request->session_id(),
+          call, metrics, Rpc::kRelease, variant, timer,
+          ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '", request.session_id(),
                                                   "' was released concurrently"))));
-      return reactor;
+      return;
     }
-    queued =
-        session->scheduler().PostOp({}, [session, response, reactor, timer, &metrics, variant] {
-          CallTimer t = timer;
-          t.Started();
-          response->set_freed_bytes(session->Close());
-          t.compute_ns = NanosSince(t.start);
-          SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
-                     response->freed_bytes());
-          FinishCall(reactor, metrics, Rpc::kRelease, variant, t, grpc::Status::OK);
-        });
+    queued = session->scheduler().PostOp({}, [session, &response, call, timer, &metrics, variant] {
+      CallTimer t = timer;
+      t.Started();
+      response.set_freed_bytes(session->Close());
+      t.compute_ns = NanosSince(t.start);
+      SERVER_LOG(INFO, "session %s released; freed %d KV bytes", session->id(),
+                 response.freed_bytes());
+      FinishCall(call, metrics, Rpc::kRelease, variant, t, grpc::Status::OK);
+    });
   } else {
     // Not skipped when cancelled: the client asked for memory back.
     queued = session->scheduler().PostOp(
-        {request->request_id()}, [session, request, response, reactor, timer, &metrics, variant] {
+        {request.request_id()}, [session, &request, &response, call, timer, &metrics, variant] {
           CallTimer t = timer;
           t.Started();
-          absl::StatusOr<int64_t> freed = session->ReleaseRequest(request->request_id());
+          absl::StatusOr<int64_t> freed = session->ReleaseRequest(request.request_id());
           t.compute_ns = NanosSince(t.start);
-          if (freed.ok()) response->set_freed_bytes(*freed);
-          FinishCall(reactor, metrics, Rpc::kRelease, variant, t, ToGrpc(freed.status()));
+          if (freed.ok()) response.set_freed_bytes(*freed);
+          FinishCall(call, metrics, Rpc::kRelease, variant, t, ToGrpc(freed.status()));
         });
   }
-  if (!queued) FinishCall(reactor, metrics, Rpc::kRelease, variant, timer, ShuttingDown());
-  return reactor;
+  if (!queued) FinishCall(call, metrics, Rpc::kRelease, variant, timer, ShuttingDown());
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
-                                                           const v1::GetSessionRequest* request,
-                                                           v1::GetSessionResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context,
+                                            const v1::GetSessionRequest& request,
+                                            v1::GetSessionResponse& response, UnaryCall* call) {
   const CallTimer timer;
-  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request->session_id());
-  if (session.ok()) (*session)->FillInfo(absl::Now(), true, response->mutable_session());
-  FinishCall(reactor, *metrics_, Rpc::kGetSession,
+  absl::StatusOr<std::shared_ptr<Session>> session = nullptr;
+  if (absl::Status s = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+      !s.ok()) {
+    session = s;
+  } else {
+    session = registry_->Find(request.session_id());
+  }
+  if (session.ok()) (*session)->FillInfo(absl::Now(), true, response.mutable_session());
+  FinishCall(call, *metrics_, Rpc::kGetSession,
              session.ok() ? VariantLabel((*session)->spec()) : kNoVariant, timer,
              ToGrpc(session.status()));
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
-                                                             const v1::ListSessionsRequest* request,
-                                                             v1::ListSessionsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleListSessions(grpc::CallbackServerContext* context,
+                                              const v1::ListSessionsRequest& request,
+                                              v1::ListSessionsResponse& response, UnaryCall* call) {
   const CallTimer timer;
   const absl::Time now = absl::Now();
   for (const std::shared_ptr<Session>& session : registry_->All()) {
-    session->FillInfo(now, false, response->add_sessions());
+    session->FillInfo(now, false, response.add_sessions());
   }
-  FinishCall(reactor, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
-  return reactor;
+  FinishCall(call, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(
-    grpc::CallbackServerContext* context, const v1::GetServerInfoRequest* request,
-    v1::GetServerInfoResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* context,
+                                               const v1::GetServerInfoRequest& request,
+                                               v1::GetServerInfoResponse& response,
+                                               UnaryCall* call) {
   const CallTimer timer;
-  response->set_version(ATTNSERVE_VERSION);
-  response->set_backend(std::string(backend_->name()));
-  response->set_device(backend_->device_description());
-  response->set_kv_pool_capacity_bytes(pool_->capacity_bytes());
-  response->set_kv_pool_used_bytes(pool_->used_bytes());
+  response.set_version(ATTNSERVE_VERSION);
+  response.set_backend(std::string(backend_->name()));
+  response.set_device(backend_->device_description());
+  response.set_kv_pool_capacity_bytes(pool_->capacity_bytes());
+  response.set_kv_pool_used_bytes(pool_->used_bytes());
   int requests = 0;
   const std::vector<std::shared_ptr<Session>> sessions = registry_->All();
   for (const std::shared_ptr<Session>& session : sessions) requests += session->num_requests();
-  response->set_sessions(static_cast<int32_t>(sessions.size()));
-  response->set_requests(requests);
-  v1::Limits* limits = response->mutable_limits();
+  response.set_sessions(static_cast<int32_t>(sessions.size()));
+  response.set_requests(requests);
+  v1::Limits* limits = response.mutable_limits();
   limits->set_max_sessions(limits_.max_sessions);
   limits->set_max_requests_per_session(limits_.max_requests_per_session);
   limits->set_max_sequence_length(limits_.max_sequence_length);
   limits->set_max_message_bytes(limits_.max_message_bytes);
   limits->set_request_ttl_ns(absl::ToInt64Nanoseconds(limits_.request_ttl));
   limits->set_session_ttl_ns(absl::ToInt64Nanoseconds(limits_.session_ttl));
-  FinishCall(reactor, *metrics_, Rpc::kGetServerInfo, kNoVariant, timer, grpc::Status::OK);
-  return reactor;
+  FinishCall(call, *metrics_, Rpc::kGetServerInfo, kNoVariant, timer, grpc::Status::OK);
 }
 
 }  // namespace attnserve::server

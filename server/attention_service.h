@@ -9,6 +9,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -17,55 +18,102 @@
 #include "server/executor.h"
 #include "server/kv_pool.h"
 #include "server/metrics.h"
+#include "server/parameter_budget.h"
 #include "server/server_options.h"
 #include "server/session_registry.h"
 #include "server/timer_queue.h"
+#include "server/wire_call.h"
 
 namespace attnserve::server {
 
-class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+// Every method is a raw one: the wire layer (server/wire_call.h) parses each request itself, so
+// malformed bytes get INVALID_ARGUMENT, and serializes each response.
+using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configure<
+    v1::AttentionService::WithRawCallbackMethod_Forward<
+        v1::AttentionService::WithRawCallbackMethod_Decode<
+            v1::AttentionService::WithRawCallbackMethod_DecodeStream<
+                v1::AttentionService::WithRawCallbackMethod_Release<
+                    v1::AttentionService::WithRawCallbackMethod_GetSession<
+                        v1::AttentionService::WithRawCallbackMethod_ListSessions<
+                            v1::AttentionService::WithRawCallbackMethod_GetServerInfo<
+                                v1::AttentionService::Service>>>>>>>>;
+
+class AttentionServiceImpl final : public RawAttentionService {
  public:
   // `backend`, `executor`, `pool`, `registry` and `metrics` must outlive the service and its
   // calls. Every call is reported to `metrics` as it finishes (see docs/metrics.md).
   AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
-                       SessionRegistry* registry, Metrics* metrics, const ServerLimits& limits,
-                       const SchedulerOptions& scheduler = {});
+                       ParameterBudget* parameters, SessionRegistry* registry, Metrics* metrics,
+                       const ServerLimits& limits, const SchedulerOptions& scheduler = {});
 
+  // The wire: each parses its request (INVALID_ARGUMENT when it does not parse) and hands it to
+  // the typed handler below of the same name.
   grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
-                                      const v1::ConfigureRequest* request,
-                                      v1::ConfigureResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
-                                    const v1::ForwardRequest* request,
-                                    v1::ForwardResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
-                                   const v1::DecodeRequest* request,
-                                   v1::DecodeResponse* response) override;
-  grpc::ServerBidiReactor<v1::DecodeRequest, v1::DecodeResponse>* DecodeStream(
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
-                                    const v1::ReleaseRequest* request,
-                                    v1::ReleaseResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const v1::GetSessionRequest* request,
-                                       v1::GetSessionResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const v1::ListSessionsRequest* request,
-                                         v1::ListSessionsResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::GetServerInfoResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
   class DecodeStreamReactor;
 
-  // Runs on the executor: validates, builds the layer, registers the session.
-  // `variant` receives the spec's metrics label once the spec is valid.
+  // A typed handler: finishes `call` exactly once (now or from a task).
+  template <typename Request, typename Response>
+  using Handler = void (AttentionServiceImpl::*)(grpc::CallbackServerContext*, const Request&,
+                                                 Response&, UnaryCall*);
+  // Parses `wire_request` and runs `handler`, or finishes with INVALID_ARGUMENT.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Serve(Rpc rpc, Handler<Request, Response> handler,
+                                  grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* wire_request,
+                                  grpc::ByteBuffer* wire_response);
+
+  void HandleConfigure(grpc::CallbackServerContext* context, const v1::ConfigureRequest& request,
+                       v1::ConfigureResponse& response, UnaryCall* call);
+  void HandleForward(grpc::CallbackServerContext* context, const v1::ForwardRequest& request,
+                     v1::ForwardResponse& response, UnaryCall* call);
+  void HandleDecode(grpc::CallbackServerContext* context, const v1::DecodeRequest& request,
+                    v1::DecodeResponse& response, UnaryCall* call);
+  void HandleRelease(grpc::CallbackServerContext* context, const v1::ReleaseRequest& request,
+                     v1::ReleaseResponse& response, UnaryCall* call);
+  void HandleGetSession(grpc::CallbackServerContext* context, const v1::GetSessionRequest& request,
+                        v1::GetSessionResponse& response, UnaryCall* call);
+  void HandleListSessions(grpc::CallbackServerContext* context,
+                          const v1::ListSessionsRequest& request,
+                          v1::ListSessionsResponse& response, UnaryCall* call);
+  void HandleGetServerInfo(grpc::CallbackServerContext* context,
+                           const v1::GetServerInfoRequest& request,
+                           v1::GetServerInfoResponse& response, UnaryCall* call);
+
+  // Runs on the executor: validates, charges the parameter budget, builds the layer, registers
+  // the session. `variant` receives the spec's metrics label once the spec is valid. Polls
+  // `cancelled` between stages (and while drawing seeded weights): a cancelled call or an expired
+  // deadline abandons the layer and frees what it had taken.
   absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
-                           std::string* variant);
+                           std::string* variant, const std::function<bool()>& cancelled);
 
   AttentionBackend* const backend_;
   Executor* const executor_;
   KvPool* const pool_;
+  ParameterBudget* const parameters_;
   SessionRegistry* const registry_;
   Metrics* const metrics_;
   const ServerLimits limits_;

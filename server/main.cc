@@ -9,6 +9,7 @@
 #include "server/logging.h"
 #include "server/server.h"
 #include "server/server_options.h"
+#include "server/weight_source.h"
 
 namespace {
 const attnserve::server::ServerOptions kDefaults;
@@ -36,6 +37,9 @@ ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
           "CUDA backend: size the device KV pool as this fraction (0, 0.95] of the GPU memory free "
           "at startup, instead of --kv_pool_bytes. 0 = use --kv_pool_bytes. Refused when the "
           "backend is cpu.");
+ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
+          "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "
+          "refused before anything is allocated. 0 = half of the machine's physical memory.");
 ABSL_FLAG(int, max_sessions, kDefaultLimits.max_sessions, "Live sessions at most.");
 ABSL_FLAG(int, max_requests_per_session, kDefaultLimits.max_requests_per_session,
           "Live requests per session at most.");
@@ -47,6 +51,9 @@ ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
           "Idle time after which a request's KV cache is freed; 0 = never.");
 ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
           "Idle time after which a session is freed; 0 = never.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory that Configure's checkpoint paths must resolve inside (symlinks followed; a "
+          "relative path is taken relative to it). Empty = checkpoints by path are refused.");
 ABSL_FLAG(absl::Duration, shutdown_grace, kDefaults.shutdown_grace,
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
 
@@ -62,6 +69,25 @@ ABSL_FLAG(int64_t, prefill_chunk_tokens, kDefaults.scheduler.prefill_chunk_token
           "Chunked prefill: Forward prompts longer than this run in chunks of this many tokens, "
           "with decode batches of the session between them; 0 = never split.");
 
+ABSL_FLAG(std::string, tls_cert, "",
+          "TLS: PEM certificate chain of the server (with --tls_key); empty = plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "TLS: PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "Mutual TLS: PEM CA certificate(s); every client must present a certificate signed by "
+          "one of them. Requires --tls_cert and --tls_key.");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "Bearer-token authentication: a file of '<sha256 hex of a token> <tenant> [admin]' lines "
+          "(see docs/api.md); calls must send 'authorization: Bearer <token>'. Empty = off (every "
+          "caller may use every session).");
+ABSL_FLAG(int, tenant_max_sessions, kDefaults.tenant_quotas.max_sessions,
+          "With --auth_tokens: live sessions per non-admin tenant at most; 0 = unlimited.");
+ABSL_FLAG(int64_t, tenant_max_kv_bytes, kDefaults.tenant_quotas.max_kv_bytes,
+          "With --auth_tokens: KV cache bytes per non-admin tenant (all its sessions) at most; "
+          "0 = unlimited.");
+ABSL_FLAG(int64_t, tenant_max_parameter_bytes, kDefaults.tenant_quotas.max_parameter_bytes,
+          "With --auth_tokens: weight bytes per non-admin tenant (all its sessions) at most; "
+          "0 = unlimited.");
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves attnserve.v1.AttentionService over gRPC.");
   absl::ParseCommandLine(argc, argv);
@@ -75,6 +101,7 @@ int main(int argc, char** argv) {
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
+  options.max_parameter_bytes = absl::GetFlag(FLAGS_max_parameter_bytes);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
@@ -82,11 +109,25 @@ int main(int argc, char** argv) {
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  options.limits.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (absl::Status root = attnserve::server::CheckCheckpointRoot(options.limits.checkpoint_root);
+      !root.ok()) {
+    SERVER_LOG(ERROR, "%s", root.ToString());
+    return 1;
+  }
 
   options.scheduler.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.scheduler.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
   options.scheduler.prefill_chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens);
+
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  options.tenant_quotas.max_sessions = absl::GetFlag(FLAGS_tenant_max_sessions);
+  options.tenant_quotas.max_kv_bytes = absl::GetFlag(FLAGS_tenant_max_kv_bytes);
+  options.tenant_quotas.max_parameter_bytes = absl::GetFlag(FLAGS_tenant_max_parameter_bytes);
 
   const absl::Status status = attnserve::server::RunServer(options);
   if (!status.ok()) {

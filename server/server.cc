@@ -13,11 +13,15 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend_factory.h"
 #include "server/attention_service.h"
+#include "server/auth.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
+#include "server/library_logging.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/parameter_budget.h"
 #include "server/session_registry.h"
+#include "server/transport_security.h"
 #include "server/ttl_sweeper.h"
 
 namespace attnserve::server {
@@ -36,6 +40,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.kv_pool_fraction != 0.0 && !(o.kv_pool_fraction > 0.0 && o.kv_pool_fraction <= 0.95)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
                                                    ", must be 0 (unused) or in (0, 0.95]"));
+  }
+  if (o.max_parameter_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_parameter_bytes = ", o.max_parameter_bytes, ", must be >= 0 (0 = default)"));
   }
   if (o.compute_threads < 1 || o.compute_threads > 256) {
     return absl::InvalidArgumentError(
@@ -73,6 +81,12 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (l.max_message_bytes < 1024 || l.max_message_bytes > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes = ", l.max_message_bytes,
                                                    ", must be in [1024, 2^31 - 1]"));
+  }
+  const TenantQuotas& q = o.tenant_quotas;
+  if (q.max_sessions < 0 || q.max_kv_bytes < 0 || q.max_parameter_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "--tenant_max_sessions, --tenant_max_kv_bytes and --tenant_max_parameter_bytes must be "
+        ">= 0 (0 = unlimited)");
   }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown_grace must be >= 0");
@@ -119,6 +133,16 @@ absl::Status RunServer(const ServerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  RateLimitProtobufLogging();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<Authenticator> authenticator = Authenticator();
+  if (!options.auth_tokens.empty()) authenticator = Authenticator::FromFile(options.auth_tokens);
+  if (!authenticator.ok()) return authenticator.status();
+  if (const std::string warning = ExposureWarning(options); !warning.empty()) {
+    SERVER_LOG(WARNING, "%s", warning);
+  }
   absl::StatusOr<BackendChoice> choice = MakeBackend(options);
   if (!choice.ok()) return choice.status();
   SERVER_LOG(INFO, "backend %s", choice->reason);
@@ -147,7 +171,9 @@ absl::Status RunServer(const ServerOptions& options) {
   grpc_init();
 
   KvPool pool(kv_pool_bytes);
-  SessionRegistry registry(options.limits.max_sessions);
+  ParameterBudget parameters(options.max_parameter_bytes > 0 ? options.max_parameter_bytes
+                                                             : DefaultMaxParameterBytes());
+  SessionRegistry registry(options.limits.max_sessions, options.tenant_quotas);
   Executor executor(options.compute_threads);
   Metrics metrics(
       {ATTNSERVE_VERSION, std::string((*backend)->name()), (*backend)->device_description()}, &pool,
@@ -166,14 +192,14 @@ absl::Status RunServer(const ServerOptions& options) {
       }
     }
   }
-  AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, &metrics,
+  AttentionServiceImpl service(backend->get(), &executor, &pool, &parameters, &registry, &metrics,
                                options.limits, options.scheduler);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.RegisterService(&service);
@@ -189,6 +215,16 @@ absl::Status RunServer(const ServerOptions& options) {
 
   SERVER_LOG(INFO, "attnserve %s listening on %s (port %d)", ATTNSERVE_VERSION,
              options.listen_address, port);
+  SERVER_LOG(INFO,
+             "transport: %s; authentication: %s; tenant quotas: %d sessions, %d KV bytes, %d "
+             "parameter bytes (0 = unlimited)",
+             options.tls_cert.empty()        ? "plaintext"
+             : options.tls_client_ca.empty() ? "TLS"
+                                             : "mutual TLS (client certificates required)",
+             authenticator->enabled() ? absl::StrCat(authenticator->size(), " bearer tokens")
+                                      : std::string("off (every caller is the admin)"),
+             options.tenant_quotas.max_sessions, options.tenant_quotas.max_kv_bytes,
+             options.tenant_quotas.max_parameter_bytes);
   SERVER_LOG(INFO, "backend %s: %s; %d compute threads", (*backend)->name(),
              (*backend)->device_description(), executor.num_threads());
   SERVER_LOG(INFO,
@@ -198,9 +234,9 @@ absl::Status RunServer(const ServerOptions& options) {
              absl::FormatDuration(options.scheduler.max_queue_delay),
              options.scheduler.prefill_chunk_tokens);
   SERVER_LOG(INFO,
-             "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
+             "KV pool %d bytes; parameter budget %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
              "message bytes, request_ttl %s, session_ttl %s",
-             pool.capacity_bytes(), options.limits.max_sessions,
+             pool.capacity_bytes(), parameters.capacity_bytes(), options.limits.max_sessions,
              options.limits.max_requests_per_session, options.limits.max_sequence_length,
              options.limits.max_message_bytes, absl::FormatDuration(options.limits.request_ttl),
              absl::FormatDuration(options.limits.session_ttl));

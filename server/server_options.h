@@ -17,6 +17,9 @@ struct ServerLimits {
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
+  // Configure's checkpoint paths must resolve inside this directory (server/weight_source.h);
+  // empty = checkpoints by path are refused.
+  std::string checkpoint_root;
 };
 
 // Continuous batching and chunked prefill, per session (see server/session_scheduler.h and the
@@ -36,6 +39,14 @@ struct SchedulerOptions {
   int64_t prefill_chunk_tokens = 512;
 };
 
+// Per-tenant caps (see server/auth.h and server/session_registry.h), applied to every tenant of
+// the --auth_tokens file except admins; 0 = unlimited. They apply only when authentication is on.
+struct TenantQuotas {
+  int max_sessions = 0;             // Live sessions of one tenant.
+  int64_t max_kv_bytes = 0;         // KV cache bytes held by one tenant's sessions together.
+  int64_t max_parameter_bytes = 0;  // Weight bytes held by one tenant's sessions together.
+};
+
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:50051";  // Port 0 picks a free port.
   std::string port_file;  // When set, the bound port is written here once listening.
@@ -46,12 +57,23 @@ struct ServerOptions {
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;
+  // Weight bytes all sessions may hold together (server/parameter_budget.h); 0 = half of the
+  // machine's physical memory.
+  int64_t max_parameter_bytes = 0;
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
   // the device memory free at startup, instead of kv_pool_bytes.
   double kv_pool_fraction = 0.0;
   absl::Duration shutdown_grace = absl::Seconds(10);
   ServerLimits limits;
   SchedulerOptions scheduler;
+  // Transport security (PEM files; all empty = plaintext). tls_cert and tls_key go together;
+  // tls_client_ca additionally requires and verifies a client certificate signed by that CA.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // Bearer-token table (format in server/auth.h); empty = authentication off.
+  std::string auth_tokens;
+  TenantQuotas tenant_quotas;
 };
 
 }  // namespace attnserve::server

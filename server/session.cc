@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/clip_for_message.h"
 
 namespace attnserve::server {
 
@@ -50,14 +51,52 @@ void Session::RefreshKvBytes() {
   kv_bytes_used_.store(usage.used_pages * usage.page_bytes, std::memory_order_relaxed);
 }
 
-absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode) {
+absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepPlan& plan) {
+  std::vector<const RequestState*> states;
+  const std::string* applied = nullptr;
+  const std::string* not_applied = nullptr;
+  for (const StepInput& in : plan.inputs) {
+    auto it = requests_.find(in.request_id);
+    const bool was_applied = it != requests_.end() && it->second.last_call_id == call_id;
+    (was_applied ? applied : not_applied) = &in.request_id;
+    if (was_applied) states.push_back(&it->second);
+  }
+  if (applied == nullptr) return false;
+  if (not_applied != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "call_id '", ClipForMessage(call_id), "' was the last call applied to request '",
+        ClipForMessage(*applied), "' but not to request '", ClipForMessage(*not_applied),
+        "': a call_id names one call, so reuse it only to retry that call with the same items"));
+  }
+  plan.replay = true;
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    plan.replayed.push_back(
+        StepOutput{plan.inputs[i].request_id, states[i]->last_output, states[i]->length});
+  }
+  return true;
+}
+
+absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
+                                       const std::string& call_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
   StepPlan plan;
   plan.decode = decode;
+  plan.call_id = call_id;
   plan.requests.resize(inputs.size());
   absl::MutexLock lock(&mu_);
   last_used_ = absl::Now();
+  if (!call_id.empty()) {
+    // A retry of a call that was applied (its answer lost to a deadline, a cancellation or the
+    // network) is answered from what that call left, before any check that its inputs, now
+    // stale against the request's state, would fail.
+    plan.inputs = std::move(inputs);
+    absl::StatusOr<bool> replay = FillReplayLocked(call_id, plan);
+    if (!replay.ok()) return replay.status();
+    if (*replay) return plan;
+    inputs = std::move(plan.inputs);
+    plan.inputs.clear();
+  }
   int new_requests = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
@@ -177,6 +216,8 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
     src += static_cast<size_t>(rows) * row_bytes;
     r.sequence_length = state.length;
+    state.last_call_id = plan.call_id;
+    state.last_output = plan.call_id.empty() ? Tensor() : r.output;
   }
   return results;
 }
@@ -328,6 +369,9 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
           if (plan.requests[i].is_new || row_start[i] >= begin) continue;
           absl::MutexLock lock(&mu_);
           RequestState& state = requests_[plan.inputs[i].request_id];
+          // Partly applied: a retry under the same call_id must not look like a replay.
+          state.last_call_id.clear();
+          state.last_output = Tensor();
           state.length =
               plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
           state.last_position =
@@ -399,6 +443,7 @@ int64_t Session::Close() {
     requests_.clear();
   }
   layer_.reset();  // Credits every page still held back to the pool.
+  parameters_ = ParameterCharge();
   kv_bytes_used_.store(0, std::memory_order_relaxed);
   return freed;
 }

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,6 +26,7 @@
 #include "kernels/backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/tensor.h"
+#include "server/parameter_budget.h"
 #include "server/serial_queue.h"
 #include "server/session_scheduler.h"
 
@@ -60,6 +62,12 @@ struct StepPlan {
   bool explicit_positions = false;  // Some input gave positions: pass positions for every row.
   std::vector<StepInput> inputs;
   std::vector<Request> requests;  // One per input.
+  // The call's idempotency key (empty = none); recorded on every request the call applies to.
+  std::string call_id;
+  // True when `call_id` was already applied to every request of the call: nothing must run, and
+  // `replayed` (one per input) answers the call from that call's retained results.
+  bool replay = false;
+  std::vector<StepOutput> replayed;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -85,7 +93,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // Checks one call's inputs against the requests' state (existence, positions, limits) and
   // resolves their sequences, changing nothing. The plan stays valid until a step or release
   // touches one of its requests.
-  absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode);
+  // A non-empty `call_id` that was the last call applied to every input's request makes a replay
+  // plan (see StepPlan::replay); one applied to some of them is FAILED_PRECONDITION.
+  absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode,
+                                const std::string& call_id = "");
 
   // One engine Decode call for several decode plans whose requests are all distinct (continuous
   // batching). All-or-nothing over every plan: on error no request changes. On success
@@ -109,8 +120,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
 
-  // Frees every request and the layer; later steps get NOT_FOUND. Returns the KV bytes freed.
+  // Frees every request and the layer (and returns its parameter charge); later steps get
+  // NOT_FOUND. Returns the KV bytes freed.
   int64_t Close();
+
+  // Keeps the layer's charge against the server's parameter budget until the layer is freed.
+  void HoldParameters(ParameterCharge charge) { parameters_ = std::move(charge); }
 
   // Releases requests idle for longer than `ttl`; returns how many.
   int ExpireRequests(absl::Time now, absl::Duration ttl);
@@ -134,7 +149,16 @@ class Session : public std::enable_shared_from_this<Session> {
     int64_t length = 0;          // Tokens cached.
     int64_t last_position = -1;  // RoPE position of the last cached token.
     absl::Time last_used;
+    // The call_id of the last call applied to this request and its output for this request,
+    // retained so that a retry of that call is answered without appending twice. Empty (and no
+    // output held) when the last call carried no call_id.
+    std::string last_call_id;
+    Tensor last_output;
   };
+  // Fills plan.replay and plan.replayed when `call_id` was the last call applied to every
+  // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some.
+  absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // KV bytes the engine holds for a request of `length` tokens: whole pages, less pages that a
   // sliding window has already evicted (mirrors the CPU layer's eviction rule).
@@ -156,6 +180,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const int64_t page_bytes_;
   std::shared_ptr<SerialQueue> queue_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
+  ParameterCharge parameters_;             // Returned by Close, with the layer.
   std::unique_ptr<SessionScheduler> scheduler_;
   std::atomic<int64_t> kv_bytes_used_{0};
   std::atomic<bool> closed_{false};

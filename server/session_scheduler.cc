@@ -263,9 +263,14 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
     for (const StepInput& in : call->inputs) {
       stats.context_tokens += session_->RequestLength(in.request_id) + 1;
     }
-    absl::StatusOr<StepPlan> plan = session_->Plan(std::move(call->inputs), /*decode=*/true);
+    absl::StatusOr<StepPlan> plan =
+        session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id);
     if (!plan.ok()) {
       call->done(plan.status(), StepTiming{NanosBetween(call->arrival, start), 0, 0});
+      continue;
+    }
+    if (plan->replay) {  // A retry of a call already applied: answered, nothing runs.
+      call->done(std::move(plan->replayed), StepTiming{NanosBetween(call->arrival, start), 0, 0});
       continue;
     }
     plans.push_back(*std::move(plan));

@@ -58,6 +58,7 @@ struct StepTiming {
 // One Decode call (or one DecodeStream message): 1..n steps on distinct requests.
 struct DecodeCall {
   std::vector<StepInput> inputs;  // Validated by the codec.
+  std::string call_id;            // Idempotency key (DecodeRequest.call_id); empty = none.
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked before the call joins a batch.
   // Called exactly once, on an executor thread: the outputs in item order, or the call's error.

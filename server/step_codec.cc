@@ -1,5 +1,6 @@
 #include "server/step_codec.h"
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -59,6 +60,7 @@ absl::StatusOr<std::vector<StepInput>> ForwardInputsFromProto(const v1::ForwardR
       return s;
     }
     if (absl::Status s = CheckFinite(*hidden, field); !s.ok()) return s;
+    if (absl::Status s = CheckMagnitude(*hidden, field, kMaxAbsHiddenValue); !s.ok()) return s;
     if (item.positions_size() != 0 && item.positions_size() != hidden->dim(0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("items[", i, "].positions: has ", item.positions_size(),
@@ -91,6 +93,7 @@ absl::StatusOr<std::vector<StepInput>> DecodeInputsFromProto(const v1::DecodeReq
       return s;
     }
     if (absl::Status s = CheckFinite(*hidden, field); !s.ok()) return s;
+    if (absl::Status s = CheckMagnitude(*hidden, field, kMaxAbsHiddenValue); !s.ok()) return s;
     if (hidden->rank() == 1) {
       // Same bytes as [1, d_model]; the engine takes rows.
       Tensor row(hidden->dtype(), {1, spec.d_model});
@@ -102,6 +105,30 @@ absl::StatusOr<std::vector<StepInput>> DecodeInputsFromProto(const v1::DecodeReq
     if (item.has_position()) inputs[i].positions.push_back(item.position());
   }
   return inputs;
+}
+
+absl::Status CheckResponseFits(const std::vector<StepInput>& inputs, int64_t max_message_bytes) {
+  // Every field but the output's bytes goes through the real encoder, with the widest value each
+  // could take; the bytes field adds its tag, a length of at most 10 bytes, and the bytes.
+  constexpr int64_t kTimingBound = 2 + 3 * 11;
+  constexpr int64_t kBytesFieldOverhead = 1 + 10;
+  int64_t total = kTimingBound;
+  for (const StepInput& in : inputs) {
+    v1::ForwardResult result;
+    result.set_request_id(in.request_id);
+    result.mutable_output()->set_dtype(DTypeToProto(in.hidden.dtype()));
+    for (int64_t d : in.hidden.shape()) result.mutable_output()->add_shape(d);
+    result.set_sequence_length(INT64_MAX);
+    const int64_t output_bytes = static_cast<int64_t>(in.hidden.num_bytes());
+    // The output Tensor's own length prefix grows with its bytes: bound it by 10 too.
+    const int64_t result_bytes =
+        static_cast<int64_t>(result.ByteSizeLong()) + kBytesFieldOverhead + 10 + output_bytes;
+    total += 1 + 10 + result_bytes;  // The repeated field's tag and length.
+  }
+  if (total <= max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the response would take up to ", total, " bytes, over the server's max_message_bytes = ",
+      max_message_bytes, "; nothing was applied: send fewer tokens or items per call"));
 }
 
 }  // namespace attnserve::server

@@ -63,8 +63,14 @@ absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequ
   } else {
     RunPrefill(batch);
   }
+  // Checked in the caller's dtype: an f32 output may still overflow f16.
+  Tensor result = out.CastTo(hidden.dtype());
+  if (absl::Status s = CheckOutputFinite(result); !s.ok()) {
+    sequences_.Rollback(batch.sequences);  // Before any eviction: the pages are all still held.
+    return s;
+  }
   for (const BatchSequence& seq : batch.sequences) sequences_.EvictOutsideWindow(*seq.table);
-  return out.CastTo(hidden.dtype());
+  return result;
 }
 
 absl::StatusOr<Tensor> CpuLayer::Prefill(absl::Span<const PrefillChunk> chunks,

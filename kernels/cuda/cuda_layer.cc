@@ -212,6 +212,9 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
     return s;
   }
   absl::StatusOr<Tensor> out = Compute(hidden, batch, positions, decode);
+  if (out.ok()) {
+    if (absl::Status s = CheckOutputFinite(*out); !s.ok()) out = s;
+  }
   if (!out.ok()) {
     sequences_.Rollback(batch);
     return out.status();

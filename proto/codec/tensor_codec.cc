@@ -80,35 +80,8 @@ void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
   proto->set_data(reinterpret_cast<const char*>(tensor.data()), tensor.num_bytes());
 }
 
-namespace {
-
-// Index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1.
-template <typename Bits>
-int64_t FirstNonFinite(const std::byte* data, int64_t count, Bits exponent_mask) {
-  for (int64_t i = 0; i < count; ++i) {
-    Bits bits;
-    std::memcpy(&bits, data + i * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
-    if ((bits & exponent_mask) == exponent_mask) return i;
-  }
-  return -1;
-}
-
-}  // namespace
-
 absl::Status CheckFinite(const Tensor& tensor, absl::string_view field) {
-  const int64_t count = tensor.num_elements();
-  int64_t bad = -1;
-  switch (tensor.dtype()) {
-    case DType::kF32:
-      bad = FirstNonFinite<uint32_t>(tensor.data(), count, 0x7f800000u);
-      break;
-    case DType::kF16:
-      bad = FirstNonFinite<uint16_t>(tensor.data(), count, 0x7c00u);
-      break;
-    case DType::kBF16:
-      bad = FirstNonFinite<uint16_t>(tensor.data(), count, 0x7f80u);
-      break;
-  }
+  const int64_t bad = FirstNonFiniteElement(tensor);
   if (bad < 0) return absl::OkStatus();
   // Row-major multi-index of `bad`.
   std::vector<int64_t> index(tensor.shape().size());
@@ -123,6 +96,13 @@ absl::Status CheckFinite(const Tensor& tensor, absl::string_view field) {
   return absl::InvalidArgumentError(absl::StrCat(
       field, ": element ", ShapeString(index), " is ",
       value != value ? "NaN" : (value > 0 ? "+Inf" : "-Inf"), "; inputs must be finite"));
+}
+
+absl::Status CheckMagnitude(const Tensor& tensor, absl::string_view field, float max_abs) {
+  const float largest = MaxAbsValue(tensor);
+  if (largest <= max_abs) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": holds a value of magnitude ", largest,
+                                                 ", over the limit of ", max_abs));
 }
 
 }  // namespace attnserve

@@ -37,6 +37,11 @@ void TensorToProto(const Tensor& tensor, v1::Tensor* proto);
 // request.
 absl::Status CheckFinite(const Tensor& tensor, absl::string_view field);
 
+// INVALID_ARGUMENT naming `field` when some element's magnitude passes `max_abs` (call after
+// CheckFinite). Finite but huge inputs (3e38) overflow in the first projection, so the server
+// bounds them instead of computing infinities.
+absl::Status CheckMagnitude(const Tensor& tensor, absl::string_view field, float max_abs);
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_PROTO_CODEC_TENSOR_CODEC_H_
