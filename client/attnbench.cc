@@ -224,8 +224,10 @@ int Main() {
     return ReportError("--step_timeout must be > 0");
 
   const bool json = absl::GetFlag(FLAGS_json);
-  const Client client =
-      MakeClient(absl::GetFlag(FLAGS_server), absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), json);
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
+  if (!security.ok()) return ReportError(security.status().message());
+  const Client client = MakeClient(absl::GetFlag(FLAGS_server),
+                                   absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), json, *security);
   v1::GetServerInfoResponse info;
   {
     grpc::ClientContext context;

@@ -680,6 +680,8 @@ constexpr char kUsage[] =
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
     "  attnctl demo\n"
+    "A server with TLS / tokens: --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem] --token=T\n"
+    "(or ATTNSERVE_TLS_CA, ATTNSERVE_TOKEN in the environment).\n"
     "Run `attnctl --helpfull` for every flag.";
 
 }  // namespace
@@ -696,8 +698,10 @@ int main(int argc, char** argv) {
   const std::string command = positional[1];
   const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
   if (!(timeout_s > 0)) return ReportError("--timeout_s must be > 0");
-  const Client client =
-      MakeClient(absl::GetFlag(FLAGS_server), absl::Seconds(timeout_s), absl::GetFlag(FLAGS_json));
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
+  if (!security.ok()) return ReportError(security.status().message());
+  const Client client = MakeClient(absl::GetFlag(FLAGS_server), absl::Seconds(timeout_s),
+                                   absl::GetFlag(FLAGS_json), *security);
   if (command == "configure") return Configure(client);
   if (command == "forward") return Forward(client);
   if (command == "decode") return Decode(client);

@@ -19,13 +19,14 @@ void Client::Prepare(grpc::ClientContext* context) const {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
-Client MakeClient(const std::string& target, absl::Duration timeout, bool json) {
+Client MakeClient(const std::string& target, absl::Duration timeout, bool json,
+                  const ChannelSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(1 << 30);
   args.SetMaxSendMessageSize(1 << 30);
   Client client;
   client.target = target;
-  client.channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  client.channel = CreateSecureChannel(target, security, args);
   client.stub = v1::AttentionService::NewStub(client.channel);
   client.timeout = timeout;
   client.json = json;

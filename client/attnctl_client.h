@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "attnserve/v1/attention_service.grpc.pb.h"
+#include "client/channel_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "kernels/dtype.h"
@@ -35,9 +36,11 @@ struct Client {
   void Prepare(grpc::ClientContext* context) const;
 };
 
-// An insecure channel to `target` that accepts messages up to 1 GiB (the server enforces its own
-// limit; the client should not be the one to reject a large output).
-Client MakeClient(const std::string& target, absl::Duration timeout, bool json);
+// A channel to `target` that accepts messages up to 1 GiB (the server enforces its own limit; the
+// client should not be the one to reject a large output); plaintext, TLS and a bearer token as
+// `security` says (client/channel_security.h).
+Client MakeClient(const std::string& target, absl::Duration timeout, bool json,
+                  const ChannelSecurity& security = {});
 
 // Prints "attnctl: <what> failed: <CODE>: <message>" to stderr and returns kExitRpcError.
 int ReportRpcError(absl::string_view what, const grpc::Status& status);

@@ -37,6 +37,7 @@ readonly PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-venv python3-dev
   prometheus
+  libssl-dev openssl
 )
 
 # What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to
@@ -44,7 +45,7 @@ readonly PACKAGES=(
 # PACKAGES' -dev packages.
 readonly RUNTIME_PACKAGES=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libopenblas0-pthread
+  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libopenblas0-pthread libssl3
 )
 
 with_python=1

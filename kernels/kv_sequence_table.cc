@@ -93,10 +93,14 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
   const int64_t bytes = pages_needed * page_bytes_;
   if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
     batch.clear();
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV memory budget exhausted: this batch needs ", bytes, " bytes (",
-                     pages_needed, " pages of ", page_size_, " tokens), ", budget_->free_bytes(),
-                     " of ", budget_->capacity_bytes(), " bytes are free"));
+    // The budget that refused: a named quota inside the pool (a tenant's), or the pool itself.
+    const KvMemoryBudget* full = budget_->Refuser(bytes);
+    if (full == nullptr) full = budget_.get();  // Freed concurrently since.
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
+        " pages of ", page_size_, " tokens), ", full->capacity_bytes() - full->used_bytes(), " of ",
+        full->capacity_bytes(), " bytes are free",
+        full->name().empty() ? "" : absl::StrCat(" in the KV quota of ", full->name())));
   }
   absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
   if (!pages.ok()) {

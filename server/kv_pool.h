@@ -10,8 +10,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "kernels/kv_memory_budget.h"
@@ -27,6 +30,15 @@ class KvPool {
   // The cache configuration of a new session's layer. page_size must be resolved (>= 1).
   // INVALID_ARGUMENT when a single page is larger than the whole pool.
   absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype, int page_size) const;
+  // The same for a layer whose pages are charged to `tenant_budget` (from TenantBudget, or null
+  // for the pool alone), which charges the pool in turn. RESOURCE_EXHAUSTED when one page is
+  // larger than the tenant's whole quota (a quota, not a bad spec).
+  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype, int page_size,
+                                          std::shared_ptr<KvMemoryBudget> tenant_budget) const;
+
+  // The KV quota of `tenant`: a budget of `max_bytes` inside the pool, shared by all of the
+  // tenant's sessions (created on first use, the same object afterwards). Thread-safe.
+  std::shared_ptr<KvMemoryBudget> TenantBudget(const std::string& tenant, int64_t max_bytes);
 
   int64_t capacity_bytes() const { return budget_->capacity_bytes(); }
   int64_t used_bytes() const { return budget_->used_bytes(); }
@@ -34,6 +46,9 @@ class KvPool {
 
  private:
   std::shared_ptr<KvMemoryBudget> budget_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<KvMemoryBudget>> tenant_budgets_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::server

@@ -104,9 +104,16 @@ def main() -> int:
     parser.add_argument("--stream", action="store_true", help="decode over one DecodeStream")
     parser.add_argument("--kv_dtype", default="f32", choices=["f32", "f16", "bf16"])
     parser.add_argument("--timeout_s", type=float, default=60.0)
+    # None = the client's environment fallbacks (ATTNSERVE_TLS_CA, ATTNSERVE_TOKEN, ...).
+    parser.add_argument("--tls_ca", help="PEM CA of the server's certificate (TLS)")
+    parser.add_argument("--tls_cert", help="client certificate (mutual TLS)")
+    parser.add_argument("--tls_key", help="client key (mutual TLS)")
+    parser.add_argument("--token", help="bearer token (prefer ATTNSERVE_TOKEN: argv is public)")
     args = parser.parse_args()
     try:
-        with AttnServeClient(args.server, timeout_s=args.timeout_s) as client:
+        with AttnServeClient(args.server, timeout_s=args.timeout_s, tls_ca=args.tls_ca,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key,
+                             token=args.token) as client:
             run(client, args.stream, args.kv_dtype)
     except AttnServeError as error:
         print(f"example: {error}", file=sys.stderr)

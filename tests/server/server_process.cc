@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -76,8 +77,10 @@ std::string ExitState::ToString() const {
 }
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
-    const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout) {
+    const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   std::unique_ptr<ServerProcess> process(new ServerProcess());
+  process->credentials_ = std::move(credentials);
   std::string dir_template =
       (std::filesystem::temp_directory_path() / "attnserve_server_test.XXXXXX").string();
   if (mkdtemp(dir_template.data()) == nullptr) {
@@ -169,7 +172,8 @@ std::shared_ptr<grpc::Channel> ServerProcess::NewChannel() const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  return grpc::CreateCustomChannel(address(), grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      address(), credentials_ != nullptr ? credentials_ : grpc::InsecureChannelCredentials(), args);
 }
 
 void ServerProcess::Signal(int signal) const {

@@ -36,9 +36,12 @@ class ServerProcess {
   // Starts the server with --listen=127.0.0.1:0 --port_file=<tmp> plus `flags`, then waits (at
   // most `startup_timeout`) for the port file and for grpc.health.v1 Check("") == SERVING.
   // The server's stdout and stderr go to a log file whose tail LogTail() returns.
+  // `credentials` (plaintext when null) are those of the health check and of NewChannel(), for a
+  // server started with TLS flags.
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::vector<std::string>& flags,
-      std::chrono::milliseconds startup_timeout = std::chrono::seconds(30));
+      std::chrono::milliseconds startup_timeout = std::chrono::seconds(30),
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
   // SIGKILLs the process if it is still running and removes the temporary directory.
   ~ServerProcess();
@@ -79,6 +82,7 @@ class ServerProcess {
   int port_ = 0;
   std::string temp_dir_;
   std::string log_path_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
 };
 
 // grpc.health.v1 Check(service) with a deadline. Returns the ServingStatus enum value

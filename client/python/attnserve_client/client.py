@@ -13,6 +13,7 @@ Errors: every RPC failure is raised as AttnServeError carrying the gRPC status c
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import time
 from dataclasses import dataclass
@@ -221,19 +222,89 @@ def _wrap(rpc: str, error: grpc.RpcError) -> AttnServeError:
 
 # ---- The client ---------------------------------------------------------------------------------
 
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call. An interceptor rather than
+    grpc.access_token_call_credentials, because gRPC refuses call credentials on a plaintext
+    channel, and a token without TLS is fine on loopback."""
+
+    def __init__(self, token: str):
+        self._entry = ("authorization", f"Bearer {token}")
+
+    def _details(self, details):
+        return _CallDetails(details, list(details.metadata or []) + [self._entry])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class AttnServeClient:
-    """Blocking client over one insecure channel. Use as a context manager, or call close()."""
+    """Blocking client over one channel. Use as a context manager, or call close().
+
+    Security (each argument falls back to an environment variable when None):
+      tls_ca (ATTNSERVE_TLS_CA): PEM file of the CA that signed the server's certificate; TLS when
+        set, plaintext otherwise.
+      tls_cert, tls_key (ATTNSERVE_TLS_CERT, ATTNSERVE_TLS_KEY): this client's certificate and
+        key, for a server that requires mutual TLS (--tls_client_ca).
+      token (ATTNSERVE_TOKEN): sent as `authorization: Bearer <token>` on every call, for a server
+        with --auth_tokens.
+    """
 
     def __init__(self, target: str = "127.0.0.1:50051", timeout_s: float = 60.0,
-                 bf16_as: str = "float32"):
+                 bf16_as: str = "float32", *, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 token: Optional[str] = None):
         self.target = target
         self.timeout_s = timeout_s
         self.bf16_as = bf16_as
-        self._channel = grpc.insecure_channel(target, options=[
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("ATTNSERVE_TLS_CA", "")
+        tls_cert = tls_cert if tls_cert is not None else os.environ.get("ATTNSERVE_TLS_CERT", "")
+        tls_key = tls_key if tls_key is not None else os.environ.get("ATTNSERVE_TLS_KEY", "")
+        token = token if token is not None else os.environ.get("ATTNSERVE_TOKEN", "")
+        if bool(tls_cert) != bool(tls_key):
+            raise ValueError("tls_cert and tls_key go together (mutual TLS)")
+        if tls_cert and not tls_ca:
+            raise ValueError("tls_cert/tls_key need tls_ca: a client certificate is only sent "
+                             "over TLS")
+        options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-        ])
-        self.stub = pb_grpc.AttentionServiceStub(self._channel)
+        ]
+        if tls_ca:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca),
+                private_key=_read(tls_key) if tls_key else None,
+                certificate_chain=_read(tls_cert) if tls_cert else None)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        # The service's calls carry the token; the health check (health()) needs none.
+        self.stub = pb_grpc.AttentionServiceStub(
+            grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel)
 
     def close(self) -> None:
         self._channel.close()
