@@ -9,6 +9,7 @@
 #include "server/logging.h"
 #include "server/server.h"
 #include "server/server_options.h"
+#include "server/weight_source.h"
 
 namespace {
 const attnserve::server::ServerOptions kDefaults;
@@ -36,6 +37,9 @@ ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
           "CUDA backend: size the device KV pool as this fraction (0, 0.95] of the GPU memory free "
           "at startup, instead of --kv_pool_bytes. 0 = use --kv_pool_bytes. Refused when the "
           "backend is cpu.");
+ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
+          "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "
+          "refused before anything is allocated. 0 = half of the machine's physical memory.");
 ABSL_FLAG(int, max_sessions, kDefaultLimits.max_sessions, "Live sessions at most.");
 ABSL_FLAG(int, max_requests_per_session, kDefaultLimits.max_requests_per_session,
           "Live requests per session at most.");
@@ -47,6 +51,9 @@ ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
           "Idle time after which a request's KV cache is freed; 0 = never.");
 ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
           "Idle time after which a session is freed; 0 = never.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory that Configure's checkpoint paths must resolve inside (symlinks followed; a "
+          "relative path is taken relative to it). Empty = checkpoints by path are refused.");
 ABSL_FLAG(absl::Duration, shutdown_grace, kDefaults.shutdown_grace,
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
 
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
+  options.max_parameter_bytes = absl::GetFlag(FLAGS_max_parameter_bytes);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
@@ -101,6 +109,12 @@ int main(int argc, char** argv) {
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
+  options.limits.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  if (absl::Status root = attnserve::server::CheckCheckpointRoot(options.limits.checkpoint_root);
+      !root.ok()) {
+    SERVER_LOG(ERROR, "%s", root.ToString());
+    return 1;
+  }
 
   options.scheduler.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

@@ -16,8 +16,10 @@
 #include "server/auth.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
+#include "server/library_logging.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/parameter_budget.h"
 #include "server/session_registry.h"
 #include "server/transport_security.h"
 #include "server/ttl_sweeper.h"
@@ -38,6 +40,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.kv_pool_fraction != 0.0 && !(o.kv_pool_fraction > 0.0 && o.kv_pool_fraction <= 0.95)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
                                                    ", must be 0 (unused) or in (0, 0.95]"));
+  }
+  if (o.max_parameter_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_parameter_bytes = ", o.max_parameter_bytes, ", must be >= 0 (0 = default)"));
   }
   if (o.compute_threads < 1 || o.compute_threads > 256) {
     return absl::InvalidArgumentError(
@@ -127,6 +133,7 @@ absl::Status RunServer(const ServerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  RateLimitProtobufLogging();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options);
   if (!credentials.ok()) return credentials.status();
@@ -164,6 +171,8 @@ absl::Status RunServer(const ServerOptions& options) {
   grpc_init();
 
   KvPool pool(kv_pool_bytes);
+  ParameterBudget parameters(options.max_parameter_bytes > 0 ? options.max_parameter_bytes
+                                                             : DefaultMaxParameterBytes());
   SessionRegistry registry(options.limits.max_sessions, options.tenant_quotas);
   Executor executor(options.compute_threads);
   Metrics metrics(
@@ -183,7 +192,7 @@ absl::Status RunServer(const ServerOptions& options) {
       }
     }
   }
-  AttentionServiceImpl service(backend->get(), &executor, &pool, &registry, &metrics,
+  AttentionServiceImpl service(backend->get(), &executor, &pool, &parameters, &registry, &metrics,
                                options.limits, options.scheduler);
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -225,9 +234,9 @@ absl::Status RunServer(const ServerOptions& options) {
              absl::FormatDuration(options.scheduler.max_queue_delay),
              options.scheduler.prefill_chunk_tokens);
   SERVER_LOG(INFO,
-             "KV pool %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
+             "KV pool %d bytes; parameter budget %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
              "message bytes, request_ttl %s, session_ttl %s",
-             pool.capacity_bytes(), options.limits.max_sessions,
+             pool.capacity_bytes(), parameters.capacity_bytes(), options.limits.max_sessions,
              options.limits.max_requests_per_session, options.limits.max_sequence_length,
              options.limits.max_message_bytes, absl::FormatDuration(options.limits.request_ttl),
              absl::FormatDuration(options.limits.session_ttl));

@@ -17,6 +17,9 @@ struct ServerLimits {
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
+  // Configure's checkpoint paths must resolve inside this directory (server/weight_source.h);
+  // empty = checkpoints by path are refused.
+  std::string checkpoint_root;
 };
 
 // Continuous batching and chunked prefill, per session (see server/session_scheduler.h and the
@@ -54,6 +57,9 @@ struct ServerOptions {
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;
+  // Weight bytes all sessions may hold together (server/parameter_budget.h); 0 = half of the
+  // machine's physical memory.
+  int64_t max_parameter_bytes = 0;
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
   // the device memory free at startup, instead of kv_pool_bytes.
   double kv_pool_fraction = 0.0;
