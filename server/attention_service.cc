@@ -140,7 +140,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
                                            KvPool* pool, ParameterBudget* parameters,
                                            SessionRegistry* registry, Metrics* metrics,
                                            const ServerLimits& limits,
-                                           const SchedulerOptions& scheduler)
+                                           const SchedulerOptions& scheduler,
+                                           const Authenticator* authenticator)
     : backend_(backend),
       executor_(executor),
       pool_(pool),
@@ -148,7 +149,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       registry_(registry),
       metrics_(metrics),
       limits_(limits),
-      scheduler_options_(scheduler) {}
+      scheduler_options_(scheduler),
+      authenticator_(authenticator) {}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
@@ -160,12 +162,18 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(Rpc rpc, Handler<Request, 
   auto* call =
       new UnaryExchange<Request, Response>(context, wire_response, limits_.max_message_bytes);
   grpc::ServerUnaryReactor* reactor = call->reactor();
+  // Before parsing: a caller without a valid token learns nothing, not even what parses.
+  absl::StatusOr<Principal> caller = Authenticate(*context);
+  if (!caller.ok()) {
+    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(), ToGrpc(caller.status()));
+    return reactor;
+  }
   if (!ParseMessage(*wire_request, &call->request())) {
     FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(),
                UnparseableMessage(call->request(), wire_request->Length()));
     return reactor;
   }
-  (this->*handler)(context, call->request(), call->response(), call);
+  (this->*handler)(context, *caller, call->request(), call->response(), call);
   return reactor;
 }
 
@@ -219,9 +227,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(grpc::CallbackServ
 absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& request,
                                                v1::ConfigureResponse* response,
                                                std::string* variant,
-                                               const std::function<bool()>& cancelled) {
-  // Fail fast before loading weights; Add() checks again.
-  if (absl::Status s = registry_->CheckCapacity(); !s.ok()) return s;
+                                               const std::function<bool()>& cancelled,
+                                               const Principal& owner) {
+  // Fail fast before loading weights (the owner's session quota too); Add() checks again.
+  if (absl::Status s = registry_->CheckCapacity(owner, 0); !s.ok()) return s;
   absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
   if (!spec.ok()) return spec.status();
   *variant = VariantLabel(*spec);
@@ -257,8 +266,18 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
         absl::StrCat("label: has ", request.label().size(), " bytes, at most 1024 allowed"));
   }
 
-  absl::StatusOr<KvCacheConfig> kv_config = pool_->ConfigFor(*spec, kv_dtype, page_size);
+  // A non-admin tenant's pages are charged to its KV quota, which charges the pool in turn.
+  const int64_t tenant_kv_bytes = registry_->tenant_quotas().max_kv_bytes;
+  absl::StatusOr<KvCacheConfig> kv_config = pool_->ConfigFor(
+      *spec, kv_dtype, page_size,
+      owner.is_admin || tenant_kv_bytes <= 0 ? nullptr
+                                             : pool_->TenantBudget(owner.tenant, tenant_kv_bytes));
   if (!kv_config.ok()) return kv_config.status();
+  // The owner's parameter quota counts what the layer keeps; checked before anything is
+  // allocated, and again, atomically, by Add().
+  if (absl::Status s = registry_->CheckCapacity(owner, LayerParameterBytes(*spec)); !s.ok()) {
+    return s;
+  }
   // Budgeted from the spec alone, before a byte is allocated: the peak while the loaded weights
   // and the layer's copy coexist, then what the layer keeps.
   absl::StatusOr<ParameterCharge> parameters = parameters_->Charge(
@@ -301,7 +320,9 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
-  if (absl::Status s = registry_->Add(session); !s.ok()) return s;
+  if (absl::Status s = registry_->Add(session, owner, LayerParameterBytes(*spec)); !s.ok()) {
+    return s;
+  }
   response->set_session_id(session->id());
   *response->mutable_cost() = cost;
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
@@ -310,18 +331,19 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
 }
 
 void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
+                                           const Principal& caller,
                                            const v1::ConfigureRequest& request,
                                            v1::ConfigureResponse& response, UnaryCall* call) {
   auto timer = std::make_shared<CallTimer>();
   // Loading a checkpoint and building a layer are compute: do them on the executor.
-  const bool queued = executor_->Submit([this, context, &request, &response, call, timer] {
+  const bool queued = executor_->Submit([this, context, caller, &request, &response, call, timer] {
     if (context->IsCancelled()) {
       return FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer, Cancelled());
     }
     timer->Started();
     std::string variant = kNoVariant;
-    absl::Status status =
-        DoConfigure(request, &response, &variant, [context] { return context->IsCancelled(); });
+    absl::Status status = DoConfigure(
+        request, &response, &variant, [context] { return context->IsCancelled(); }, caller);
     timer->compute_ns = NanosSince(timer->start);
     if (status.ok()) timer->Fill(response.mutable_timing());
     FinishCall(call, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
@@ -332,7 +354,7 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
 // ---- Forward / Decode --------------------------------------------------------------------------
 
 void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
-                                         const v1::ForwardRequest& request,
+                                         const Principal& caller, const v1::ForwardRequest& request,
                                          v1::ForwardResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
@@ -342,7 +364,7 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
     FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(ids));
     return;
   }
-  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id());
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id(), caller);
   if (!session.ok()) {
     FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(session.status()));
     return;
@@ -424,7 +446,7 @@ absl::StatusOr<std::unique_ptr<DecodeCall>> DecodeCallFromProto(const v1::Decode
 }  // namespace
 
 void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
-                                        const v1::DecodeRequest& request,
+                                        const Principal& caller, const v1::DecodeRequest& request,
                                         v1::DecodeResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
@@ -433,7 +455,7 @@ void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
     FinishCall(call, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(s));
     return;
   }
-  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id());
+  absl::StatusOr<std::shared_ptr<Session>> session = registry_->Find(request.session_id(), caller);
   if (!session.ok()) {
     FinishCall(call, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(session.status()));
     return;
@@ -470,6 +492,13 @@ class AttentionServiceImpl::DecodeStreamReactor
  public:
   DecodeStreamReactor(AttentionServiceImpl* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context) {
+    // Once per stream: the caller's messages may only name its own sessions.
+    absl::StatusOr<Principal> caller = service_->Authenticate(*context_);
+    if (!caller.ok()) {
+      FinishMessage(ToGrpc(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
     StartRead(&wire_request_);
   }
 
@@ -492,7 +521,7 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     absl::StatusOr<std::shared_ptr<Session>> session =
-        service_->registry_->Find(request_.session_id());
+        service_->registry_->Find(request_.session_id(), caller_);
     if (!session.ok()) {
       FinishMessage(ToGrpc(session.status()));
       return;
@@ -547,7 +576,8 @@ class AttentionServiceImpl::DecodeStreamReactor
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
   CallTimer timer_;
-  std::string variant_;  // Of the current message's session, for metrics.
+  std::string variant_ = kNoVariant;  // Of the current message's session, for metrics.
+  Principal caller_;
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionServiceImpl::DecodeStream(
@@ -558,7 +588,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionServiceImp
 // ---- Release, sessions, server ------------------------------------------------------------------
 
 void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
-                                         const v1::ReleaseRequest& request,
+                                         const Principal& caller, const v1::ReleaseRequest& request,
                                          v1::ReleaseResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
@@ -567,7 +597,7 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
     FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(s));
     return;
   }
-  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request.session_id());
+  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request.session_id(), caller);
   if (!found.ok()) {
     FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(found.status()));
     return;
@@ -609,6 +639,7 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
 }
 
 void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context,
+                                            const Principal& caller,
                                             const v1::GetSessionRequest& request,
                                             v1::GetSessionResponse& response, UnaryCall* call) {
   const CallTimer timer;
@@ -617,7 +648,7 @@ void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context
       !s.ok()) {
     session = s;
   } else {
-    session = registry_->Find(request.session_id());
+    session = registry_->Find(request.session_id(), caller);
   }
   if (session.ok()) (*session)->FillInfo(absl::Now(), true, response.mutable_session());
   FinishCall(call, *metrics_, Rpc::kGetSession,
@@ -626,17 +657,19 @@ void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context
 }
 
 void AttentionServiceImpl::HandleListSessions(grpc::CallbackServerContext* context,
+                                              const Principal& caller,
                                               const v1::ListSessionsRequest& request,
                                               v1::ListSessionsResponse& response, UnaryCall* call) {
   const CallTimer timer;
   const absl::Time now = absl::Now();
-  for (const std::shared_ptr<Session>& session : registry_->All()) {
+  for (const std::shared_ptr<Session>& session : registry_->All(caller)) {
     session->FillInfo(now, false, response.add_sessions());
   }
   FinishCall(call, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
 }
 
 void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* context,
+                                               const Principal& caller,
                                                const v1::GetServerInfoRequest& request,
                                                v1::GetServerInfoResponse& response,
                                                UnaryCall* call) {
@@ -647,7 +680,8 @@ void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* cont
   response.set_kv_pool_capacity_bytes(pool_->capacity_bytes());
   response.set_kv_pool_used_bytes(pool_->used_bytes());
   int requests = 0;
-  const std::vector<std::shared_ptr<Session>> sessions = registry_->All();
+  // The caller's own sessions (all of them for the admin); the pool figures are the device's.
+  const std::vector<std::shared_ptr<Session>> sessions = registry_->All(caller);
   for (const std::shared_ptr<Session>& session : sessions) requests += session->num_requests();
   response.set_sessions(static_cast<int32_t>(sessions.size()));
   response.set_requests(requests);
@@ -658,6 +692,8 @@ void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* cont
   limits->set_max_message_bytes(limits_.max_message_bytes);
   limits->set_request_ttl_ns(absl::ToInt64Nanoseconds(limits_.request_ttl));
   limits->set_session_ttl_ns(absl::ToInt64Nanoseconds(limits_.session_ttl));
+  limits->set_max_parameter_bytes(parameters_->capacity_bytes());
+  response.set_parameter_bytes_used(parameters_->used_bytes());
   FinishCall(call, *metrics_, Rpc::kGetServerInfo, kNoVariant, timer, grpc::Status::OK);
 }
 

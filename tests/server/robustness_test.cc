@@ -34,6 +34,7 @@ namespace {
 
 using reference::FindSpec;
 using server::ConfigurePeakParameterBytes;
+using server::LayerParameterBytes;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -353,6 +354,11 @@ TEST_F(RobustnessTest, AHugeLayerIsRefusedBeforeAnythingIsAllocated) {
   }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
   ASSERT_FALSE(sessions.empty());
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->limits().max_parameter_bytes(), kParameterBudget);
+  EXPECT_EQ(info->parameter_bytes_used() - LayerParameterBytes(TestSpec()),
+            static_cast<int64_t>(sessions.size()) * LayerParameterBytes(big));
   ASSERT_TRUE(Release(stub(), sessions.back(), "").ok());
   status = Configure(stub(), SeedConfigure(big, 9), &configured);
   EXPECT_TRUE(status.ok()) << Describe(status);
