@@ -1,9 +1,11 @@
 #include "kernels/checkpoint_loader.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -13,6 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "kernels/clip_for_message.h"
+#include "kernels/path_confinement.h"
+#include "kernels/regular_file.h"
 #include "kernels/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -72,44 +77,85 @@ bool IsParameterName(absl::string_view name) {
   return absl::EndsWith(name, ".weight") || absl::EndsWith(name, ".bias");
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::error_code error;
-  const uintmax_t size = fs::file_size(path, error);
-  if (error) {
-    return absl::NotFoundError(absl::StrCat("reading ", path, ": ", error.message()));
+// Where the loader may read files: anywhere (empty root), or only inside `root`.
+struct FileAccess {
+  std::string root;
+
+  // The path to open for `path`: `path` itself without a root; with one, its realpath when that
+  // lies inside the root (opened then with O_NOFOLLOW), else NOT_FOUND saying no more than that,
+  // whether the path is missing, unreadable or outside the root (path_confinement.h).
+  absl::StatusOr<std::string> PathToOpen(const std::string& path) const {
+    if (root.empty()) return path;
+    std::optional<std::string> resolved = ResolveInsideRoot(root, path);
+    if (!resolved.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "'", ClipForMessage(path), "' is not a readable file under the checkpoint root"));
+    }
+    return *std::move(resolved);
   }
+  FinalSymlink final_symlink() const {
+    return root.empty() ? FinalSymlink::kFollow : FinalSymlink::kRefuse;
+  }
+
+  absl::StatusOr<SafetensorsFile> OpenSafetensors(const std::string& path) const {
+    absl::StatusOr<std::string> to_open = PathToOpen(path);
+    if (!to_open.ok()) return to_open.status();
+    return SafetensorsFile::Open(*to_open, final_symlink());
+  }
+};
+
+// The whole of a small regular file (the index), read without blocking on FIFOs or devices.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const FileAccess& access) {
+  absl::StatusOr<std::string> to_open = access.PathToOpen(path);
+  if (!to_open.ok()) return to_open.status();
+  absl::StatusOr<OpenedFile> file = OpenRegularFile(*to_open, access.final_symlink());
+  if (!file.ok()) return file.status();
+  const uint64_t size = file->size;
   if (size > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is ", size, " bytes; an index over ",
-                                                   kMaxSafetensorsHeaderBytes,
-                                                   " bytes is not plausible"));
+    close(file->fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(ClipForMessage(path), " is ", size, " bytes; an index over ",
+                     kMaxSafetensorsHeaderBytes, " bytes is not plausible"));
   }
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::InternalError(absl::StrCat("reading ", path, " failed"));
+  std::string text(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = pread(file->fd, text.data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(file->fd);
+  if (done != size) {
+    return absl::DataLossError(
+        absl::StrCat("reading ", ClipForMessage(path), ": ended early (changed while read?)"));
+  }
   return text;
 }
 
 // Reads model.safetensors.index.json's weight_map, keeping the entries under `prefix`.
 absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::path& index_path,
-                                                 const std::string& prefix) {
+                                                 const std::string& prefix,
+                                                 const FileAccess& access) {
   const std::string index = index_path.string();
-  absl::StatusOr<std::string> text = ReadSmallFile(index);
+  absl::StatusOr<std::string> text = ReadSmallFile(index, access);
   if (!text.ok()) return text.status();
+  const std::string shown = ClipForMessage(index);
   const json root = json::parse(*text, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(index, " is not a JSON object"));
+    return absl::InvalidArgumentError(absl::StrCat(shown, " is not a JSON object"));
   }
   const auto map_it = root.find("weight_map");
   if (map_it == root.end() || !map_it->is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(index, " has no \"weight_map\" object (tensor name -> shard file)"));
+        absl::StrCat(shown, " has no \"weight_map\" object (tensor name -> shard file)"));
   }
-  CheckpointLayout layout{index, {}};
+  CheckpointLayout layout{shown, {}};
   for (const auto& [name, shard] : map_it->items()) {
     if (!absl::StartsWith(name, prefix)) continue;
     if (!shard.is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index, ": weight_map entry for '", name, "' is not a string file name"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          shown, ": weight_map entry for '", ClipForMessage(name), "' is not a string file name"));
     }
     const fs::path shard_path(shard.get<std::string>());
     // Shards live in the checkpoint directory; refusing absolute paths and ".." keeps a
@@ -117,9 +163,10 @@ absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::
     bool escapes = shard_path.is_absolute() || shard_path.empty();
     for (const fs::path& part : shard_path) escapes = escapes || part == "..";
     if (escapes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          index, ": weight_map entry for '", name, "' names shard '", shard_path.string(),
-          "', which is not a relative path inside ", dir.string()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(shown, ": weight_map entry for '", ClipForMessage(name), "' names shard '",
+                       ClipForMessage(shard_path.string()),
+                       "', which is not a relative path inside ", ClipForMessage(dir.string())));
     }
     layout.location.emplace(name, (dir / shard_path).string());
   }
@@ -127,26 +174,31 @@ absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::
 }
 
 absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const std::string& prefix,
+                                               const FileAccess& access,
                                                std::map<std::string, SafetensorsFile>& open_files) {
   std::error_code error;
-  const fs::file_status status = fs::status(path, error);
+  absl::StatusOr<std::string> confined = access.PathToOpen(path);
+  if (!confined.ok()) return confined.status();
+  const fs::file_status status = fs::status(*confined, error);
   if (error || !fs::exists(status)) {
-    return absl::NotFoundError(absl::StrCat("checkpoint path ", path, " does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint path ", ClipForMessage(path), " does not exist"));
   }
   std::string file_path = path;
   if (fs::is_directory(status)) {
     const fs::path dir(path);
     const fs::path index = dir / kIndexFileName;
-    if (fs::exists(index, error)) return LayoutFromIndex(dir, index, prefix);
+    if (fs::exists(index, error)) return LayoutFromIndex(dir, index, prefix, access);
     file_path = (dir / kSingleFileName).string();
     if (!fs::exists(file_path, error)) {
-      return absl::NotFoundError(absl::StrCat("checkpoint directory ", path, " has neither ",
-                                              kSingleFileName, " nor ", kIndexFileName));
+      return absl::NotFoundError(absl::StrCat("checkpoint directory ", ClipForMessage(path),
+                                              " has neither ", kSingleFileName, " nor ",
+                                              kIndexFileName));
     }
   }
-  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(file_path);
+  absl::StatusOr<SafetensorsFile> file = access.OpenSafetensors(file_path);
   if (!file.ok()) return file.status();
-  CheckpointLayout layout{file_path, {}};
+  CheckpointLayout layout{ClipForMessage(file_path), {}};
   for (const std::string& name : file->names()) {
     if (absl::StartsWith(name, prefix)) layout.location.emplace(name, file_path);
   }
@@ -174,8 +226,8 @@ std::string HfAttentionPrefix(int layer_index) {
 }
 
 absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& path,
-                                                             const LayerSpec& spec,
-                                                             int layer_index) {
+                                                             const LayerSpec& spec, int layer_index,
+                                                             const std::string& checkpoint_root) {
   if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
   if (layer_index < 0) {
     return absl::InvalidArgumentError(
@@ -183,7 +235,8 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
   }
   const std::string prefix = HfAttentionPrefix(layer_index);
   std::map<std::string, SafetensorsFile> open_files;  // Path -> file, each shard opened once.
-  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, prefix, open_files);
+  const FileAccess access{checkpoint_root};
+  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, prefix, access, open_files);
   if (!layout.ok()) return layout.status();
 
   // Names first, so that a spec/checkpoint mismatch is reported before any shard is opened.
@@ -203,7 +256,8 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     const std::string short_name = full_name.substr(prefix.size());
     const bool is_bias = absl::EndsWith(short_name, ".bias");
     return absl::InvalidArgumentError(absl::StrCat(
-        full_name, " is in ", file, " but the spec (", SpecShapeFields(spec), ") does not use it",
+        full_name, " is in ", ClipForMessage(file), " but the spec (", SpecShapeFields(spec),
+        ") does not use it",
         is_bias ? absl::StrCat(" (the spec has ", GoverningField(spec, short_name),
                                "; set it to true for this checkpoint)")
                 : "",
@@ -218,7 +272,7 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     const std::string& file_path = layout->location.at(full_name);
     auto file_it = open_files.find(file_path);
     if (file_it == open_files.end()) {
-      absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(file_path);
+      absl::StatusOr<SafetensorsFile> file = access.OpenSafetensors(file_path);
       if (!file.ok()) {
         return absl::Status(file.status().code(),
                             absl::StrCat(file.status().message(), " (the shard that ",
@@ -229,18 +283,18 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     const SafetensorsFile& file = file_it->second;
     absl::StatusOr<SafetensorsTensorInfo> info = file.info(full_name);
     if (!info.ok()) {
-      return absl::NotFoundError(absl::StrCat(full_name, " is not in ", file_path, ", although ",
-                                              layout->description, " says it is"));
+      return absl::NotFoundError(absl::StrCat(full_name, " is not in ", ClipForMessage(file_path),
+                                              ", although ", layout->description, " says it is"));
     }
     if (info->shape != weight.shape) {
       return absl::InvalidArgumentError(absl::StrCat(
-          full_name, " in ", file_path, " has shape ", ShapeString(info->shape), " but the spec (",
-          SpecShapeFields(spec), ") requires ", ShapeString(weight.shape)));
+          full_name, " in ", ClipForMessage(file_path), " has shape ", ShapeString(info->shape),
+          " but the spec (", SpecShapeFields(spec), ") requires ", ShapeString(weight.shape)));
     }
     if (!info->dtype.has_value()) {
       const bool fp8_scaled = file.contains(full_name + "_scale_inv");
       return absl::UnimplementedError(absl::StrCat(
-          full_name, " in ", file_path, " is stored as ", info->dtype_name,
+          full_name, " in ", ClipForMessage(file_path), " is stored as ", info->dtype_name,
           "; only F32, F16 and BF16 weights can be loaded",
           fp8_scaled ? " (this is a block-quantized FP8 checkpoint: dequantize it to BF16 first)"
                      : ""));

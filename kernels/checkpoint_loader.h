@@ -33,9 +33,15 @@ namespace attnserve {
 // "model.layers.{layer_index}.self_attn."
 std::string HfAttentionPrefix(int layer_index);
 
-absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& path,
-                                                             const LayerSpec& spec,
-                                                             int layer_index);
+// `checkpoint_root` empty: `path` and the files it leads to are opened wherever they are. Set:
+// every file the loader opens (the path, model.safetensors, the index, each shard) must resolve
+// (realpath, symlinks followed) to a place inside it, else NOT_FOUND "'<file>' is not a readable
+// file under the checkpoint root", the same whether it is missing, unreadable or outside
+// (kernels/path_confinement.h). Files are opened without blocking and only when regular
+// (kernels/regular_file.h): a FIFO or a device is NOT_FOUND, never a hang.
+absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(
+    const std::string& path, const LayerSpec& spec, int layer_index,
+    const std::string& checkpoint_root = "");
 
 }  // namespace attnserve
 

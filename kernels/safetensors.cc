@@ -1,7 +1,6 @@
 #include "kernels/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -11,6 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/clip_for_message.h"
+#include "kernels/regular_file.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve {
@@ -64,11 +65,12 @@ absl::Status PreadFully(int fd, void* buffer, size_t size, uint64_t offset, cons
     if (n < 0) {
       if (errno == EINTR) continue;
       return absl::InternalError(
-          absl::StrCat("reading ", what, " from ", path, ": ", ErrnoText(errno)));
+          absl::StrCat("reading ", what, " from ", ClipForMessage(path), ": ", ErrnoText(errno)));
     }
     if (n == 0) {
-      return absl::DataLossError(absl::StrCat(
-          "reading ", what, " from ", path, ": file ends early (truncated since it was opened?)"));
+      return absl::DataLossError(
+          absl::StrCat("reading ", what, " from ", ClipForMessage(path),
+                       ": file ends early (truncated since it was opened?)"));
     }
     out += n;
     size -= static_cast<size_t>(n);
@@ -91,8 +93,8 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& path,
                                                        const std::string& name, const json& entry,
                                                        uint64_t data_size) {
   auto invalid = [&](absl::string_view rule) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header entry for tensor '", name, "' ", rule));
+    return absl::InvalidArgumentError(absl::StrCat(
+        ClipForMessage(path), ": header entry for tensor '", ClipForMessage(name), "' ", rule));
   };
   if (!entry.is_object()) return invalid("is not a JSON object");
 
@@ -133,9 +135,10 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& path,
     return invalid(absl::StrCat("has data_offsets [", *begin, ", ", *end, "] with begin > end"));
   }
   if (*end > data_size) {
-    return absl::DataLossError(absl::StrCat(
-        path, ": tensor '", name, "' has data_offsets [", *begin, ", ", *end,
-        "] past the end of the data region (", data_size, " bytes); the file is truncated"));
+    return absl::DataLossError(absl::StrCat(ClipForMessage(path), ": tensor '",
+                                            ClipForMessage(name), "' has data_offsets [", *begin,
+                                            ", ", *end, "] past the end of the data region (",
+                                            data_size, " bytes); the file is truncated"));
   }
   info.data_begin = *begin;
   info.data_end = *end;
@@ -193,29 +196,17 @@ absl::string_view SafetensorsDTypeName(DType dtype) {
   return "unknown";
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  const int raw_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw_fd < 0) {
-    const int error = errno;
-    const std::string message =
-        absl::StrCat("opening safetensors file ", path, ": ", ErrnoText(error));
-    if (error == ENOENT || error == ENOTDIR) return absl::NotFoundError(message);
-    if (error == EACCES || error == EPERM) return absl::PermissionDeniedError(message);
-    return absl::InternalError(message);
-  }
-  auto fd = std::make_shared<const Descriptor>(raw_fd);
-
-  struct stat st;
-  if (fstat(fd->get(), &st) != 0) {
-    return absl::InternalError(absl::StrCat("stat of ", path, ": ", ErrnoText(errno)));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is a directory, not a safetensors file"));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
+                                                      FinalSymlink final_symlink) {
+  // Non-blocking and regular files only: a FIFO or a device named as a checkpoint would otherwise
+  // block the calling thread forever (regular_file.h).
+  absl::StatusOr<OpenedFile> opened = OpenRegularFile(path, final_symlink);
+  if (!opened.ok()) return opened.status();
+  auto fd = std::make_shared<const Descriptor>(opened->fd);
+  const uint64_t file_size = opened->size;
+  const std::string shown = ClipForMessage(path);
   if (file_size < 8) {
-    return absl::DataLossError(absl::StrCat(path, " is ", file_size,
+    return absl::DataLossError(absl::StrCat(shown, " is ", file_size,
                                             " bytes long; a safetensors file starts with an "
                                             "8-byte header length"));
   }
@@ -227,15 +218,22 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   }
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  // The messages below never print header_size: for a file that is not a safetensors file, those
+  // are its first 8 bytes ("root:*:1" of /etc/shadow), and errors must not leak file contents.
+  // Both limits are checked before the header buffer is allocated.
   if (header_size > kMaxSafetensorsHeaderBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": header length ", header_size, " bytes exceeds the limit of ",
-                     kMaxSafetensorsHeaderBytes, " bytes (not a safetensors file, or corrupt)"));
+        absl::StrCat(shown,
+                     ": not a safetensors file (header length field out of range: it "
+                     "exceeds the limit of ",
+                     kMaxSafetensorsHeaderBytes, " bytes)"));
   }
   if (header_size > file_size - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": header length ", header_size,
-                                            " bytes runs past the end of the ", file_size,
-                                            "-byte file; the file is truncated"));
+    return absl::DataLossError(
+        absl::StrCat(shown,
+                     ": not a safetensors file, or a truncated one (the header length field "
+                     "runs past the end of the ",
+                     file_size, "-byte file)"));
   }
 
   std::string header(header_size, '\0');
@@ -247,11 +245,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   const json root = json::parse(header, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the ", header_size, "-byte header is not valid JSON"));
+        absl::StrCat(shown, ": not a safetensors file (the header is not valid JSON)"));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": the header is JSON but not an object (it is ", root.type_name(), ")"));
+        shown, ": the header is JSON but not an object (it is ", root.type_name(), ")"));
   }
 
   SafetensorsFile file;
@@ -263,13 +261,13 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     if (name == kMetadataKey) {
       if (!entry.is_object()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(path, ": \"__metadata__\" is not a JSON object"));
+            absl::StrCat(shown, ": \"__metadata__\" is not a JSON object"));
       }
       for (const auto& [key, value] : entry.items()) {
         if (!value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(path, ": \"__metadata__\" value for '",
-                                                         key, "' is not a string (it is ",
-                                                         value.type_name(), ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(shown, ": \"__metadata__\" value for '", ClipForMessage(key),
+                           "' is not a string (it is ", value.type_name(), ")"));
         }
         file.metadata_.emplace(key, value.get<std::string>());
       }
@@ -292,7 +290,8 @@ std::vector<std::string> SafetensorsFile::names() const {
 absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::info(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in ", path_));
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", ClipForMessage(name), "' in ", ClipForMessage(path_)));
   }
   return it->second;
 }
@@ -300,19 +299,20 @@ absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::info(const std::string& n
 absl::StatusOr<Tensor> SafetensorsFile::Read(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) {
-    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in ", path_));
+    return absl::NotFoundError(
+        absl::StrCat("no tensor '", ClipForMessage(name), "' in ", ClipForMessage(path_)));
   }
   const SafetensorsTensorInfo& info = it->second;
   if (!info.dtype.has_value()) {
     absl::Status why = DTypeFromSafetensors(info.dtype_name).status();
-    return absl::Status(why.code(),
-                        absl::StrCat("tensor '", name, "' in ", path_, ": ", why.message()));
+    return absl::Status(why.code(), absl::StrCat("tensor '", ClipForMessage(name), "' in ",
+                                                 ClipForMessage(path_), ": ", why.message()));
   }
   // Open() checked that the byte range matches dtype x shape, so the buffer is exactly its size.
   Tensor tensor(*info.dtype, info.shape);
   if (absl::Status s =
           PreadFully(fd_->get(), tensor.data(), tensor.num_bytes(), data_start_ + info.data_begin,
-                     path_, absl::StrCat("tensor '", name, "'"));
+                     path_, absl::StrCat("tensor '", ClipForMessage(name), "'"));
       !s.ok()) {
     return s;
   }

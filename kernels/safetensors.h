@@ -14,12 +14,16 @@
 // at a time with pread, so loading one layer of a 100 GB checkpoint touches only that layer's
 // bytes. Every header field is checked before it is trusted (the file may be truncated or hostile);
 // errors use these codes:
-//   NOT_FOUND         the file, or a tensor name, does not exist.
+//   NOT_FOUND         the file does not exist, cannot be opened or is not a regular file (FIFO,
+//                     device, directory), or a tensor name does not exist.
 //   DATA_LOSS         the file is shorter than its header says (truncated download or copy).
 //   INVALID_ARGUMENT  the header is malformed: not JSON, wrong field types, begin > end, a byte
 //                     size that disagrees with dtype x shape, negative dimensions, ...
 //   UNIMPLEMENTED     Read() of a well-formed tensor whose dtype is not F32, F16 or BF16 (I64, F64,
 //                     F8_E4M3, ...). Such tensors do not stop Open(): real checkpoints mix them in.
+// No message ever quotes bytes of the file that were not parsed as its JSON header (the 8-byte
+// length field of a file that is not a safetensors file is its first 8 bytes: /etc/shadow would
+// show "root:*:1"), and paths and names are clipped (kernels/clip_for_message.h).
 // Overlapping tensors and gaps in the data region are not rejected (the reference implementation
 // rejects them, but they cannot make a read go out of bounds).
 #ifndef ATTNSERVE_KERNELS_SAFETENSORS_H_
@@ -36,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
+#include "kernels/regular_file.h"
 #include "kernels/tensor.h"
 
 namespace attnserve {
@@ -62,8 +67,11 @@ absl::string_view SafetensorsDTypeName(DType dtype);
 class SafetensorsFile {
  public:
   // Opens `path` and validates its header. The file stays open (one descriptor) until this object
-  // and all its moved-to copies are destroyed.
-  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  // and all its moved-to copies are destroyed. Only a regular file is opened, without blocking
+  // (a FIFO or a device is refused with NOT_FOUND, kernels/regular_file.h); kRefuse also refuses
+  // a symlink as the last component (for paths already resolved, kernels/path_confinement.h).
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path,
+                                              FinalSymlink final_symlink = FinalSymlink::kFollow);
 
   const std::string& path() const { return path_; }
   // Tensor names in sorted order ("__metadata__" is not a tensor and is not listed).

@@ -291,7 +291,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   absl::StatusOr<LayerWeights> weights =
       request.weights().source_case() == v1::WeightSource::kSeed
           ? SeededWeights(request.weights().seed(), *spec, cancelled)
-          : WeightsFromProto(request.weights(), *spec);
+          : WeightsFromProto(request.weights(), *spec, {limits_.checkpoint_root});
   if (!weights.ok()) return cancelled() ? abandoned() : weights.status();
   if (cancelled()) return abandoned();
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =

@@ -3,13 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/checkpoint_loader.h"
+#include "kernels/clip_for_message.h"
+#include "kernels/path_confinement.h"
 #include "proto/codec/tensor_codec.h"
 
 namespace attnserve::server {
@@ -21,9 +22,24 @@ absl::Status WithField(const absl::Status& status, absl::string_view field) {
   return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
 }
 
+// The one answer for every checkpoint path that cannot be used: missing, unreadable, not a
+// regular file or directory, or outside the root. One code and one message, so that a client
+// cannot probe which paths exist on the server.
+absl::Status NotAReadableCheckpoint(const std::string& path) {
+  return absl::NotFoundError(absl::StrCat("weights.checkpoint.path: '", ClipForMessage(path),
+                                          "' is not a readable checkpoint under the server's "
+                                          "checkpoint root"));
+}
+
 absl::StatusOr<LayerWeights> FromCheckpoint(const v1::CheckpointWeights& checkpoint,
-                                            const LayerSpec& spec) {
+                                            const LayerSpec& spec,
+                                            const WeightSourceOptions& options) {
   const std::string& path = checkpoint.path();
+  if (options.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "weights.checkpoint: this server loads no checkpoints by path; start it with "
+        "--checkpoint_root");
+  }
   if (path.empty()) {
     return absl::InvalidArgumentError("weights.checkpoint.path: must not be empty");
   }
@@ -31,22 +47,18 @@ absl::StatusOr<LayerWeights> FromCheckpoint(const v1::CheckpointWeights& checkpo
     return absl::InvalidArgumentError(absl::StrCat(
         "weights.checkpoint.layer_index = ", checkpoint.layer_index(), ", must be >= 0"));
   }
+  const std::optional<std::string> resolved = ResolveInsideRoot(options.checkpoint_root, path);
+  if (!resolved.has_value()) return NotAReadableCheckpoint(path);
+  // stat, not open: the loader opens files itself, without blocking (regular_file.h).
   struct stat info;
-  if (stat(path.c_str(), &info) != 0) {
-    const int error = errno;
-    if (error == ENOENT || error == ENOTDIR) {
-      return absl::NotFoundError(
-          absl::StrCat("weights.checkpoint.path: '", path, "' does not exist on the server"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat("weights.checkpoint.path: '", path,
-                                                   "' cannot be read: ", std::strerror(error)));
+  if (stat(resolved->c_str(), &info) != 0) return NotAReadableCheckpoint(path);
+  const bool is_directory = S_ISDIR(info.st_mode);
+  if (!is_directory && !S_ISREG(info.st_mode)) return NotAReadableCheckpoint(path);
+  if (access(resolved->c_str(), is_directory ? (R_OK | X_OK) : R_OK) != 0) {
+    return NotAReadableCheckpoint(path);
   }
-  if (access(path.c_str(), S_ISDIR(info.st_mode) ? (R_OK | X_OK) : R_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("weights.checkpoint.path: '", path,
-                                                   "' is not readable: ", std::strerror(errno)));
-  }
-  absl::StatusOr<LayerWeights> weights =
-      LoadLayerWeightsFromSafetensors(path, spec, checkpoint.layer_index());
+  absl::StatusOr<LayerWeights> weights = LoadLayerWeightsFromSafetensors(
+      *resolved, spec, checkpoint.layer_index(), options.checkpoint_root);
   if (!weights.ok()) return WithField(weights.status(), "weights.checkpoint");
   return weights;
 }
@@ -56,8 +68,8 @@ absl::StatusOr<LayerWeights> FromInline(const v1::InlineWeights& inline_weights,
   LayerWeights weights;
   for (int i = 0; i < inline_weights.tensors_size(); ++i) {
     const v1::NamedTensor& named = inline_weights.tensors(i);
-    const std::string field =
-        absl::StrCat("weights.inline_weights.tensors[", i, "] ('", named.name(), "')");
+    const std::string field = absl::StrCat("weights.inline_weights.tensors[", i, "] ('",
+                                           ClipForMessage(named.name()), "')");
     if (named.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".name: must not be empty"));
     }
@@ -76,8 +88,18 @@ absl::StatusOr<LayerWeights> FromInline(const v1::InlineWeights& inline_weights,
 
 }  // namespace
 
-absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source,
-                                              const LayerSpec& spec) {
+absl::Status CheckCheckpointRoot(const std::string& root) {
+  if (root.empty()) return absl::OkStatus();
+  struct stat info;
+  if (stat(root.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint_root: '", root, "' is not an existing directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source, const LayerSpec& spec,
+                                              const WeightSourceOptions& options) {
   switch (source.source_case()) {
     case v1::WeightSource::kSeed: {
       absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, source.seed());
@@ -85,7 +107,7 @@ absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source,
       return weights;
     }
     case v1::WeightSource::kCheckpoint:
-      return FromCheckpoint(source.checkpoint(), spec);
+      return FromCheckpoint(source.checkpoint(), spec, options);
     case v1::WeightSource::kInlineWeights:
       return FromInline(source.inline_weights(), spec);
     case v1::WeightSource::SOURCE_NOT_SET:

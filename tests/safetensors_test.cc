@@ -2,11 +2,19 @@
 // every class of corrupt input, and spec/checkpoint mismatches.
 #include "kernels/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -16,8 +24,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/checkpoint_loader.h"
+#include "kernels/clip_for_message.h"
 #include "kernels/layer_spec.h"
 #include "kernels/layer_weights.h"
+#include "kernels/path_confinement.h"
 #include "kernels/tensor.h"
 
 namespace attnserve {
@@ -303,8 +313,8 @@ TEST(SafetensorsTest, MissingFileAndDirectory) {
   const std::string dir = TestDir();
   EXPECT_STATUS(SafetensorsFile::Open(dir + "/nope.safetensors").status(),
                 absl::StatusCode::kNotFound, "nope.safetensors", "No such file");
-  EXPECT_STATUS(SafetensorsFile::Open(dir).status(), absl::StatusCode::kInvalidArgument,
-                "is a directory");
+  EXPECT_STATUS(SafetensorsFile::Open(dir).status(), absl::StatusCode::kNotFound,
+                "not a readable regular file (a directory)");
 }
 
 TEST(SafetensorsTest, FileTruncatedAfterOpenIsDataLoss) {
@@ -601,6 +611,204 @@ TEST(LoaderTest, InvalidSpecIsRejectedFirst) {
   spec.num_kv_heads = 3;
   EXPECT_STATUS(LoadLayerWeightsFromSafetensors("/nonexistent", spec, 0).status(),
                 absl::StatusCode::kInvalidArgument, "num_kv_heads");
+}
+
+// ---- Hostile paths: FIFOs, devices, symlinks, files that are not checkpoints -----------------
+
+// Runs `call` on a thread and waits at most 2 s for it. A reader blocked in open() on a FIFO is
+// released afterwards by opening the FIFO for writing, so a regression fails the test instead of
+// hanging it.
+absl::Status OpenWithin2s(const std::function<absl::Status()>& call, const std::string& fifo) {
+  std::future<absl::Status> result = std::async(std::launch::async, call);
+  if (result.wait_for(std::chrono::seconds(2)) == std::future_status::ready) return result.get();
+  for (int i = 0;
+       i < 100 && result.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready;
+       ++i) {
+    const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) close(fd);
+  }
+  return absl::DeadlineExceededError("blocked for more than 2 s");
+}
+
+TEST(SafetensorsTest, FifoAndDevicesAreRefusedWithoutBlocking) {
+  const std::string dir = TestDir();
+  const std::string fifo = dir + "/fifo.safetensors";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  EXPECT_STATUS(OpenWithin2s([&] { return SafetensorsFile::Open(fifo).status(); }, fifo),
+                absl::StatusCode::kNotFound, "fifo.safetensors", "not a readable regular file",
+                "a FIFO");
+  // A device that reads forever, and one that reads nothing.
+  EXPECT_STATUS(SafetensorsFile::Open("/dev/zero").status(), absl::StatusCode::kNotFound,
+                "a character device");
+  EXPECT_STATUS(SafetensorsFile::Open("/dev/null").status(), absl::StatusCode::kNotFound,
+                "a character device");
+}
+
+TEST(LoaderTest, FifoInsideACheckpointDirectoryDoesNotBlock) {
+  const std::string dir = TestDir();
+  // model.safetensors is a FIFO.
+  const std::string single = dir + "/single";
+  fs::create_directories(single);
+  ASSERT_EQ(mkfifo((single + "/model.safetensors").c_str(), 0644), 0);
+  EXPECT_STATUS(
+      OpenWithin2s([&] { return LoadLayerWeightsFromSafetensors(single, GqaSpec(), 0).status(); },
+                   single + "/model.safetensors"),
+      absl::StatusCode::kNotFound, "a FIFO");
+  // The index is a FIFO.
+  const std::string sharded = dir + "/sharded";
+  fs::create_directories(sharded);
+  const std::string index = sharded + "/model.safetensors.index.json";
+  ASSERT_EQ(mkfifo(index.c_str(), 0644), 0);
+  EXPECT_STATUS(
+      OpenWithin2s([&] { return LoadLayerWeightsFromSafetensors(sharded, GqaSpec(), 0).status(); },
+                   index),
+      absl::StatusCode::kNotFound, "a FIFO");
+}
+
+TEST(SafetensorsTest, ErrorsNeverQuoteTheFirstBytesOfAFile) {
+  const std::string dir = TestDir();
+  // The first line of /etc/shadow. Its first 8 bytes, read as the header length, are a number
+  // that decodes back to "root:*:1"; neither the text nor the number may appear.
+  const std::string shadow_like = "root:*:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n";
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, shadow_like.data(), 8);
+  // And a file whose first 8 bytes make a plausible length that runs past the end.
+  const std::string short_length = U64Le(0x3a2a3a) + "root:*:1";
+  // And one whose "header" is not JSON.
+  const std::string not_json = U64Le(12) + "root:*:19000";
+  int index = 0;
+  for (const std::string& bytes : {shadow_like, short_length, not_json}) {
+    SCOPED_TRACE(index);
+    const std::string path = absl::StrCat(dir, "/secret", index++);
+    WriteBytes(path, bytes);
+    const absl::Status status = SafetensorsFile::Open(path).status();
+    EXPECT_FALSE(status.ok());
+    const std::string message(status.message());
+    EXPECT_THAT(message, HasSubstr("not a safetensors file"));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("root")));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("19000")));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr(absl::StrCat(as_length))));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr(absl::StrCat(0x3a2a3a))));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("12-byte")));
+  }
+}
+
+TEST(SafetensorsTest, LongPathsAreClippedInMessages) {
+  const std::string dir = TestDir();
+  const std::string long_name(240, 'n');
+  const std::string path = dir + "/" + long_name;
+  const absl::Status status = SafetensorsFile::Open(path).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), ::testing::Not(HasSubstr(long_name)));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(absl::StrCat("(", path.size(), " bytes)")));
+}
+
+TEST(ClipForMessageTest, ShortStringsStayAndLongOnesAreCutWithTheirLength) {
+  EXPECT_EQ(ClipForMessage("abc"), "abc");
+  EXPECT_EQ(ClipForMessage(std::string(200, 'x')), std::string(200, 'x'));
+  EXPECT_EQ(ClipForMessage(std::string(201, 'x')), std::string(200, 'x') + "...(201 bytes)");
+  EXPECT_EQ(ClipForMessage("abcdef", 3), "abc...(6 bytes)");
+  // A two-byte UTF-8 character across the cut is dropped whole.
+  EXPECT_EQ(ClipForMessage("ab\xc3\xa9z", 3), "ab...(5 bytes)");
+}
+
+TEST(PathConfinementTest, InsideTheRootOnly) {
+  const std::string base = TestDir();
+  const std::string root = base + "/data";
+  fs::create_directories(root + "/sub");
+  fs::create_directories(base + "/database");  // Shares the root's name as a prefix.
+  WriteBytes(root + "/sub/a", "a");
+  WriteBytes(base + "/database/b", "b");
+  WriteBytes(base + "/outside", "o");
+  fs::create_symlink(root + "/sub/a", root + "/link_in");
+  fs::create_symlink(base + "/outside", root + "/link_out");
+  fs::create_symlink(base + "/missing", root + "/dangling");
+  const std::string real_root = fs::canonical(root).string();
+
+  EXPECT_EQ(ResolveInsideRoot(root, root + "/sub/a"), real_root + "/sub/a");
+  EXPECT_EQ(ResolveInsideRoot(root, "sub/a"), real_root + "/sub/a");  // Relative to the root.
+  EXPECT_EQ(ResolveInsideRoot(root, root + "/link_in"), real_root + "/sub/a");
+  EXPECT_EQ(ResolveInsideRoot(root, root), real_root);
+  EXPECT_EQ(ResolveInsideRoot(root, root + "/sub/../sub/a"), real_root + "/sub/a");
+  for (const std::string& refused :
+       {root + "/link_out", root + "/dangling", root + "/nope", base + "/outside",
+        base + "/database/b", root + "/../outside", std::string("../outside"), std::string("/"),
+        std::string("/etc/passwd"), std::string("")}) {
+    EXPECT_EQ(ResolveInsideRoot(root, refused), std::nullopt) << refused;
+  }
+  EXPECT_EQ(ResolveInsideRoot(base + "/no_root", base + "/outside"), std::nullopt);
+}
+
+TEST(LoaderTest, ConfinedToTheCheckpointRoot) {
+  const std::string base = TestDir();
+  const std::string root = base + "/root";
+  fs::create_directories(root);
+  const LayerWeights weights = MixedDTypeWeights(GqaSpec(), 9);
+  const std::map<std::string, Tensor> tensors = CheckpointTensors(weights, 0);
+  ASSERT_TRUE(WriteSafetensors(base + "/outside.safetensors", tensors).ok());
+  ASSERT_TRUE(WriteSafetensors(root + "/inside.safetensors", tensors).ok());
+
+  // Inside, directly and through a symlink that stays inside (the Hugging Face cache layout).
+  fs::create_symlink(root + "/inside.safetensors", root + "/link_in.safetensors");
+  for (const std::string& path : {root + "/inside.safetensors", root + "/link_in.safetensors",
+                                  std::string("inside.safetensors")}) {
+    absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, GqaSpec(), 0, root);
+    ASSERT_TRUE(loaded.ok()) << path << ": " << loaded.status();
+    ExpectSameWeights(*loaded, weights);
+  }
+
+  // Outside, a symlink leading out, and a missing file: one code, one message shape.
+  fs::create_symlink(base + "/outside.safetensors", root + "/link_out.safetensors");
+  for (const std::string& path : {base + "/outside.safetensors", root + "/link_out.safetensors",
+                                  root + "/missing.safetensors"}) {
+    EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 0, root).status(),
+                  absl::StatusCode::kNotFound,
+                  absl::StrCat("'", path, "' is not a readable file under the checkpoint root"));
+  }
+
+  // A sharded checkpoint inside the root whose shard is a symlink leading out of it.
+  const std::string sharded = root + "/sharded";
+  fs::create_directories(sharded);
+  fs::create_symlink(base + "/outside.safetensors", sharded + "/model-00001-of-00001.safetensors");
+  std::string weight_map;
+  for (const auto& [name, tensor] : tensors) {
+    absl::StrAppend(&weight_map, weight_map.empty() ? "" : ",", "\"", name,
+                    "\":\"model-00001-of-00001.safetensors\"");
+  }
+  WriteBytes(sharded + "/model.safetensors.index.json", "{\"weight_map\":{" + weight_map + "}}");
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(sharded, GqaSpec(), 0, root).status(),
+                absl::StatusCode::kNotFound, "model-00001-of-00001.safetensors",
+                "is not a readable file under the checkpoint root");
+  // Without a root the same checkpoint loads (the loader's own callers: tools and tests).
+  EXPECT_TRUE(LoadLayerWeightsFromSafetensors(sharded, GqaSpec(), 0).ok());
+}
+
+// ---- Weights must be finite ------------------------------------------------------------------
+
+TEST(LoaderTest, NonFiniteWeightsAreRefusedNamingTensorAndIndex) {
+  const LayerSpec spec = GqaSpec();
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 4);
+  ASSERT_TRUE(weights.ok());
+  ASSERT_TRUE(ValidateLayerWeights(spec, *weights).ok());
+  // f32 NaN at [2, 5] of k_proj.weight ([32, 64]): element 2 * 64 + 5 = 133.
+  LayerWeights with_nan = *weights;
+  with_nan.at("k_proj.weight").f32()[133] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_STATUS(ValidateLayerWeights(spec, with_nan), absl::StatusCode::kInvalidArgument,
+                "weight 'k_proj.weight'", "element 133", "index [2, 5]", "must be finite");
+  // +Inf in a bias.
+  LayerWeights with_inf = *weights;
+  with_inf.at("q_proj.bias").f32()[7] = std::numeric_limits<float>::infinity();
+  EXPECT_STATUS(ValidateLayerWeights(spec, with_inf), absl::StatusCode::kInvalidArgument,
+                "weight 'q_proj.bias'", "element 7", "index [7]");
+  // BF16 -Inf, through a checkpoint.
+  const std::string path = WriteEditedCheckpoint([](std::map<std::string, Tensor>& t) {
+    Tensor& o = t.at("model.layers.3.self_attn.o_proj.weight");
+    o = o.CastTo(DType::kBF16);
+    const uint16_t minus_inf = 0xff80;
+    std::memcpy(o.data() + 2 * 10, &minus_inf, 2);
+  });
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 3).status(),
+                absl::StatusCode::kInvalidArgument, "weight 'o_proj.weight'", "element 10");
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
@@ -138,7 +139,9 @@ class BadInputTest : public ServerTest {
   std::vector<std::string> ExtraFlags() const override {
     return {absl::StrCat("--max_sequence_length=", kMaxSequenceLength),
             absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
-            absl::StrCat("--kv_pool_bytes=", kPoolBytes)};
+            absl::StrCat("--kv_pool_bytes=", kPoolBytes),
+            // The server's temp_dir(), where CheckpointPathsThatCannotBeLoaded writes, is below it.
+            absl::StrCat("--checkpoint_root=", std::filesystem::temp_directory_path().string())};
   }
 
   void SetUp() override {
@@ -455,7 +458,7 @@ TEST_F(BadInputTest, CheckpointPathsThatCannotBeLoaded) {
   const std::string dir = server().temp_dir();
   // Does not exist.
   EXPECT_STATUS(ConfigureWith(checkpoint(dir + "/no/such/model.safetensors")), NOT_FOUND,
-                "does not exist");
+                "is not a readable checkpoint under the server's checkpoint root");
   // A directory without model.safetensors (nor an index).
   const std::string empty_dir = dir + "/empty_checkpoint";
   ASSERT_EQ(mkdir(empty_dir.c_str(), 0755), 0) << std::strerror(errno);
@@ -475,7 +478,7 @@ TEST_F(BadInputTest, CheckpointPathsThatCannotBeLoaded) {
     const std::string locked = dir + "/locked.safetensors";
     std::ofstream(locked) << "x";
     ASSERT_EQ(chmod(locked.c_str(), 0), 0);
-    EXPECT_STATUS(ConfigureWith(checkpoint(locked)), INVALID_ARGUMENT, "not readable");
+    EXPECT_STATUS(ConfigureWith(checkpoint(locked)), NOT_FOUND, "is not a readable checkpoint");
   }
 }
 
