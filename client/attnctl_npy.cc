@@ -6,6 +6,7 @@
 #include <iterator>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -50,7 +51,9 @@ absl::StatusOr<std::string> DictValue(absl::string_view header, absl::string_vie
   return std::string(absl::StripAsciiWhitespace(rest.substr(0, end)));
 }
 
-absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
+}  // namespace
+
+absl::StatusOr<Tensor> ParseNpy(absl::string_view bytes) {
   if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, kMagicLen) != 0) {
     return absl::InvalidArgumentError("not a .npy file (no \\x93NUMPY magic)");
   }
@@ -100,10 +103,22 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
     }
     shape.push_back(dim);
   }
-  int64_t elements = 1;
-  for (int64_t dim : shape) elements *= dim;
-  const size_t data_bytes = static_cast<size_t>(elements) * DTypeSize(dtype);
   const size_t data_start = header_start + header_len;
+  const size_t file_data_bytes = bytes.size() - data_start;
+  // The product of the dimensions is checked against what the file holds as it grows, so that
+  // hostile dimensions cannot overflow it (and wrap around to the file's size).
+  const int64_t max_elements = static_cast<int64_t>(file_data_bytes / DTypeSize(dtype));
+  int64_t elements = absl::c_linear_search(shape, 0) ? 0 : 1;
+  for (int64_t dim : shape) {
+    if (elements == 0) break;
+    if (elements > max_elements / dim) {
+      return absl::InvalidArgumentError(absl::StrCat("shape ", *shape_text,
+                                                     " needs more data than the file's ",
+                                                     file_data_bytes, " bytes"));
+    }
+    elements *= dim;
+  }
+  const size_t data_bytes = static_cast<size_t>(elements) * DTypeSize(dtype);
   if (bytes.size() != data_start + data_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("shape ", *shape_text, " needs ", data_bytes,
                                                    " data bytes, the file has ",
@@ -113,8 +128,6 @@ absl::StatusOr<Tensor> ParseNpy(const std::string& bytes) {
   if (data_bytes > 0) std::memcpy(tensor.data(), bytes.data() + data_start, data_bytes);
   return tensor;
 }
-
-}  // namespace
 
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   std::ifstream file(path, std::ios::binary);

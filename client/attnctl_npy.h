@@ -14,11 +14,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/tensor.h"
 
 namespace attnserve {
 
 absl::StatusOr<Tensor> ReadNpy(const std::string& path);
+
+// ReadNpy on the content of a file already in memory; errors do not name a file.
+absl::StatusOr<Tensor> ParseNpy(absl::string_view bytes);
 
 // Writes a version 1.0 file: '<f4' for F32, '<f2' for F16; BF16 is widened to '<f4' (exact).
 absl::Status WriteNpy(const std::string& path, const Tensor& tensor);
