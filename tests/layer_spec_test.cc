@@ -150,6 +150,15 @@ std::vector<BadSpec> BadSpecs() {
   add(
       "RopeThetaInfinite", Gqa(),
       [](LayerSpec& s) { s.rope_theta = std::numeric_limits<double>::infinity(); }, "rope_theta");
+  // Unused without RoPE, but still refused: LayerSpecToJson would write it as null, which
+  // LayerSpecFromJson rejects (found by tests/fuzz/spec_codec_fuzzer).
+  add(
+      "RopeThetaInfiniteWithoutRope", Gqa(),
+      [](LayerSpec& s) {
+        s.rope = RopeLayout::kNone;
+        s.rope_theta = std::numeric_limits<double>::infinity();
+      },
+      "rope_theta");
   add(
       "NegativeWindow", Gqa(), [](LayerSpec& s) { s.sliding_window = -1; }, "sliding_window");
   add(
