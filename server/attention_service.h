@@ -15,6 +15,7 @@
 
 #include "attnserve/v1/attention_service.grpc.pb.h"
 #include "kernels/backend.h"
+#include "server/auth.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
 #include "server/metrics.h"
@@ -40,11 +41,14 @@ using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configur
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
-  // `backend`, `executor`, `pool`, `registry` and `metrics` must outlive the service and its
-  // calls. Every call is reported to `metrics` as it finishes (see docs/metrics.md).
+  // `backend`, `executor`, `pool`, `registry`, `metrics` and `authenticator` must outlive the
+  // service and its calls. Every call is reported to `metrics` as it finishes (see
+  // docs/metrics.md). Every call is authenticated first (UNAUTHENTICATED ends it); a null
+  // `authenticator` means authentication off (every caller is the admin).
   AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
                        ParameterBudget* parameters, SessionRegistry* registry, Metrics* metrics,
-                       const ServerLimits& limits, const SchedulerOptions& scheduler = {});
+                       const ServerLimits& limits, const SchedulerOptions& scheduler = {},
+                       const Authenticator* authenticator = nullptr);
 
   // The wire: each parses its request (INVALID_ARGUMENT when it does not parse) and hands it to
   // the typed handler below of the same name.
@@ -75,31 +79,39 @@ class AttentionServiceImpl final : public RawAttentionService {
  private:
   class DecodeStreamReactor;
 
-  // A typed handler: finishes `call` exactly once (now or from a task).
+  // A typed handler: finishes `call` exactly once (now or from a task). `caller` is who is calling
+  // (authenticated by Serve): the registry shows it only its own sessions.
   template <typename Request, typename Response>
-  using Handler = void (AttentionServiceImpl::*)(grpc::CallbackServerContext*, const Request&,
-                                                 Response&, UnaryCall*);
-  // Parses `wire_request` and runs `handler`, or finishes with INVALID_ARGUMENT.
+  using Handler = void (AttentionServiceImpl::*)(grpc::CallbackServerContext*,
+                                                 const Principal& caller, const Request&, Response&,
+                                                 UnaryCall*);
+  // Authenticates the caller (UNAUTHENTICATED ends the call), parses `wire_request` and runs
+  // `handler`, or finishes with INVALID_ARGUMENT.
   template <typename Request, typename Response>
   grpc::ServerUnaryReactor* Serve(Rpc rpc, Handler<Request, Response> handler,
                                   grpc::CallbackServerContext* context,
                                   const grpc::ByteBuffer* wire_request,
                                   grpc::ByteBuffer* wire_response);
 
-  void HandleConfigure(grpc::CallbackServerContext* context, const v1::ConfigureRequest& request,
-                       v1::ConfigureResponse& response, UnaryCall* call);
-  void HandleForward(grpc::CallbackServerContext* context, const v1::ForwardRequest& request,
-                     v1::ForwardResponse& response, UnaryCall* call);
-  void HandleDecode(grpc::CallbackServerContext* context, const v1::DecodeRequest& request,
-                    v1::DecodeResponse& response, UnaryCall* call);
-  void HandleRelease(grpc::CallbackServerContext* context, const v1::ReleaseRequest& request,
-                     v1::ReleaseResponse& response, UnaryCall* call);
-  void HandleGetSession(grpc::CallbackServerContext* context, const v1::GetSessionRequest& request,
-                        v1::GetSessionResponse& response, UnaryCall* call);
-  void HandleListSessions(grpc::CallbackServerContext* context,
+  void HandleConfigure(grpc::CallbackServerContext* context, const Principal& caller,
+                       const v1::ConfigureRequest& request, v1::ConfigureResponse& response,
+                       UnaryCall* call);
+  void HandleForward(grpc::CallbackServerContext* context, const Principal& caller,
+                     const v1::ForwardRequest& request, v1::ForwardResponse& response,
+                     UnaryCall* call);
+  void HandleDecode(grpc::CallbackServerContext* context, const Principal& caller,
+                    const v1::DecodeRequest& request, v1::DecodeResponse& response,
+                    UnaryCall* call);
+  void HandleRelease(grpc::CallbackServerContext* context, const Principal& caller,
+                     const v1::ReleaseRequest& request, v1::ReleaseResponse& response,
+                     UnaryCall* call);
+  void HandleGetSession(grpc::CallbackServerContext* context, const Principal& caller,
+                        const v1::GetSessionRequest& request, v1::GetSessionResponse& response,
+                        UnaryCall* call);
+  void HandleListSessions(grpc::CallbackServerContext* context, const Principal& caller,
                           const v1::ListSessionsRequest& request,
                           v1::ListSessionsResponse& response, UnaryCall* call);
-  void HandleGetServerInfo(grpc::CallbackServerContext* context,
+  void HandleGetServerInfo(grpc::CallbackServerContext* context, const Principal& caller,
                            const v1::GetServerInfoRequest& request,
                            v1::GetServerInfoResponse& response, UnaryCall* call);
 
@@ -107,8 +119,15 @@ class AttentionServiceImpl final : public RawAttentionService {
   // the session. `variant` receives the spec's metrics label once the spec is valid. Polls
   // `cancelled` between stages (and while drawing seeded weights): a cancelled call or an expired
   // deadline abandons the layer and frees what it had taken.
+  // The session belongs to `owner`, within its tenant quotas.
   absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
-                           std::string* variant, const std::function<bool()>& cancelled);
+                           std::string* variant, const std::function<bool()>& cancelled,
+                           const Principal& owner);
+  // Who is calling (server/auth.h).
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
+    return authenticator_ == nullptr ? Principal::Unauthenticated()
+                                     : authenticator_->Authenticate(context);
+  }
 
   AttentionBackend* const backend_;
   Executor* const executor_;
@@ -118,6 +137,7 @@ class AttentionServiceImpl final : public RawAttentionService {
   Metrics* const metrics_;
   const ServerLimits limits_;
   const SchedulerOptions scheduler_options_;
+  const Authenticator* const authenticator_;
   // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,
   // after the executor has been shut down (server.cc), so no batch task can still arm it.
   TimerQueue timer_;

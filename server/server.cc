@@ -193,7 +193,7 @@ absl::Status RunServer(const ServerOptions& options) {
     }
   }
   AttentionServiceImpl service(backend->get(), &executor, &pool, &parameters, &registry, &metrics,
-                               options.limits, options.scheduler);
+                               options.limits, options.scheduler, &*authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -54,6 +54,7 @@ class SessionRegistry {
   std::vector<std::shared_ptr<Session>> All(const Principal& caller) const;
   std::vector<std::shared_ptr<Session>> All() const;
   int size() const;
+  const TenantQuotas& tenant_quotas() const { return quotas_; }
 
   // KV bytes held per variant name ("mha", "gqa", ...) and in total, for metrics and logs.
   std::map<std::string, int64_t> KvBytesByVariant() const;
