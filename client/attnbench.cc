@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/attnbench_runner.h"
 #include "client/attnbench_server_stats.h"
+#include "client/attnbench_soak.h"
 #include "client/attnctl_client.h"
 #include "client/attnctl_convert.h"
 #include "client/demo_variants.h"
@@ -58,6 +59,17 @@ ABSL_FLAG(int, num_heads, 8, "Query heads of the demo variants.");
 ABSL_FLAG(int, window, 0, "Sliding window of every variant (0 = full attention).");
 ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, f16 or bf16.");
 ABSL_FLAG(uint64_t, seed, 1, "Weights and inputs.");
+ABSL_FLAG(int, soak_rounds, 0,
+          "Soak mode when > 0: run the one cell (one variant, context and concurrency) this many "
+          "rounds of --duration each, reading the server's resident memory after every round; "
+          "fails on any error or an RSS drift after the warm-up of --soak_max_rss_drift or more "
+          "(client/attnbench_soak.h).");
+ABSL_FLAG(int, soak_warmup_rounds, 2, "Soak mode: rounds before the RSS baseline is taken.");
+ABSL_FLAG(double, soak_max_rss_drift, 0.01,
+          "Soak mode: largest allowed relative RSS growth from the warm-up to the end.");
+ABSL_FLAG(int, soak_server_pid, 0,
+          "Soak mode: read the server's RSS from /proc/PID/status (a local server); 0 = from "
+          "--metrics (CPU backend).");
 ABSL_FLAG(bool, progress, true, "Draw a progress line on stderr when it is a terminal.");
 
 namespace attnserve {
@@ -251,6 +263,58 @@ int Main() {
   }
 
   const ServerBatchStats batch_stats(client, absl::GetFlag(FLAGS_metrics), absl::Seconds(5));
+  if (absl::GetFlag(FLAGS_soak_rounds) > 0) {
+    if (variants.size() != 1 || contexts.size() != 1 || concurrencies.size() != 1) {
+      return ReportError("soak mode runs one cell: give one --variants, --context and --concurrency");
+    }
+    SoakOptions soak;
+    soak.rounds = absl::GetFlag(FLAGS_soak_rounds);
+    soak.warmup_rounds = absl::GetFlag(FLAGS_soak_warmup_rounds);
+    soak.max_rss_drift = absl::GetFlag(FLAGS_soak_max_rss_drift);
+    soak.server_pid = absl::GetFlag(FLAGS_soak_server_pid);
+    soak.metrics_address = absl::GetFlag(FLAGS_metrics);
+    if (soak.warmup_rounds < 1 || soak.warmup_rounds >= soak.rounds) {
+      return ReportError("--soak_warmup_rounds must be in [1, --soak_rounds)");
+    }
+    options.progress = false;
+    const SoakReport report = RunSoak(client, batch_stats, options,
+                                      BenchCell{variants[0], contexts[0], concurrencies[0]}, soak);
+    if (json) {
+      nlohmann::json out;
+      out["soak"] = {{"variant", variants[0].label},
+                     {"context", contexts[0]},
+                     {"concurrency", concurrencies[0]},
+                     {"rounds", soak.rounds},
+                     {"round_s", absl::ToDoubleSeconds(options.duration)},
+                     {"warmup_rounds", soak.warmup_rounds},
+                     {"steps", report.steps},
+                     {"errors", report.errors},
+                     {"rss_after_warmup_bytes", report.rss_after_warmup},
+                     {"rss_at_end_bytes", report.rss_at_end},
+                     {"rss_drift", report.rss_drift},
+                     {"passed", report.passed},
+                     {"verdict", report.verdict}};
+      nlohmann::json rounds = nlohmann::json::array();
+      for (const SoakRound& r : report.rounds) {
+        rounds.push_back({{"tokens_per_s", r.result.tokens_per_s},
+                          {"errors", r.result.errors},
+                          {"rss_bytes", r.rss_bytes}});
+      }
+      out["soak"]["per_round"] = rounds;
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      absl::PrintF("soak %s ctx=%d c=%d: %d rounds of %s\n", variants[0].label, contexts[0],
+                   concurrencies[0], soak.rounds, absl::FormatDuration(options.duration));
+      absl::PrintF("%6s %12s %7s %12s\n", "round", "tok/s", "errors", "RSS MiB");
+      for (size_t i = 0; i < report.rounds.size(); ++i) {
+        const SoakRound& r = report.rounds[i];
+        absl::PrintF("%6d %12.1f %7d %12.1f\n", i + 1, r.result.tokens_per_s, r.result.errors,
+                     r.rss_bytes / 1048576.0);
+      }
+      absl::PrintF("%d steps; %s\n", report.steps, report.verdict);
+    }
+    return report.passed ? kExitOk : kExitRpcError;
+  }
   std::vector<BenchResult> results;
   int errors = 0;
   for (const NamedSpec& variant : variants) {
