@@ -45,6 +45,10 @@ for mode in unary stream; do
   cat "${workdir}/${mode}.out"
   [[ "${status}" -eq 0 ]] || fail "example.py (${mode}) exited with status ${status}"
   # The example's prompts are 48 and 17 tokens at d_model 512, then 8 decode steps.
+  if [[ "${mode}" == unary ]]; then
+    grep -qF "repeat of step 8 under its call_id: same outputs, nothing appended" \
+      "${workdir}/${mode}.out" || fail "example.py (unary) did not show the call_id retry"
+  fi
   for expected in "forward alice: output shape (48, 512) float32, sequence_length 48" \
                   "forward bob: output shape (17, 512) float32, sequence_length 17" \
                   "decode step 8: alice (1, 512) len=56, bob (1, 512) len=25" \

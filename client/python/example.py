@@ -73,10 +73,21 @@ def run(client: AttnServeClient, stream: bool, kv_dtype: str) -> None:
                     report_step(step, result)
         else:
             for step in range(1, STEPS + 1):
-                result = client.decode(sid, next_inputs(hidden))
+                # A call_id per step makes a retry after a lost answer safe (retries=2 retries on
+                # DEADLINE_EXCEEDED / UNAVAILABLE / CANCELLED under the same id).
+                inputs = next_inputs(hidden)
+                result = client.decode(sid, inputs, call_id=f"step-{step}", retries=2)
                 hidden = {rid: x[0] for rid, x in result.outputs.items()}
                 compute_ms.append(result.timing.compute_ms)
                 report_step(step, result)
+            # What a retry sees when the first answer was lost: the same results, nothing appended.
+            again = client.decode(sid, inputs, call_id=f"step-{STEPS}")
+            for rid in PROMPTS:
+                if (again.sequence_lengths[rid] != result.sequence_lengths[rid] or
+                        not np.array_equal(again.outputs[rid], result.outputs[rid])):
+                    raise SystemExit(f"example: the repeat of step {STEPS} under its call_id "
+                                     f"was applied again for {rid}")
+            print(f"repeat of step {STEPS} under its call_id: same outputs, nothing appended")
         for rid, n in PROMPTS.items():
             if result.sequence_lengths[rid] != n + STEPS:
                 raise SystemExit(f"example: {rid} has sequence_length {result.sequence_lengths[rid]}"

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import queue
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -321,6 +322,23 @@ class AttnServeClient:
         except grpc.RpcError as error:
             raise _wrap(rpc, error) from None
 
+    # Failures after which the server may or may not have applied a call.
+    _RETRYABLE = ("DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED")
+
+    def _call_idempotent(self, rpc: str, request, retries: int):
+        """Calls `rpc`; with retries > 0, repeats it under the same call_id (one is drawn when the
+        request has none) after a failure that leaves its fate unknown. The server answers a
+        repeat of an applied call from that call's results, so tokens are appended once."""
+        if retries > 0 and not request.call_id:
+            request.call_id = uuid.uuid4().hex
+        for attempt in range(retries + 1):
+            try:
+                return self._call(rpc, request)
+            except AttnServeError as error:
+                if attempt == retries or error.code not in self._RETRYABLE:
+                    raise
+        raise AssertionError("unreachable")
+
     # -- sessions --
 
     def configure(self, spec: Union[LayerSpec, Mapping[str, Any]], *, seed: Optional[int] = None,
@@ -380,16 +398,19 @@ class AttnServeClient:
 
     def forward(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
                 positions: Optional[Mapping[str, Sequence[int]]] = None,
-                dtype: Optional[str] = None) -> StepResult:
+                dtype: Optional[str] = None, call_id: str = "",
+                retries: int = 0) -> StepResult:
         """Prefill: `inputs` maps request ids to [num_tokens, d_model] hidden states (requests are
-        created on first use, extended afterwards). Outputs have the inputs' shape and dtype."""
+        created on first use, extended afterwards). Outputs have the inputs' shape and dtype.
+        `call_id` (or `retries` > 0, which draws one) makes the call safe to repeat: see
+        docs/api.md, "Retrying safely"."""
         positions = positions or {}
-        request = pb.ForwardRequest(session_id=session_id, items=[
+        request = pb.ForwardRequest(session_id=session_id, call_id=call_id, items=[
             pb.ForwardItem(request_id=rid, hidden=numpy_to_tensor(np.atleast_2d(x), dtype),
                            positions=list(positions.get(rid, ())))
             for rid, x in inputs.items()])
         start = time.perf_counter()
-        response = self._call("Forward", request)
+        response = self._call_idempotent("Forward", request, retries)
         return self._results(response, (time.perf_counter() - start) * 1e3)
 
     def _decode_request(self, session_id: str, inputs: Mapping[str, np.ndarray],
@@ -402,12 +423,14 @@ class AttnServeClient:
         return pb.DecodeRequest(session_id=session_id, items=items)
 
     def decode(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
-               dtype: Optional[str] = None) -> StepResult:
+               dtype: Optional[str] = None, call_id: str = "",
+               retries: int = 0) -> StepResult:
         """One decode step: `inputs` maps request ids to one hidden row ([d_model] or
-        [1, d_model]); each output is [1, d_model]."""
+        [1, d_model]); each output is [1, d_model]. `call_id` / `retries` as for forward()."""
         request = self._decode_request(session_id, inputs, dtype)
+        request.call_id = call_id
         start = time.perf_counter()
-        response = self._call("Decode", request)
+        response = self._call_idempotent("Decode", request, retries)
         return self._results(response, (time.perf_counter() - start) * 1e3)
 
     def decode_stream(self, session_id: str, steps: Iterable[Mapping[str, np.ndarray]], *,
