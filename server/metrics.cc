@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
 #include "prometheus/text_serializer.h"
 #include "server/kv_pool.h"
+#include "server/metrics_http_server.h"
 #include "server/session_registry.h"
 
 namespace attnserve::server {
@@ -146,7 +145,7 @@ bool IsKvExhaustion(const absl::Status& status) {
          absl::StrContains(status.message(), "KV ");
 }
 
-// What the Exposer serves: refreshes the state gauges, then collects the registry.
+// What a scrape collects: refreshes the state gauges, then collects the registry.
 class Metrics::ScrapeCollectable : public prometheus::Collectable {
  public:
   explicit ScrapeCollectable(Metrics* metrics) : metrics_(metrics) {}
@@ -254,24 +253,15 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
       .Set(1);
 }
 
-Metrics::~Metrics() { exposer_.reset(); }
+Metrics::~Metrics() { http_.reset(); }
 
 absl::StatusOr<int> Metrics::Serve(const std::string& address) {
-  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address: cannot listen on '", address, "': ", e.what()));
-  }
-  exposer_->RegisterCollectable(collectable_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty() || ports[0] <= 0) {
-    exposer_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address: cannot listen on '", address, "'"));
-  }
-  return ports[0];
+  if (http_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+      MetricsHttpServer::Start(address, [this] { return Render(); });
+  if (!http.ok()) return http.status();
+  http_ = *std::move(http);
+  return http_->port();
 }
 
 std::string Metrics::Render() {

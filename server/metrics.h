@@ -1,6 +1,7 @@
 // Prometheus metrics of the server: one object owning the prometheus-cpp registry and every metric
 // family, with small typed methods the service, the scheduler and the TTL sweeper call, and an
-// optional HTTP endpoint (prometheus-cpp's pull Exposer) serving the text exposition at /metrics.
+// optional HTTP endpoint (metrics_http_server.h, not prometheus-cpp's Exposer: see there why)
+// serving the text exposition at /metrics.
 //
 // Every series carries `variant` (VariantLabel: mha, mqa, gqa, mla, plus "_swa" with a sliding
 // window; "none" for calls that name no valid session) and no per-request or per-session label,
@@ -34,13 +35,10 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
-
 namespace attnserve::server {
 
 class KvPool;
+class MetricsHttpServer;
 class SessionRegistry;
 
 // The `variant` label of a spec: "mha", "mqa", "gqa" or "mla", plus "_swa" when the spec has a
@@ -96,6 +94,7 @@ class Metrics {
 
   // Serves /metrics over HTTP on `address` (host:port; port 0 picks a free port) and returns the
   // bound port. UNAVAILABLE when the address cannot be bound; FAILED_PRECONDITION if called twice.
+  // Every other request gets an HTTP error status; slow clients cannot hold up scrapes.
   absl::StatusOr<int> Serve(const std::string& address);
 
   // The text exposition, as /metrics would answer now (gauges refreshed first). For logs/tests.
@@ -163,7 +162,7 @@ class Metrics {
   // Variants that have or had a session: they keep capacity/used/sessions series (0 when idle).
   std::set<std::string> variants_ ABSL_GUARDED_BY(mu_);
 
-  std::unique_ptr<prometheus::Exposer> exposer_;  // Last: stopped before the rest goes.
+  std::unique_ptr<MetricsHttpServer> http_;  // Last: stopped before the rest goes.
 };
 
 }  // namespace attnserve::server

@@ -1,0 +1,245 @@
+// The /metrics HTTP endpoint of the real attnserve_server against requests a scraper never sends
+// (issue 14): unknown paths, other methods, bad framing, oversized heads, half-open and idle
+// connections. Each must get an HTTP error status, the process must stay up, and GET /metrics
+// must keep answering 200 within 1.5 s. Also: /metrics never shows a session id.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/reference/test_cases.h"
+#include "tests/server/server_fixture.h"
+
+namespace attnserve::server_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// A TCP connection to 127.0.0.1:port (-1 on failure).
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends on `fd` until it closes, or until `timeout` passes.
+std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
+  std::string answer;
+  const auto until = Clock::now() + timeout;
+  while (Clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 1))) <= 0) continue;
+    char buffer[65536];
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    answer.append(buffer, static_cast<size_t>(n));
+  }
+  return answer;
+}
+
+// Sends `request` as raw bytes (send errors ignored: the server may close before it has read all
+// of a request it refuses) and returns what comes back, within 5 s.
+std::string RawExchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  size_t sent = 0;
+  while (sent < request.size()) {
+    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string answer = ReadAll(fd, std::chrono::seconds(5));
+  close(fd);
+  return answer;
+}
+
+// The status code of an HTTP answer ("HTTP/1.1 404 Not Found..." -> 404), or -1.
+int StatusOf(const std::string& answer) {
+  int status = -1;
+  if (std::sscanf(answer.c_str(), "HTTP/1.%*d %d", &status) != 1) return -1;
+  return status;
+}
+
+struct Scrape {
+  int status = -1;
+  std::string body;
+  std::chrono::milliseconds elapsed{};
+};
+
+Scrape GetMetrics(int port) {
+  const auto start = Clock::now();
+  const std::string answer =
+      RawExchange(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  Scrape scrape;
+  scrape.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  scrape.status = StatusOf(answer);
+  const size_t body = answer.find("\r\n\r\n");
+  if (body != std::string::npos) scrape.body = answer.substr(body + 4);
+  return scrape;
+}
+
+class MetricsHttpTest : public ServerTest {
+ protected:
+  MetricsHttpTest()
+      : port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_http_port_", getpid(), "_",
+                                next_id_++)) {}
+
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--metrics_address=127.0.0.1:0", "--metrics_port_file=" + port_file_};
+  }
+
+  void SetUp() override {
+    ServerTest::SetUp();
+    if (HasFatalFailure()) return;
+    std::ifstream in(port_file_);
+    ASSERT_TRUE(in >> port_) << "no port in " << port_file_;
+    ASSERT_GT(port_, 0);
+  }
+  void TearDown() override {
+    ServerTest::TearDown();
+    std::remove(port_file_.c_str());
+  }
+
+  // The process runs and GET /metrics answers 200 within 1.5 s.
+  void ExpectAliveAndScraping() {
+    EXPECT_FALSE(server().TryWait().has_value()) << "the server died";
+    const Scrape scrape = GetMetrics(port_);
+    EXPECT_EQ(scrape.status, 200);
+    EXPECT_LT(scrape.elapsed.count(), 1500);
+    EXPECT_THAT(scrape.body, HasSubstr("attnserve_build_info"));
+  }
+
+  static inline int next_id_ = 0;
+  const std::string port_file_;
+  int port_ = 0;
+};
+
+TEST_F(MetricsHttpTest, RequestsOtherThanAScrapeGetErrorStatuses) {
+  std::string flood = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 2000; ++i) absl::StrAppend(&flood, "X-Flood-", i, ": aaaaaaaaaaaaaaaa\r\n");
+  flood += "\r\n";
+  const struct {
+    const char* name;
+    std::string request;
+    int status;
+  } kCases[] = {
+      {"GET /", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 404},
+      {"GET /nope", "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", 404},
+      {"GET /metrics/", "GET /metrics/ HTTP/1.0\r\n\r\n", 404},
+      {"POST", "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 405},
+      {"PUT", "PUT /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405},
+      {"DELETE", "DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 405},
+      {"Content-Length -1", "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400},
+      {"Content-Length huge",
+       "GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n", 413},
+      {"Content-Length twice",
+       "GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400},
+      {"bad chunk size (POST)",
+       "POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+       "chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+       405},
+      {"bad chunk size (GET)",
+       "GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc\r\n", 400},
+      {"100 KB request line", "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\n\r\n", 414},
+      {"header flood", flood, 431},
+      {"not HTTP", "HELLO\r\n\r\n", 400},
+      {"binary", std::string("\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", 17), 400},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const std::string answer = RawExchange(port_, c.request);
+    EXPECT_EQ(StatusOf(answer), c.status) << answer.substr(0, 200);
+    ExpectAliveAndScraping();
+  }
+}
+
+TEST_F(MetricsHttpTest, HeadHasNoBody) {
+  const std::string answer = RawExchange(port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(StatusOf(answer), 200);
+  EXPECT_TRUE(absl::EndsWith(answer, "\r\n\r\n")) << answer.substr(0, 300);
+}
+
+TEST_F(MetricsHttpTest, HalfOpenConnectionsDoNotHoldUpScrapes) {
+  const int silent = Connect(port_);
+  const int half_line = Connect(port_);
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(half_line, 0);
+  ASSERT_EQ(send(half_line, "GET /metr", 9, MSG_NOSIGNAL), 9);
+  for (int i = 0; i < 3; ++i) ExpectAliveAndScraping();
+  // The slow clients are answered 408 once the 1 s request timeout has passed.
+  EXPECT_EQ(StatusOf(ReadAll(silent, std::chrono::seconds(3))), 408);
+  EXPECT_EQ(StatusOf(ReadAll(half_line, std::chrono::seconds(3))), 408);
+  close(silent);
+  close(half_line);
+  ExpectAliveAndScraping();
+}
+
+TEST_F(MetricsHttpTest, AConnectionFloodIsShedAndScrapesRecoverWithinTheRequestTimeout) {
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = Connect(port_);
+    if (fd >= 0) idle.push_back(fd);
+  }
+  // While they hold every slot a scrape is refused at once (503), never left waiting; once their
+  // request timeout (1 s) has passed, scrapes succeed again.
+  const auto start = Clock::now();
+  Scrape scrape = GetMetrics(port_);
+  EXPECT_TRUE(scrape.status == 503 || scrape.status == 200) << scrape.status;
+  EXPECT_LT(scrape.elapsed.count(), 1500);
+  while (scrape.status != 200 && Clock::now() - start < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    scrape = GetMetrics(port_);
+  }
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(2500));
+  for (int fd : idle) close(fd);
+  ExpectAliveAndScraping();
+}
+
+TEST_F(MetricsHttpTest, NoSessionIdIsExposed) {
+  std::vector<std::string> sessions;
+  for (const char* name : {"mha_half_bias", "gqa2_half_window7", "mla_q24_half"}) {
+    v1::ConfigureResponse response;
+    const grpc::Status status =
+        Configure(stub(), SeedConfigure(reference::FindSpec(name).spec, 1), &response);
+    ASSERT_TRUE(status.ok()) << name << ": " << Describe(status);
+    sessions.push_back(response.session_id());
+  }
+  // A call naming an unknown session id counts an error; the id must not become a label.
+  EXPECT_FALSE(Release(stub(), std::string(32, 'a'), "").ok());
+  const Scrape scrape = GetMetrics(port_);
+  ASSERT_EQ(scrape.status, 200);
+  for (const std::string& id : sessions) EXPECT_THAT(scrape.body, Not(HasSubstr(id)));
+  EXPECT_FALSE(std::regex_search(scrape.body, std::regex("[0-9a-fA-F]{32}")))
+      << "a 32-hex-digit id in /metrics:\n"
+      << scrape.body;
+  EXPECT_THAT(scrape.body, HasSubstr("attnserve_sessions_active"));
+}
+
+}  // namespace
+}  // namespace attnserve::server_test
