@@ -70,38 +70,42 @@ class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     std::string dir = (std::filesystem::temp_directory_path() / "attnserve_auth.XXXXXX").string();
+    dir_ = new std::string;
     ASSERT_NE(mkdtemp(dir.data()), nullptr);
-    dir_ = new std::string(dir);
+    *dir_ = dir;
     // EC keys: quick to make. Each certificate is signed by the CA, servers with their SANs.
     const std::string key = "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256";
     const auto sign = [&](const std::string& name, const std::string& ca, const std::string& ext) {
       WriteFile(absl::StrCat(dir, "/", name, ".ext"), ext);
       return RunIn(dir, absl::StrCat(key, " -out ", name, ".key")) &&
              RunIn(dir, absl::StrCat("openssl req -new -key ", name, ".key -subj /CN=", name,
-                                   " -out ", name, ".csr")) &&
-             RunIn(dir, absl::StrCat("openssl x509 -req -in ", name, ".csr -CA ", ca, ".pem -CAkey ",
-                                   ca, ".key -CAcreateserial -days 2 -extfile ", name, ".ext -out ",
-                                   name, ".pem"));
+                                     " -out ", name, ".csr")) &&
+             RunIn(dir, absl::StrCat("openssl x509 -req -in ", name, ".csr -CA ", ca,
+                                     ".pem -CAkey ", ca, ".key -CAcreateserial -days 2 -extfile ",
+                                     name, ".ext -out ", name, ".pem"));
     };
     const auto make_ca = [&](const std::string& name) {
       return RunIn(dir, absl::StrCat(key, " -out ", name, ".key")) &&
              RunIn(dir, absl::StrCat("openssl req -x509 -new -key ", name, ".key -subj /CN=", name,
-                                   " -days 2 -out ", name, ".pem"));
+                                     " -days 2 -out ", name, ".pem"));
     };
     ASSERT_TRUE(make_ca("ca") && make_ca("other_ca")) << ReadFile(dir + "/openssl.log");
     ASSERT_TRUE(sign("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\n") &&
                 sign("client", "ca", "extendedKeyUsage=clientAuth\n") &&
                 sign("stranger", "other_ca", "extendedKeyUsage=clientAuth\n"))
         << ReadFile(dir + "/openssl.log");
+    certificates_made_ = true;
     WriteFile(dir + "/tokens", absl::StrCat("# test tokens\n", Sha256Hex(kAliceToken), " alice\n\n",
                                             Sha256Hex(kBobToken), "  bob\n", Sha256Hex(kRootToken),
                                             " root admin\n"));
   }
   static void TearDownTestSuite() {
     std::error_code ignored;
-    std::filesystem::remove_all(*dir_, ignored);
+    if (!dir_->empty()) std::filesystem::remove_all(*dir_, ignored);
     delete dir_;
   }
+
+  void SetUp() override { ASSERT_TRUE(certificates_made_) << "see SetUpTestSuite's failure"; }
 
   static std::string Path(const std::string& name) { return absl::StrCat(*dir_, "/", name); }
 
@@ -219,11 +223,13 @@ class SecurityTest : public ::testing::Test {
   }
 
   static std::string* dir_;
+  static bool certificates_made_;
   std::unique_ptr<ServerProcess> server_;
   std::mt19937_64 rng_{14};
 };
 
 std::string* SecurityTest::dir_ = nullptr;
+bool SecurityTest::certificates_made_ = false;
 
 // ---- TLS ---------------------------------------------------------------------------------------
 
