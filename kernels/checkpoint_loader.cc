@@ -188,9 +188,13 @@ absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const st
   if (fs::is_directory(status)) {
     const fs::path dir(path);
     const fs::path index = dir / kIndexFileName;
-    if (fs::exists(index, error)) return LayoutFromIndex(dir, index, prefix, access);
+    // symlink_status: an entry that is a symlink counts as present wherever it points, so that
+    // whether a link's target outside the root exists never changes the answer.
+    if (fs::exists(fs::symlink_status(index, error))) {
+      return LayoutFromIndex(dir, index, prefix, access);
+    }
     file_path = (dir / kSingleFileName).string();
-    if (!fs::exists(file_path, error)) {
+    if (!fs::exists(fs::symlink_status(file_path, error))) {
       return absl::NotFoundError(absl::StrCat("checkpoint directory ", ClipForMessage(path),
                                               " has neither ", kSingleFileName, " nor ",
                                               kIndexFileName));

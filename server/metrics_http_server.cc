@@ -166,12 +166,19 @@ void MetricsHttpServer::Loop() {
     }
   };
 
+  // Out of file descriptors, accept() fails while the listening socket stays readable: it is left
+  // out of poll() for a moment instead of spinning.
+  absl::Time accept_paused_until = absl::InfinitePast();
   while (!stop_.load()) {
     fds.clear();
     polled.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back(
+        {listen_fd_, static_cast<short>(absl::Now() < accept_paused_until ? 0 : POLLIN), 0});
     absl::Time next_deadline = absl::Now() + absl::Seconds(1);
+    if (accept_paused_until > absl::Now()) {
+      next_deadline = std::min(next_deadline, accept_paused_until);
+    }
     for (Connection& c : connections) {
       fds.push_back(
           {c.fd, static_cast<short>(c.state == Connection::State::kWriting ? POLLOUT : POLLIN), 0});
@@ -188,7 +195,12 @@ void MetricsHttpServer::Loop() {
     if (ready > 0 && (fds[1].revents & POLLIN) != 0) {
       for (int accepted = 0; accepted < 64; ++accepted) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            accept_paused_until = absl::Now() + absl::Milliseconds(100);
+          }
+          break;
+        }
         if (static_cast<int>(connections.size()) >= limits_.max_connections) {
           const std::string busy = ErrorAnswer(503, "too many open connections");
           (void)!send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);

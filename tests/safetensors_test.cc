@@ -781,6 +781,19 @@ TEST(LoaderTest, ConfinedToTheCheckpointRoot) {
                 "is not a readable file under the checkpoint root");
   // Without a root the same checkpoint loads (the loader's own callers: tools and tests).
   EXPECT_TRUE(LoadLayerWeightsFromSafetensors(sharded, GqaSpec(), 0).ok());
+
+  // An index that is a symlink out of the root gets the same answer whether its target exists or
+  // not, so a link cannot be used to probe for files outside.
+  for (const std::string& target : {base + "/outside.safetensors", base + "/no_such_file"}) {
+    const std::string dir = root + "/index_link_" + std::to_string(target.size());
+    fs::create_directories(dir);
+    fs::create_symlink(target, dir + "/model.safetensors.index.json");
+    EXPECT_STATUS(LoadLayerWeightsFromSafetensors(dir, GqaSpec(), 0, root).status(),
+                  absl::StatusCode::kNotFound,
+                  absl::StrCat("'", dir,
+                               "/model.safetensors.index.json' is not a readable file under the "
+                               "checkpoint root"));
+  }
 }
 
 // ---- Weights must be finite ------------------------------------------------------------------
