@@ -332,6 +332,12 @@ TEST_F(SecurityTest, TenantsCannotSeeOrTouchEachOthersSessions) {
   std::vector<std::string> both = {a, b};
   std::sort(both.begin(), both.end());
   EXPECT_EQ(ListIds(*root), both) << "the admin sees every tenant's sessions";
+  // GetServerInfo counts the caller's own sessions (all of them for the admin).
+  for (const auto& [stub, expected] : {std::pair{bob.get(), 1}, std::pair{root.get(), 2}}) {
+    absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*stub);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->sessions(), expected);
+  }
 
   // Alice's session is untouched: her request still decodes at length 21.
   v1::DecodeRequest request;
