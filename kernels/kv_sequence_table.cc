@@ -7,6 +7,18 @@
 
 namespace attnserve {
 
+absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes, int64_t pages,
+                                    int64_t page_size, absl::string_view what) {
+  // The budget that refused: a named quota inside the pool (a tenant's), or the pool itself.
+  const KvMemoryBudget* full = budget.Refuser(bytes);
+  if (full == nullptr) full = &budget;  // Freed concurrently since.
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "KV memory budget exhausted: ", what, " needs ", bytes, " bytes (", pages, " pages of ",
+      page_size, " tokens), ", full->capacity_bytes() - full->used_bytes(), " of ",
+      full->capacity_bytes(), " bytes are free",
+      full->name().empty() ? "" : absl::StrCat(" in the KV quota of ", full->name())));
+}
+
 KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
                                  std::shared_ptr<KvMemoryBudget> budget, bool causal,
                                  int sliding_window)
@@ -93,14 +105,7 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
   const int64_t bytes = pages_needed * page_bytes_;
   if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
     batch.clear();
-    // The budget that refused: a named quota inside the pool (a tenant's), or the pool itself.
-    const KvMemoryBudget* full = budget_->Refuser(bytes);
-    if (full == nullptr) full = budget_.get();  // Freed concurrently since.
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV memory budget exhausted: this batch needs ", bytes, " bytes (", pages_needed,
-        " pages of ", page_size_, " tokens), ", full->capacity_bytes() - full->used_bytes(), " of ",
-        full->capacity_bytes(), " bytes are free",
-        full->name().empty() ? "" : absl::StrCat(" in the KV quota of ", full->name())));
+    return KvBudgetExhaustedError(*budget_, bytes, pages_needed, page_size_, "this batch");
   }
   absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
   if (!pages.ok()) {

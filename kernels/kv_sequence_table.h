@@ -14,6 +14,7 @@
 
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -24,6 +25,12 @@
 namespace attnserve {
 
 // One sequence's share of a batch, after validation and page reservation.
+// RESOURCE_EXHAUSTED for a charge of `bytes` (`pages` pages of `page_size` tokens) that
+// `budget` refused, for `what` ("this batch", "this Forward"): the numbers of the budget that
+// refused it, a named tenant quota or the device pool itself.
+absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes, int64_t pages,
+                                    int64_t page_size, absl::string_view what);
+
 struct BatchSequence {
   PageTable* table = nullptr;  // num_tokens already counts the new tokens; pages reserved.
   int64_t first_row = 0;       // Row of the batch holding its first new token.

@@ -1,5 +1,7 @@
 #include "server/session.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/kv_sequence_table.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/clip_for_message.h"
@@ -299,10 +302,8 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
       reserved += reserve_per_input[i];
     }
     if (!budget->TryCharge(reserved)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("KV memory budget exhausted: this Forward needs ", reserved, " bytes (",
-                       reserved / page_bytes_, " pages of ", page_size_, " tokens), ",
-                       budget->free_bytes(), " of ", budget->capacity_bytes(), " bytes are free"));
+      return KvBudgetExhaustedError(*budget, reserved, reserved / page_bytes_, page_size_,
+                                    "this Forward");
     }
   }
 
@@ -445,6 +446,11 @@ int64_t Session::Close() {
   layer_.reset();  // Credits every page still held back to the pool.
   parameters_ = ParameterCharge();
   kv_bytes_used_.store(0, std::memory_order_relaxed);
+  // A layer's weights and KV slabs are many blocks of a MiB or so, below glibc's (adaptive) mmap
+  // threshold: freed, they stay in malloc's arenas and the process's resident memory never comes
+  // down. Hand the free pages back now, so RSS tracks what the sessions hold (a session's release
+  // is rare next to its steps, and the trim costs ~a millisecond).
+  malloc_trim(0);
   return freed;
 }
 
