@@ -38,6 +38,7 @@ readonly PACKAGES=(
   python3-venv python3-dev
   prometheus
   libssl-dev openssl
+  clang libclang-rt-14-dev  # tests/fuzz (the fuzz preset): clang++ and libFuzzer's runtime
 )
 
 # What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to
@@ -45,7 +46,7 @@ readonly PACKAGES=(
 # PACKAGES' -dev packages.
 readonly RUNTIME_PACKAGES=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623
-  libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libopenblas0-pthread libssl3
+  libprometheus-cpp-core1.0 libopenblas0-pthread libssl3
 )
 
 with_python=1

@@ -2,11 +2,12 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/clip_for_message.h"
+#include "kernels/clip_for_message.h"
 #include "server/logging.h"
 
 namespace attnserve::server {

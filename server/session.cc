@@ -12,7 +12,7 @@
 #include "kernels/kv_sequence_table.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
-#include "server/clip_for_message.h"
+#include "kernels/clip_for_message.h"
 
 namespace attnserve::server {
 
