@@ -291,6 +291,10 @@ int Main() {
                      {"errors", report.errors},
                      {"rss_after_warmup_bytes", report.rss_after_warmup},
                      {"rss_at_end_bytes", report.rss_at_end},
+                     {"rss_floor_slope_bytes_per_round", report.floor_slope_bytes},
+                     {"rss_floor_slope_stderr_bytes", report.floor_slope_stderr_bytes},
+                     {"rss_growth_bytes", report.growth_bytes},
+                     {"rss_mean_peak_bytes", report.mean_peak_bytes},
                      {"rss_drift", report.rss_drift},
                      {"passed", report.passed},
                      {"verdict", report.verdict}};
@@ -298,18 +302,20 @@ int Main() {
       for (const SoakRound& r : report.rounds) {
         rounds.push_back({{"tokens_per_s", r.result.tokens_per_s},
                           {"errors", r.result.errors},
-                          {"rss_bytes", r.rss_bytes}});
+                          {"rss_bytes", r.rss_bytes},
+                          {"peak_rss_bytes", r.peak_rss_bytes}});
       }
       out["soak"]["per_round"] = rounds;
       std::printf("%s\n", out.dump(2).c_str());
     } else {
       absl::PrintF("soak %s ctx=%d c=%d: %d rounds of %s\n", variants[0].label, contexts[0],
                    concurrencies[0], soak.rounds, absl::FormatDuration(options.duration));
-      absl::PrintF("%6s %12s %7s %12s\n", "round", "tok/s", "errors", "RSS MiB");
+      absl::PrintF("%6s %12s %7s %14s %16s\n", "round", "tok/s", "errors", "peak RSS MiB",
+                   "RSS after MiB");
       for (size_t i = 0; i < report.rounds.size(); ++i) {
         const SoakRound& r = report.rounds[i];
-        absl::PrintF("%6d %12.1f %7d %12.1f\n", i + 1, r.result.tokens_per_s, r.result.errors,
-                     r.rss_bytes / 1048576.0);
+        absl::PrintF("%6d %12.1f %7d %14.1f %16.1f\n", i + 1, r.result.tokens_per_s,
+                     r.result.errors, r.peak_rss_bytes / 1048576.0, r.rss_bytes / 1048576.0);
       }
       absl::PrintF("%d steps; %s\n", report.steps, report.verdict);
     }

@@ -4,10 +4,14 @@
 // The soak is `rounds` rounds of `round_duration` each; every round is a full attnbench cell (a
 // fresh session, C requests prefilled, C DecodeStream streams decoding, the session released),
 // so sessions, requests, streams and KV pages are created and freed all the time. After every
-// round the server's resident memory is read. The first `warmup_rounds` rounds let allocator
-// pools, thread stacks and caches settle; the drift is the growth from the end of the warm-up to
-// the end of the soak, relative to the warm-up's level. The soak passes with 0 errors and a drift
-// under `max_rss_drift`.
+// round the server's resident memory is read (its floor: the round's session is gone), and
+// during every round it is sampled twice a second (its peak: the working set under this load).
+// The first `warmup_rounds` rounds let allocator pools, thread stacks and caches settle. A leak
+// shows as a trend in the floors: the drift is the least-squares slope of the floors over the
+// rounds after the warm-up, times their span (the growth the soak shows), relative to the mean
+// peak. A single floor reading jitters by a few MiB with the allocator's state, so the slope,
+// not the last reading, is what is judged. The soak passes with 0 errors and a drift under
+// `max_rss_drift`.
 #ifndef ATTNSERVE_CLIENT_ATTNBENCH_SOAK_H_
 #define ATTNSERVE_CLIENT_ATTNBENCH_SOAK_H_
 
@@ -33,7 +37,8 @@ struct SoakOptions {
 
 struct SoakRound {
   BenchResult result;
-  int64_t rss_bytes = -1;  // -1: could not be read.
+  int64_t rss_bytes = -1;       // After the round (the floor); -1: could not be read.
+  int64_t peak_rss_bytes = -1;  // Largest sample during the round.
 };
 
 struct SoakReport {
@@ -42,7 +47,11 @@ struct SoakReport {
   int64_t steps = 0;
   int64_t rss_after_warmup = -1;
   int64_t rss_at_end = -1;
-  double rss_drift = 0;  // (end - after warm-up) / after warm-up.
+  double floor_slope_bytes = 0;         // Per round, least squares over the post-warm-up rounds.
+  double floor_slope_stderr_bytes = 0;  // Its standard error.
+  double growth_bytes = 0;              // floor_slope_bytes * (post-warm-up rounds - 1).
+  double mean_peak_bytes = 0;           // Mean of the post-warm-up rounds' peaks.
+  double rss_drift = 0;                 // growth_bytes / mean_peak_bytes.
   bool rss_known = false;
   bool passed = false;
   std::string verdict;  // One line: why it passed or failed.
