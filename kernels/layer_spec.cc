@@ -1,6 +1,8 @@
 #include "kernels/layer_spec.h"
 
 #include <cmath>
+#include <limits>
+#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -52,6 +54,39 @@ absl::StatusOr<RopeLayout> ParseRopeLayout(absl::string_view name) {
       absl::StrCat("rope: unknown layout '", name, "', expected none, half or interleaved"));
 }
 
+absl::string_view RopeScalingTypeName(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kDynamic:
+      return "dynamic";
+    case RopeScalingType::kLlama3:
+      return "llama3";
+    case RopeScalingType::kYarn:
+      return "yarn";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<RopeScalingType> ParseRopeScalingType(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  // "default" is transformers' rope_type for no scaling.
+  if (lower == "none" || lower == "default" || lower.empty()) return RopeScalingType::kNone;
+  if (lower == "linear") return RopeScalingType::kLinear;
+  if (lower == "dynamic") return RopeScalingType::kDynamic;
+  if (lower == "llama3") return RopeScalingType::kLlama3;
+  if (lower == "yarn") return RopeScalingType::kYarn;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "rope_scaling.type: unknown '", name, "', expected none, linear, dynamic, llama3 or yarn"));
+}
+
+double YarnMscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
 namespace {
 
 // Upper bounds that keep every size product far inside int64 and catch unit mistakes early.
@@ -101,6 +136,62 @@ absl::Status ValidateMla(const LayerSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status InvalidReal(absl::string_view field, double value, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", rule));
+}
+
+absl::Status ValidateRopeScaling(const LayerSpec& spec) {
+  const RopeScaling& r = spec.rope_scaling;
+  if (r.type == RopeScalingType::kNone) return absl::OkStatus();
+  const std::string type = absl::StrCat("rope_scaling.type = ", RopeScalingTypeName(r.type));
+  if (r.type == RopeScalingType::kDynamic) {
+    // transformers recomputes dynamic NTK frequencies from the longest position of each forward
+    // call (dynamic_rope_update), while keys already cached keep the frequencies they were rotated
+    // with: the output depends on how a sequence was split into prefill and decode calls, which no
+    // per-position rule here can reproduce.
+    return absl::InvalidArgumentError(absl::StrCat(type, " is not implemented"));
+  }
+  if (spec.rope == RopeLayout::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(type, ": requires rope = half or interleaved"));
+  }
+  if (!std::isfinite(r.factor) || r.factor < 1.0) {
+    return InvalidReal("rope_scaling.factor", r.factor, "must be finite and >= 1");
+  }
+  if (r.type == RopeScalingType::kLinear) return absl::OkStatus();
+  if (absl::Status s = CheckRange("rope_scaling.original_max_position_embeddings",
+                                  r.original_max_position_embeddings, 1,
+                                  std::numeric_limits<int>::max());
+      !s.ok()) {
+    return s;
+  }
+  if (r.type == RopeScalingType::kLlama3) {
+    if (!std::isfinite(r.low_freq_factor) || !(r.low_freq_factor > 0.0)) {
+      return InvalidReal("rope_scaling.low_freq_factor", r.low_freq_factor,
+                         "must be finite and > 0");
+    }
+    if (!std::isfinite(r.high_freq_factor) || !(r.high_freq_factor > r.low_freq_factor)) {
+      return InvalidReal("rope_scaling.high_freq_factor", r.high_freq_factor,
+                         absl::StrCat("must be finite and > low_freq_factor = ", r.low_freq_factor));
+    }
+    return absl::OkStatus();
+  }
+  // YaRN.
+  if (!std::isfinite(r.beta_fast) || !(r.beta_fast > 0.0)) {
+    return InvalidReal("rope_scaling.beta_fast", r.beta_fast, "must be finite and > 0");
+  }
+  if (!std::isfinite(r.beta_slow) || !(r.beta_slow > 0.0)) {
+    return InvalidReal("rope_scaling.beta_slow", r.beta_slow, "must be finite and > 0");
+  }
+  if (!std::isfinite(r.mscale) || r.mscale < 0.0) {
+    return InvalidReal("rope_scaling.mscale", r.mscale, "must be finite and >= 0 (0 = absent)");
+  }
+  if (!std::isfinite(r.mscale_all_dim) || r.mscale_all_dim < 0.0) {
+    return InvalidReal("rope_scaling.mscale_all_dim", r.mscale_all_dim,
+                       "must be finite and >= 0 (0 = absent)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateLayerSpec(const LayerSpec& spec) {
@@ -138,6 +229,7 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("rope_theta = ", spec.rope_theta, ": must be finite and > 1"));
   }
+  if (absl::Status s = ValidateRopeScaling(spec); !s.ok()) return s;
   if (spec.sliding_window < 0) {
     return Invalid("sliding_window", "must be >= 0 (0 = full attention)", spec.sliding_window);
   }
@@ -170,7 +262,14 @@ int RotaryDim(const LayerSpec& spec) {
 
 float EffectiveSoftmaxScale(const LayerSpec& spec) {
   if (spec.softmax_scale > 0.0f) return spec.softmax_scale;
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(QkHeadDim(spec))));
+  double scale = 1.0 / std::sqrt(static_cast<double>(QkHeadDim(spec)));
+  const RopeScaling& r = spec.rope_scaling;
+  if (spec.variant == AttentionVariant::kMLA && r.type == RopeScalingType::kYarn &&
+      r.mscale_all_dim != 0.0) {
+    const double mscale = YarnMscale(r.factor, r.mscale_all_dim);  // DeepseekV3Attention.__init__
+    scale *= mscale * mscale;
+  }
+  return static_cast<float>(scale);
 }
 
 int64_t KvScalarsPerToken(const LayerSpec& spec) {
@@ -214,7 +313,12 @@ std::string LayerSpecSummary(const LayerSpec& spec) {
   } else {
     absl::StrAppend(&out, " kv_heads=", spec.num_kv_heads, " head_dim=", spec.head_dim);
   }
-  absl::StrAppend(&out, " rope=", RopeLayoutName(spec.rope), spec.causal ? " causal" : " bidir");
+  absl::StrAppend(&out, " rope=", RopeLayoutName(spec.rope));
+  if (spec.rope_scaling.type != RopeScalingType::kNone) {
+    absl::StrAppend(&out, " rope_scaling=", RopeScalingTypeName(spec.rope_scaling.type), "x",
+                    spec.rope_scaling.factor);
+  }
+  absl::StrAppend(&out, spec.causal ? " causal" : " bidir");
   if (spec.sliding_window > 0) absl::StrAppend(&out, " window=", spec.sliding_window);
   return out;
 }

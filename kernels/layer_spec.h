@@ -35,6 +35,37 @@ enum class RopeLayout : uint8_t {
 absl::string_view RopeLayoutName(RopeLayout layout);
 absl::StatusOr<RopeLayout> ParseRopeLayout(absl::string_view name);
 
+// How the RoPE frequencies are stretched for contexts longer than pre-training (Hugging Face
+// config.json "rope_scaling"). Semantics are transformers' modeling_rope_utils.py (the version
+// pinned in tests/peer/requirements.txt); kernels/rope_frequencies.h computes them.
+enum class RopeScalingType : uint8_t {
+  kNone,     // Plain theta^(-2i/d) (rope_type "default").
+  kLinear,   // Every inverse frequency divided by factor (_compute_linear_scaling_rope_parameters).
+  kDynamic,  // Dynamic NTK: frequencies depend on the batch's longest position; refused (see .cc).
+  kLlama3,   // Llama 3.1 band-wise interpolation (_compute_llama3_parameters).
+  kYarn,     // YaRN ramp + attention factor (_compute_yarn_parameters); DeepSeek-V2/V3, Qwen.
+};
+
+// "none", "linear", "dynamic", "llama3", "yarn".
+absl::string_view RopeScalingTypeName(RopeScalingType type);
+absl::StatusOr<RopeScalingType> ParseRopeScalingType(absl::string_view name);
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;                       // linear, llama3, yarn: >= 1.
+  int original_max_position_embeddings = 0;  // llama3, yarn: the pre-training context, >= 1.
+  double low_freq_factor = 1.0;              // llama3.
+  double high_freq_factor = 4.0;             // llama3: > low_freq_factor.
+  double beta_fast = 32.0;                   // yarn: ramp boundary (rotations), > 0.
+  double beta_slow = 1.0;                    // yarn: ramp boundary (rotations), > 0.
+  // yarn: 0 = absent. With both set, cos/sin are multiplied by mscale(factor, mscale) /
+  // mscale(factor, mscale_all_dim), else by mscale(factor, 1); for MLA a non-zero mscale_all_dim
+  // also multiplies the default softmax scale by mscale(factor, mscale_all_dim)^2 (as
+  // DeepseekV3Attention does). mscale(s, m) = 0.1 * m * ln(s) + 1 for s > 1, else 1.
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+};
+
 struct MlaDims {
   int q_lora_rank = 0;       // 0: queries use a plain q_proj; else q_a_proj -> RMSNorm -> q_b_proj.
   int kv_lora_rank = 0;      // Width of the cached latent c_kv.
@@ -55,6 +86,7 @@ struct LayerSpec {
 
   RopeLayout rope = RopeLayout::kNone;
   double rope_theta = 10000.0;  // Base of the RoPE frequencies: theta^(-2i/rotary_dim).
+  RopeScaling rope_scaling;     // type kNone: the plain frequencies above.
 
   bool causal = true;
   // Mistral semantics: the query at position i sees keys j with i - W < j <= i (the last W tokens,
@@ -69,13 +101,17 @@ struct LayerSpec {
 // OK, or INVALID_ARGUMENT naming the offending field and the rule it breaks.
 absl::Status ValidateLayerSpec(const LayerSpec& spec);
 
+// transformers' get_mscale / yarn_get_mscale: 0.1 * mscale * ln(scale) + 1, or 1 when scale <= 1.
+double YarnMscale(double scale, double mscale);
+
 // Width of one head's q and k (MLA: qk_nope_head_dim + qk_rope_head_dim).
 int QkHeadDim(const LayerSpec& spec);
 // Width of one head's v and attention output (MLA: v_head_dim).
 int VHeadDim(const LayerSpec& spec);
 // Width of the rotated part of q and k: head_dim, or qk_rope_head_dim for MLA; 0 without RoPE.
 int RotaryDim(const LayerSpec& spec);
-// The scale actually applied to q.k (resolves the 0 default).
+// The scale actually applied to q.k (resolves the 0 default; for MLA with YaRN's mscale_all_dim,
+// 1/sqrt(qk head dim) * mscale(factor, mscale_all_dim)^2 as DeepseekV3Attention).
 float EffectiveSoftmaxScale(const LayerSpec& spec);
 
 // Number of scalars cached per token: 2 * num_kv_heads * head_dim, or for MLA

@@ -1,5 +1,6 @@
 #include "kernels/layer_spec_json.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +24,8 @@ using Json = nlohmann::json;
 
 constexpr absl::string_view kTopLevelKeys[] = {
     "variant", "d_model",    "num_heads", "num_kv_heads",   "head_dim",      "qkv_bias", "o_bias",
-    "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla"};
+    "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla",
+    "rope_scaling"};
 constexpr absl::string_view kMlaKeys[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
                                           "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
 
@@ -166,6 +169,73 @@ absl::Status ReadMla(const Json& object, MlaDims* mla) {
   return r.Float("rms_norm_eps", false, &mla->rms_norm_eps);
 }
 
+// The keys each rope_scaling type reads; a key of another type is an error rather than ignored,
+// so every accepted document is written back unchanged.
+std::vector<absl::string_view> RopeScalingKeys(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::kNone:
+      return {"type"};
+    case RopeScalingType::kLinear:
+    case RopeScalingType::kDynamic:
+      return {"type", "factor"};
+    case RopeScalingType::kLlama3:
+      return {"type", "factor", "original_max_position_embeddings", "low_freq_factor",
+              "high_freq_factor"};
+    case RopeScalingType::kYarn:
+      return {"type",      "factor",    "original_max_position_embeddings",
+              "beta_fast", "beta_slow", "mscale",
+              "mscale_all_dim"};
+  }
+  return {"type"};
+}
+
+absl::Status ReadRopeScaling(const Json& object, RopeScaling* scaling) {
+  if (!object.is_object()) return WrongType("rope_scaling", "an object", object);
+  const FieldReader r(object, "rope_scaling.");
+  std::string text;
+  bool present = false;
+  if (absl::Status s = r.String("type", true, &text, &present); !s.ok()) return s;
+  absl::StatusOr<RopeScalingType> type = ParseRopeScalingType(text);
+  if (!type.ok()) return type.status();  // Already names "rope_scaling.type".
+  scaling->type = *type;
+  const std::vector<absl::string_view> keys = RopeScalingKeys(*type);
+  if (absl::Status s = CheckKeys(object, keys, "rope_scaling."); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(s.message(), " for type ", RopeScalingTypeName(*type)));
+  }
+  const auto wants = [&keys](absl::string_view key) {
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
+  if (wants("factor")) {
+    if (absl::Status s = r.Double("factor", false, &scaling->factor); !s.ok()) return s;
+  }
+  if (wants("original_max_position_embeddings")) {
+    if (absl::Status s = r.Int("original_max_position_embeddings", true,
+                               &scaling->original_max_position_embeddings);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (wants("low_freq_factor")) {
+    if (absl::Status s = r.Double("low_freq_factor", false, &scaling->low_freq_factor); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = r.Double("high_freq_factor", false, &scaling->high_freq_factor);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (wants("beta_fast")) {
+    if (absl::Status s = r.Double("beta_fast", false, &scaling->beta_fast); !s.ok()) return s;
+    if (absl::Status s = r.Double("beta_slow", false, &scaling->beta_slow); !s.ok()) return s;
+    if (absl::Status s = r.Double("mscale", false, &scaling->mscale); !s.ok()) return s;
+    if (absl::Status s = r.Double("mscale_all_dim", false, &scaling->mscale_all_dim); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The shortest decimal that reads back as `value` when parsed as a double and narrowed to float,
 // as a double (so 1e-6f prints as 1e-06, not 9.999999974752427e-07).
 double FloatForJson(float value) {
@@ -218,6 +288,9 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
     spec.rope = *rope;
   }
   if (absl::Status s = r.Double("rope_theta", false, &spec.rope_theta); !s.ok()) return s;
+  if (const auto scaling = root.find("rope_scaling"); scaling != root.end()) {
+    if (absl::Status s = ReadRopeScaling(*scaling, &spec.rope_scaling); !s.ok()) return s;
+  }
   if (absl::Status s = r.Bool("causal", false, &spec.causal); !s.ok()) return s;
   if (absl::Status s = r.Int("sliding_window", false, &spec.sliding_window); !s.ok()) return s;
   if (absl::Status s = r.Float("softmax_scale", false, &spec.softmax_scale); !s.ok()) return s;
@@ -248,6 +321,24 @@ std::string LayerSpecToJson(const LayerSpec& spec) {
   out["o_bias"] = spec.o_bias;
   out["rope"] = std::string(RopeLayoutName(spec.rope));
   out["rope_theta"] = spec.rope_theta;
+  if (spec.rope_scaling.type != RopeScalingType::kNone) {
+    const RopeScaling& r = spec.rope_scaling;
+    nlohmann::ordered_json& scaling = out["rope_scaling"];
+    for (absl::string_view key : RopeScalingKeys(r.type)) {
+      const std::string name(key);
+      if (key == "type") scaling[name] = std::string(RopeScalingTypeName(r.type));
+      if (key == "factor") scaling[name] = r.factor;
+      if (key == "original_max_position_embeddings") {
+        scaling[name] = r.original_max_position_embeddings;
+      }
+      if (key == "low_freq_factor") scaling[name] = r.low_freq_factor;
+      if (key == "high_freq_factor") scaling[name] = r.high_freq_factor;
+      if (key == "beta_fast") scaling[name] = r.beta_fast;
+      if (key == "beta_slow") scaling[name] = r.beta_slow;
+      if (key == "mscale") scaling[name] = r.mscale;
+      if (key == "mscale_all_dim") scaling[name] = r.mscale_all_dim;
+    }
+  }
   out["causal"] = spec.causal;
   out["sliding_window"] = spec.sliding_window;
   out["softmax_scale"] = FloatForJson(spec.softmax_scale);

@@ -10,6 +10,14 @@
 //     "o_bias": false,           // default false
 //     "rope": "half",            // "none" | "half" | "interleaved"; default "none"
 //     "rope_theta": 10000.0,     // default 10000
+//     "rope_scaling": {          // optional; absent = "none" (written only when not "none")
+//       "type": "llama3",        // "none" | "linear" | "dynamic" (refused) | "llama3" | "yarn"
+//       "factor": 8.0,           // default 1
+//       "original_max_position_embeddings": 8192,  // llama3 and yarn; default 0 (invalid there)
+//       "low_freq_factor": 1.0, "high_freq_factor": 4.0,  // llama3; defaults 1 and 4
+//       "beta_fast": 32.0, "beta_slow": 1.0,              // yarn; defaults 32 and 1
+//       "mscale": 0.0, "mscale_all_dim": 0.0              // yarn; 0 = absent (default)
+//     },
 //     "causal": true,            // default true
 //     "sliding_window": 0,       // tokens, 0 = unlimited; default 0
 //     "softmax_scale": 0.0,      // 0 = 1/sqrt(qk head dim); default 0

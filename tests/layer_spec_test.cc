@@ -66,6 +66,16 @@ void ExpectSameSpec(const LayerSpec& a, const LayerSpec& b) {
   EXPECT_EQ(a.causal, b.causal);
   EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.softmax_scale, b.softmax_scale);
+  EXPECT_EQ(a.rope_scaling.type, b.rope_scaling.type);
+  EXPECT_EQ(a.rope_scaling.factor, b.rope_scaling.factor);
+  EXPECT_EQ(a.rope_scaling.original_max_position_embeddings,
+            b.rope_scaling.original_max_position_embeddings);
+  EXPECT_EQ(a.rope_scaling.low_freq_factor, b.rope_scaling.low_freq_factor);
+  EXPECT_EQ(a.rope_scaling.high_freq_factor, b.rope_scaling.high_freq_factor);
+  EXPECT_EQ(a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
+  EXPECT_EQ(a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
+  EXPECT_EQ(a.rope_scaling.mscale, b.rope_scaling.mscale);
+  EXPECT_EQ(a.rope_scaling.mscale_all_dim, b.rope_scaling.mscale_all_dim);
   if (a.variant == AttentionVariant::kMLA) {
     EXPECT_EQ(a.mla.q_lora_rank, b.mla.q_lora_rank);
     EXPECT_EQ(a.mla.kv_lora_rank, b.mla.kv_lora_rank);
@@ -203,6 +213,89 @@ std::vector<BadSpec> BadSpecs() {
         s.causal = false;
       },
       "sliding_window");
+  const auto llama3 = [](LayerSpec& s) {
+    s.rope_scaling = {.type = RopeScalingType::kLlama3,
+                      .factor = 8.0,
+                      .original_max_position_embeddings = 8192};
+  };
+  const auto yarn = [](LayerSpec& s) {
+    s.rope_scaling = {.type = RopeScalingType::kYarn,
+                      .factor = 40.0,
+                      .original_max_position_embeddings = 4096,
+                      .mscale = 1.0,
+                      .mscale_all_dim = 1.0};
+  };
+  add(
+      "RopeScalingDynamic", Gqa(),
+      [](LayerSpec& s) { s.rope_scaling = {.type = RopeScalingType::kDynamic, .factor = 2.0}; },
+      "rope_scaling.type = dynamic is not implemented");
+  add(
+      "RopeScalingWithoutRope", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope = RopeLayout::kNone;
+      },
+      "rope_scaling.type = llama3");
+  add(
+      "RopeScalingFactorBelowOne", Gqa(),
+      [](LayerSpec& s) { s.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 0.5}; },
+      "rope_scaling.factor");
+  add(
+      "Llama3WithoutOriginalContext", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope_scaling.original_max_position_embeddings = 0;
+      },
+      "rope_scaling.original_max_position_embeddings");
+  add(
+      "Llama3ZeroLowFreqFactor", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope_scaling.low_freq_factor = 0.0;
+      },
+      "rope_scaling.low_freq_factor");
+  add(
+      "Llama3HighNotAboveLow", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope_scaling.high_freq_factor = 1.0;
+      },
+      "rope_scaling.high_freq_factor");
+  add(
+      "YarnWithoutOriginalContext", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.original_max_position_embeddings = -1;
+      },
+      "rope_scaling.original_max_position_embeddings");
+  add(
+      "YarnZeroBetaFast", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.beta_fast = 0.0;
+      },
+      "rope_scaling.beta_fast");
+  add(
+      "YarnNegativeBetaSlow", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.beta_slow = -1.0;
+      },
+      "rope_scaling.beta_slow");
+  add(
+      "YarnNegativeMscale", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.mscale = -0.5;
+      },
+      "rope_scaling.mscale");
+  add(
+      "YarnNegativeMscaleAllDim", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.mscale_all_dim = -0.5;
+      },
+      "rope_scaling.mscale_all_dim");
   return cases;
 }
 
@@ -297,7 +390,24 @@ TEST(LayerSpecJsonTest, RoundTripsEveryField) {
   mla.softmax_scale = 0.1352337f;  // A YaRN-adjusted scale.
   mla.mla.rms_norm_eps = 1e-5f;
 
-  for (const LayerSpec& spec : {gqa, mha, mla}) {
+  LayerSpec llama31 = Gqa();
+  llama31.rope_scaling = {.type = RopeScalingType::kLlama3,
+                          .factor = 8.0,
+                          .original_max_position_embeddings = 8192,
+                          .low_freq_factor = 1.0,
+                          .high_freq_factor = 4.0};
+  LayerSpec v3_yarn = DeepSeekV3();
+  v3_yarn.rope_scaling = {.type = RopeScalingType::kYarn,
+                          .factor = 40.0,
+                          .original_max_position_embeddings = 4096,
+                          .beta_fast = 32.0,
+                          .beta_slow = 1.0,
+                          .mscale = 1.0,
+                          .mscale_all_dim = 0.707};
+  LayerSpec linear = Gqa();
+  linear.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 2.5};
+
+  for (const LayerSpec& spec : {gqa, mha, mla, llama31, v3_yarn, linear}) {
     const std::string json = LayerSpecToJson(spec);
     absl::StatusOr<LayerSpec> parsed = LayerSpecFromJson(json);
     ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << json;
@@ -416,6 +526,23 @@ std::vector<BadJson> BadJsons() {
            "qk_rope_head_dim": 8, "v_head_dim": 16)"),
        "mla.kv_lora_rank"},
       {"UnknownKeyNearMiss", GqaWith(R"("head_dim": 32, "num_kv_heads_": 0)"), "num_kv_heads_"},
+      {"UnknownRopeScalingType",
+       GqaWith(R"("head_dim": 32, "rope_scaling": {"type": "longrope", "factor": 2})"),
+       "rope_scaling.type"},
+      {"RopeScalingKeyOfAnotherType",
+       GqaWith(R"("head_dim": 32, "rope_scaling": {"type": "linear", "factor": 2,
+           "beta_fast": 32})"),
+       "rope_scaling.beta_fast"},
+      {"RopeScalingWithoutType", GqaWith(R"("head_dim": 32, "rope_scaling": {"factor": 2})"),
+       "rope_scaling.type"},
+      {"Llama3MissingOriginalContext",
+       GqaWith(R"("head_dim": 32, "rope": "half", "rope_scaling": {"type": "llama3",
+           "factor": 8})"),
+       "rope_scaling.original_max_position_embeddings"},
+      {"DynamicRefused",
+       GqaWith(R"("head_dim": 32, "rope": "half", "rope_scaling": {"type": "dynamic",
+           "factor": 2})"),
+       "rope_scaling.type = dynamic is not implemented"},
       // Well-formed JSON, invalid spec: ValidateLayerSpec's message.
       {"InvalidSpec", R"({"variant": "gqa", "d_model": 256, "num_heads": 8, "num_kv_heads": 3,
            "head_dim": 32})",

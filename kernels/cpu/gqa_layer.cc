@@ -40,7 +40,7 @@ GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
       bk_(FloatsOrEmpty(weights, "k_proj.bias")),
       bv_(FloatsOrEmpty(weights, "v_proj.bias")),
       bo_(FloatsOrEmpty(weights, "o_proj.bias")),
-      rope_(spec.rope, RotaryDim(spec), spec.rope_theta) {}
+      rope_(spec) {}
 
 GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
   const LayerSpec& s = spec();

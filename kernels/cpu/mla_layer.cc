@@ -92,7 +92,7 @@ MlaLayer::MlaLayer(const LayerSpec& spec, const LayerWeights& weights,
       kv_a_norm_(weights.at("kv_a_layernorm.weight").ToFloats()),
       wkv_b_(weights.at("kv_b_proj.weight").ToFloats()),
       wo_(weights.at("o_proj.weight").ToFloats()),
-      rope_(spec.rope, RotaryDim(spec), spec.rope_theta) {}
+      rope_(spec) {}
 
 std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
   const LayerSpec& s = spec();

@@ -2,14 +2,15 @@
 
 #include <cmath>
 
+#include "kernels/rope_frequencies.h"
+
 namespace attnserve {
 
-RotaryEmbedding::RotaryEmbedding(RopeLayout layout, int rotary_dim, double theta)
-    : layout_(layout), rotary_dim_(rotary_dim), inv_freq_(rotary_dim / 2) {
-  for (int i = 0; i < rotary_dim / 2; ++i) {
-    inv_freq_[i] = std::pow(theta, -2.0 * i / rotary_dim);
-  }
-}
+RotaryEmbedding::RotaryEmbedding(const LayerSpec& spec)
+    : layout_(spec.rope),
+      rotary_dim_(RotaryDim(spec)),
+      inv_freq_(RopeInverseFrequencies(spec)),
+      attention_factor_(RopeAttentionFactor(spec)) {}
 
 void RotaryEmbedding::Apply(float* x, int64_t row_stride, int64_t num_heads, int64_t head_stride,
                             absl::Span<const int64_t> positions) const {
@@ -19,8 +20,9 @@ void RotaryEmbedding::Apply(float* x, int64_t row_stride, int64_t num_heads, int
   for (size_t row = 0; row < positions.size(); ++row) {
     for (int i = 0; i < half; ++i) {
       const double angle = static_cast<double>(positions[row]) * inv_freq_[i];
-      cos_table[i] = static_cast<float>(std::cos(angle));
-      sin_table[i] = static_cast<float>(std::sin(angle));
+      // As transformers: cos = emb.cos() * attention_scaling (float32 product).
+      cos_table[i] = static_cast<float>(std::cos(angle)) * static_cast<float>(attention_factor_);
+      sin_table[i] = static_cast<float>(std::sin(angle)) * static_cast<float>(attention_factor_);
     }
     for (int64_t head = 0; head < num_heads; ++head) {
       float* v = x + static_cast<int64_t>(row) * row_stride + head * head_stride;

@@ -12,8 +12,9 @@ namespace attnserve {
 
 class RotaryEmbedding {
  public:
-  // rotary_dim even; inverse frequencies theta^(-2i/rotary_dim), i < rotary_dim/2.
-  RotaryEmbedding(RopeLayout layout, int rotary_dim, double theta);
+  // Rotates RotaryDim(spec) wide vectors with RopeInverseFrequencies(spec) (rope scaling
+  // included), cos and sin multiplied by RopeAttentionFactor(spec). `spec` must be valid.
+  explicit RotaryEmbedding(const LayerSpec& spec);
 
   // Rotates `num_heads` vectors per row, each `rotary_dim` wide and `head_stride` apart, starting
   // at x + row * row_stride. Row r uses positions[r]. Angles are computed in double: float32 angles
@@ -25,6 +26,7 @@ class RotaryEmbedding {
   RopeLayout layout_;
   int rotary_dim_;
   std::vector<double> inv_freq_;
+  double attention_factor_;
 };
 
 }  // namespace attnserve

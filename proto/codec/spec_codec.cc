@@ -61,6 +61,47 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   spec.qkv_bias = proto.qkv_bias();
   spec.o_bias = proto.o_bias();
   spec.rope_theta = proto.rope_theta() == 0.0 ? 10000.0 : proto.rope_theta();
+  if (proto.has_rope_scaling()) {
+    const v1::RopeScaling& in = proto.rope_scaling();
+    RopeScaling& r = spec.rope_scaling;
+    switch (in.type()) {
+      case v1::ROPE_SCALING_NONE:
+        r.type = RopeScalingType::kNone;
+        break;
+      case v1::ROPE_SCALING_LINEAR:
+        r.type = RopeScalingType::kLinear;
+        break;
+      case v1::ROPE_SCALING_DYNAMIC:
+        r.type = RopeScalingType::kDynamic;
+        break;
+      case v1::ROPE_SCALING_LLAMA3:
+        r.type = RopeScalingType::kLlama3;
+        break;
+      case v1::ROPE_SCALING_YARN:
+        r.type = RopeScalingType::kYarn;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("spec.rope_scaling.type: unknown value ",
+                                                       static_cast<int>(in.type())));
+    }
+    // 0 = absent, as transformers' `rope_scaling.get("beta_fast") or 32`.
+    auto or_default = [](double value, double fallback) { return value == 0.0 ? fallback : value; };
+    // Only the type's own fields are read (as LayerSpecFromJson), the rest keep their defaults.
+    if (r.type != RopeScalingType::kNone) r.factor = or_default(in.factor(), 1.0);
+    if (r.type == RopeScalingType::kLlama3 || r.type == RopeScalingType::kYarn) {
+      r.original_max_position_embeddings = in.original_max_position_embeddings();
+    }
+    if (r.type == RopeScalingType::kLlama3) {
+      r.low_freq_factor = or_default(in.low_freq_factor(), 1.0);
+      r.high_freq_factor = or_default(in.high_freq_factor(), 4.0);
+    }
+    if (r.type == RopeScalingType::kYarn) {
+      r.beta_fast = or_default(in.beta_fast(), 32.0);
+      r.beta_slow = or_default(in.beta_slow(), 1.0);
+      r.mscale = in.mscale();
+      r.mscale_all_dim = in.mscale_all_dim();
+    }
+  }
   spec.causal = proto.causal();
   spec.sliding_window = proto.sliding_window();
   spec.softmax_scale = proto.softmax_scale();
@@ -100,6 +141,35 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
       break;
   }
   out.set_rope_theta(spec.rope_theta);
+  if (spec.rope_scaling.type != RopeScalingType::kNone) {
+    const RopeScaling& r = spec.rope_scaling;
+    v1::RopeScaling* scaling = out.mutable_rope_scaling();
+    switch (r.type) {
+      case RopeScalingType::kNone:
+        scaling->set_type(v1::ROPE_SCALING_NONE);
+        break;
+      case RopeScalingType::kLinear:
+        scaling->set_type(v1::ROPE_SCALING_LINEAR);
+        break;
+      case RopeScalingType::kDynamic:
+        scaling->set_type(v1::ROPE_SCALING_DYNAMIC);
+        break;
+      case RopeScalingType::kLlama3:
+        scaling->set_type(v1::ROPE_SCALING_LLAMA3);
+        break;
+      case RopeScalingType::kYarn:
+        scaling->set_type(v1::ROPE_SCALING_YARN);
+        break;
+    }
+    scaling->set_factor(r.factor);
+    scaling->set_original_max_position_embeddings(r.original_max_position_embeddings);
+    scaling->set_low_freq_factor(r.low_freq_factor);
+    scaling->set_high_freq_factor(r.high_freq_factor);
+    scaling->set_beta_fast(r.beta_fast);
+    scaling->set_beta_slow(r.beta_slow);
+    scaling->set_mscale(r.mscale);
+    scaling->set_mscale_all_dim(r.mscale_all_dim);
+  }
   out.set_causal(spec.causal);
   out.set_sliding_window(spec.sliding_window);
   out.set_softmax_scale(spec.softmax_scale);
