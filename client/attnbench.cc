@@ -309,7 +309,9 @@ int Main() {
       std::printf("%s\n", out.dump(2).c_str());
     } else {
       absl::PrintF("soak %s ctx=%d c=%d: %d rounds of %s\n", variants[0].label, contexts[0],
-                   concurrencies[0], soak.rounds, absl::FormatDuration(options.duration));
+                   concurrencies[0], soak.rounds,
+                   options.steps > 0 ? absl::StrCat(options.steps, " steps per stream")
+                                     : absl::FormatDuration(options.duration));
       absl::PrintF("%6s %12s %7s %14s %16s\n", "round", "tok/s", "errors", "peak RSS MiB",
                    "RSS after MiB");
       for (size_t i = 0; i < report.rounds.size(); ++i) {
