@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_layer.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/rope_frequencies.h"
 
 namespace attnserve {
 
@@ -40,6 +41,15 @@ class CudaBackend : public AttentionBackend {
     if (spec.variant == AttentionVariant::kMLA) {
       return absl::UnimplementedError(
           "the CUDA backend does not serve MLA yet (CUDA part 2); use --backend=cpu for MLA");
+    }
+    // The RoPE kernel takes per-pair frequencies (so linear, llama3 and yarn frequencies apply)
+    // but does not multiply cos and sin: YaRN's attention factor (without mscale == mscale_all_dim)
+    // would be dropped, so such a spec is refused rather than computed differently.
+    if (const double factor = RopeAttentionFactor(spec); factor != 1.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_scaling: yarn attention factor ", factor,
+          " (from factor, mscale and mscale_all_dim) is not implemented on the CUDA backend; use "
+          "--backend=cpu, or a spec whose mscale equals mscale_all_dim"));
     }
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);

@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention/work_plan.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/layer_input_checks.h"
+#include "kernels/rope_frequencies.h"
 
 namespace attnserve::cuda {
 
@@ -125,10 +126,9 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   }
   const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   if (rotary > 0) {
-    // theta^(-2i/rotary_dim) in fp64, exactly as RotaryEmbedding on the CPU.
-    std::vector<double> inv_freq(static_cast<size_t>(rotary / 2));
-    for (int i = 0; i < rotary / 2; ++i)
-      inv_freq[i] = std::pow(spec_.rope_theta, -2.0 * i / rotary);
+    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64. Its cos/sin factor
+    // has no place in the kernel: CudaBackend::CreateLayer refuses specs where it is not 1.
+    const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),

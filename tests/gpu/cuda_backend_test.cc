@@ -148,6 +148,27 @@ std::vector<GpuCase> Cases() {
     s.softmax_scale = 0.05f;
     cases.push_back({"mha_noncausal_scale_hd64", s});
   }
+  {
+    // Llama 3.1 rope scaling: the kernel takes the CPU's scaled per-pair frequencies.
+    LayerSpec s = Spec(8, 2, 64, RopeLayout::kHalf);
+    s.rope_theta = 500000.0;
+    s.rope_scaling = {.type = RopeScalingType::kLlama3,
+                      .factor = 8.0,
+                      .original_max_position_embeddings = 64,
+                      .low_freq_factor = 1.0,
+                      .high_freq_factor = 4.0};
+    cases.push_back({"gqa_llama3_scaling_hd64", s});
+  }
+  {
+    // YaRN with mscale == mscale_all_dim (DeepSeek-V3's): attention factor 1, frequencies ramped.
+    LayerSpec s = Spec(4, 4, 64, RopeLayout::kInterleaved);
+    s.rope_scaling = {.type = RopeScalingType::kYarn,
+                      .factor = 40.0,
+                      .original_max_position_embeddings = 64,
+                      .mscale = 1.0,
+                      .mscale_all_dim = 1.0};
+    cases.push_back({"mha_yarn_scaling_hd64", s});
+  }
   return cases;
 }
 
@@ -292,6 +313,21 @@ TEST(CudaBackendContractTest, MlaIsUnimplemented) {
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
       Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 0, 64, nullptr});
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kUnimplemented) << layer.status();
+}
+
+TEST(CudaBackendContractTest, YarnAttentionFactorIsInvalidArgument) {
+  SKIP_WITHOUT_GPU();
+  // YaRN without mscale: cos and sin are multiplied by 0.1 ln(4) + 1, which the kernel cannot.
+  LayerSpec spec = Spec(4, 4, 64, RopeLayout::kHalf);
+  spec.rope_scaling = {.type = RopeScalingType::kYarn,
+                       .factor = 4.0,
+                       .original_max_position_embeddings = 64};
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
+  ASSERT_TRUE(weights.ok());
+  const absl::Status status =
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr}).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("rope_scaling"), absl::string_view::npos) << status;
 }
 
 TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
