@@ -1,6 +1,7 @@
 // The peer test: our CPU engine against code nobody here wrote.
 //
 // tests/peer/make_peer_cases.py builds tiny random Llama, Qwen2, Mistral and DeepSeek-V3 models
+// (also with Llama 3.1's llama3 and DeepSeek-V3's / Qwen2.5's YaRN rope scaling)
 // with Hugging Face transformers (eager attention, float32) and a torch.nn.MultiheadAttention,
 // saves their checkpoints, and records one layer's self_attn input and output. For every case
 // directory this test loads the spec (spec.json, our JSON form) and the checkpoint through our own

@@ -163,14 +163,48 @@ def scale_or_default(scaling: float, qk_head_dim: int) -> float:
     return 0.0 if math.isclose(scaling, default, rel_tol=1e-12) else float(scaling)
 
 
+def rope_scaling_spec(config):
+    """config.rope_scaling as our spec's "rope_scaling" object, or None for plain RoPE.
+
+    Only the keys the engine reads; any other key transformers would honour fails here, so a case
+    cannot silently test less than its config says."""
+    rs = getattr(config, "rope_scaling", None)
+    if not rs:
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "default":
+        return None
+    if kind == "llama3":
+        return {"type": "llama3", "factor": float(rs["factor"]),
+                "original_max_position_embeddings": int(rs["original_max_position_embeddings"]),
+                "low_freq_factor": float(rs["low_freq_factor"]),
+                "high_freq_factor": float(rs["high_freq_factor"])}
+    if kind == "yarn":
+        assert rs.get("attention_factor") is None and rs.get("truncate", True), rs
+        # The `or` defaults are _compute_yarn_parameters' own.
+        return {"type": "yarn", "factor": float(rs["factor"]),
+                "original_max_position_embeddings": int(
+                    rs.get("original_max_position_embeddings") or config.max_position_embeddings),
+                "beta_fast": float(rs.get("beta_fast") or 32),
+                "beta_slow": float(rs.get("beta_slow") or 1),
+                "mscale": float(rs.get("mscale") or 0),
+                "mscale_all_dim": float(rs.get("mscale_all_dim") or 0)}
+    raise AssertionError(f"rope_scaling type {kind!r} has no spec mapping here")
+
+
+def with_rope_scaling(spec: dict, config) -> dict:
+    scaling = rope_scaling_spec(config)
+    if scaling is not None:
+        spec["rope_scaling"] = scaling
+    return spec
+
+
 def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None) -> dict:
     """Spec for Llama/Mistral/Qwen2 attention (rotate_half RoPE over the full head_dim)."""
     heads = config.num_attention_heads
     kv_heads = config.num_key_value_heads
     head_dim = attn.head_dim
     assert getattr(config, "partial_rotary_factor", 1.0) == 1.0
-    rope_scaling = getattr(config, "rope_scaling", None)
-    assert rope_scaling is None or rope_scaling.get("rope_type") == "default"
     # The window the mask actually uses: Qwen2 decides per layer (attn.sliding_window); Mistral
     # masks every layer with config.sliding_window when it is set (its module has no attribute).
     window = (attn.sliding_window if hasattr(attn, "sliding_window")
@@ -178,7 +212,7 @@ def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None)
     assert window == expected_window, (window, expected_window)
     if variant is None:
         variant = "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa")
-    return {
+    return with_rope_scaling({
         "variant": variant,
         "d_model": config.hidden_size,
         "num_heads": heads,
@@ -191,15 +225,22 @@ def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None)
         "causal": bool(attn.is_causal),
         "sliding_window": int(window),
         "softmax_scale": scale_or_default(attn.scaling, head_dim),
-    }
+    }, config)
 
 
 def deepseek_spec(config, attn) -> dict:
     eps = attn.kv_a_layernorm.variance_epsilon
     if config.q_lora_rank is not None:
         assert attn.q_a_layernorm.variance_epsilon == eps
-    assert config.rope_scaling is None  # No YaRN: positions use the plain default frequencies.
-    return {
+    scaling = rope_scaling_spec(config)
+    # Our default scale for MLA + YaRN includes DeepSeek's mscale(factor, mscale_all_dim)^2; the
+    # module's own scale must equal it for softmax_scale 0 to stand for it.
+    default_scale = config.qk_head_dim ** -0.5
+    if scaling and scaling["type"] == "yarn" and scaling["mscale_all_dim"]:
+        default_scale *= _yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
+    softmax_scale = (0.0 if math.isclose(attn.scaling, default_scale, rel_tol=1e-12)
+                     else float(attn.scaling))
+    return with_rope_scaling({
         "variant": "mla",
         "d_model": config.hidden_size,
         "num_heads": config.num_attention_heads,
@@ -211,7 +252,7 @@ def deepseek_spec(config, attn) -> dict:
         "rope_theta": float(config.rope_theta),
         "causal": bool(attn.is_causal),
         "sliding_window": 0,
-        "softmax_scale": scale_or_default(attn.scaling, config.qk_head_dim),
+        "softmax_scale": softmax_scale,
         "mla": {
             "q_lora_rank": config.q_lora_rank or 0,
             "kv_lora_rank": config.kv_lora_rank,
@@ -222,7 +263,7 @@ def deepseek_spec(config, attn) -> dict:
             # not config.rms_norm_eps.
             "rms_norm_eps": float(eps),
         },
-    }
+    }, config)
 
 
 # ---- cases --------------------------------------------------------------------------------------
@@ -237,6 +278,36 @@ def llama_case(heads, kv_heads, head_dim, bias, layers, layer_index, seq_len):
     attn = model.model.layers[layer_index].self_attn
     reinit_attention(attn, qk_gain=2.0)
     return model, llama_like_spec(config, attn), layer_index, seq_len, "transformers LlamaForCausalLM"
+
+
+def llama31_scaling_case():
+    """Llama 3.1-style rope_scaling (llama3, factor 8, low 1, high 4) with an original context of
+    64 so that positions up to ~200 rotate pairs of all three bands (kept, smoothed, divided)."""
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        rms_norm_eps=1e-5, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[0].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    return model, llama_like_spec(config, attn), 0, 97, "transformers LlamaForCausalLM"
+
+
+def qwen2_yarn_case():
+    """Qwen2.5-style YaRN without mscale: cos and sin are multiplied by 0.1 ln(4) + 1."""
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=4, rope_theta=1000000.0,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        max_position_embeddings=512, use_sliding_window=False,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[0].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    return model, llama_like_spec(config, attn), 0, 97, "transformers Qwen2ForCausalLM"
 
 
 def qwen2_case():
@@ -266,13 +337,15 @@ def mistral_case():
     return model, spec, 0, 29, "transformers MistralForCausalLM"
 
 
-def deepseek_case(q_lora_rank, layers, layer_index, seq_len):
+def deepseek_case(q_lora_rank, layers, layer_index, seq_len, rope_scaling=None,
+                  qk_rope_head_dim=8):
     config = DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, moe_intermediate_size=64,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
         n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
         first_k_dense_replace=1, q_lora_rank=q_lora_rank, kv_lora_rank=32, qk_nope_head_dim=16,
-        qk_rope_head_dim=8, v_head_dim=16, rope_theta=10000.0, rope_scaling=None,
+        qk_rope_head_dim=qk_rope_head_dim, v_head_dim=16, rope_theta=10000.0,
+        rope_scaling=rope_scaling,
         rope_interleave=True, rms_norm_eps=1e-5, max_position_embeddings=512,
         attn_implementation="eager", torch_dtype=torch.float32)
     model = DeepseekV3ForCausalLM(config).to(torch.float32)
@@ -341,13 +414,51 @@ def torch_mha_case(out_dir, causal: bool, seq_len: int):
 # kernels/layer_spec.h. Agreement proves that spec.json describes what transformers/torch computed,
 # so when the C++ engine disagrees with "expected" the engine (not this mapping) is at fault.
 
-def _rope(x, positions, theta, layout):
+def _yarn_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _inv_freq(spec, d):
+    """Inverse frequencies [d/2] and the cos/sin factor, rope_scaling included (YaRN paper and
+    Llama 3.1's reference formulas, written here independently of the C++ engine)."""
+    theta = spec["rope_theta"]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    rs = spec.get("rope_scaling")
+    if not rs:
+        return inv, 1.0
+    factor = rs["factor"]
+    if rs["type"] == "linear":
+        return inv / factor, 1.0
+    original = rs["original_max_position_embeddings"]
+    if rs["type"] == "llama3":
+        low, high = rs["low_freq_factor"], rs["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
+        return (1 - smooth) * inv / factor + smooth * inv, 1.0
+    assert rs["type"] == "yarn", rs
+
+    def dim_of(rotations):  # the pair count whose wavelength fits `rotations` times in `original`
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo = max(math.floor(dim_of(rs["beta_fast"])), 0)
+    hi = min(math.ceil(dim_of(rs["beta_slow"])), d - 1)
+    hi = hi + 0.001 if lo == hi else hi
+    keep = 1 - np.clip((np.arange(d // 2) - lo) / (hi - lo), 0.0, 1.0)
+    inv = inv / factor * (1 - keep) + inv * keep
+    if rs["mscale"] and rs["mscale_all_dim"]:
+        att = _yarn_mscale(factor, rs["mscale"]) / _yarn_mscale(factor, rs["mscale_all_dim"])
+    else:
+        att = _yarn_mscale(factor, 1.0)
+    return inv, att
+
+
+def _rope(x, positions, spec):
     """x [L, ..., d]; rotates pairs (i, i + d/2) ("half") or (2i, 2i + 1) ("interleaved")."""
-    d = x.shape[-1]
-    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+    d, layout = x.shape[-1], spec["rope"]
+    inv_freq, att = _inv_freq(spec, d)  # [d/2]
     angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]  # [L, d/2]
     shape = (x.shape[0],) + (1,) * (x.ndim - 2) + (d // 2,)
-    cos, sin = np.cos(angle).reshape(shape), np.sin(angle).reshape(shape)
+    cos, sin = att * np.cos(angle).reshape(shape), att * np.sin(angle).reshape(shape)
     if layout == "half":
         a, b = x[..., : d // 2], x[..., d // 2:]
     else:
@@ -403,9 +514,8 @@ def reference_forward(spec, weights, hidden, positions, split=None):
         kv = lin("kv_b_proj", latent).reshape(seq_len, heads, nope + vdim)
         v = kv[..., nope:]
         if spec["rope"] != "none":
-            q = np.concatenate([q[..., :nope], _rope(q[..., nope:], positions, spec["rope_theta"],
-                                                     spec["rope"])], axis=-1)
-            k_rope = _rope(k_rope, positions, spec["rope_theta"], spec["rope"])
+            q = np.concatenate([q[..., :nope], _rope(q[..., nope:], positions, spec)], axis=-1)
+            k_rope = _rope(k_rope, positions, spec)
         k = np.concatenate([kv[..., :nope], np.broadcast_to(k_rope[:, None, :],
                                                             (seq_len, heads, rdim))], axis=-1)
         qk_dim = nope + rdim
@@ -415,12 +525,16 @@ def reference_forward(spec, weights, hidden, positions, split=None):
         k = lin("k_proj", x).reshape(seq_len, kvh, hd)
         v = lin("v_proj", x).reshape(seq_len, kvh, hd)
         if spec["rope"] != "none":
-            q = _rope(q, positions, spec["rope_theta"], spec["rope"])
-            k = _rope(k, positions, spec["rope_theta"], spec["rope"])
+            q = _rope(q, positions, spec)
+            k = _rope(k, positions, spec)
         group = heads // kvh
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         qk_dim = hd
     scale = spec["softmax_scale"] or qk_dim ** -0.5
+    rs = spec.get("rope_scaling")
+    if not spec["softmax_scale"] and spec["variant"] == "mla" and rs and rs["type"] == "yarn" \
+            and rs["mscale_all_dim"]:
+        scale *= _yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2  # DeepseekV3Attention
     logits = np.einsum("ihd,jhd->hij", q, k) * scale
     logits = np.where(_visible(spec, seq_len, split)[None], logits, -np.inf)
     logits -= logits.max(-1, keepdims=True)
@@ -491,6 +605,16 @@ HF_CASES = {
     # second on layer 1 of a 2-layer model whose layer 1 is MoE.
     "deepseek_v3_mla_qlora": lambda: deepseek_case(64, 1, 0, 37),
     "deepseek_v3_mla_noqlora_layer1": lambda: deepseek_case(None, 2, 1, 35),
+    # (f) RoPE scaling, positions up to ~200 against an original context of 64: Llama 3.1's
+    # llama3 bands; DeepSeek-V3's YaRN (its real rope_scaling but original_max_position_embeddings
+    # 64; mscale = mscale_all_dim = 1 scales the softmax by mscale(40, 1)^2); Qwen2.5-style YaRN
+    # without mscale (cos/sin times the attention factor).
+    "llama31_rope_scaling": llama31_scaling_case,
+    "deepseek_v3_yarn": lambda: deepseek_case(
+        64, 1, 0, 97, qk_rope_head_dim=16,
+        rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 64,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "qwen2_yarn": qwen2_yarn_case,
 }
 TORCH_CASES = {
     # (e) nn.MultiheadAttention: MHA without RoPE.
