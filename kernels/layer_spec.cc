@@ -222,10 +222,10 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
       return Invalid("head_dim", "must be even when rope is enabled", spec.head_dim);
     }
   }
-  // Finite even without RoPE, where it is unused: NaN and infinity have no JSON form, so such a
-  // spec could not be written to a spec file and read back (layer_spec_json.h).
-  if (!std::isfinite(spec.rope_theta) ||
-      (spec.rope != RopeLayout::kNone && !(spec.rope_theta > 1.0))) {
+  // Checked even without RoPE, where it is unused: NaN and infinity have no JSON form, and the
+  // wire reads 0 as "the default 10000", so a spec file and the wire could not carry such a spec
+  // unchanged (layer_spec_json.h, spec_codec.h).
+  if (!std::isfinite(spec.rope_theta) || !(spec.rope_theta > 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("rope_theta = ", spec.rope_theta, ": must be finite and > 1"));
   }

@@ -170,6 +170,14 @@ std::vector<BadSpec> BadSpecs() {
       },
       "rope_theta");
   add(
+      // The wire reads 0 as the default 10000, so a spec of 0 could not cross it unchanged.
+      "RopeThetaZeroWithoutRope", Gqa(),
+      [](LayerSpec& s) {
+        s.rope = RopeLayout::kNone;
+        s.rope_theta = 0.0;
+      },
+      "rope_theta");
+  add(
       "NegativeWindow", Gqa(), [](LayerSpec& s) { s.sliding_window = -1; }, "sliding_window");
   add(
       "WindowWithoutCausal", Gqa(),
