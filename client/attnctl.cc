@@ -78,6 +78,13 @@ ABSL_FLAG(int, kv_lora_rank, 0, "configure (mla): latent width (required for mla
 ABSL_FLAG(int, qk_nope_head_dim, 0, "configure (mla): per-head q/k width without RoPE.");
 ABSL_FLAG(int, qk_rope_head_dim, 0, "configure (mla): decoupled RoPE width.");
 ABSL_FLAG(int, v_head_dim, 0, "configure (mla): per-head value width.");
+ABSL_FLAG(int, rotary_dim, 0, "configure: rotated dims per q/k head (0 = the whole head).");
+ABSL_FLAG(std::string, qk_norm, "none",
+          "configure: per-head q/k RMSNorm: none, rms (Qwen3) or rms_unit_offset (Gemma 3).");
+ABSL_FLAG(double, qk_norm_eps, 1e-6, "configure: epsilon of the q/k RMSNorm.");
+ABSL_FLAG(double, attn_logit_softcapping, 0.0,
+          "configure: scores = cap * tanh(scores / cap) (Gemma 2: 50; 0 = none).");
+ABSL_FLAG(bool, attention_sinks, false, "configure: learned per-head sinks (gpt-oss).");
 // configure: weights and KV cache.
 ABSL_FLAG(uint64_t, seed, 1, "configure: weight seed; forward/decode/demo: input seed.");
 ABSL_FLAG(std::string, checkpoint, "", "configure: safetensors file or directory on the server.");
@@ -214,6 +221,13 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
     spec.mla.qk_rope_head_dim = absl::GetFlag(FLAGS_qk_rope_head_dim);
     spec.mla.v_head_dim = absl::GetFlag(FLAGS_v_head_dim);
   }
+  spec.rotary_dim = absl::GetFlag(FLAGS_rotary_dim);
+  absl::StatusOr<QkNorm> qk_norm = ParseQkNorm(absl::GetFlag(FLAGS_qk_norm));
+  if (!qk_norm.ok()) return qk_norm.status();
+  spec.qk_norm = *qk_norm;
+  spec.qk_norm_eps = static_cast<float>(absl::GetFlag(FLAGS_qk_norm_eps));
+  spec.attn_logit_softcapping = static_cast<float>(absl::GetFlag(FLAGS_attn_logit_softcapping));
+  spec.attention_sinks = absl::GetFlag(FLAGS_attention_sinks);
   // The server validates too; checking here gives the same message without a round trip.
   if (absl::Status status = ValidateLayerSpec(spec); !status.ok()) return status;
   return spec;

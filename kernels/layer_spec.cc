@@ -78,8 +78,38 @@ absl::StatusOr<RopeScalingType> ParseRopeScalingType(absl::string_view name) {
   if (lower == "dynamic") return RopeScalingType::kDynamic;
   if (lower == "llama3") return RopeScalingType::kLlama3;
   if (lower == "yarn") return RopeScalingType::kYarn;
+  if (lower == "longrope" || lower == "su") {
+    // _compute_longrope_parameters picks long_factor or short_factor by the current sequence
+    // length against original_max_position_embeddings (Phi-3 128k/Phi-3.5/Phi-4-mini): like dynamic
+    // NTK, the frequencies would depend on how a sequence was split into calls.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rope_scaling.type = ", name,
+        " is not implemented (LongRoPE switches between long and short factors by sequence length, "
+        "so cached keys would keep frequencies the next call no longer uses)"));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       "rope_scaling.type: unknown '", name, "', expected none, linear, dynamic, llama3 or yarn"));
+}
+
+absl::string_view QkNormName(QkNorm norm) {
+  switch (norm) {
+    case QkNorm::kNone:
+      return "none";
+    case QkNorm::kRms:
+      return "rms";
+    case QkNorm::kRmsUnitOffset:
+      return "rms_unit_offset";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "none" || lower.empty()) return QkNorm::kNone;
+  if (lower == "rms") return QkNorm::kRms;
+  if (lower == "rms_unit_offset") return QkNorm::kRmsUnitOffset;
+  return absl::InvalidArgumentError(
+      absl::StrCat("qk_norm: unknown '", name, "', expected none, rms or rms_unit_offset"));
 }
 
 double YarnMscale(double scale, double mscale) {
@@ -192,6 +222,51 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
   return absl::OkStatus();
 }
 
+// rotary_dim, qk_norm, attn_logit_softcapping and attention_sinks (Qwen3, Gemma 2/3, gpt-oss,
+// Phi-3). MLA layers have none of them (DeepseekV3Attention), so a set one is refused there.
+absl::Status ValidateAttentionVariations(const LayerSpec& spec) {
+  if (!std::isfinite(spec.qk_norm_eps) || !(spec.qk_norm_eps > 0.0f)) {
+    return InvalidReal("qk_norm_eps", spec.qk_norm_eps, "must be finite and > 0");
+  }
+  if (!std::isfinite(spec.attn_logit_softcapping) || spec.attn_logit_softcapping < 0.0f) {
+    return InvalidReal("attn_logit_softcapping", spec.attn_logit_softcapping,
+                       "must be finite and >= 0 (0 = no soft-capping)");
+  }
+  if (spec.variant == AttentionVariant::kMLA) {
+    const absl::string_view mla_has_none =
+        "is not supported for MLA (DeepSeek-V2/V3 attention has no such feature)";
+    if (spec.rotary_dim != 0) {
+      return Invalid("rotary_dim",
+                     absl::StrCat(mla_has_none, "; MLA's rotated width is mla.qk_rope_head_dim"),
+                     spec.rotary_dim);
+    }
+    if (spec.qk_norm != QkNorm::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("qk_norm = ", QkNormName(spec.qk_norm), ": ", mla_has_none));
+    }
+    if (spec.attn_logit_softcapping != 0.0f) {
+      return InvalidReal("attn_logit_softcapping", spec.attn_logit_softcapping, mla_has_none);
+    }
+    if (spec.attention_sinks) {
+      return absl::InvalidArgumentError(absl::StrCat("attention_sinks = true: ", mla_has_none));
+    }
+    return absl::OkStatus();
+  }
+  if (spec.rotary_dim != 0) {
+    if (spec.rope == RopeLayout::kNone) {
+      return Invalid("rotary_dim", "requires rope = half or interleaved (0 without RoPE)",
+                     spec.rotary_dim);
+    }
+    if (spec.rotary_dim < 0 || spec.rotary_dim % 2 != 0 || spec.rotary_dim > spec.head_dim) {
+      return Invalid("rotary_dim",
+                     absl::StrCat("must be 0 (the whole head) or even and in [2, head_dim = ",
+                                  spec.head_dim, "]"),
+                     spec.rotary_dim);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateLayerSpec(const LayerSpec& spec) {
@@ -242,7 +317,7 @@ absl::Status ValidateLayerSpec(const LayerSpec& spec) {
         absl::StrCat("softmax_scale = ", spec.softmax_scale,
                      ": must be finite and >= 0 (0 = 1/sqrt(head dim))"));
   }
-  return absl::OkStatus();
+  return ValidateAttentionVariations(spec);
 }
 
 int QkHeadDim(const LayerSpec& spec) {
@@ -257,7 +332,8 @@ int VHeadDim(const LayerSpec& spec) {
 
 int RotaryDim(const LayerSpec& spec) {
   if (spec.rope == RopeLayout::kNone) return 0;
-  return spec.variant == AttentionVariant::kMLA ? spec.mla.qk_rope_head_dim : spec.head_dim;
+  if (spec.variant == AttentionVariant::kMLA) return spec.mla.qk_rope_head_dim;
+  return spec.rotary_dim != 0 ? spec.rotary_dim : spec.head_dim;
 }
 
 float EffectiveSoftmaxScale(const LayerSpec& spec) {
@@ -296,6 +372,8 @@ int64_t ParameterCount(const LayerSpec& spec) {
   int64_t params = d * q + 2 * d * kv + q * d;
   if (spec.qkv_bias) params += q + 2 * kv;
   if (spec.o_bias) params += d;
+  if (spec.qk_norm != QkNorm::kNone) params += 2 * int64_t{spec.head_dim};  // q_norm, k_norm.
+  if (spec.attention_sinks) params += h;
   return params;
 }
 
@@ -314,12 +392,18 @@ std::string LayerSpecSummary(const LayerSpec& spec) {
     absl::StrAppend(&out, " kv_heads=", spec.num_kv_heads, " head_dim=", spec.head_dim);
   }
   absl::StrAppend(&out, " rope=", RopeLayoutName(spec.rope));
+  if (spec.rotary_dim != 0) absl::StrAppend(&out, " rotary_dim=", spec.rotary_dim);
   if (spec.rope_scaling.type != RopeScalingType::kNone) {
     absl::StrAppend(&out, " rope_scaling=", RopeScalingTypeName(spec.rope_scaling.type), "x",
                     spec.rope_scaling.factor);
   }
   absl::StrAppend(&out, spec.causal ? " causal" : " bidir");
   if (spec.sliding_window > 0) absl::StrAppend(&out, " window=", spec.sliding_window);
+  if (spec.qk_norm != QkNorm::kNone) absl::StrAppend(&out, " qk_norm=", QkNormName(spec.qk_norm));
+  if (spec.attn_logit_softcapping != 0.0f) {
+    absl::StrAppend(&out, " softcap=", spec.attn_logit_softcapping);
+  }
+  if (spec.attention_sinks) absl::StrAppend(&out, " sinks");
   return out;
 }
 

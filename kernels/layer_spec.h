@@ -75,6 +75,19 @@ struct MlaDims {
   float rms_norm_eps = 1e-6f;  // For q_a_layernorm and kv_a_layernorm.
 };
 
+// Per-head RMSNorm of q and k over head_dim, after the projections and before RoPE, computed in
+// float32: x / sqrt(mean(x^2) + qk_norm_eps) times a learned scale of [head_dim] ("q_norm.weight",
+// "k_norm.weight").
+enum class QkNorm : uint8_t {
+  kNone,
+  kRms,            // Scale w (Qwen3RMSNorm).
+  kRmsUnitOffset,  // Scale (1 + w) (Gemma3RMSNorm; the stored weight is the offset from 1).
+};
+
+// "none", "rms", "rms_unit_offset".
+absl::string_view QkNormName(QkNorm norm);
+absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name);
+
 struct LayerSpec {
   AttentionVariant variant = AttentionVariant::kMHA;
   int d_model = 0;        // Hidden size of the layer's input and output.
@@ -92,10 +105,26 @@ struct LayerSpec {
   // Mistral semantics: the query at position i sees keys j with i - W < j <= i (the last W tokens,
   // itself included). 0 = unlimited. Requires causal.
   int sliding_window = 0;
-  // Multiplies q.k. 0 = 1/sqrt(qk head dim) (head_dim, or qk_nope + qk_rope for MLA).
+  // Multiplies q.k. 0 = 1/sqrt(qk head dim) (head_dim, or qk_nope + qk_rope for MLA). Gemma 2/3's
+  // query_pre_attn_scalar s is softmax_scale = s^-0.5.
   float softmax_scale = 0.0f;
 
   MlaDims mla;
+
+  // The variations below are MHA/MQA/GQA only (MLA refuses them: DeepseekV3Attention has none).
+  // 0 = RoPE rotates the whole head; else only the leading rotary_dim dims of each q/k head (even,
+  // <= head_dim), the rest pass through: transformers' partial_rotary_factor, rotary_dim =
+  // int(head_dim * partial_rotary_factor) (Phi-3/Phi-4-mini, GPT-NeoX). Frequencies use
+  // rotary_dim: theta^(-2i/rotary_dim).
+  int rotary_dim = 0;
+  QkNorm qk_norm = QkNorm::kNone;  // Qwen3: kRms; Gemma 3: kRmsUnitOffset.
+  float qk_norm_eps = 1e-6f;
+  // 0 = none; else the scaled scores s become cap * tanh(s / cap) before masking and softmax
+  // (Gemma 2's attn_logit_softcapping).
+  float attn_logit_softcapping = 0.0f;
+  // gpt-oss: a learned logit per query head ("sinks" [num_heads]) joins every query row's softmax
+  // as one more column and is dropped after it, so the row's weights sum to less than 1.
+  bool attention_sinks = false;
 };
 
 // OK, or INVALID_ARGUMENT naming the offending field and the rule it breaks.
@@ -108,7 +137,8 @@ double YarnMscale(double scale, double mscale);
 int QkHeadDim(const LayerSpec& spec);
 // Width of one head's v and attention output (MLA: v_head_dim).
 int VHeadDim(const LayerSpec& spec);
-// Width of the rotated part of q and k: head_dim, or qk_rope_head_dim for MLA; 0 without RoPE.
+// Width of the rotated part of q and k: rotary_dim when set, else head_dim, or qk_rope_head_dim
+// for MLA; 0 without RoPE.
 int RotaryDim(const LayerSpec& spec);
 // The scale actually applied to q.k (resolves the 0 default; for MLA with YaRN's mscale_all_dim,
 // 1/sqrt(qk head dim) * mscale(factor, mscale_all_dim)^2 as DeepseekV3Attention).

@@ -25,7 +25,8 @@ using Json = nlohmann::json;
 constexpr absl::string_view kTopLevelKeys[] = {
     "variant", "d_model",    "num_heads", "num_kv_heads",   "head_dim",      "qkv_bias", "o_bias",
     "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla",
-    "rope_scaling"};
+    "rope_scaling", "rotary_dim", "qk_norm", "qk_norm_eps", "attn_logit_softcapping",
+    "attention_sinks"};
 constexpr absl::string_view kMlaKeys[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
                                           "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
 
@@ -294,6 +295,19 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
   if (absl::Status s = r.Bool("causal", false, &spec.causal); !s.ok()) return s;
   if (absl::Status s = r.Int("sliding_window", false, &spec.sliding_window); !s.ok()) return s;
   if (absl::Status s = r.Float("softmax_scale", false, &spec.softmax_scale); !s.ok()) return s;
+  if (absl::Status s = r.Int("rotary_dim", false, &spec.rotary_dim); !s.ok()) return s;
+  if (absl::Status s = r.String("qk_norm", false, &text, &present); !s.ok()) return s;
+  if (present) {
+    absl::StatusOr<QkNorm> qk_norm = ParseQkNorm(text);
+    if (!qk_norm.ok()) return qk_norm.status();  // Already names "qk_norm".
+    spec.qk_norm = *qk_norm;
+  }
+  if (absl::Status s = r.Float("qk_norm_eps", false, &spec.qk_norm_eps); !s.ok()) return s;
+  if (absl::Status s = r.Float("attn_logit_softcapping", false, &spec.attn_logit_softcapping);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = r.Bool("attention_sinks", false, &spec.attention_sinks); !s.ok()) return s;
 
   const auto mla = root.find("mla");
   if (is_mla) {
@@ -342,6 +356,11 @@ std::string LayerSpecToJson(const LayerSpec& spec) {
   out["causal"] = spec.causal;
   out["sliding_window"] = spec.sliding_window;
   out["softmax_scale"] = FloatForJson(spec.softmax_scale);
+  out["rotary_dim"] = spec.rotary_dim;
+  out["qk_norm"] = std::string(QkNormName(spec.qk_norm));
+  out["qk_norm_eps"] = FloatForJson(spec.qk_norm_eps);
+  out["attn_logit_softcapping"] = FloatForJson(spec.attn_logit_softcapping);
+  out["attention_sinks"] = spec.attention_sinks;
   if (spec.variant == AttentionVariant::kMLA) {
     nlohmann::ordered_json& mla = out["mla"];
     mla["q_lora_rank"] = spec.mla.q_lora_rank;

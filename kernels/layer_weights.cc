@@ -23,8 +23,8 @@ WeightShape Bias(std::string prefix, int64_t features) {
   return {absl::StrCat(prefix, ".bias"), {features}, false, true};
 }
 
-WeightShape NormScale(std::string prefix, int64_t features) {
-  return {absl::StrCat(prefix, ".weight"), {features}, true, false};
+WeightShape NormScale(std::string prefix, int64_t features, float init = 1.0f) {
+  return {absl::StrCat(prefix, ".weight"), {features}, true, false, init};
 }
 
 // FNV-1a: a hash that is the same on every platform and build (absl::Hash is salted per process).
@@ -72,6 +72,12 @@ std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec) {
     shapes.push_back(Bias("v_proj", kv));
   }
   if (spec.o_bias) shapes.push_back(Bias("o_proj", d));
+  if (spec.qk_norm != QkNorm::kNone) {
+    const float init = spec.qk_norm == QkNorm::kRmsUnitOffset ? 0.0f : 1.0f;
+    shapes.push_back(NormScale("q_norm", spec.head_dim, init));
+    shapes.push_back(NormScale("k_norm", spec.head_dim, init));
+  }
+  if (spec.attention_sinks) shapes.push_back({"sinks", {h}});
   return shapes;
 }
 
@@ -130,7 +136,7 @@ absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t 
     float* values = tensors[t].f32();
     const int64_t count = tensors[t].num_elements();
     if (expected.is_norm_scale) {
-      for (int64_t i = 0; i < count; ++i) values[i] = 1.0f;
+      for (int64_t i = 0; i < count; ++i) values[i] = expected.norm_scale_init;
       return;
     }
     // A bias shares its layer's fan-in; find it from the matching weight's second dimension.
@@ -143,6 +149,7 @@ absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t 
         if (other.name == weight_name) fan_in = other.shape[1];
       }
     }
+    if (expected.name == "sinks") fan_in = 1;  // One logit per head, no input.
     const float bound = static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
     std::mt19937_64 rng(seed ^ StableHash(expected.name));
     std::uniform_real_distribution<float> uniform(-bound, bound);

@@ -4,7 +4,8 @@
 // removed, and tensors keep PyTorch's nn.Linear layout [out_features, in_features]:
 //   MHA/MQA/GQA: q_proj.weight [H*D, d_model], k_proj.weight [KV*D, d_model],
 //                v_proj.weight [KV*D, d_model], o_proj.weight [d_model, H*D]
-//                (+ q_proj.bias, k_proj.bias, v_proj.bias when qkv_bias; o_proj.bias when o_bias)
+//                (+ q_proj.bias, k_proj.bias, v_proj.bias when qkv_bias; o_proj.bias when o_bias;
+//                q_norm.weight, k_norm.weight [D] when qk_norm; sinks [H] when attention_sinks)
 //   MLA:         q_proj.weight [H*(nope+rope), d_model]            when q_lora_rank == 0, else
 //                q_a_proj.weight [q_lora, d_model], q_a_layernorm.weight [q_lora],
 //                q_b_proj.weight [H*(nope+rope), q_lora];
@@ -32,8 +33,11 @@ using LayerWeights = std::map<std::string, Tensor>;
 struct WeightShape {
   std::string name;
   std::vector<int64_t> shape;
-  bool is_norm_scale = false;  // RMSNorm scale (initialised to 1), not a projection.
+  bool is_norm_scale = false;  // RMSNorm scale (initialised to norm_scale_init), not a projection.
   bool is_bias = false;
+  // 1, or 0 for a (1 + w) norm (QkNorm::kRmsUnitOffset): either way the seeded norm is the identity
+  // scale, as transformers initialises them.
+  float norm_scale_init = 1.0f;
 };
 
 // Every tensor the spec requires, in a stable order.
@@ -45,7 +49,8 @@ std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec);
 absl::Status ValidateLayerWeights(const LayerSpec& spec, const LayerWeights& weights);
 
 // Deterministic weights from `seed`, as PyTorch initialises nn.Linear: every projection weight and
-// bias ~ U(-1/sqrt(in_features), +1/sqrt(in_features)); RMSNorm scales = 1. Each tensor draws from
+// bias ~ U(-1/sqrt(in_features), +1/sqrt(in_features)); RMSNorm scales = 1 (0 for a (1 + w) norm);
+// gpt-oss sinks ~ U(-1, 1) (logits of the size of the scores). Each tensor draws from
 // its own std::mt19937_64 stream seeded by (seed, tensor name), so a tensor's values do not depend
 // on which other tensors the spec has. Tensors are float32. The tensors are drawn in parallel,
 // one thread each; `cancelled` (optional) is polled as they fill, and once it returns true the

@@ -53,6 +53,44 @@ LayerSpec DeepSeekV3() {
   return spec;
 }
 
+// Qwen3-8B attention (config.json of Qwen/Qwen3-8B): per-head RMSNorm of q and k.
+LayerSpec Qwen3() {
+  LayerSpec spec = Gqa();
+  spec.d_model = 4096;
+  spec.num_heads = 32;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 128;
+  spec.rope_theta = 1000000.0;
+  spec.qk_norm = QkNorm::kRms;
+  return spec;
+}
+
+// Gemma-2-9B attention: head_dim 256, query_pre_attn_scalar 256, soft-capping 50, window 4096.
+LayerSpec Gemma2() {
+  LayerSpec spec = Gqa();
+  spec.d_model = 3584;
+  spec.num_heads = 16;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 256;
+  spec.softmax_scale = 0.0625f;
+  spec.attn_logit_softcapping = 50.0f;
+  spec.sliding_window = 4096;
+  return spec;
+}
+
+// gpt-oss-20b attention: learned sinks, biases on q/k/v/o, head_dim 64.
+LayerSpec GptOss() {
+  LayerSpec spec = Gqa();
+  spec.d_model = 2880;
+  spec.num_heads = 64;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 64;
+  spec.qkv_bias = true;
+  spec.o_bias = true;
+  spec.attention_sinks = true;
+  return spec;
+}
+
 void ExpectSameSpec(const LayerSpec& a, const LayerSpec& b) {
   EXPECT_EQ(a.variant, b.variant);
   EXPECT_EQ(a.d_model, b.d_model);
@@ -76,6 +114,11 @@ void ExpectSameSpec(const LayerSpec& a, const LayerSpec& b) {
   EXPECT_EQ(a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
   EXPECT_EQ(a.rope_scaling.mscale, b.rope_scaling.mscale);
   EXPECT_EQ(a.rope_scaling.mscale_all_dim, b.rope_scaling.mscale_all_dim);
+  EXPECT_EQ(a.rotary_dim, b.rotary_dim);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.qk_norm_eps, b.qk_norm_eps);
+  EXPECT_EQ(a.attn_logit_softcapping, b.attn_logit_softcapping);
+  EXPECT_EQ(a.attention_sinks, b.attention_sinks);
   if (a.variant == AttentionVariant::kMLA) {
     EXPECT_EQ(a.mla.q_lora_rank, b.mla.q_lora_rank);
     EXPECT_EQ(a.mla.kv_lora_rank, b.mla.kv_lora_rank);
@@ -109,6 +152,29 @@ TEST(ValidateLayerSpecTest, AcceptsKnownGoodSpecs) {
   odd_no_rope.rope = RopeLayout::kNone;
   odd_no_rope.head_dim = 65;
   EXPECT_TRUE(ValidateLayerSpec(odd_no_rope).ok());
+}
+
+TEST(ValidateLayerSpecTest, AcceptsTheModelFamilyVariations) {
+  EXPECT_TRUE(ValidateLayerSpec(Qwen3()).ok());
+  EXPECT_TRUE(ValidateLayerSpec(Gemma2()).ok());
+  EXPECT_TRUE(ValidateLayerSpec(GptOss()).ok());
+  LayerSpec gemma3 = Gemma2();
+  gemma3.attn_logit_softcapping = 0.0f;
+  gemma3.qk_norm = QkNorm::kRmsUnitOffset;
+  EXPECT_TRUE(ValidateLayerSpec(gemma3).ok());
+  // Phi-4-mini: head_dim 128, partial_rotary_factor 0.75.
+  LayerSpec phi4_mini = Gqa();
+  phi4_mini.head_dim = 128;
+  phi4_mini.rotary_dim = 96;
+  EXPECT_TRUE(ValidateLayerSpec(phi4_mini).ok());
+  LayerSpec whole = Gqa();
+  whole.rotary_dim = whole.head_dim;  // The same as 0.
+  EXPECT_TRUE(ValidateLayerSpec(whole).ok());
+  EXPECT_EQ(RotaryDim(phi4_mini), 96);
+  EXPECT_EQ(RotaryDim(whole), 64);
+  LayerSpec interleaved = phi4_mini;
+  interleaved.rope = RopeLayout::kInterleaved;
+  EXPECT_TRUE(ValidateLayerSpec(interleaved).ok());
 }
 
 struct BadSpec {
@@ -297,6 +363,41 @@ std::vector<BadSpec> BadSpecs() {
         s.rope_scaling.mscale = -0.5;
       },
       "rope_scaling.mscale");
+  // The model-family variations (rotary_dim, qk_norm, soft-capping, sinks).
+  add(
+      "RotaryDimOdd", Gqa(), [](LayerSpec& s) { s.rotary_dim = 33; }, "rotary_dim");
+  add(
+      "RotaryDimNegative", Gqa(), [](LayerSpec& s) { s.rotary_dim = -2; }, "rotary_dim");
+  add(
+      "RotaryDimOverHeadDim", Gqa(), [](LayerSpec& s) { s.rotary_dim = 66; }, "rotary_dim");
+  add(
+      "RotaryDimWithoutRope", Gqa(),
+      [](LayerSpec& s) {
+        s.rope = RopeLayout::kNone;
+        s.rotary_dim = 32;
+      },
+      "rotary_dim");
+  add(
+      "QkNormEpsZero", Qwen3(), [](LayerSpec& s) { s.qk_norm_eps = 0.0f; }, "qk_norm_eps");
+  add(
+      "QkNormEpsNegative", Qwen3(), [](LayerSpec& s) { s.qk_norm_eps = -1e-6f; }, "qk_norm_eps");
+  add(
+      "SoftcapNegative", Gemma2(), [](LayerSpec& s) { s.attn_logit_softcapping = -50.0f; },
+      "attn_logit_softcapping");
+  add(
+      "SoftcapInfinite", Gemma2(),
+      [](LayerSpec& s) { s.attn_logit_softcapping = std::numeric_limits<float>::infinity(); },
+      "attn_logit_softcapping");
+  add(
+      "MlaRotaryDim", DeepSeekV3(), [](LayerSpec& s) { s.rotary_dim = 32; }, "rotary_dim");
+  add(
+      "MlaQkNorm", DeepSeekV3(), [](LayerSpec& s) { s.qk_norm = QkNorm::kRms; }, "qk_norm");
+  add(
+      "MlaSoftcap", DeepSeekV3(), [](LayerSpec& s) { s.attn_logit_softcapping = 30.0f; },
+      "attn_logit_softcapping");
+  add(
+      "MlaSinks", DeepSeekV3(), [](LayerSpec& s) { s.attention_sinks = true; },
+      "attention_sinks");
   add(
       "YarnNegativeMscaleAllDim", DeepSeekV3(),
       [&](LayerSpec& s) {
@@ -353,6 +454,21 @@ TEST(LayerSpecSizesTest, GqaParameterCountAndKvBytes) {
   EXPECT_EQ(ParameterCount(spec), 2 * 4096 * 4096 + 2 * 4096 * 1024);
   EXPECT_EQ(KvBytesPerToken(spec, DType::kBF16), 2 * 8 * 128 * 2);  // 4 KiB per token per layer.
   EXPECT_EQ(RotaryDim(spec), 128);
+}
+
+TEST(LayerSpecSizesTest, VariationsCountTheirWeights) {
+  // Qwen3-8B: q 4096x4096, k/v 4096x1024, o 4096x4096, q_norm and k_norm [128].
+  EXPECT_EQ(ParameterCount(Qwen3()), 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128);
+  // gpt-oss-20b: q 4096x2880 (+b), k/v 512x2880 (+b), o 2880x4096 (+b), sinks [64].
+  const int64_t q = 64 * 64, kv = 8 * 64, d = 2880;
+  EXPECT_EQ(ParameterCount(GptOss()), 2 * q * d + 2 * kv * d + q + 2 * kv + d + 64);
+  // Soft-capping and partial rotary have no weights.
+  LayerSpec gemma2 = Gemma2();
+  const int64_t before = ParameterCount(gemma2);
+  gemma2.attn_logit_softcapping = 0.0f;
+  gemma2.rotary_dim = 128;
+  EXPECT_EQ(ParameterCount(gemma2), before);
+  EXPECT_EQ(KvScalarsPerToken(Qwen3()), 2 * 8 * 128);
 }
 
 TEST(LayerSpecSizesTest, DeepSeekV3FullSize) {
@@ -414,8 +530,13 @@ TEST(LayerSpecJsonTest, RoundTripsEveryField) {
                           .mscale_all_dim = 0.707};
   LayerSpec linear = Gqa();
   linear.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 2.5};
+  LayerSpec gemma3 = Gemma2();
+  gemma3.qk_norm = QkNorm::kRmsUnitOffset;
+  gemma3.qk_norm_eps = 1e-5f;
+  gemma3.rotary_dim = 192;
+  LayerSpec gpt_oss = GptOss();
 
-  for (const LayerSpec& spec : {gqa, mha, mla, llama31, v3_yarn, linear}) {
+  for (const LayerSpec& spec : {gqa, mha, mla, llama31, v3_yarn, linear, gemma3, gpt_oss}) {
     const std::string json = LayerSpecToJson(spec);
     absl::StatusOr<LayerSpec> parsed = LayerSpecFromJson(json);
     ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << json;
@@ -535,8 +656,8 @@ std::vector<BadJson> BadJsons() {
        "mla.kv_lora_rank"},
       {"UnknownKeyNearMiss", GqaWith(R"("head_dim": 32, "num_kv_heads_": 0)"), "num_kv_heads_"},
       {"UnknownRopeScalingType",
-       GqaWith(R"("head_dim": 32, "rope_scaling": {"type": "longrope", "factor": 2})"),
-       "rope_scaling.type"},
+       GqaWith(R"("head_dim": 32, "rope_scaling": {"type": "ntk", "factor": 2})"),
+       "rope_scaling.type: unknown 'ntk'"},
       {"RopeScalingKeyOfAnotherType",
        GqaWith(R"("head_dim": 32, "rope_scaling": {"type": "linear", "factor": 2,
            "beta_fast": 32})"),
@@ -547,6 +668,21 @@ std::vector<BadJson> BadJsons() {
        GqaWith(R"("head_dim": 32, "rope": "half", "rope_scaling": {"type": "llama3",
            "factor": 8})"),
        "rope_scaling.original_max_position_embeddings"},
+      {"LongRopeRefused",
+       GqaWith(R"("head_dim": 32, "rope": "half", "rope_scaling": {"type": "longrope",
+           "factor": 2})"),
+       "rope_scaling.type = longrope is not implemented (LongRoPE switches"},
+      {"UnknownQkNorm", GqaWith(R"("head_dim": 32, "qk_norm": "layer")"), "qk_norm"},
+      {"BoolForQkNorm", GqaWith(R"("head_dim": 32, "qk_norm": true)"), "qk_norm"},
+      {"IntForSinks", GqaWith(R"("head_dim": 32, "attention_sinks": 1)"), "attention_sinks"},
+      {"FloatRotaryDim", GqaWith(R"("head_dim": 32, "rope": "half", "rotary_dim": 24.5)"),
+       "rotary_dim"},
+      {"RotaryDimPastHead", GqaWith(R"("head_dim": 32, "rope": "half", "rotary_dim": 34)"),
+       "rotary_dim"},
+      {"SinksOnMla",
+       R"({"variant": "mla", "d_model": 256, "num_heads": 4, "attention_sinks": true, "mla": {)" +
+           mla_ok + "}}",
+       "attention_sinks"},
       {"DynamicRefused",
        GqaWith(R"("head_dim": 32, "rope": "half", "rope_scaling": {"type": "dynamic",
            "factor": 2})"),

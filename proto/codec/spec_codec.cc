@@ -105,6 +105,24 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   spec.causal = proto.causal();
   spec.sliding_window = proto.sliding_window();
   spec.softmax_scale = proto.softmax_scale();
+  spec.rotary_dim = proto.rotary_dim();
+  switch (proto.qk_norm()) {
+    case v1::QK_NORM_NONE:
+      spec.qk_norm = QkNorm::kNone;
+      break;
+    case v1::QK_NORM_RMS:
+      spec.qk_norm = QkNorm::kRms;
+      break;
+    case v1::QK_NORM_RMS_UNIT_OFFSET:
+      spec.qk_norm = QkNorm::kRmsUnitOffset;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.qk_norm: unknown value ", static_cast<int>(proto.qk_norm())));
+  }
+  spec.qk_norm_eps = proto.qk_norm_eps() == 0.0f ? 1e-6f : proto.qk_norm_eps();
+  spec.attn_logit_softcapping = proto.attn_logit_softcapping();
+  spec.attention_sinks = proto.attention_sinks();
   if (spec.variant == AttentionVariant::kMLA) {
     const v1::MlaDims& mla = proto.mla();
     spec.mla.q_lora_rank = mla.q_lora_rank();
@@ -173,6 +191,21 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
   out.set_causal(spec.causal);
   out.set_sliding_window(spec.sliding_window);
   out.set_softmax_scale(spec.softmax_scale);
+  out.set_rotary_dim(spec.rotary_dim);
+  switch (spec.qk_norm) {
+    case QkNorm::kNone:
+      out.set_qk_norm(v1::QK_NORM_NONE);
+      break;
+    case QkNorm::kRms:
+      out.set_qk_norm(v1::QK_NORM_RMS);
+      break;
+    case QkNorm::kRmsUnitOffset:
+      out.set_qk_norm(v1::QK_NORM_RMS_UNIT_OFFSET);
+      break;
+  }
+  out.set_qk_norm_eps(spec.qk_norm_eps);
+  out.set_attn_logit_softcapping(spec.attn_logit_softcapping);
+  out.set_attention_sinks(spec.attention_sinks);
   if (spec.variant == AttentionVariant::kMLA) {
     v1::MlaDims* mla = out.mutable_mla();
     mla->set_q_lora_rank(spec.mla.q_lora_rank);

@@ -8,9 +8,9 @@
 
 namespace attnserve {
 
-// Resolves the proto's zero defaults (rope_theta 0 = 10000, rms_norm_eps 0 = 1e-6), then runs
-// ValidateLayerSpec. INVALID_ARGUMENT naming "spec.<field>" on any error. The mla message is read
-// only for VARIANT_MLA.
+// Resolves the proto's zero defaults (rope_theta 0 = 10000, rms_norm_eps and qk_norm_eps 0 = 1e-6),
+// then runs ValidateLayerSpec. INVALID_ARGUMENT naming "spec.<field>" on any error. The mla message
+// is read only for VARIANT_MLA.
 absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto);
 
 // Writes every field, causal included (proto3 defaults it to false; the engine to true).
