@@ -87,6 +87,18 @@ class AttentionLayer {
                                         absl::Span<const int64_t> positions) = 0;
 
   virtual KvPoolUsage PoolUsage() const = 0;
+
+  // ---- Accounting: the layer is the one owner of what it holds ----------------------------------
+
+  // Bytes of the KV pages `sequence` holds now (pages a sliding window evicted not counted).
+  // NOT_FOUND for an unknown id.
+  virtual absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const = 0;
+  // Bytes a sequence of `num_tokens` tokens holds between calls (whole pages, less the ones a
+  // sliding window evicted): what a caller reserves before growing a sequence to that length.
+  virtual int64_t KvBytesAtLength(int64_t num_tokens) const = 0;
+  // Bytes of the weights as the layer holds them, in its compute dtype on its device (the CPU
+  // keeps fp32; the CUDA backend keeps 16-bit projection weights for f16/bf16 layers).
+  virtual int64_t ParameterBytes() const = 0;
 };
 
 class AttentionBackend {

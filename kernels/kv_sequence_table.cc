@@ -1,5 +1,6 @@
 #include "kernels/kv_sequence_table.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -143,11 +144,30 @@ void KvSequenceTable::Rollback(absl::Span<const BatchSequence> batch) {
   }
 }
 
-void KvSequenceTable::EvictOutsideWindow(PageTable& table) {
-  if (!causal_ || sliding_window_ <= 0) return;
+int64_t KvSequenceTable::DeadPages(int64_t num_tokens) const {
+  if (!causal_ || sliding_window_ <= 0) return 0;
   // The next query (index num_tokens) sees keys > num_tokens - W; page p is dead when its last
   // token (p + 1) * page_size - 1 is at most num_tokens - W.
-  const int64_t dead_pages = (table.num_tokens - sliding_window_ + 1) / page_size_;
+  return std::max<int64_t>(0, (num_tokens - sliding_window_ + 1) / page_size_);
+}
+
+absl::StatusOr<int64_t> KvSequenceTable::HeldBytes(SequenceId sequence) const {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  int64_t held = 0;
+  for (int32_t page : it->second.pages) held += page != kEvictedPage ? 1 : 0;
+  return held * page_bytes_;
+}
+
+int64_t KvSequenceTable::HeldBytesAtLength(int64_t num_tokens) const {
+  const int64_t pages = PagesForTokens(num_tokens, page_size_);
+  return (pages - std::min(pages, DeadPages(num_tokens))) * page_bytes_;
+}
+
+void KvSequenceTable::EvictOutsideWindow(PageTable& table) {
+  const int64_t dead_pages = DeadPages(table.num_tokens);
   for (int64_t p = 0; p < dead_pages && p < static_cast<int64_t>(table.pages.size()); ++p) {
     if (table.pages[p] == kEvictedPage) continue;
     FreePages({&table.pages[p], 1});

@@ -68,12 +68,22 @@ class KvSequenceTable {
   // Returns pages that no future query can see (causal sliding window) to the pool.
   void EvictOutsideWindow(PageTable& table);
 
+  // Bytes of the pages `sequence` holds now (evicted pages not counted). NOT_FOUND for an
+  // unknown id.
+  absl::StatusOr<int64_t> HeldBytes(SequenceId sequence) const;
+  // Bytes a sequence of `num_tokens` tokens holds between calls: whole pages, less those that
+  // EvictOutsideWindow has returned. What a caller reserves ahead of growing a sequence.
+  int64_t HeldBytesAtLength(int64_t num_tokens) const;
+
   KvPoolUsage Usage() const;
   int page_size() const { return page_size_; }
   int64_t page_bytes() const { return page_bytes_; }
 
  private:
   void FreePages(absl::Span<const int32_t> pages);
+  // The eviction rule: how many leading pages of a sequence of `num_tokens` tokens no future
+  // query can see (0 without a causal sliding window).
+  int64_t DeadPages(int64_t num_tokens) const;
 
   const int page_size_;
   const int64_t page_bytes_;

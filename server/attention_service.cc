@@ -304,7 +304,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   const KvPoolUsage usage = (*layer)->PoolUsage();
   v1::SessionCost cost;
   cost.set_parameter_count(ParameterCount(*spec));
-  cost.set_parameter_bytes(LayerParameterBytes(*spec));
+  cost.set_parameter_bytes((*layer)->ParameterBytes());  // As the backend holds them.
   cost.set_kv_bytes_per_token(KvBytesPerToken(*spec, kv_dtype));
   cost.set_page_bytes(usage.page_bytes);
   cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);

@@ -40,15 +40,6 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
       last_used_(absl::Now()) {}
 
-int64_t Session::RequestKvBytes(int64_t length) const {
-  int64_t pages = (length + page_size_ - 1) / page_size_;
-  if (spec_.causal && spec_.sliding_window > 0) {
-    const int64_t dead = std::max<int64_t>(0, (length - spec_.sliding_window + 1) / page_size_);
-    pages -= std::min(pages, dead);
-  }
-  return pages * page_bytes_;
-}
-
 void Session::RefreshKvBytes() {
   const KvPoolUsage usage = layer_ != nullptr ? layer_->PoolUsage() : KvPoolUsage{};
   kv_bytes_used_.store(usage.used_pages * usage.page_bytes, std::memory_order_relaxed);
@@ -201,6 +192,11 @@ absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
 std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
                                         absl::Time now) {
   std::vector<StepOutput> results(plan.inputs.size());
+  // The layer owns the accounting: each request's bytes as its pages now hold them.
+  std::vector<int64_t> kv_bytes(plan.inputs.size(), 0);
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    kv_bytes[i] = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+  }
   absl::MutexLock lock(&mu_);
   last_used_ = now;
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(out.dtype());
@@ -212,6 +208,7 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     state.length = plan.requests[i].length + rows;
     state.last_position =
         plan.inputs[i].positions.empty() ? state.length - 1 : plan.inputs[i].positions.back();
+    state.kv_bytes = kv_bytes[i];
     state.last_used = now;
     StepOutput& r = results[i];
     r.request_id = std::move(plan.inputs[i].request_id);
@@ -298,7 +295,8 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
       const int64_t before = plan.requests[i].length;
       reserve_per_input[i] = std::max<int64_t>(
-          0, RequestKvBytes(before + plan.inputs[i].hidden.dim(0)) - RequestKvBytes(before));
+          0, layer_->KvBytesAtLength(before + plan.inputs[i].hidden.dim(0)) -
+                 layer_->KvBytesAtLength(before));
       reserved += reserve_per_input[i];
     }
     if (!budget->TryCharge(reserved)) {
@@ -339,7 +337,8 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
         // This chunk's share of the reservation: the pages its rows newly need.
         const int64_t done = plan.requests[i].length + (lo - row_start[i]);
         const int64_t share = std::clamp<int64_t>(
-            RequestKvBytes(done + hi - lo) - RequestKvBytes(done), 0, reserve_per_input[i]);
+            layer_->KvBytesAtLength(done + hi - lo) - layer_->KvBytesAtLength(done), 0,
+            reserve_per_input[i]);
         reserve_per_input[i] -= share;
         chunk_bytes += share;
       }
@@ -368,11 +367,14 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
         // rest): earlier chunks stand, so record them before failing.
         for (size_t i = 0; i < plan.inputs.size(); ++i) {
           if (plan.requests[i].is_new || row_start[i] >= begin) continue;
+          const int64_t kv_bytes =
+              layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
           absl::MutexLock lock(&mu_);
           RequestState& state = requests_[plan.inputs[i].request_id];
           // Partly applied: a retry under the same call_id must not look like a replay.
           state.last_call_id.clear();
           state.last_output = Tensor();
+          state.kv_bytes = kv_bytes;
           state.length =
               plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
           state.last_position =
@@ -499,7 +501,7 @@ void Session::FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info
     v1::RequestInfo* r = info->add_requests();
     r->set_request_id(request_id);
     r->set_sequence_length(state.length);
-    r->set_kv_bytes(RequestKvBytes(state.length));
+    r->set_kv_bytes(state.kv_bytes);
     r->set_idle_ns(absl::ToInt64Nanoseconds(now - state.last_used));
   }
 }

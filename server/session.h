@@ -148,6 +148,7 @@ class Session : public std::enable_shared_from_this<Session> {
     SequenceId sequence = 0;
     int64_t length = 0;          // Tokens cached.
     int64_t last_position = -1;  // RoPE position of the last cached token.
+    int64_t kv_bytes = 0;        // Its pages' bytes, as the layer reported after its last call.
     absl::Time last_used;
     // The call_id of the last call applied to this request and its output for this request,
     // retained so that a retry of that call is answered without appending twice. Empty (and no
@@ -160,9 +161,6 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // KV bytes the engine holds for a request of `length` tokens: whole pages, less pages that a
-  // sliding window has already evicted (mirrors the CPU layer's eviction rule).
-  int64_t RequestKvBytes(int64_t length) const;
   void RefreshKvBytes();
   // The rows and positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);

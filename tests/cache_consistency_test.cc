@@ -310,12 +310,20 @@ TEST_P(CacheConsistencyTest, ReleaseReturnsEveryPage) {
   EXPECT_EQ(empty.capacity_pages, 1024);
   EXPECT_EQ(empty.page_bytes, page_size * KvBytesPerToken(spec(), DType::kF32));
 
+  // The CPU backend keeps every parameter in fp32.
+  EXPECT_EQ(layer().ParameterBytes(), ParameterCount(spec()) * 4);
+
   Track a = harness.NewTrack();
   Track b = harness.NewTrack();
   EXPECT_EQ(layer().PoolUsage().used_pages, 0) << "an empty sequence holds no pages";
+  EXPECT_EQ(layer().SequenceKvBytes(a.id).value_or(-1), 0);
   ASSERT_TRUE(harness.Prefill({&a, &b}, {40, 3}).ok());
   for (int step = 0; step < 10; ++step) ASSERT_TRUE(harness.Decode({&a, &b}).ok());
   const int64_t used = layer().PoolUsage().used_pages;
+  // Each sequence's bytes as the layer reports them add up to the pool's use.
+  EXPECT_EQ(layer().SequenceKvBytes(a.id).value_or(-1) + layer().SequenceKvBytes(b.id).value_or(-1),
+            used * empty.page_bytes);
+  EXPECT_EQ(layer().SequenceKvBytes(a.id).value_or(-1), layer().KvBytesAtLength(50));
   if (spec().sliding_window == 0) {
     EXPECT_EQ(used, PagesForTokens(50, page_size) + PagesForTokens(13, page_size));
   } else {
@@ -328,6 +336,7 @@ TEST_P(CacheConsistencyTest, ReleaseReturnsEveryPage) {
   }
   ASSERT_TRUE(layer().ReleaseSequence(b.id).ok());
   EXPECT_EQ(layer().PoolUsage().used_pages, 0);
+  EXPECT_EQ(layer().SequenceKvBytes(b.id).status().code(), absl::StatusCode::kNotFound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Catalog, CacheConsistencyTest, ::testing::ValuesIn(ConsistencyCases()),
@@ -377,13 +386,24 @@ TEST_P(SlidingWindowTest, MatchesReferenceAndEvictsPages) {
   Harness harness(c.spec, weights, layer, seed);
   const int64_t window_pages = PagesForTokens(c.spec.sliding_window, c.page_size) + 1;
 
+  // The layer's own accounting of the one sequence: what its pages hold now, what a sequence of
+  // that length holds by the eviction rule (what the server reserves ahead), and the pool agree.
+  const auto expect_accounting_agrees = [&](const Track& t, const std::string& when) {
+    const int64_t page_bytes = layer.PoolUsage().page_bytes;
+    absl::StatusOr<int64_t> held = layer.SequenceKvBytes(t.id);
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_EQ(*held, layer.PoolUsage().used_pages * page_bytes) << when;
+    EXPECT_EQ(*held, layer.KvBytesAtLength(t.length(c.spec.d_model))) << when;
+  };
   Track track = harness.NewTrack();
   ASSERT_TRUE(harness.Prefill({&track}, {std::max<int64_t>(1, c.length / 2)}).ok());
   EXPECT_LE(layer.PoolUsage().used_pages, window_pages) << "after prefill";
+  expect_accounting_agrees(track, "after prefill");
   while (track.length(c.spec.d_model) < c.length) {
     ASSERT_TRUE(harness.Decode({&track}).ok());
     EXPECT_LE(layer.PoolUsage().used_pages, window_pages)
         << "after decoding token " << track.length(c.spec.d_model) - 1;
+    expect_accounting_agrees(track, "after a decode");
     if (::testing::Test::HasFailure()) break;
   }
   EXPECT_LE(harness.ErrorAgainstReference(track), kF32Bound);

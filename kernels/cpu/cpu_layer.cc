@@ -39,6 +39,20 @@ KvPoolUsage CpuLayer::PoolUsage() const {
   return sequences_.Usage();
 }
 
+absl::StatusOr<int64_t> CpuLayer::SequenceKvBytes(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytes(sequence);
+}
+
+int64_t CpuLayer::KvBytesAtLength(int64_t num_tokens) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytesAtLength(num_tokens);
+}
+
+int64_t CpuLayer::ParameterBytes() const {
+  return ParameterCount(spec_) * static_cast<int64_t>(sizeof(float));
+}
+
 absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch, absl::Span<const SequenceId> ids,
                                absl::Span<const int64_t> counts) {
   return sequences_.Reserve(

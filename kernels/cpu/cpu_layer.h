@@ -46,6 +46,10 @@ class CpuLayer : public AttentionLayer {
   absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
                                 absl::Span<const int64_t> positions) final;
   KvPoolUsage PoolUsage() const final;
+  absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
+  int64_t KvBytesAtLength(int64_t num_tokens) const final;
+  // Every parameter of the spec, converted once to fp32 at creation.
+  int64_t ParameterBytes() const final;
 
  protected:
   // Prefill: each sequence gets `num_new` rows (>= 1). Decode: exactly one row per sequence.

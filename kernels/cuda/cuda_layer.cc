@@ -158,6 +158,20 @@ KvPoolUsage CudaGqaLayer::PoolUsage() const {
   return sequences_.Usage();
 }
 
+absl::StatusOr<int64_t> CudaGqaLayer::SequenceKvBytes(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytes(sequence);
+}
+
+int64_t CudaGqaLayer::KvBytesAtLength(int64_t num_tokens) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytesAtLength(num_tokens);
+}
+
+int64_t CudaGqaLayer::ParameterBytes() const {
+  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes();
+}
+
 absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
                                              const Tensor& hidden,
                                              absl::Span<const int64_t> positions) {

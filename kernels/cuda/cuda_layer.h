@@ -55,6 +55,10 @@ class CudaGqaLayer : public AttentionLayer {
   absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
                                 absl::Span<const int64_t> positions) override;
   KvPoolUsage PoolUsage() const override;
+  absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
+  int64_t KvBytesAtLength(int64_t num_tokens) const override;
+  // The projections' device weights: 16-bit for f16/bf16 layers, biases fp32.
+  int64_t ParameterBytes() const override;
 
  private:
   CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,

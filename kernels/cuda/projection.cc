@@ -40,6 +40,12 @@ absl::Status Projection::Init(const std::vector<float>& weight, const std::vecto
   return absl::OkStatus();
 }
 
+int64_t Projection::parameter_bytes() const {
+  const int64_t weight = static_cast<int64_t>(out_features_) * in_features_ *
+                         static_cast<int64_t>(DTypeSize(compute_));
+  return weight + (has_bias_ ? static_cast<int64_t>(out_features_) * sizeof(float) : 0);
+}
+
 absl::Status Projection::Run(const CublasApi& api, cublasHandle_t handle, cudaStream_t stream,
                              const void* in, int rows, float* out) const {
   if (rows == 0) return absl::OkStatus();

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +33,8 @@ class Projection {
                    int rows, float* out) const;
 
   DType compute() const { return compute_; }
+  // Bytes this projection keeps on the device: the weight in the compute dtype, the bias in fp32.
+  int64_t parameter_bytes() const;
 
  private:
   DeviceBuffer weight_;

@@ -363,6 +363,34 @@ TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
   EXPECT_EQ((*layer)->PoolUsage().used_pages, 3);
 }
 
+// The layer reports what it holds: 16-bit projection weights on the device for a bf16 layer
+// (biases stay fp32), and each sequence's KV pages.
+TEST(CudaBackendContractTest, LayerReportsTheBytesItHolds) {
+  SKIP_WITHOUT_GPU();
+  LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  spec.qkv_bias = true;
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 2);
+  ASSERT_TRUE(weights.ok());
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        Gpu().backend->CreateLayer(spec, *weights, {dtype, 16, 8, nullptr});
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const int64_t q = 4 * 64, kv = 2 * 64;
+    const int64_t matrices = (q + 2 * kv) * 256 + 256 * q;
+    EXPECT_EQ((*layer)->ParameterBytes(),
+              matrices * static_cast<int64_t>(DTypeSize(dtype)) + (q + 2 * kv) * 4)
+        << DTypeName(dtype);
+    const SequenceId a = (*layer)->CreateSequence();
+    std::mt19937_64 rng(3);
+    const Tensor hidden = ToTensor(RandomHidden(40, 256, rng), {40, 256}, DType::kF32);
+    ASSERT_TRUE((*layer)->Prefill({{a, 40}}, hidden, {}).ok());
+    const int64_t page_bytes = (*layer)->PoolUsage().page_bytes;
+    EXPECT_EQ(page_bytes, 16 * KvBytesPerToken(spec, dtype));
+    EXPECT_EQ((*layer)->SequenceKvBytes(a).value_or(-1), 3 * page_bytes);
+    EXPECT_EQ((*layer)->KvBytesAtLength(40), 3 * page_bytes);
+  }
+}
+
 #if defined(ATTNSERVE_EMULATED_DEVICE)
 }  // namespace
 }  // namespace attnserve

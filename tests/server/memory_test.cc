@@ -87,6 +87,33 @@ TEST_F(MemoryTest, PoolReturnsToBaselineAfterRelease) {
   EXPECT_EQ(info->requests(), 0);
 }
 
+// GetSession's per-request kv_bytes are what the layer's pages hold (a sliding window evicts
+// pages as a request grows), they add up to the session's kv_bytes_used, and cost.parameter_bytes
+// is what the CPU backend keeps (fp32).
+TEST_F(MemoryTest, SessionReportsTheBytesItsLayerHolds) {
+  const LayerSpec spec = FindSpec("gqa2_half_window7").spec;  // Window 7, 16-token pages.
+  v1::ConfigureResponse configured;
+  ASSERT_TRUE(Configure(stub(), SeedConfigure(spec, 1), &configured).ok());
+  EXPECT_EQ(configured.cost().parameter_bytes(), configured.cost().parameter_count() * 4);
+  const std::string session = configured.session_id();
+  ASSERT_TRUE(Prefill(session, "long", 65, spec.d_model).ok());
+  ASSERT_TRUE(Prefill(session, "short", 5, spec.d_model).ok());
+
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetSessionRequest get;
+  get.set_session_id(session);
+  v1::GetSessionResponse got;
+  ASSERT_TRUE(stub().GetSession(&context, get, &got).ok());
+  const int64_t page = 16 * KvBytesPerToken(spec, DType::kF32);
+  ASSERT_EQ(got.session().requests_size(), 2);
+  // "long": 65 tokens = 5 pages; the next query sees tokens > 58, so pages 0-2 were evicted.
+  EXPECT_EQ(got.session().requests(0).request_id(), "long");
+  EXPECT_EQ(got.session().requests(0).kv_bytes(), 2 * page);
+  EXPECT_EQ(got.session().requests(1).kv_bytes(), page);
+  EXPECT_EQ(got.session().kv_bytes_used(), 3 * page);
+}
+
 class TtlTest : public MemoryTest {
  protected:
   std::vector<std::string> ExtraFlags() const override {
