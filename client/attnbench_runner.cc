@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/attnctl_convert.h"
+#include "client/session_routing.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "kernels/layer_spec.h"
@@ -169,6 +170,7 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
   const absl::Duration budget = plan.steps > 0 ? plan.step_timeout * static_cast<double>(plan.steps)
                                                : plan.duration + plan.step_timeout;
   context.set_deadline(absl::ToChronoTime(absl::Now() + budget + absl::Seconds(10)));
+  AddSessionMetadata(&context, plan.session);  // A stream's metadata leaves before its messages.
   {
     absl::MutexLock lock(&stream->mu);
     stream->context = &context;

@@ -45,6 +45,7 @@
 #include "client/attnctl_convert.h"
 #include "client/attnctl_demo.h"
 #include "client/attnctl_npy.h"
+#include "client/session_routing.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/layer_spec_json.h"
 #include "kernels/safetensors.h"
@@ -264,6 +265,7 @@ int Configure(const Client& client) {
   }
   const v1::SessionCost& cost = response.cost();
   absl::PrintF("session      %s\n", response.session_id());
+  absl::PrintF("replica      %s\n", response.replica());
   absl::PrintF("spec         %s\n", LayerSpecSummary(*spec));
   absl::PrintF("parameters   %d (%s)\n", cost.parameter_count(), Mib(cost.parameter_bytes()));
   absl::PrintF("KV cache     %s, %d bytes/token, page %d bytes\n", DTypeName(*kv_dtype),
@@ -511,6 +513,7 @@ int Decode(const Client& client) {
   } else {
     grpc::ClientContext context;
     client.Prepare(&context);
+    AddSessionMetadata(&context, session);  // A stream's metadata leaves before its messages.
     std::unique_ptr<grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>> call =
         client.stub->DecodeStream(&context);
     // Autoregressive use: send a step, wait for its answer, then send the next.
@@ -562,6 +565,7 @@ int Info(const Client& client) {
   }
   const v1::Limits& limits = response.limits();
   absl::PrintF("version      %s\n", response.version());
+  absl::PrintF("replica      %s\n", response.replica());
   absl::PrintF("backend      %s (%s)\n", response.backend(), response.device());
   absl::PrintF("KV pool      %s used of %s\n", Mib(response.kv_pool_used_bytes()),
                Mib(response.kv_pool_capacity_bytes()));

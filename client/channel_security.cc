@@ -8,6 +8,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/session_routing.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/client_interceptor.h"
@@ -117,9 +118,12 @@ std::shared_ptr<grpc::Channel> CreateSecureChannel(const std::string& target,
     ssl.pem_private_key = security.key_pem;
     credentials = grpc::SslCredentials(ssl);
   }
-  if (security.token.empty()) return grpc::CreateCustomChannel(target, credentials, args);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(security.token));
+  // Every call names its session for a balancer's affinity (client/session_routing.h).
+  interceptors.push_back(MakeSessionRoutingInterceptorFactory());
+  if (!security.token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(security.token));
+  }
   return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args,
                                                                  std::move(interceptors));
 }

@@ -39,6 +39,7 @@ readonly PACKAGES=(
   prometheus
   libssl-dev openssl
   clang libclang-rt-14-dev  # tests/fuzz (the fuzz preset): clang++ and libFuzzer's runtime
+  haproxy  # tests/scale: the load balancer of deploy/haproxy/ in front of three server replicas
 )
 
 # What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to

@@ -14,6 +14,7 @@
 #include "proto/codec/tensor_codec.h"
 #include "server/logging.h"
 #include "server/session.h"
+#include "server/session_affinity.h"
 #include "server/session_scheduler.h"
 #include "server/step_codec.h"
 #include "server/weight_source.h"
@@ -228,7 +229,8 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                                                v1::ConfigureResponse* response,
                                                std::string* variant,
                                                const std::function<bool()>& cancelled,
-                                               const Principal& owner) {
+                                               const Principal& owner,
+                                               const std::string& session_id) {
   // Fail fast before loading weights (the owner's session quota too); Add() checks again.
   if (absl::Status s = registry_->CheckCapacity(owner, 0); !s.ok()) return s;
   absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
@@ -317,13 +319,14 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                               static_cast<double>(b.compute_ns) * 1e-9);
       }};
   auto session =
-      std::make_shared<Session>(NewSessionId(), request.label(), *spec, kv_dtype, limits,
+      std::make_shared<Session>(session_id, request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
   if (absl::Status s = registry_->Add(session, owner, LayerParameterBytes(*spec)); !s.ok()) {
     return s;
   }
   response->set_session_id(session->id());
+  response->set_replica(replica());
   *response->mutable_cost() = cost;
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
              LayerSpecSummary(*spec), DTypeName(kv_dtype), page_size);
@@ -335,15 +338,22 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
                                            const v1::ConfigureRequest& request,
                                            v1::ConfigureResponse& response, UnaryCall* call) {
   auto timer = std::make_shared<CallTimer>();
+  absl::StatusOr<std::string> session_id = SessionIdForConfigure(*context);
+  if (!session_id.ok()) {
+    return FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer,
+                      ToGrpc(session_id.status()));
+  }
   // Loading a checkpoint and building a layer are compute: do them on the executor.
-  const bool queued = executor_->Submit([this, context, caller, &request, &response, call, timer] {
+  const bool queued = executor_->Submit([this, context, caller, &request, &response, call, timer,
+                                         session_id = *std::move(session_id)] {
     if (context->IsCancelled()) {
       return FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer, Cancelled());
     }
     timer->Started();
     std::string variant = kNoVariant;
     absl::Status status = DoConfigure(
-        request, &response, &variant, [context] { return context->IsCancelled(); }, caller);
+        request, &response, &variant, [context] { return context->IsCancelled(); }, caller,
+        session_id);
     timer->compute_ns = NanosSince(timer->start);
     if (status.ok()) timer->Fill(response.mutable_timing());
     FinishCall(call, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
@@ -668,6 +678,16 @@ void AttentionServiceImpl::HandleListSessions(grpc::CallbackServerContext* conte
   FinishCall(call, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
 }
 
+void AttentionServiceImpl::SetReplica(std::string replica) {
+  absl::MutexLock lock(&replica_mu_);
+  replica_ = std::move(replica);
+}
+
+std::string AttentionServiceImpl::replica() const {
+  absl::MutexLock lock(&replica_mu_);
+  return replica_;
+}
+
 void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* context,
                                                const Principal& caller,
                                                const v1::GetServerInfoRequest& request,
@@ -675,6 +695,7 @@ void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* cont
                                                UnaryCall* call) {
   const CallTimer timer;
   response.set_version(ATTNSERVE_VERSION);
+  response.set_replica(replica());
   response.set_backend(std::string(backend_->name()));
   response.set_device(backend_->device_description());
   response.set_kv_pool_capacity_bytes(pool_->capacity_bytes());

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "attnserve/v1/attention_service.grpc.pb.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "server/auth.h"
 #include "server/executor.h"
@@ -76,6 +77,10 @@ class AttentionServiceImpl final : public RawAttentionService {
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
 
+  // The name Configure and GetServerInfo report as `replica` (--replica_id, or host:port once the
+  // port is bound; docs/deploy.md). Empty until set.
+  void SetReplica(std::string replica) ABSL_LOCKS_EXCLUDED(replica_mu_);
+
  private:
   class DecodeStreamReactor;
 
@@ -119,10 +124,12 @@ class AttentionServiceImpl final : public RawAttentionService {
   // the session. `variant` receives the spec's metrics label once the spec is valid. Polls
   // `cancelled` between stages (and while drawing seeded weights): a cancelled call or an expired
   // deadline abandons the layer and frees what it had taken.
-  // The session belongs to `owner`, within its tenant quotas.
+  // The session belongs to `owner`, within its tenant quotas, and is named `session_id`
+  // (server/session_affinity.h).
   absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
                            std::string* variant, const std::function<bool()>& cancelled,
-                           const Principal& owner);
+                           const Principal& owner, const std::string& session_id);
+  std::string replica() const ABSL_LOCKS_EXCLUDED(replica_mu_);
   // Who is calling (server/auth.h).
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
     return authenticator_ == nullptr ? Principal::Unauthenticated()
@@ -138,6 +145,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   const ServerLimits limits_;
   const SchedulerOptions scheduler_options_;
   const Authenticator* const authenticator_;
+  mutable absl::Mutex replica_mu_;
+  std::string replica_ ABSL_GUARDED_BY(replica_mu_);
   // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,
   // after the executor has been shut down (server.cc), so no batch task can still arm it.
   TimerQueue timer_;

@@ -24,6 +24,10 @@ ABSL_FLAG(std::string, metrics_address, "",
           "port, see --metrics_port_file); empty = no metrics endpoint. See docs/metrics.md.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the bound metrics port to this file once /metrics is served.");
+ABSL_FLAG(std::string, replica_id, "",
+          "This replica's name, reported as `replica` by Configure and GetServerInfo so that a "
+          "client behind a load balancer knows where its session lives (docs/deploy.md); empty = "
+          "<hostname>:<bound port>.");
 ABSL_FLAG(std::string, backend, kDefaults.backend,
           "auto, cpu or cuda. auto: CUDA when this binary has it and a device is usable (the log "
           "says which and why), else CPU. cuda with no usable device fails at startup.");
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   options.backend = absl::GetFlag(FLAGS_backend);
+  options.replica_id = absl::GetFlag(FLAGS_replica_id);
   options.engine_threads = absl::GetFlag(FLAGS_threads);
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);

@@ -20,6 +20,7 @@
 #include "server/logging.h"
 #include "server/metrics.h"
 #include "server/parameter_budget.h"
+#include "server/session_affinity.h"
 #include "server/session_registry.h"
 #include "server/transport_security.h"
 #include "server/ttl_sweeper.h"
@@ -208,6 +209,7 @@ absl::Status RunServer(const ServerOptions& options) {
     return absl::UnavailableError(
         absl::StrCat("--listen: cannot listen on '", options.listen_address, "'"));
   }
+  service.SetReplica(options.replica_id.empty() ? DefaultReplicaId(port) : options.replica_id);
   // Health answers both the server as a whole ("") and the service by its full name, as
   // Kubernetes gRPC probes and grpc_health_probe -service=... ask for either.
   server->GetHealthCheckService()->SetServingStatus(true);

@@ -54,6 +54,8 @@ struct ServerOptions {
   std::string metrics_address;
   std::string metrics_port_file;  // When set, the metrics port is written here before serving.
   std::string backend = "cpu";    // "auto", "cpu" or "cuda" (kernels/backend_factory.h).
+  // This replica's name in Configure's and GetServerInfo's `replica`; empty = "<hostname>:<port>".
+  std::string replica_id;
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
   int64_t kv_pool_bytes = int64_t{1} << 30;

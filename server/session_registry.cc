@@ -89,7 +89,11 @@ absl::Status SessionRegistry::Add(std::shared_ptr<Session> session, const Princi
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckCapacityLocked(owner, parameter_bytes); !s.ok()) return s;
   const std::string id = session->id();
-  sessions_.emplace(id, Entry{std::move(session), owner.tenant, parameter_bytes});
+  // Only a client-chosen id (server/session_affinity.h) can repeat one that is live.
+  if (!sessions_.try_emplace(id, Entry{std::move(session), owner.tenant, parameter_bytes}).second) {
+    return absl::AlreadyExistsError(absl::StrCat("session_id: session '", id,
+                                                 "' already exists; draw a fresh random id"));
+  }
   return absl::OkStatus();
 }
 

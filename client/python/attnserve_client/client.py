@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
@@ -193,6 +194,7 @@ class ConfigureResult:
     page_bytes: int
     max_context_tokens: int
     timing: Timing
+    replica: str = ""  # the server replica holding the session (its --replica_id)
 
 
 @dataclass
@@ -258,6 +260,14 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return continuation(self._details(details), requests)
 
 
+# The metadata a load balancer hashes to keep a session's calls on one replica (docs/deploy.md).
+SESSION_METADATA_KEY = "x-attnserve-session"
+
+
+def _session_metadata(session_id: str):
+    return ((SESSION_METADATA_KEY, session_id),) if session_id else None
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -316,9 +326,12 @@ class AttnServeClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, rpc: str, request):
+    def _call(self, rpc: str, request, session_id: str = ""):
+        # Every call names its session for a load balancer's affinity (docs/deploy.md).
+        session_id = session_id or getattr(request, "session_id", "")
         try:
-            return getattr(self.stub, rpc)(request, timeout=self.timeout_s)
+            return getattr(self.stub, rpc)(request, timeout=self.timeout_s,
+                                           metadata=_session_metadata(session_id))
         except grpc.RpcError as error:
             raise _wrap(rpc, error) from None
 
@@ -364,14 +377,17 @@ class AttnServeClient:
             source.seed = seed if seed is not None else 0
         if kv_dtype.lower() not in _DTYPES:
             raise ValueError(f"kv_dtype '{kv_dtype}': expected f32, f16 or bf16")
+        # A fresh random id, which the server adopts: the balancer hashes it to the replica that
+        # will hold the session, as it will every later call's.
         response = self._call("Configure", pb.ConfigureRequest(
             spec=spec.to_proto(), weights=source, kv_cache_dtype=_DTYPES[kv_dtype.lower()],
             page_size=page_size, max_requests=max_requests,
-            max_sequence_length=max_sequence_length, label=label))
+            max_sequence_length=max_sequence_length, label=label),
+            session_id=secrets.token_hex(16))
         cost = response.cost
         return ConfigureResult(response.session_id, cost.parameter_count, cost.parameter_bytes,
                                cost.kv_bytes_per_token, cost.page_bytes, cost.max_context_tokens,
-                               Timing.from_proto(response.timing))
+                               Timing.from_proto(response.timing), response.replica)
 
     def release(self, session_id: str, request_id: str = "") -> int:
         """Frees a request's KV cache, or the whole session when request_id is empty; returns the
@@ -439,7 +455,8 @@ class AttnServeClient:
         order. `steps` may be a generator that computes each step from the previous result."""
         requests = (self._decode_request(session_id, step, dtype) for step in steps)
         try:
-            for response in self.stub.DecodeStream(requests, timeout=self.timeout_s):
+            for response in self.stub.DecodeStream(requests, timeout=self.timeout_s,
+                                                   metadata=_session_metadata(session_id)):
                 yield self._results(response, 0.0)
         except grpc.RpcError as error:
             raise _wrap("DecodeStream", error) from None
@@ -482,7 +499,8 @@ class DecodeStream:
         self._dtype = dtype
         self._requests: "queue.Queue[Any]" = queue.Queue()
         self._responses = client.stub.DecodeStream(iter(self._requests.get, self._END),
-                                                   timeout=client.timeout_s)
+                                                   timeout=client.timeout_s,
+                                                   metadata=_session_metadata(session_id))
         self._closed = False
 
     def step(self, inputs: Mapping[str, np.ndarray]) -> StepResult:
