@@ -88,7 +88,9 @@ ABSL_FLAG(double, attn_logit_softcapping, 0.0,
 ABSL_FLAG(bool, attention_sinks, false, "configure: learned per-head sinks (gpt-oss).");
 // configure: weights and KV cache.
 ABSL_FLAG(uint64_t, seed, 1, "configure: weight seed; forward/decode/demo: input seed.");
-ABSL_FLAG(std::string, checkpoint, "", "configure: safetensors file or directory on the server.");
+ABSL_FLAG(std::string, checkpoint, "",
+          "configure: safetensors file or directory on the server; alone (no --variant or "
+          "--spec_file), the spec comes from its config.json.");
 ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
 ABSL_FLAG(std::string, kv_dtype, "f32", "configure/demo: KV cache dtype: f32, f16 or bf16.");
 ABSL_FLAG(int, page_size, 0, "configure: tokens per KV page (0 = server default).");
@@ -185,7 +187,8 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
   }
   if (absl::GetFlag(FLAGS_variant).empty()) {
     return absl::InvalidArgumentError(
-        "configure needs --variant (mha, mqa, gqa, mla) or --spec_file");
+        "configure needs --variant (mha, mqa, gqa, mla), --spec_file, or --checkpoint alone (the "
+        "spec then comes from the checkpoint's config.json)");
   }
   LayerSpec spec;
   absl::StatusOr<AttentionVariant> variant = ParseVariant(absl::GetFlag(FLAGS_variant));
@@ -235,13 +238,17 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
 }
 
 int Configure(const Client& client) {
-  absl::StatusOr<LayerSpec> spec = SpecFromFlags();
+  // --checkpoint without --variant or --spec_file: the server reads the spec from config.json.
+  const bool spec_from_checkpoint = absl::GetFlag(FLAGS_variant).empty() &&
+                                    absl::GetFlag(FLAGS_spec_file).empty() &&
+                                    !absl::GetFlag(FLAGS_checkpoint).empty();
+  absl::StatusOr<LayerSpec> spec = spec_from_checkpoint ? LayerSpec() : SpecFromFlags();
   if (!spec.ok()) return ReportError(spec.status().message());
   absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
 
   v1::ConfigureRequest request;
-  *request.mutable_spec() = LayerSpecToProto(*spec);
+  if (!spec_from_checkpoint) *request.mutable_spec() = LayerSpecToProto(*spec);
   if (const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint); !checkpoint.empty()) {
     request.mutable_weights()->mutable_checkpoint()->set_path(checkpoint);
     request.mutable_weights()->mutable_checkpoint()->set_layer_index(absl::GetFlag(FLAGS_layer));
@@ -266,7 +273,9 @@ int Configure(const Client& client) {
   const v1::SessionCost& cost = response.cost();
   absl::PrintF("session      %s\n", response.session_id());
   absl::PrintF("replica      %s\n", response.replica());
-  absl::PrintF("spec         %s\n", LayerSpecSummary(*spec));
+  absl::StatusOr<LayerSpec> configured = LayerSpecFromProto(response.spec());
+  absl::PrintF("spec         %s%s\n", LayerSpecSummary(configured.ok() ? *configured : *spec),
+               spec_from_checkpoint ? " (from config.json)" : "");
   absl::PrintF("parameters   %d (%s)\n", cost.parameter_count(), Mib(cost.parameter_bytes()));
   absl::PrintF("KV cache     %s, %d bytes/token, page %d bytes\n", DTypeName(*kv_dtype),
                cost.kv_bytes_per_token(), cost.page_bytes());

@@ -12,6 +12,7 @@
 #include "kernels/layer_spec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
+#include "server/checkpoint_spec.h"
 #include "server/logging.h"
 #include "server/session.h"
 #include "server/session_affinity.h"
@@ -233,7 +234,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                                                const std::string& session_id) {
   // Fail fast before loading weights (the owner's session quota too); Add() checks again.
   if (absl::Status s = registry_->CheckCapacity(owner, 0); !s.ok()) return s;
-  absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(request.spec());
+  absl::StatusOr<LayerSpec> spec = ResolveConfigureSpec(request, limits_.checkpoint_root);
   if (!spec.ok()) return spec.status();
   *variant = VariantLabel(*spec);
 
@@ -326,6 +327,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
     return s;
   }
   response->set_session_id(session->id());
+  *response->mutable_spec() = LayerSpecToProto(*spec);
   response->set_replica(replica());
   *response->mutable_cost() = cost;
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
