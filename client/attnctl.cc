@@ -19,6 +19,9 @@
 //   release    Release --session [--request]
 //   health     grpc.health.v1 Check [--service]; --wait_s=S retries until SERVING
 //   demo       configure each demo variant, forward, decode, release; print the per-variant table
+//   compare    seed 000's variant comparison measured on the server (client/attnctl_compare.h)
+//   convert    MHA -> GQA/MQA by mean-pooling K/V heads, to a safetensors file (offline;
+//              client/attnctl_kv_convert.h)
 //
 // Output is human-readable unless --json. Errors print the gRPC status code name and message;
 // the exit code is 0 on success, 1 for an RPC error, 2 for bad flags or input files.
@@ -42,8 +45,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/attnctl_client.h"
+#include "client/attnctl_compare.h"
 #include "client/attnctl_convert.h"
 #include "client/attnctl_demo.h"
+#include "client/attnctl_kv_convert.h"
 #include "client/attnctl_npy.h"
 #include "client/session_routing.h"
 #include "google/protobuf/util/json_util.h"
@@ -701,12 +706,16 @@ int Demo(const Client& client) {
 
 constexpr char kUsage[] =
     "attnctl [--server=HOST:PORT] [--json] <command> [flags]\n"
-    "commands: configure, forward, decode, info, list, get, release, health, demo\n"
+    "commands: configure, forward, decode, info, list, get, release, health, demo, compare,\n"
+    "          convert\n"
     "  attnctl configure --variant=gqa --d_model=512 --num_heads=8 --num_kv_heads=2 --seed=1\n"
     "  attnctl forward --session=ID --request=a,b --tokens=128\n"
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
     "  attnctl demo\n"
+    "  attnctl compare [--lengths=128,256,512,1024,2048 --batch=4 --repeats=5] [--csv] "
+    "[--plot=out.png]\n"
+    "  attnctl convert --from=mha.json --seed=1 --kv_heads=2 --out=gqa.safetensors\n"
     "A server with TLS / tokens: --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem] --token=T\n"
     "(or ATTNSERVE_TLS_CA, ATTNSERVE_TOKEN in the environment).\n"
     "Run `attnctl --helpfull` for every flag.";
@@ -738,5 +747,11 @@ int main(int argc, char** argv) {
   if (command == "release") return Release(client);
   if (command == "health") return Health(client);
   if (command == "demo") return Demo(client);
+  if (command == "compare") {
+    absl::StatusOr<CompareOptions> options = CompareOptionsFromFlags(absl::GetFlag(FLAGS_json));
+    if (!options.ok()) return ReportError(options.status().message());
+    return RunCompare(client, *options);
+  }
+  if (command == "convert") return RunConvert(absl::GetFlag(FLAGS_json));
   return ReportError(absl::StrCat("unknown command '", command, "'\n", kUsage));
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/checkpoint_loader.h"
 #include "kernels/clip_for_message.h"
+#include "kernels/kv_head_pooling.h"
 #include "kernels/path_confinement.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -86,6 +87,36 @@ absl::StatusOr<LayerWeights> FromInline(const v1::InlineWeights& inline_weights,
   return weights;
 }
 
+// The MHA layer's weights from `conversion`, their K/V heads pooled to spec.num_kv_heads
+// (kernels/kv_head_pooling.h). The MHA weights are read for MhaSourceSpec(spec), so a checkpoint
+// or inline tensors of another shape are refused as they would be for that spec.
+absl::StatusOr<LayerWeights> FromConversion(const v1::ConvertFrom& conversion,
+                                            const LayerSpec& spec,
+                                            const WeightSourceOptions& options) {
+  absl::StatusOr<LayerSpec> mha = MhaSourceSpec(spec);
+  if (!mha.ok()) return WithField(mha.status(), "weights.convert_from");
+  absl::StatusOr<LayerWeights> mha_weights;
+  switch (conversion.mha_weights_case()) {
+    case v1::ConvertFrom::kSeed:
+      mha_weights = RandomLayerWeights(*mha, conversion.seed());
+      break;
+    case v1::ConvertFrom::kCheckpoint:
+      mha_weights = FromCheckpoint(conversion.checkpoint(), *mha, options);
+      break;
+    case v1::ConvertFrom::kInlineWeights:
+      mha_weights = FromInline(conversion.inline_weights(), *mha);
+      break;
+    case v1::ConvertFrom::MHA_WEIGHTS_NOT_SET:
+      return absl::InvalidArgumentError(
+          "weights.convert_from: one of seed, checkpoint or inline_weights must be set (the "
+          "weights of the MHA layer to convert)");
+  }
+  if (!mha_weights.ok()) return WithField(mha_weights.status(), "weights.convert_from (MHA)");
+  absl::StatusOr<LayerWeights> pooled = PoolKvHeads(*mha, *mha_weights, spec.num_kv_heads);
+  if (!pooled.ok()) return WithField(pooled.status(), "weights.convert_from");
+  return pooled;
+}
+
 }  // namespace
 
 absl::Status CheckCheckpointRoot(const std::string& root) {
@@ -110,11 +141,13 @@ absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source, co
       return FromCheckpoint(source.checkpoint(), spec, options);
     case v1::WeightSource::kInlineWeights:
       return FromInline(source.inline_weights(), spec);
+    case v1::WeightSource::kConvertFrom:
+      return FromConversion(source.convert_from(), spec, options);
     case v1::WeightSource::SOURCE_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      "weights: one of seed, checkpoint or inline_weights must be set");
+      "weights: one of seed, checkpoint, inline_weights or convert_from must be set");
 }
 
 }  // namespace attnserve::server

@@ -30,6 +30,10 @@ absl::Status CheckCheckpointRoot(const std::string& root);
 //                 opened under the root are precise but never quote the file's bytes.
 // inline_weights: each tensor validated (tensor_codec.h), names distinct, then
 //                 ValidateLayerWeights (missing, unexpected, mis-shaped or non-finite tensors).
+// convert_from:   the MHA layer's weights (MhaSourceSpec(spec): spec with num_kv_heads =
+//                 num_heads) from its seed, checkpoint or inline tensors as above, then
+//                 PoolKvHeads to spec.num_kv_heads; an MLA spec is INVALID_ARGUMENT by name. Errors
+//                 name "weights.convert_from".
 // Unset: INVALID_ARGUMENT. Paths and names echoed in messages are clipped (clip_for_message.h).
 absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source, const LayerSpec& spec,
                                               const WeightSourceOptions& options = {});
