@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -62,6 +63,12 @@ std::string GoverningField(const LayerSpec& spec, absl::string_view short_name) 
                ? absl::StrCat("o_bias=", BoolName(spec.o_bias))
                : absl::StrCat("qkv_bias=", BoolName(spec.qkv_bias));
   }
+  if (short_name == "sinks") {
+    return absl::StrCat("attention_sinks=", BoolName(spec.attention_sinks));
+  }
+  if (short_name == "q_norm.weight" || short_name == "k_norm.weight") {
+    return absl::StrCat("qk_norm=", QkNormName(spec.qk_norm));
+  }
   if (spec.variant == AttentionVariant::kMLA &&
       (absl::StartsWith(short_name, "q_proj") || absl::StartsWith(short_name, "q_a_") ||
        absl::StartsWith(short_name, "q_b_"))) {
@@ -74,7 +81,78 @@ std::string GoverningField(const LayerSpec& spec, absl::string_view short_name) 
 // that old transformers versions saved, or FP8 scales (".weight_scale_inv"), which have their own
 // weight next to them.
 bool IsParameterName(absl::string_view name) {
-  return absl::EndsWith(name, ".weight") || absl::EndsWith(name, ".bias");
+  return absl::EndsWith(name, ".weight") || absl::EndsWith(name, ".bias") ||
+         absl::EndsWith(name, ".sinks");  // gpt-oss: a bare nn.Parameter.
+}
+
+// Phi-3 stores q, k and v as one "qkv_proj" with their rows stacked in that order.
+constexpr absl::string_view kFusedQkv = "qkv_proj";
+constexpr absl::string_view kSplitQkv[] = {"q_proj", "k_proj", "v_proj"};
+
+// True when `layout` holds the fused projection; then `expected` has q/k/v_proj.{weight,bias}
+// replaced by qkv_proj.{weight,bias} with their rows stacked. INVALID_ARGUMENT when the
+// checkpoint has the fused and a separate projection both.
+absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& layout,
+                                 const std::string& prefix, std::vector<WeightShape>* expected) {
+  const std::string fused_weight = absl::StrCat(prefix, kFusedQkv, ".weight");
+  if (spec.variant == AttentionVariant::kMLA || !layout.location.contains(fused_weight)) {
+    return false;
+  }
+  for (absl::string_view part : kSplitQkv) {
+    const std::string separate = absl::StrCat(prefix, part, ".weight");
+    if (layout.location.contains(separate)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          layout.description, " has both ", fused_weight, " and ", separate,
+          "; a checkpoint holds either the fused projection or the separate ones"));
+    }
+  }
+  std::vector<WeightShape> fused;
+  int64_t rows = 0, bias_rows = 0;
+  int64_t in_features = 0;
+  for (const WeightShape& shape : *expected) {
+    const absl::string_view name = shape.name;
+    bool split_part = false;
+    for (absl::string_view part : kSplitQkv) split_part = split_part || absl::StartsWith(name, part);
+    if (!split_part) {
+      fused.push_back(shape);
+    } else if (shape.is_bias) {
+      bias_rows += shape.shape[0];
+    } else {
+      rows += shape.shape[0];
+      in_features = shape.shape[1];
+    }
+  }
+  fused.push_back({absl::StrCat(kFusedQkv, ".weight"), {rows, in_features}});
+  if (bias_rows > 0) {
+    fused.push_back({absl::StrCat(kFusedQkv, ".bias"), {bias_rows}, false, true});
+  }
+  *expected = std::move(fused);
+  return true;
+}
+
+// Splits the fused qkv_proj tensors of `weights` into q_proj, k_proj and v_proj (row slices, the
+// dtype kept), removing the fused ones.
+void SplitFusedQkv(const LayerSpec& spec, LayerWeights* weights) {
+  const int64_t q_rows = int64_t{spec.num_heads} * spec.head_dim;
+  const int64_t kv_rows = int64_t{spec.num_kv_heads} * spec.head_dim;
+  const int64_t part_rows[] = {q_rows, kv_rows, kv_rows};
+  for (absl::string_view suffix : {".weight", ".bias"}) {
+    auto it = weights->find(absl::StrCat(kFusedQkv, suffix));
+    if (it == weights->end()) continue;
+    const Tensor fused = std::move(it->second);
+    weights->erase(it);
+    const int64_t row_elements = fused.rank() == 2 ? fused.dim(1) : 1;
+    const size_t row_bytes = static_cast<size_t>(row_elements) * DTypeSize(fused.dtype());
+    int64_t first_row = 0;
+    for (int part = 0; part < 3; ++part) {
+      std::vector<int64_t> shape = fused.shape();
+      shape[0] = part_rows[part];
+      Tensor slice(fused.dtype(), shape);
+      std::memcpy(slice.data(), fused.data() + first_row * row_bytes, part_rows[part] * row_bytes);
+      weights->emplace(absl::StrCat(kSplitQkv[part], suffix), std::move(slice));
+      first_row += part_rows[part];
+    }
+  }
 }
 
 // Where the loader may read files: anywhere (empty root), or only inside `root`.
@@ -244,7 +322,9 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
   if (!layout.ok()) return layout.status();
 
   // Names first, so that a spec/checkpoint mismatch is reported before any shard is opened.
-  const std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
+  std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
+  absl::StatusOr<bool> fused_qkv = UseFusedQkv(spec, *layout, prefix, &expected);
+  if (!fused_qkv.ok()) return fused_qkv.status();
   std::set<std::string> expected_names;
   for (const WeightShape& weight : expected) {
     const std::string full_name = prefix + weight.name;
@@ -258,12 +338,14 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
   for (const auto& [full_name, file] : layout->location) {
     if (expected_names.contains(full_name) || !IsParameterName(full_name)) continue;
     const std::string short_name = full_name.substr(prefix.size());
-    const bool is_bias = absl::EndsWith(short_name, ".bias");
+    // Biases, sinks and q/k norms each have a spec field that turns them on.
+    const bool is_bias = absl::EndsWith(short_name, ".bias") || short_name == "sinks" ||
+                         short_name == "q_norm.weight" || short_name == "k_norm.weight";
     return absl::InvalidArgumentError(absl::StrCat(
         full_name, " is in ", ClipForMessage(file), " but the spec (", SpecShapeFields(spec),
         ") does not use it",
         is_bias ? absl::StrCat(" (the spec has ", GoverningField(spec, short_name),
-                               "; set it to true for this checkpoint)")
+                               "; set it for this checkpoint)")
                 : "",
         "; loading without it would compute a different layer than the checkpoint's",
         is_bias ? "" : " (the checkpoint's attention is another variant or architecture)"));
@@ -312,6 +394,7 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     if (!tensor.ok()) return tensor.status();
     weights.emplace(weight->name, *std::move(tensor));
   }
+  if (*fused_qkv) SplitFusedQkv(spec, &weights);
   if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
   return weights;
 }

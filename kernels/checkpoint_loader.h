@@ -18,6 +18,10 @@
 //                     qkv_bias=false, or Qwen3's q_norm) - running without it would silently
 //                     compute something else. Non-parameter buffers (rotary_emb.inv_freq) and FP8
 //                     scale tensors (*.weight_scale_inv) are ignored.
+// Phi-3's fused projection: a checkpoint with "qkv_proj.weight" [(H + 2*KV) * head_dim, d_model]
+// (and "qkv_proj.bias" when qkv_bias) instead of q_proj/k_proj/v_proj has it split, rows in that
+// order, into the three (a shape that does not match the spec is INVALID_ARGUMENT naming it; fused
+// and separate projections together are refused). gpt-oss "sinks" counts as a parameter.
 // Tensors keep their stored dtype (F32, F16 or BF16); other dtypes are UNIMPLEMENTED.
 #ifndef ATTNSERVE_KERNELS_CHECKPOINT_LOADER_H_
 #define ATTNSERVE_KERNELS_CHECKPOINT_LOADER_H_

@@ -406,6 +406,14 @@ LayerSpec MlaSpec(int q_lora_rank) {
   return spec;
 }
 
+// Qwen3's q/k norms and gpt-oss's sinks on the GQA spec.
+LayerSpec QkNormSinksSpec() {
+  LayerSpec spec = GqaSpec();
+  spec.qk_norm = QkNorm::kRms;
+  spec.attention_sinks = true;
+  return spec;
+}
+
 // Layer weights in a mix of dtypes (stored dtypes must come back unchanged).
 LayerWeights MixedDTypeWeights(const LayerSpec& spec, uint64_t seed) {
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, seed);
@@ -490,6 +498,7 @@ TEST_P(LoaderRoundTripTest, SingleFileDirectoryAndShards) {
 
 INSTANTIATE_TEST_SUITE_P(Specs, LoaderRoundTripTest,
                          ::testing::Values(std::make_pair("gqa_qkv_bias", GqaSpec()),
+                                           std::make_pair("gqa_qk_norm_sinks", QkNormSinksSpec()),
                                            std::make_pair("mla_q_lora", MlaSpec(24)),
                                            std::make_pair("mla_no_q_lora", MlaSpec(0))),
                          [](const auto& info) { return info.param.first; });
@@ -558,6 +567,74 @@ TEST(LoaderTest, UnknownExtraParameterIsRejectedButBuffersAreIgnored) {
   EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 3).status(),
                 absl::StatusCode::kInvalidArgument, "model.layers.3.self_attn.q_norm.weight is in",
                 "does not use it");
+}
+
+TEST(LoaderTest, SinksWithoutSpecSinksAreRefusedNamingTheField) {
+  // "sinks" has no .weight suffix; it must still count as a parameter, or a gpt-oss layer would
+  // load without them and compute another softmax.
+  const std::string path = WriteEditedCheckpoint([](auto& t) {
+    t.emplace("model.layers.3.self_attn.sinks", Tensor(DType::kBF16, {4}));
+  });
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 3).status(),
+                absl::StatusCode::kInvalidArgument, "model.layers.3.self_attn.sinks is in",
+                "attention_sinks=false");
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, QkNormSinksSpec(), 3).status(),
+                absl::StatusCode::kNotFound, "model.layers.3.self_attn.q_norm.weight is not in",
+                "(qk_norm=rms)");
+}
+
+// Phi-3's fused projection: q, k and v rows stacked in one qkv_proj (weight, and bias here).
+std::map<std::string, Tensor> FuseQkv(std::map<std::string, Tensor> tensors, int layer) {
+  const std::string prefix = HfAttentionPrefix(layer);
+  for (const std::string suffix : {".weight", ".bias"}) {
+    std::vector<float> rows;
+    std::vector<int64_t> shape;
+    for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
+      auto it = tensors.find(prefix + part + suffix);
+      const std::vector<float> values = it->second.ToFloats();
+      rows.insert(rows.end(), values.begin(), values.end());
+      if (shape.empty()) shape = it->second.shape(), shape[0] = 0;
+      shape[0] += it->second.dim(0);
+      tensors.erase(it);
+    }
+    tensors.emplace(prefix + "qkv_proj" + suffix, Tensor::FromFloats(shape, rows));
+  }
+  return tensors;
+}
+
+TEST(LoaderTest, FusedQkvProjIsSplitIntoQKV) {
+  const LayerSpec spec = GqaSpec();
+  const LayerWeights weights = MixedDTypeWeights(spec, 23);
+  const std::string path = TestDir() + "/model.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, FuseQkv(CheckpointTensors(weights, 3), 3)).ok());
+  absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, spec, 3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  LayerWeights expected = weights;  // The fused tensor was written in f32.
+  for (const char* name : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias",
+                           "k_proj.bias", "v_proj.bias"}) {
+    expected[name] = expected[name].CastTo(DType::kF32);
+  }
+  ExpectSameWeights(*loaded, expected);
+}
+
+TEST(LoaderTest, FusedQkvProjOfAnotherShapeOrBesideSeparateOnesIsRefused) {
+  const LayerSpec spec = GqaSpec();
+  std::map<std::string, Tensor> fused = FuseQkv(CheckpointTensors(MixedDTypeWeights(spec, 3), 3), 3);
+  // Phi-3 with num_kv_heads 4 where the spec says 2: (4 + 2 * 4) * 16 rows, not (4 + 2 * 2) * 16.
+  fused["model.layers.3.self_attn.qkv_proj.weight"] = Tensor(DType::kBF16, {192, 64});
+  const std::string path = TestDir() + "/model.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, fused).ok());
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 3).status(),
+                absl::StatusCode::kInvalidArgument,
+                "model.layers.3.self_attn.qkv_proj.weight in " + path + " has shape [192, 64]",
+                "requires [128, 64]");
+
+  fused["model.layers.3.self_attn.qkv_proj.weight"] = Tensor(DType::kBF16, {128, 64});
+  fused.emplace("model.layers.3.self_attn.k_proj.weight", Tensor(DType::kBF16, {32, 64}));
+  ASSERT_TRUE(WriteSafetensors(path, fused).ok());
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 3).status(),
+                absl::StatusCode::kInvalidArgument, "has both model.layers.3.self_attn.qkv_proj",
+                "and model.layers.3.self_attn.k_proj.weight");
 }
 
 TEST(LoaderTest, LayerPastTheEnd) {

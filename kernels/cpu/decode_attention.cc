@@ -73,10 +73,9 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
   for (int r = 0; r < rows; ++r) {
     float* row_scores = &scores[r * padded_page];
     float block_max = -std::numeric_limits<float>::infinity();
-    for (int s = 0; s < count; ++s) {
-      row_scores[s] *= p.scale;
-      block_max = std::max(block_max, row_scores[s]);
-    }
+    for (int s = 0; s < count; ++s) row_scores[s] *= p.scale;
+    if (p.softcap > 0.0f) SoftCap(p.softcap, row_scores, count);
+    for (int s = 0; s < count; ++s) block_max = std::max(block_max, row_scores[s]);
     const float new_max = std::max(state.max[r], block_max);
     const float correction = std::exp(state.max[r] - new_max);
     if (correction != 1.0f) {
@@ -205,6 +204,11 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
       float total = 0.0f;
       float* out_row = out + int64_t{r} * p.value_dim;
       std::fill(out_row, out_row + p.value_dim, 0.0f);
+      if (p.sinks != nullptr) {
+        // One more column of the row's softmax: in the max and the sum, never in the output.
+        global_max = std::max(global_max, p.sinks[r]);
+        total = std::exp(p.sinks[r] - global_max);
+      }
       for (int64_t i = first_item_of[base]; i < first_item_of[base + 1]; ++i) {
         const int64_t row = items[i].partial_offset + r;
         if (sum[row] == 0.0f) continue;

@@ -29,6 +29,10 @@ struct DecodeAttentionParams {
   int value_dim = 0;
   float scale = 1.0f;  // Multiplies q.k before the softmax.
   MaskPolicy mask;
+  float softcap = 0.0f;  // 0 = none; else scaled scores s become softcap * tanh(s / softcap).
+  // Optional [num_kv_heads * rows_per_kv_head]: each query row's extra softmax logit (gpt-oss
+  // sinks), joined once in the combine of the row's splits and dropped after it.
+  const float* sinks = nullptr;
   KvPageLayout layout;
   const HostPageStore* store = nullptr;
   absl::Span<const PageTable* const> tables;  // [batch]; each holds the new token already.

@@ -1,5 +1,7 @@
 #include "kernels/cpu/gqa_layer.h"
 
+#include <cmath>
+
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/paged_kv_source.h"
@@ -8,9 +10,15 @@
 namespace attnserve {
 
 namespace {
-std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
-  auto it = weights.find(name);
-  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
+// The scale a q/k norm multiplies by: w (Qwen3RMSNorm), or 1 + w in float32 (Gemma3RMSNorm).
+std::vector<float> QkNormScale(const LayerSpec& spec, const LayerWeights& weights,
+                               const std::string& name) {
+  if (spec.qk_norm == QkNorm::kNone) return {};
+  std::vector<float> scale = weights.at(name).ToFloats();
+  if (spec.qk_norm == QkNorm::kRmsUnitOffset) {
+    for (float& w : scale) w = 1.0f + w;
+  }
+  return scale;
 }
 }  // namespace
 
@@ -40,7 +48,23 @@ GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
       bk_(FloatsOrEmpty(weights, "k_proj.bias")),
       bv_(FloatsOrEmpty(weights, "v_proj.bias")),
       bo_(FloatsOrEmpty(weights, "o_proj.bias")),
+      q_norm_scale_(QkNormScale(spec, weights, "q_norm.weight")),
+      k_norm_scale_(QkNormScale(spec, weights, "k_norm.weight")),
+      sinks_(FloatsOrEmpty(weights, "sinks")),
       rope_(spec) {}
+
+void GqaLayer::NormalizeHeads(float* x, int64_t rows, int num_heads,
+                              const std::vector<float>& scale) const {
+  const int dim = spec().head_dim;
+  const double eps = spec().qk_norm_eps;
+  for (int64_t v = 0; v < rows * num_heads; ++v) {
+    float* head = x + v * dim;
+    double sum_sq = 0.0;
+    for (int i = 0; i < dim; ++i) sum_sq += double{head[i]} * head[i];
+    const float inv_rms = static_cast<float>(1.0 / std::sqrt(sum_sq / dim + eps));
+    for (int i = 0; i < dim; ++i) head[i] = head[i] * inv_rms * scale[i];
+  }
+}
 
 GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
   const LayerSpec& s = spec();
@@ -54,6 +78,11 @@ GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
                 p.k.data(), kv_width_, pool());
   LinearForward(batch.hidden, s.d_model, rows, wv_.data(), bias(bv_), s.d_model, kv_width_,
                 p.v.data(), kv_width_, pool());
+  if (s.qk_norm != QkNorm::kNone) {
+    NormalizeHeads(p.q.data(), rows, s.num_heads, q_norm_scale_);
+    NormalizeHeads(p.k.data(), rows, s.num_kv_heads, k_norm_scale_);
+  }
+  // Rotates the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set).
   rope_.Apply(p.q.data(), q_width_, s.num_heads, s.head_dim, batch.positions);
   rope_.Apply(p.k.data(), kv_width_, s.num_kv_heads, s.head_dim, batch.positions);
   for (const BatchSequence& seq : batch.sequences) {
@@ -99,6 +128,8 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
   params.value_dim = s.head_dim;
   params.scale = EffectiveSoftmaxScale(s);
   params.mask = mask();
+  params.softcap = s.attn_logit_softcapping;
+  params.sinks = sinks_.empty() ? nullptr : sinks_.data();
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, attention);
 }
@@ -120,6 +151,8 @@ void GqaLayer::RunDecode(const CpuBatch& batch) {
   params.value_dim = s.head_dim;
   params.scale = EffectiveSoftmaxScale(s);
   params.mask = mask();
+  params.softcap = s.attn_logit_softcapping;
+  params.sinks = sinks_.empty() ? nullptr : sinks_.data();
   params.layout = layout();
   params.store = &store();
   params.tables = tables;

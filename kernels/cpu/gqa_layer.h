@@ -1,5 +1,8 @@
 // MHA, MQA and GQA on the CPU: one implementation, the group size (num_heads / num_kv_heads)
 // being the only difference. K/V are cached per KV head and never repeated per query head.
+// The model-family variations of the spec are computed here too: q/k RMSNorm (Qwen3, Gemma 3)
+// before RoPE, partial rotary dims (Phi-4-mini), logit soft-capping (Gemma 2) and learned sinks
+// (gpt-oss). The cache holds k after its norm and RoPE, so decode sees what prefill saw.
 #ifndef ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 #define ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 
@@ -31,12 +34,18 @@ class GqaLayer : public CpuLayer {
   };
   // Projects the batch, applies RoPE and writes K/V into the sequences' pages.
   Projections ProjectAndCache(const CpuBatch& batch);
+  // Per-head RMSNorm of `num_heads` head_dim-wide vectors per row, in place (float32 as
+  // transformers' Qwen3RMSNorm / Gemma3RMSNorm), times `scale` [head_dim].
+  void NormalizeHeads(float* x, int64_t rows, int num_heads, const std::vector<float>& scale) const;
   void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
 
   int q_width_;                           // num_heads * head_dim
   int kv_width_;                          // num_kv_heads * head_dim
   std::vector<float> wq_, wk_, wv_, wo_;  // nn.Linear layout [out, in]
   std::vector<float> bq_, bk_, bv_, bo_;  // Empty when the spec has no bias.
+  // The q/k norms' effective scales (w, or 1 + w for kRmsUnitOffset); empty without qk_norm.
+  std::vector<float> q_norm_scale_, k_norm_scale_;
+  std::vector<float> sinks_;  // [num_heads]; empty without attention_sinks.
   RotaryEmbedding rope_;
 };
 

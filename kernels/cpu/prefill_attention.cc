@@ -66,6 +66,7 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
         std::fill(s, s + count, 0.0f);
         continue;
       }
+      if (p.softcap > 0.0f) SoftCap(p.softcap, s + lo, hi - lo);
       float block_max = kNegInf;
       for (int64_t k = lo; k < hi; ++k) block_max = std::max(block_max, s[k]);
       const float new_max = std::max(row_max[r], block_max);
@@ -97,7 +98,16 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
       const int64_t r = t * group + g;
       float* dst = p.out + (seq.first_row + item.query_begin + t) * p.out_row_stride +
                    (int64_t{item.kv_head} * group + g) * p.value_dim;
-      const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+      float sum = row_sum[r];
+      float acc_scale = 1.0f;
+      if (p.sinks != nullptr) {
+        // The sink is one more column of the row's softmax, counted once after every key block.
+        const float sink = p.sinks[int64_t{item.kv_head} * group + g];
+        const float new_max = std::max(row_max[r], sink);
+        acc_scale = std::exp(row_max[r] - new_max);  // 0 for a row that saw no key.
+        sum = sum * acc_scale + std::exp(sink - new_max);
+      }
+      const float inv = sum > 0.0f ? acc_scale / sum : 0.0f;
       for (int d = 0; d < p.value_dim; ++d) dst[d] = acc[r * p.value_dim + d] * inv;
     }
   }

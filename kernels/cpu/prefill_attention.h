@@ -37,6 +37,11 @@ struct PrefillAttentionParams {
   int value_dim = 0;
   float scale = 1.0f;
   MaskPolicy mask;
+  // 0 = none; else scaled scores s become softcap * tanh(s / softcap) before mask and softmax.
+  float softcap = 0.0f;
+  // Optional [num_kv_heads * group_size] (query head order): one more logit per query head that
+  // joins each of its rows' softmax and is dropped after it (gpt-oss sinks).
+  const float* sinks = nullptr;
 };
 
 struct PrefillSequence {

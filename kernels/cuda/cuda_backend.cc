@@ -17,6 +17,27 @@ namespace {
 
 constexpr int kMaxPageSize = 4096;
 
+// INVALID_ARGUMENT naming the first spec feature the CUDA kernels do not compute yet, rather than
+// serving the layer without it.
+absl::Status RefuseCpuOnlyVariations(const LayerSpec& spec) {
+  const auto refuse = [](absl::string_view feature) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the CUDA backend does not implement ", feature, " yet; use the CPU backend"));
+  };
+  if (spec.qk_norm != QkNorm::kNone) {
+    return refuse(absl::StrCat("qk_norm (", QkNormName(spec.qk_norm), ")"));
+  }
+  if (spec.rotary_dim != 0 && spec.rotary_dim != spec.head_dim) {
+    return refuse(absl::StrCat("rotary_dim (", spec.rotary_dim, " of head_dim ", spec.head_dim,
+                               ", partial rotary)"));
+  }
+  if (spec.attn_logit_softcapping != 0.0f) {
+    return refuse(absl::StrCat("attn_logit_softcapping (", spec.attn_logit_softcapping, ")"));
+  }
+  if (spec.attention_sinks) return refuse("attention_sinks");
+  return absl::OkStatus();
+}
+
 class CudaBackend : public AttentionBackend {
  public:
   CudaBackend(cuda::CudaContext context, CudaDeviceInfo device)
@@ -42,6 +63,8 @@ class CudaBackend : public AttentionBackend {
       return absl::UnimplementedError(
           "the CUDA backend does not serve MLA yet (CUDA part 2); use --backend=cpu for MLA");
     }
+    // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
+    if (absl::Status s = RefuseCpuOnlyVariations(spec); !s.ok()) return s;
     // The RoPE kernel takes per-pair frequencies (so linear, llama3 and yarn frequencies apply)
     // but does not multiply cos and sin: YaRN's attention factor (without mscale == mscale_all_dim)
     // would be dropped, so such a spec is refused rather than computed differently.

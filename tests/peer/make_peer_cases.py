@@ -53,12 +53,22 @@ try:
     from transformers import (
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GptOssConfig,
+        GptOssForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 except ImportError as error:
     sys.exit(f"make_peer_cases.py: {error} (python {sys.executable}). Run deploy/setup.sh, or "
@@ -84,13 +94,18 @@ def reinit_attention(attn: torch.nn.Module, qk_gain: float):
 
     Projections ~ U(-1/sqrt(in), 1/sqrt(in)) as nn.Linear's own default, with q/k-side projections
     scaled by `qk_gain` so logits spread over several units; biases ~ U(-0.5, 0.5); RMSNorm scales
-    ~ U(0.5, 1.5).
+    ~ U(0.5, 1.5), or U(-0.5, 0.5) for Gemma's (1 + w) q/k norms; gpt-oss sinks ~ U(-1, 3), of the
+    size of the scores so that they take a visible share of each softmax.
     """
     with torch.no_grad():
         for name, p in attn.named_parameters():
             leaf = name.split(".")[0]
-            if "layernorm" in name:
+            if name in ("q_norm.weight", "k_norm.weight") and "Gemma" in type(attn).__name__:
+                p.uniform_(-0.5, 0.5)
+            elif "layernorm" in name or name in ("q_norm.weight", "k_norm.weight"):
                 p.uniform_(0.5, 1.5)
+            elif name == "sinks":
+                p.uniform_(-1.0, 3.0)
             elif name.endswith(".bias"):
                 p.uniform_(-0.5, 0.5)
             else:
@@ -99,6 +114,8 @@ def reinit_attention(attn: torch.nn.Module, qk_gain: float):
                 if leaf in ("q_proj", "k_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
                             "kv_b_proj"):
                     p.mul_(qk_gain)
+                if leaf == "qkv_proj":  # Phi-3: the q and k rows of the fused projection.
+                    p[: p.shape[0] - attn.num_key_value_heads * attn.head_dim].mul_(qk_gain)
 
 
 # ---- capture ------------------------------------------------------------------------------------
@@ -174,12 +191,18 @@ def rope_scaling_spec(config):
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "default":
         return None
+    if kind == "linear":
+        return {"type": "linear", "factor": float(rs["factor"])}
     if kind == "llama3":
         return {"type": "llama3", "factor": float(rs["factor"]),
                 "original_max_position_embeddings": int(rs["original_max_position_embeddings"]),
                 "low_freq_factor": float(rs["low_freq_factor"]),
                 "high_freq_factor": float(rs["high_freq_factor"])}
+    if kind in ("longrope", "su"):
+        raise AssertionError("rope_scaling longrope has no spec: switches factors by length")
     if kind == "yarn":
+        # truncate=False (gpt-oss's real config) keeps the correction range unrounded; our YaRN
+        # floors/ceils it as transformers' default, so such a config has no spec mapping.
         assert rs.get("attention_factor") is None and rs.get("truncate", True), rs
         # The `or` defaults are _compute_yarn_parameters' own.
         return {"type": "yarn", "factor": float(rs["factor"]),
@@ -226,6 +249,48 @@ def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None)
         "sliding_window": int(window),
         "softmax_scale": scale_or_default(attn.scaling, head_dim),
     }, config)
+
+
+def variation_spec(config, attn, *, window, rope_theta, rope_scaling_config=None,
+                   qk_norm="none", softcap=0.0, sinks=False, rotary_dim=0) -> dict:
+    """Spec for one layer of the families with attention variations (Qwen3, Gemma 2/3, gpt-oss,
+    Phi-3): the caller states what the layer should have (its window, RoPE base, ...) and this
+    asserts the module agrees, so a spec cannot silently describe less than the module does."""
+    heads = config.num_attention_heads
+    kv_heads = config.num_key_value_heads
+    head_dim = attn.head_dim
+    assert (getattr(attn, "sliding_window", None) or 0) == window, (attn.sliding_window, window)
+    assert (getattr(attn, "attn_logit_softcapping", None) or 0.0) == softcap
+    assert hasattr(attn, "sinks") == sinks
+    assert hasattr(attn, "q_norm") == (qk_norm != "none")
+    if qk_norm != "none":
+        def eps(norm):  # Qwen3RMSNorm.variance_epsilon, Gemma3RMSNorm.eps
+            return getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        assert eps(attn.q_norm) == eps(attn.k_norm) == config.rms_norm_eps
+    fused = hasattr(attn, "qkv_proj")
+    bias = (attn.qkv_proj if fused else attn.q_proj).bias is not None
+    spec = {
+        "variant": "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa"),
+        "d_model": config.hidden_size,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "qkv_bias": bias,
+        "o_bias": attn.o_proj.bias is not None,
+        "rope": "half",
+        "rope_theta": float(rope_theta),
+        "causal": bool(attn.is_causal),
+        "sliding_window": int(window),
+        "softmax_scale": scale_or_default(attn.scaling, head_dim),
+        "rotary_dim": int(rotary_dim),
+        "qk_norm": qk_norm,
+        "qk_norm_eps": float(config.rms_norm_eps) if qk_norm != "none" else 1e-6,
+        "attn_logit_softcapping": float(softcap),
+        "attention_sinks": bool(sinks),
+    }
+    if rope_scaling_config is not None:
+        with_rope_scaling(spec, rope_scaling_config)
+    return spec
 
 
 def deepseek_spec(config, attn) -> dict:
@@ -352,6 +417,124 @@ def deepseek_case(q_lora_rank, layers, layer_index, seq_len, rope_scaling=None,
     attn = model.model.layers[layer_index].self_attn
     reinit_attention(attn, qk_gain=1.5)
     return model, deepseek_spec(config, attn), layer_index, seq_len, "transformers DeepseekV3ForCausalLM"
+
+
+class _RopeOf:
+    """The config fields rope_scaling_spec reads, for a layer whose RoPE differs from config's."""
+
+    def __init__(self, rope_scaling, max_position_embeddings):
+        self.rope_scaling = rope_scaling
+        self.max_position_embeddings = max_position_embeddings
+
+
+def qwen3_case(layer_index, seq_len):
+    """Qwen3: per-head RMSNorm of q and k (scale w); with use_sliding_window and
+    max_window_layers=1, layer 1 of 2 has a window of 8 (crossed: seq_len > 8)."""
+    window = 8
+    config = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=48, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=512, use_sliding_window=True,
+        sliding_window=window, max_window_layers=1,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    spec = variation_spec(config, attn, window=window if layer_index >= 1 else 0,
+                          rope_theta=config.rope_theta, qk_norm="rms")
+    return model, spec, layer_index, seq_len, "transformers Qwen3ForCausalLM"
+
+
+def gemma2_case(layer_index, seq_len, head_dim=32, heads=8, kv_heads=4):
+    """Gemma 2: soft-capping 50 and query_pre_attn_scalar 24 (not head_dim); layers alternate
+    sliding (even, window 8, crossed) and global (odd)."""
+    window = 8
+    config = Gemma2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        query_pre_attn_scalar=24, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        sliding_window=window, rope_theta=10000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=512, attn_implementation="eager", torch_dtype=torch.float32)
+    assert config.layer_types == ["sliding_attention", "full_attention"], config.layer_types
+    model = Gemma2ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    # A larger q/k gain than elsewhere: scores past +-50 so that the cap bends them.
+    reinit_attention(attn, qk_gain=6.0)
+    spec = variation_spec(config, attn, window=window if layer_index % 2 == 0 else 0,
+                          rope_theta=config.rope_theta, softcap=50.0)
+    assert math.isclose(spec["softmax_scale"], 24 ** -0.5, rel_tol=1e-7), spec
+    return model, spec, layer_index, seq_len, "transformers Gemma2ForCausalLM"
+
+
+def gemma3_case(layer_index, seq_len):
+    """Gemma 3: q/k norm with (1 + w) scales; sliding layers (window 8) rotate with
+    rope_local_base_freq 10000 and no scaling, global layers with rope_theta 1e6 and linear
+    scaling 8 (Gemma 3's real rope_scaling); layer_types sliding, full."""
+    window = 8
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=32, query_pre_attn_scalar=32,
+        sliding_window=window, layer_types=["sliding_attention", "full_attention"],
+        rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=512, attn_implementation="eager", torch_dtype=torch.float32)
+    model = Gemma3ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    sliding = config.layer_types[layer_index] == "sliding_attention"
+    assert attn.is_sliding == sliding
+    spec = variation_spec(
+        config, attn, window=window if sliding else 0,
+        rope_theta=config.rope_local_base_freq if sliding else config.rope_theta,
+        rope_scaling_config=None if sliding else config, qk_norm="rms_unit_offset")
+    return model, spec, layer_index, seq_len, "transformers Gemma3ForCausalLM"
+
+
+def gpt_oss_case(layer_index, seq_len):
+    """gpt-oss: learned sinks, biases on q/k/v/o, layers alternating sliding (window 8) and full,
+    YaRN factor 32 over an original context of 64 (beta_fast 32, beta_slow 1). The real config has
+    truncate=False, which our YaRN does not compute (refused by rope_scaling_spec); this case
+    keeps transformers' default truncation."""
+    window = 8
+    config = GptOssConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=window, rope_theta=150000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "truncate": True, "original_max_position_embeddings": 64},
+        rms_norm_eps=1e-5, max_position_embeddings=4096,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    assert config.layer_types == ["sliding_attention", "full_attention"], config.layer_types
+    model = GptOssForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    sliding = config.layer_types[layer_index] == "sliding_attention"
+    spec = variation_spec(config, attn, window=window if sliding else 0,
+                          rope_theta=config.rope_theta, rope_scaling_config=config, sinks=True)
+    assert spec["qkv_bias"] and spec["o_bias"], spec
+    return model, spec, layer_index, seq_len, "transformers GptOssForCausalLM"
+
+
+def phi3_case(layer_index, seq_len, partial_rotary_factor=1.0, window=None):
+    """Phi-3: the fused qkv_proj checkpoint; optionally Phi-4-mini's partial_rotary_factor 0.75
+    and Phi-3-mini's sliding window (on every layer, as Mistral)."""
+    config = Phi3Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, rope_theta=10000.0,
+        partial_rotary_factor=partial_rotary_factor, sliding_window=window,
+        max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = Phi3ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=2.0)
+    rotary_dim = int(attn.head_dim * partial_rotary_factor)
+    assert model.model.rotary_emb.inv_freq.shape[0] * 2 == rotary_dim
+    # Phi3Attention has no sliding_window attribute; the mask uses config.sliding_window.
+    attn.sliding_window = config.sliding_window
+    spec = variation_spec(config, attn, window=window or 0, rope_theta=config.rope_theta,
+                          rotary_dim=0 if rotary_dim == attn.head_dim else rotary_dim)
+    del attn.sliding_window
+    return model, spec, layer_index, seq_len, "transformers Phi3ForCausalLM"
 
 
 def torch_mha_case(out_dir, causal: bool, seq_len: int):
@@ -521,12 +704,22 @@ def reference_forward(spec, weights, hidden, positions, split=None):
         qk_dim = nope + rdim
     else:
         hd, kvh = spec["head_dim"], spec["num_kv_heads"]
-        q = lin("q_proj", x).reshape(seq_len, heads, hd)
-        k = lin("k_proj", x).reshape(seq_len, kvh, hd)
-        v = lin("v_proj", x).reshape(seq_len, kvh, hd)
+        if "qkv_proj.weight" in w:  # Phi-3's fused projection: q, k, v rows stacked.
+            qkv = lin("qkv_proj", x)
+            q, k, v = np.split(qkv, [heads * hd, (heads + kvh) * hd], axis=-1)
+        else:
+            q, k, v = lin("q_proj", x), lin("k_proj", x), lin("v_proj", x)
+        q, k, v = (q.reshape(seq_len, heads, hd), k.reshape(seq_len, kvh, hd),
+                   v.reshape(seq_len, kvh, hd))
+        qk_norm = spec.get("qk_norm", "none")
+        if qk_norm != "none":
+            offset = 1.0 if qk_norm == "rms_unit_offset" else 0.0
+            q = _rms(q, offset + w["q_norm.weight"], spec["qk_norm_eps"])
+            k = _rms(k, offset + w["k_norm.weight"], spec["qk_norm_eps"])
         if spec["rope"] != "none":
-            q = _rope(q, positions, spec)
-            k = _rope(k, positions, spec)
+            rd = spec.get("rotary_dim") or hd
+            q = np.concatenate([_rope(q[..., :rd], positions, spec), q[..., rd:]], axis=-1)
+            k = np.concatenate([_rope(k[..., :rd], positions, spec), k[..., rd:]], axis=-1)
         group = heads // kvh
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         qk_dim = hd
@@ -536,10 +729,20 @@ def reference_forward(spec, weights, hidden, positions, split=None):
             and rs["mscale_all_dim"]:
         scale *= _yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2  # DeepseekV3Attention
     logits = np.einsum("ihd,jhd->hij", q, k) * scale
+    cap = spec.get("attn_logit_softcapping", 0.0)
+    if cap:
+        logits = cap * np.tanh(logits / cap)
     logits = np.where(_visible(spec, seq_len, split)[None], logits, -np.inf)
-    logits -= logits.max(-1, keepdims=True)
-    p = np.exp(logits)
-    p /= p.sum(-1, keepdims=True)
+    if spec.get("attention_sinks"):
+        # One more column per head, in the max and the sum, dropped from the weights.
+        sink = w["sinks"][:, None, None]
+        top = np.maximum(logits.max(-1, keepdims=True), sink)
+        p = np.exp(logits - top)
+        p /= p.sum(-1, keepdims=True) + np.exp(sink - top)
+    else:
+        logits -= logits.max(-1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(-1, keepdims=True)
     attn = np.einsum("hij,jhd->ihd", p, v).reshape(seq_len, -1)
     return lin("o_proj", attn)
 
@@ -615,6 +818,20 @@ HF_CASES = {
         rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 64,
                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
     "qwen2_yarn": qwen2_yarn_case,
+    # (g) Attention variations of today's families, at layer 0 and at layer 1 where the per-layer
+    # behaviour differs; windows of 8 crossed by every windowed case.
+    "qwen3_qk_norm": lambda: qwen3_case(0, 37),
+    "qwen3_qk_norm_window_layer1": lambda: qwen3_case(1, 29),
+    "gemma2_softcap_sliding": lambda: gemma2_case(0, 29),
+    "gemma2_softcap_global_layer1": lambda: gemma2_case(1, 33),
+    "gemma2_hd256_sliding": lambda: gemma2_case(0, 27, head_dim=256, heads=4, kv_heads=2),
+    "gemma3_qk_norm_local_rope": lambda: gemma3_case(0, 29),
+    "gemma3_qk_norm_global_linear_layer1": lambda: gemma3_case(1, 97),
+    "gpt_oss_sinks_sliding": lambda: gpt_oss_case(0, 29),
+    "gpt_oss_sinks_yarn_layer1": lambda: gpt_oss_case(1, 97),
+    "phi3_fused_qkv": lambda: phi3_case(0, 31),
+    "phi3_partial_rotary_window_layer1": lambda: phi3_case(1, 29, partial_rotary_factor=0.75,
+                                                           window=8),
 }
 TORCH_CASES = {
     # (e) nn.MultiheadAttention: MHA without RoPE.
@@ -656,9 +873,11 @@ def main():
             model, spec, layer_index, seq_len, source = HF_CASES[name]()
             # Mistral keeps contiguous positions: its window counts tokens (indices), and with
             # contiguous positions that count cannot be confused with a position difference.
-            hidden, positions, expected = run_hf_case(model, layer_index, seq_len,
-                                                      model.config.hidden_size,
-                                                      gapped=not name.startswith("mistral"))
+            # Windowed layers too: the mask counts token indices, and contiguous positions
+            # make that count the same as a position difference.
+            hidden, positions, expected = run_hf_case(
+                model, layer_index, seq_len, model.config.hidden_size,
+                gapped=not (name.startswith("mistral") or spec["sliding_window"]))
             # Every HF case here is causal, so prefill-then-decode must reproduce one-shot prefill.
             assert spec["causal"]
             model.save_pretrained(case_dir, safe_serialization=True)
