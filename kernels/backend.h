@@ -19,22 +19,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_cache_config.h"
 #include "kernels/kv_memory_budget.h"
 #include "kernels/layer_spec.h"
 #include "kernels/layer_weights.h"
 #include "kernels/tensor.h"
 
 namespace attnserve {
-
-// How a layer stores its KV cache.
-struct KvCacheConfig {
-  DType dtype = DType::kF32;  // Storage type of cached K/V (or MLA latent and RoPE key).
-  int page_size = 0;          // Tokens per page; 0 = DefaultPageSize(spec).
-  int64_t max_pages = 4096;   // Pool capacity in pages. Memory is committed as pages are used.
-  // Optional budget shared with other layers (e.g. every session on a device). When set, pages are
-  // charged to it as well, and a batch that would pass it fails with RESOURCE_EXHAUSTED.
-  std::shared_ptr<KvMemoryBudget> budget;
-};
 
 // Identifies one sequence within a layer. Ids are never reused by the same layer.
 using SequenceId = int64_t;

@@ -174,4 +174,9 @@ absl::StatusOr<LayerWeights> RandomLayerWeights(const LayerSpec& spec, uint64_t 
   return weights;
 }
 
+std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
+  auto it = weights.find(name);
+  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
+}
+
 }  // namespace attnserve

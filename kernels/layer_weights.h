@@ -48,6 +48,10 @@ std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec);
 // and both shapes, or the tensor and the index of its first NaN or infinite element.
 absl::Status ValidateLayerWeights(const LayerSpec& spec, const LayerWeights& weights);
 
+// The tensor `name` converted to float32, or empty when `weights` has none (an optional bias or
+// norm the spec does not use). Backends call it once, when they build a layer.
+std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name);
+
 // Deterministic weights from `seed`, as PyTorch initialises nn.Linear: every projection weight and
 // bias ~ U(-1/sqrt(in_features), +1/sqrt(in_features)); RMSNorm scales = 1 (0 for a (1 + w) norm);
 // gpt-oss sinks ~ U(-1, 1) (logits of the size of the scores). Each tensor draws from

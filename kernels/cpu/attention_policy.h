@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/attention_mask.h"
 #include "kernels/dtype.h"
 #include "kernels/layer_spec.h"
 
@@ -18,6 +19,7 @@ struct KeyRange {
   int64_t end = 0;
 };
 
+// The mask rule (kernels/attention_mask.h) with the spec's parameters.
 struct MaskPolicy {
   bool causal = true;
   int64_t window = 0;  // Sliding window in tokens; 0 = unlimited.
@@ -26,8 +28,9 @@ struct MaskPolicy {
 
   // Keys visible to the query at index `query` of a sequence that holds `length` tokens.
   KeyRange VisibleKeys(int64_t query, int64_t length) const {
-    if (!causal) return {0, length};
-    return {window > 0 ? std::max<int64_t>(0, query - window + 1) : 0, query + 1};
+    KeyRange keys;
+    VisibleKeyRange<int64_t>(causal, window, query, length, &keys.begin, &keys.end);
+    return keys;
   }
 };
 

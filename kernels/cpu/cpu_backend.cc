@@ -7,27 +7,18 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_cache_config.h"
 
 namespace attnserve {
 
 namespace {
-
-constexpr int kMaxPageSize = 4096;
 
 absl::Status ValidateKvConfig(const KvCacheConfig& config) {
   if (config.dtype != DType::kF32 && config.dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache dtype = ", DTypeName(config.dtype),
                                                    ": the CPU backend stores KV as f32 or bf16"));
   }
-  if (config.page_size < 1 || config.page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size = ", config.page_size, ": must be in [1, ", kMaxPageSize, "]"));
-  }
-  if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_pages = ", config.max_pages, ": must be in [1, 2^31 - 1]"));
-  }
-  return absl::OkStatus();
+  return ValidateKvPaging(config);
 }
 
 class CpuBackend : public AttentionBackend {

@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "kernels/cpu/vector_math.h"
+#include "kernels/decode_splits.h"
 
 namespace attnserve {
 
 namespace {
 
-// Keys per split are a multiple of this, so a split costs far more than its combine.
-constexpr int64_t kMinKeysPerSplit = 256;
+// Keys per split are at least this (shared with the CUDA planner), so a split costs far more
+// than its combine.
+constexpr int64_t kMinKeysPerSplit = kDecodeMinKeysPerSplit;
 // From this many query rows per KV head and keys per page (MLA's 64-token pages), a page is
 // processed with sgemm rather than vector loops; below it sgemm's call overhead loses (measured:
 // MQA with 16-token pages ran 30% slower through sgemm, absorbed MLA 10% faster).

@@ -12,11 +12,6 @@ namespace attnserve {
 
 namespace {
 
-std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
-  auto it = weights.find(name);
-  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
-}
-
 // x <- scale * x / sqrt(mean(x^2) + eps), as DeepseekV3RMSNorm (float32 throughout).
 void RmsNormRows(float* x, int64_t rows, int64_t row_stride, int64_t width, const float* scale,
                  float eps) {

@@ -9,13 +9,12 @@
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/cuda_layer.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/kv_cache_config.h"
 #include "kernels/rope_frequencies.h"
 
 namespace attnserve {
 
 namespace {
-
-constexpr int kMaxPageSize = 4096;
 
 // INVALID_ARGUMENT naming the first spec feature the CUDA kernels do not compute yet, rather than
 // serving the layer without it.
@@ -76,14 +75,7 @@ class CudaBackend : public AttentionBackend {
     }
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
-    if (config.page_size < 1 || config.page_size > kMaxPageSize) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("page_size = ", config.page_size, ": must be in [1, ", kMaxPageSize, "]"));
-    }
-    if (config.max_pages < 1 || config.max_pages > (int64_t{1} << 31) - 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_pages = ", config.max_pages, ": must be in [1, 2^31 - 1]"));
-    }
+    if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
     if (absl::Status s = cuda::CheckAttentionSupported(config.dtype, spec.head_dim); !s.ok()) {
       return s;
     }

@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/work_plan.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/layer_input_checks.h"
 #include "kernels/rope_frequencies.h"
@@ -39,11 +39,6 @@ class SectionLayout {
  private:
   size_t total_ = 0;
 };
-
-std::vector<float> FloatsOrEmpty(const LayerWeights& weights, const std::string& name) {
-  auto it = weights.find(name);
-  return it == weights.end() ? std::vector<float>() : it->second.ToFloats();
-}
 
 }  // namespace
 
@@ -237,133 +232,138 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
   return out;
 }
 
+// Where one call's buffers sit. The workspace starts with the upload region (the input and the
+// plan, copied from the pinned staging buffer in one go), then the activations and the split-KV
+// partials; the staging buffer holds the upload region and then the downloaded output.
+struct CudaGqaLayer::CallLayout {
+  // Upload region.
+  Section x, positions, row_sequence, sequences, pages, items, item_begin;
+  size_t upload_bytes = 0;
+  // Device only.
+  Section qkv, attn, attn16, out, partial_max, partial_sum, partial_acc;
+  size_t device_bytes = 0;
+};
+
 absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
                                              const std::vector<BatchSequence>& batch,
                                              absl::Span<const int64_t> positions, bool decode) {
   const int64_t rows = hidden.dim(0);
-  const int num_seqs = static_cast<int>(batch.size());
-  const int heads = spec_.num_heads, kv_heads = spec_.num_kv_heads, head_dim = spec_.head_dim;
-  const int group = heads / kv_heads;
-  const int row_blocks = (group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
-  const MaskSpec mask{spec_.causal ? 1 : 0, spec_.sliding_window};
-  const int prefill_rows = PrefillRowsPerBlock(kv_config_.dtype);
   if (rows > INT_MAX / std::max(qkv_width_, spec_.d_model)) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
   }
+  const absl::StatusOr<BatchPlan> plan =
+      PlanBatch(batch, rows, positions, decode, PlanShape(),
+                [this](int32_t page) { return store_.PageOffset(page); });
+  if (!plan.ok()) return plan.status();
+  const CallLayout layout = LayOut(*plan, rows, decode);
+  if (absl::Status s = Stage(hidden, *plan, layout); !s.ok()) return s;
+  absl::StatusOr<Tensor> out = Launch(*plan, layout, rows, decode);
+  if (!out.ok()) return out.status();
+  return out->CastTo(hidden.dtype());
+}
 
-  // ---- Plan on the host ---------------------------------------------------------------------
-  std::vector<int64_t> resolved(static_cast<size_t>(rows));
-  std::vector<int> row_sequence(static_cast<size_t>(rows));
-  std::vector<SequenceDesc> descs;
-  std::vector<int64_t> page_offsets;
-  std::vector<WorkItem> items;
-  std::vector<int> item_begin;
-  const int64_t wanted_splits =
-      DecodeSplitsForTwoWaves(num_seqs, kv_heads, row_blocks, context_.multiprocessors);
-  for (int b = 0; b < num_seqs; ++b) {
-    const BatchSequence& seq = batch[b];
-    const PageTable& table = *seq.table;
-    if (table.num_tokens > INT_MAX) {
-      return absl::InvalidArgumentError("sequence longer than 2^31 - 1 tokens");
-    }
-    SequenceDesc desc;
-    desc.first_row = static_cast<int>(seq.first_row);
-    desc.num_new = static_cast<int>(seq.num_new);
-    desc.first_index = static_cast<int>(seq.first_index);
-    desc.length = static_cast<int>(table.num_tokens);
-    desc.first_page = static_cast<int>(page_offsets.size());
-    descs.push_back(desc);
-    for (int32_t page : table.pages) {
-      page_offsets.push_back(page == kEvictedPage ? -1 : store_.PageOffset(page));
-    }
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      resolved[seq.first_row + i] =
-          positions.empty() ? seq.first_index + i : positions[seq.first_row + i];
-      row_sequence[seq.first_row + i] = b;
-    }
-    item_begin.push_back(static_cast<int>(items.size()));
-    if (decode) {
-      PlanDecodeSplits(desc, b, mask, wanted_splits, kDecodeMinKeysPerSplit, items);
-    } else {
-      PlanPrefillItems(desc, b, group, mask, prefill_rows, items);
-    }
-  }
-  item_begin.push_back(static_cast<int>(items.size()));
-  const int num_items = static_cast<int>(items.size());
+BatchPlanShape CudaGqaLayer::PlanShape() const {
+  BatchPlanShape shape;
+  shape.group = spec_.num_heads / spec_.num_kv_heads;
+  shape.num_kv_heads = spec_.num_kv_heads;
+  shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.dtype);
+  shape.multiprocessors = context_.multiprocessors;
+  shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
+  return shape;
+}
 
-  // ---- Workspace: [upload | activations | partials]; staging: [upload | output] ----------------
+CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t rows,
+                                              bool decode) const {
+  CallLayout l;
   SectionLayout up;
   const size_t compute_bytes = DTypeSize(compute_);
-  const Section s_x = up.Add(compute_bytes * rows * spec_.d_model);
-  const Section s_pos = up.Add(sizeof(int64_t) * rows);
-  const Section s_rowseq = up.Add(sizeof(int) * rows);
-  const Section s_desc = up.Add(sizeof(SequenceDesc) * descs.size());
-  const Section s_pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, page_offsets.size()));
-  const Section s_items = up.Add(sizeof(WorkItem) * items.size());
-  const Section s_ibegin = up.Add(sizeof(int) * item_begin.size());
-  const size_t upload_bytes = up.total();
+  l.x = up.Add(compute_bytes * rows * spec_.d_model);
+  l.positions = up.Add(sizeof(int64_t) * rows);
+  l.row_sequence = up.Add(sizeof(int) * rows);
+  l.sequences = up.Add(sizeof(SequenceDesc) * plan.sequences.size());
+  l.pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, plan.page_offsets.size()));
+  l.items = up.Add(sizeof(WorkItem) * plan.items.size());
+  l.item_begin = up.Add(sizeof(int) * plan.item_begin.size());
+  l.upload_bytes = up.total();
   SectionLayout dev = up;
-  const Section s_qkv = dev.Add(sizeof(float) * rows * qkv_width_);
-  const Section s_attn = dev.Add(sizeof(float) * rows * q_width_);
+  l.qkv = dev.Add(sizeof(float) * rows * qkv_width_);
+  l.attn = dev.Add(sizeof(float) * rows * q_width_);
   // The attention output in the compute dtype, when the output projection reads 16-bit.
-  const Section s_attn16 = dev.Add(compute_ == DType::kF32 ? 0 : compute_bytes * rows * q_width_);
-  const Section s_out = dev.Add(sizeof(float) * rows * spec_.d_model);
-  const int64_t partial_rows = decode ? int64_t{num_items} * heads : 0;
-  const Section s_pmax = dev.Add(sizeof(float) * partial_rows);
-  const Section s_psum = dev.Add(sizeof(float) * partial_rows);
-  const Section s_pacc = dev.Add(sizeof(float) * partial_rows * head_dim);
-  if (absl::Status s = workspace_.EnsureBytes(dev.total()); !s.ok()) return s;
-  if (absl::Status s = staging_.EnsureBytes(upload_bytes + AlignUp(s_out.bytes)); !s.ok()) {
+  l.attn16 = dev.Add(compute_ == DType::kF32 ? 0 : compute_bytes * rows * q_width_);
+  l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
+  const int64_t partial_rows =
+      decode ? static_cast<int64_t>(plan.items.size()) * spec_.num_heads : 0;
+  l.partial_max = dev.Add(sizeof(float) * partial_rows);
+  l.partial_sum = dev.Add(sizeof(float) * partial_rows);
+  l.partial_acc = dev.Add(sizeof(float) * partial_rows * spec_.head_dim);
+  l.device_bytes = dev.total();
+  return l;
+}
+
+absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
+                                 const CallLayout& l) {
+  if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
+  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.out.bytes)); !s.ok()) {
     return s;
   }
   std::byte* host = staging_.data();
-  auto* device = static_cast<std::byte*>(workspace_.data());
   auto put = [&](const Section& section, const void* src) {
     if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
   };
   if (hidden.dtype() == compute_) {
-    put(s_x, hidden.data());
+    put(l.x, hidden.data());
   } else {
     const Tensor x = hidden.CastTo(compute_);
-    put(s_x, x.data());
+    put(l.x, x.data());
   }
-  put(s_pos, resolved.data());
-  put(s_rowseq, row_sequence.data());
-  put(s_desc, descs.data());
-  if (!page_offsets.empty()) put(s_pages, page_offsets.data());
-  put(s_items, items.data());
-  put(s_ibegin, item_begin.data());
+  put(l.positions, plan.positions.data());
+  put(l.row_sequence, plan.row_sequence.data());
+  put(l.sequences, plan.sequences.data());
+  if (!plan.page_offsets.empty()) put(l.pages, plan.page_offsets.data());
+  put(l.items, plan.items.data());
+  put(l.item_begin, plan.item_begin.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLayout& l,
+                                            int64_t rows, bool decode) {
+  const int heads = spec_.num_heads, head_dim = spec_.head_dim;
+  const BatchPlanShape shape = PlanShape();
+  std::byte* host = staging_.data();
+  auto* device = static_cast<std::byte*>(workspace_.data());
   auto dptr = [&](const Section& section) { return device + section.offset; };
   auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
 
-  // ---- Run on the stream ----------------------------------------------------------------------
   ATTNSERVE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(device, host, upload_bytes, cudaMemcpyHostToDevice, stream_),
+      cudaMemcpyAsync(device, host, l.upload_bytes, cudaMemcpyHostToDevice, stream_),
       "uploading the batch");
   if (context_.pool->poison()) {
-    const size_t begin = s_qkv.offset, end = dev.total();
+    const size_t begin = l.qkv.offset, end = l.device_bytes;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
                                    "poisoning the workspace");
   }
+  // qkv[rows, q | k | v] = x . [Wq; Wk; Wv]^T (+ bias)
   const int m_rows = static_cast<int>(rows);
   if (absl::Status s =
-          qkv_proj_.Run(*context_.cublas, cublas_, stream_, dptr(s_x), m_rows, fptr(s_qkv));
+          qkv_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.x), m_rows, fptr(l.qkv));
       !s.ok()) {
     return s;
   }
   PagedKv kv;
   kv.pool = store_.pool_base();
-  kv.page_offsets = reinterpret_cast<const int64_t*>(dptr(s_pages));
+  kv.page_offsets = reinterpret_cast<const int64_t*>(dptr(l.pages));
   kv.page_size = kv_config_.page_size;
-  kv.num_kv_heads = kv_heads;
+  kv.num_kv_heads = spec_.num_kv_heads;
   kv.head_dim = head_dim;
-  const auto* d_descs = reinterpret_cast<const SequenceDesc*>(dptr(s_desc));
+  const auto* d_descs = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
 
+  // RoPE(q, k) at the plan's positions; k, v -> pages.
   RopeAppendParams rope;
-  rope.qkv = fptr(s_qkv);
+  rope.qkv = fptr(l.qkv);
   rope.qkv_stride = qkv_width_;
-  rope.positions = reinterpret_cast<const int64_t*>(dptr(s_pos));
-  rope.row_sequence = reinterpret_cast<const int*>(dptr(s_rowseq));
+  rope.positions = reinterpret_cast<const int64_t*>(dptr(l.positions));
+  rope.row_sequence = reinterpret_cast<const int*>(dptr(l.row_sequence));
   rope.sequences = d_descs;
   rope.inv_freq = static_cast<const double*>(inv_freq_.data());
   rope.rows = m_rows;
@@ -374,25 +374,27 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   rope.kv = kv;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
 
+  // attn[rows, heads * head_dim]: one block per work item of the plan.
   AttentionParams attn;
-  attn.q = fptr(s_qkv);
+  attn.q = fptr(l.qkv);
   attn.q_stride = qkv_width_;
-  attn.out = fptr(s_attn);
+  attn.out = fptr(l.attn);
   attn.num_heads = heads;
-  attn.group = group;
+  attn.group = shape.group;
   attn.scale = EffectiveSoftmaxScale(spec_);
-  attn.mask = mask;
+  attn.mask = shape.mask;
   attn.kv = kv;
   attn.sequences = d_descs;
-  attn.batch = num_seqs;
-  attn.items = reinterpret_cast<const WorkItem*>(dptr(s_items));
-  attn.num_items = num_items;
+  attn.batch = static_cast<int>(plan.sequences.size());
+  attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
+  attn.num_items = static_cast<int>(plan.items.size());
   if (decode) {
-    attn.partial_max = fptr(s_pmax);
-    attn.partial_sum = fptr(s_psum);
-    attn.partial_acc = fptr(s_pacc);
-    attn.item_begin = reinterpret_cast<const int*>(dptr(s_ibegin));
-    if (absl::Status s = RunDecodeAttention(kv_config_.dtype, head_dim, attn, row_blocks, stream_);
+    attn.partial_max = fptr(l.partial_max);
+    attn.partial_sum = fptr(l.partial_sum);
+    attn.partial_acc = fptr(l.partial_acc);
+    attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
+    if (absl::Status s = RunDecodeAttention(kv_config_.dtype, head_dim, attn,
+                                            shape.decode_row_blocks, stream_);
         !s.ok()) {
       return s;
     }
@@ -402,28 +404,28 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   }
 
   // out[rows, d_model] = attn . Wo^T (+ bias)
-  const void* attn_in = fptr(s_attn);
+  const void* attn_in = fptr(l.attn);
   if (compute_ != DType::kF32) {
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        LaunchConvertFloats(fptr(s_attn), ToKvType(compute_), dptr(s_attn16),
+        LaunchConvertFloats(fptr(l.attn), ToKvType(compute_), dptr(l.attn16),
                             int64_t{rows} * q_width_, stream_),
         "attention output to the compute dtype");
-    attn_in = dptr(s_attn16);
+    attn_in = dptr(l.attn16);
   }
   if (absl::Status s =
-          o_proj_.Run(*context_.cublas, cublas_, stream_, attn_in, m_rows, fptr(s_out));
+          o_proj_.Run(*context_.cublas, cublas_, stream_, attn_in, m_rows, fptr(l.out));
       !s.ok()) {
     return s;
   }
-  std::byte* host_out = host + upload_bytes;
+  std::byte* host_out = host + l.upload_bytes;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_out, dptr(s_out), s_out.bytes, cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(host_out, dptr(l.out), l.out.bytes, cudaMemcpyDeviceToHost, stream_),
       "downloading the output");
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "running the batch");
 
   Tensor out(DType::kF32, {rows, spec_.d_model});
-  std::memcpy(out.data(), host_out, s_out.bytes);
-  return out.CastTo(hidden.dtype());
+  std::memcpy(out.data(), host_out, l.out.bytes);
+  return out;
 }
 
 }  // namespace attnserve::cuda

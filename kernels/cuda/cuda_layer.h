@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/projection.h"
@@ -67,10 +68,22 @@ class CudaGqaLayer : public AttentionLayer {
   absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
                              absl::Span<const int64_t> counts, absl::Span<const int64_t> positions,
                              bool decode);
-  // Plans and runs one reserved batch; on error the caller rolls the reservation back.
+  // Plans and runs one reserved batch; on error the caller rolls the reservation back. In three
+  // steps: the host plan (PlanBatch, attention/batch_plan.h), staging it with the input in pinned
+  // memory, and the launch sequence on the layer's stream.
   absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
                                  absl::Span<const int64_t> positions, bool decode)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
+  BatchPlanShape PlanShape() const;
+  CallLayout LayOut(const BatchPlan& plan, int64_t rows, bool decode) const;
+  // Sizes the workspace and staging buffers and writes the input and the plan into staging.
+  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Upload, qkv projection, RoPE + KV append, attention, output projection, download and
+  // synchronise; returns the fp32 output [rows, d_model].
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const CallLayout& layout, int64_t rows,
+                                bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitPages(absl::Span<const int32_t> pages);
 
   const LayerSpec spec_;

@@ -11,32 +11,23 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ATTNSERVE_HD __host__ __device__
-#else
-#define ATTNSERVE_HD
-#endif
+#include "kernels/attention_mask.h"
+#include "kernels/host_device.h"
 
 namespace attnserve::cuda {
 
 // Element type of KV pages (mirrors attnserve::DType without pulling its absl header into nvcc).
 enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// Which keys a query may see: the device twin of MaskPolicy (kernels/cpu/attention_policy.h),
-// with the same semantics (Mistral sliding window: query i sees i - W < j <= i).
+// Which keys a query may see: the mask rule of kernels/attention_mask.h (shared with the CPU's
+// MaskPolicy) with 32-bit indices, as the kernels take it (Mistral window: i - W < j <= i).
 struct MaskSpec {
   int causal = 1;
   int window = 0;  // Tokens; 0 = unlimited.
 
   // Half-open [*begin, *end) of keys visible to query index `query` of a `length`-token sequence.
   ATTNSERVE_HD void VisibleKeys(int query, int length, int* begin, int* end) const {
-    if (!causal) {
-      *begin = 0;
-      *end = length;
-      return;
-    }
-    *begin = (window > 0 && query - window + 1 > 0) ? query - window + 1 : 0;
-    *end = query + 1;
+    VisibleKeyRange<int>(causal != 0, window, query, length, begin, end);
   }
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention/params.h"
+#include "kernels/decode_splits.h"
 
 namespace attnserve::cuda {
 
@@ -33,11 +34,9 @@ inline void PlanPrefillItems(const SequenceDesc& desc, int sequence_index, int g
   }
 }
 
-// A decode KV split shorter than this costs more in its combine than it saves.
-inline constexpr int64_t kDecodeMinKeysPerSplit = 256;
-
 // Decode: splits per sequence wanted so the grid (sequences x KV heads x row blocks x splits)
-// fills about two waves over the SMs; PlanDecodeSplits caps it by kDecodeMinKeysPerSplit.
+// fills about two waves over the SMs; PlanDecodeSplits caps it by kDecodeMinKeysPerSplit
+// (kernels/decode_splits.h, shared with the CPU decode).
 inline int64_t DecodeSplitsForTwoWaves(int num_sequences, int num_kv_heads, int row_blocks,
                                        int multiprocessors) {
   const int64_t blocks_per_split = int64_t{num_sequences} * num_kv_heads * row_blocks;
