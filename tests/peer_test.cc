@@ -316,6 +316,31 @@ TEST_P(PeerTest, PrefillThenDecodeMatches) {
   CheckPrefillThenDecode(*unabsorbed, " unabsorbed");
 }
 
+// The whole sequence prefilled in chunks of 7 tokens (a chunk's queries see the keys earlier chunks
+// cached, the window and sinks included), through pages of 8 so chunks straddle pages.
+TEST_P(PeerTest, ChunkedPrefillMatches) {
+  if (!case_.spec.causal) GTEST_SKIP() << "a chunk of a bidirectional layer cannot see later ones";
+  std::unique_ptr<AttentionLayer> layer = MakeLayer(kSmallPageSize);
+  ASSERT_NE(layer, nullptr);
+  const SequenceId seq = layer->CreateSequence();
+  constexpr int64_t kChunk = 7;
+  std::vector<float> outputs;
+  for (int64_t begin = 0; begin < case_.seq_len; begin += kChunk) {
+    const int64_t end = std::min(begin + kChunk, case_.seq_len);
+    const PrefillChunk chunk{seq, end - begin};
+    absl::StatusOr<Tensor> out =
+        layer->Prefill({&chunk, 1}, Rows(case_.hidden, begin, end),
+                       absl::MakeConstSpan(case_.positions).subspan(begin, end - begin));
+    ASSERT_TRUE(out.ok()) << "chunk at " << begin << ": " << out.status();
+    const std::vector<float> rows = out->ToFloats();
+    outputs.insert(outputs.end(), rows.begin(), rows.end());
+  }
+  const Tensor out = Tensor::FromFloats({case_.seq_len, case_.spec.d_model}, outputs);
+  const double err = RelativeError(out, case_.expected);
+  Report(absl::StrCat("chunked prefill x", kChunk), err);
+  EXPECT_LE(err, kMaxRelativeError) << WorstRow(out, case_.expected);
+}
+
 // Two copies of the case in one Prefill call, as two sequences: each must match on its own, so no
 // token may attend across the sequence boundary.
 TEST_P(PeerTest, BatchedPrefillKeepsSequencesApart) {

@@ -829,6 +829,9 @@ HF_CASES = {
     "gemma3_qk_norm_global_linear_layer1": lambda: gemma3_case(1, 97),
     "gpt_oss_sinks_sliding": lambda: gpt_oss_case(0, 29),
     "gpt_oss_sinks_yarn_layer1": lambda: gpt_oss_case(1, 97),
+    # 600 tokens: decode past 512 keys splits each step's keys (flash-decoding), and the sink
+    # must join the combined softmax once, not once per split.
+    "gpt_oss_sinks_long_layer1": lambda: gpt_oss_case(1, 600),
     "phi3_fused_qkv": lambda: phi3_case(0, 31),
     "phi3_partial_rotary_window_layer1": lambda: phi3_case(1, 29, partial_rotary_factor=0.75,
                                                            window=8),
