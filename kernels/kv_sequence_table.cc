@@ -20,6 +20,18 @@ absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes,
       full->name().empty() ? "" : absl::StrCat(" in the KV quota of ", full->name())));
 }
 
+std::vector<int64_t> ResolvePositions(absl::Span<const BatchSequence> batch,
+                                      absl::Span<const int64_t> positions, int64_t rows) {
+  std::vector<int64_t> resolved(static_cast<size_t>(rows));
+  for (const BatchSequence& seq : batch) {
+    for (int64_t i = 0; i < seq.num_new; ++i) {
+      resolved[seq.first_row + i] =
+          positions.empty() ? seq.first_index + i : positions[seq.first_row + i];
+    }
+  }
+  return resolved;
+}
+
 KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
                                  std::shared_ptr<KvMemoryBudget> budget, bool causal,
                                  int sliding_window)

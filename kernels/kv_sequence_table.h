@@ -39,6 +39,12 @@ struct BatchSequence {
   int64_t pages_before = 0;    // table->pages.size() before the reservation (for rollback).
 };
 
+// Each row's RoPE position for a reserved batch of `rows` rows: positions[row] when `positions` is
+// given (one per row), else the row's index in its sequence (each sequence continues from its
+// length). Every backend resolves positions here, once per call.
+std::vector<int64_t> ResolvePositions(absl::Span<const BatchSequence> batch,
+                                      absl::Span<const int64_t> positions, int64_t rows);
+
 class KvSequenceTable {
  public:
   // Backs newly allocated page ids with memory; an error makes the reservation fail unchanged.

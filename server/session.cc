@@ -113,7 +113,6 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
     }
     plan.requests[i].length = length;
     if (!in.positions.empty()) {
-      plan.explicit_positions = true;
       if (static_cast<int64_t>(in.positions.size()) != rows) {
         return absl::InvalidArgumentError(
             absl::StrCat("items[", i, "].positions: has ", in.positions.size(),
@@ -161,6 +160,16 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
                      " more would pass max_requests = ", limits_.max_requests,
                      " (release requests or raise the limit)"));
   }
+  // RoPE positions are resolved here, once: an input without positions continues from its
+  // request's length. Every engine call then gets each row's position and resolves nothing.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<int64_t>& positions = inputs[i].positions;
+    if (!positions.empty()) continue;
+    positions.resize(static_cast<size_t>(inputs[i].hidden.dim(0)));
+    for (size_t t = 0; t < positions.size(); ++t) {
+      positions[t] = plan.requests[i].length + static_cast<int64_t>(t);
+    }
+  }
   plan.inputs = std::move(inputs);
   return plan;
 }
@@ -177,14 +186,8 @@ absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
     }
     std::memcpy(dst, h.data(), h.num_bytes());
     dst += h.num_bytes();
-    if (positions == nullptr) continue;
-    if (plan.inputs[i].positions.empty()) {
-      // Same positions the engine would choose: continue from the length.
-      for (int64_t t = 0; t < h.dim(0); ++t) positions->push_back(plan.requests[i].length + t);
-    } else {
-      positions->insert(positions->end(), plan.inputs[i].positions.begin(),
-                        plan.inputs[i].positions.end());
-    }
+    positions->insert(positions->end(), plan.inputs[i].positions.begin(),
+                      plan.inputs[i].positions.end());
   }
   return absl::OkStatus();
 }
@@ -206,8 +209,7 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     RequestState& state = requests_[plan.inputs[i].request_id];
     state.sequence = plan.requests[i].sequence;
     state.length = plan.requests[i].length + rows;
-    state.last_position =
-        plan.inputs[i].positions.empty() ? state.length - 1 : plan.inputs[i].positions.back();
+    state.last_position = plan.inputs[i].positions.back();
     state.kv_bytes = kv_bytes[i];
     state.last_used = now;
     StepOutput& r = results[i];
@@ -228,11 +230,7 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (plans.empty()) return absl::OkStatus();
   int64_t total_rows = 0;
-  bool explicit_positions = false;
-  for (StepPlan* plan : plans) {
-    total_rows += static_cast<int64_t>(plan->inputs.size());
-    explicit_positions |= plan->explicit_positions;
-  }
+  for (StepPlan* plan : plans) total_rows += static_cast<int64_t>(plan->inputs.size());
   // One engine call takes one dtype; the scheduler batches only calls of one dtype together.
   Tensor hidden(plans[0]->inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
   std::vector<int64_t> positions;
@@ -243,8 +241,7 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
     const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
     for (StepPlan* plan : plans) {
       Tensor part(hidden.dtype(), {static_cast<int64_t>(plan->inputs.size()), spec_.d_model});
-      if (absl::Status s = GatherRows(*plan, &part, explicit_positions ? &positions : nullptr);
-          !s.ok()) {
+      if (absl::Status s = GatherRows(*plan, &part, &positions); !s.ok()) {
         return s;
       }
       std::memcpy(dst, part.data(), part.num_bytes());
@@ -279,8 +276,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
   for (const StepInput& in : plan.inputs) total_rows += in.hidden.dim(0);
   Tensor hidden(plan.inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
   std::vector<int64_t> positions;
-  if (absl::Status s = GatherRows(plan, &hidden, plan.explicit_positions ? &positions : nullptr);
-      !s.ok()) {
+  if (absl::Status s = GatherRows(plan, &hidden, &positions); !s.ok()) {
     return s;
   }
   if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = total_rows;
@@ -350,11 +346,8 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
     Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
     std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
                 static_cast<size_t>(end - begin) * row_bytes);
-    absl::Span<const int64_t> chunk_positions;
-    if (!positions.empty()) {
-      chunk_positions = absl::MakeConstSpan(positions).subspan(static_cast<size_t>(begin),
-                                                               static_cast<size_t>(end - begin));
-    }
+    const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(positions).subspan(
+        static_cast<size_t>(begin), static_cast<size_t>(end - begin));
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<Tensor> chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
     *compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -378,9 +371,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
           state.length =
               plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
           state.last_position =
-              plan.inputs[i].positions.empty()
-                  ? state.length - 1
-                  : plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
+              plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
         }
       }
       return undo(chunk_out.status());

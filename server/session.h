@@ -59,7 +59,7 @@ struct StepPlan {
     int64_t length = 0;  // Tokens cached before this step.
   };
   bool decode = false;
-  bool explicit_positions = false;  // Some input gave positions: pass positions for every row.
+  // Each input's positions are resolved: one per token (given, or continuing from the length).
   std::vector<StepInput> inputs;
   std::vector<Request> requests;  // One per input.
   // The call's idempotency key (empty = none); recorded on every request the call applies to.
@@ -162,7 +162,7 @@ class Session : public std::enable_shared_from_this<Session> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RefreshKvBytes();
-  // The rows and positions of `plan` concatenated, as one engine call takes them.
+  // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
   // Records a successful engine call: lengths, positions, last use; slices `out` per input.
   std::vector<StepOutput> Commit(StepPlan& plan, const Tensor& out, int64_t first_row,

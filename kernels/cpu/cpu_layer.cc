@@ -62,13 +62,7 @@ absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch, absl::Span<con
 absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
                                      absl::Span<const int64_t> positions, bool decode) {
   const int64_t rows = hidden.dim(0);
-  std::vector<int64_t> resolved(static_cast<size_t>(rows));
-  for (const BatchSequence& seq : sequences) {
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      resolved[seq.first_row + i] =
-          positions.empty() ? seq.first_index + i : positions[seq.first_row + i];
-    }
-  }
+  const std::vector<int64_t> resolved = ResolvePositions(sequences, positions, rows);
   const std::vector<float> x = hidden.ToFloats();
   Tensor out(DType::kF32, {rows, spec_.d_model});
   CpuBatch batch{x.data(), out.f32(), rows, resolved, std::move(sequences)};

@@ -15,7 +15,7 @@ absl::StatusOr<BatchPlan> PlanBatch(absl::Span<const BatchSequence> batch, int64
                                     absl::FunctionRef<int64_t(int32_t)> page_offset) {
   const int num_seqs = static_cast<int>(batch.size());
   BatchPlan plan;
-  plan.positions.resize(static_cast<size_t>(rows));
+  plan.positions = ResolvePositions(batch, positions, rows);
   plan.row_sequence.resize(static_cast<size_t>(rows));
   const int64_t wanted_splits = DecodeSplitsForTwoWaves(num_seqs, shape.num_kv_heads,
                                                         shape.decode_row_blocks,
@@ -36,11 +36,7 @@ absl::StatusOr<BatchPlan> PlanBatch(absl::Span<const BatchSequence> batch, int64
     for (int32_t page : table.pages) {
       plan.page_offsets.push_back(page == kEvictedPage ? -1 : page_offset(page));
     }
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      plan.positions[seq.first_row + i] =
-          positions.empty() ? seq.first_index + i : positions[seq.first_row + i];
-      plan.row_sequence[seq.first_row + i] = b;
-    }
+    for (int64_t i = 0; i < seq.num_new; ++i) plan.row_sequence[seq.first_row + i] = b;
     plan.item_begin.push_back(static_cast<int>(plan.items.size()));
     if (decode) {
       PlanDecodeSplits(desc, b, shape.mask, wanted_splits, kDecodeMinKeysPerSplit, plan.items);
