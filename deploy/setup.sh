@@ -180,6 +180,23 @@ generate_python_client() {
   "${VENV}/bin/python" "${ROOT}/client/python/gen_proto.py" | sed 's/^/[setup] Python: /'
 }
 
+# FlashInfer's C++ headers (with CUTLASS), as SGLang and vLLM embed them: the pinned
+# flashinfer-python wheel (7 MB, pure Python plus headers) without its dependencies, since only
+# flashinfer/data/include and flashinfer/data/cutlass are used (kernels/cuda/CMakeLists.txt).
+# 0.5.3: its headers build with nvcc 13.0; 0.7.x needs a newer CCCL (docs/building.md).
+readonly FLASHINFER_VERSION=0.5.3
+setup_flashinfer_headers() {
+  local have
+  have="$("${VENV}/bin/python" -m pip show flashinfer-python 2>/dev/null | sed -n 's/^Version: //p')"
+  if [[ "${have}" == "${FLASHINFER_VERSION}" ]]; then
+    log "FlashInfer: headers of flashinfer-python ${have} already in the venv"
+    return 0
+  fi
+  log "FlashInfer: installing flashinfer-python==${FLASHINFER_VERSION} (headers only, --no-deps)"
+  "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps \
+    "flashinfer-python==${FLASHINFER_VERSION}"
+}
+
 report_cuda() {
   local nvcc=""
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -206,6 +223,7 @@ main() {
   install_debian_packages "${PACKAGES[@]}"
   if [[ "${with_python}" -eq 1 ]]; then
     setup_python
+    setup_flashinfer_headers
   else
     log "Python: skipped (--no-python)"
   fi

@@ -17,11 +17,17 @@ BUILD="${1:-${ROOT}/build-gpu-bundle}"
 cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
   -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
 ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench attention_kernel_bench
+# FlashInfer's decode adapter test, where deploy/setup.sh installed FlashInfer's headers.
+extra_bins=()
+if ninja -C "${BUILD}" -t targets all | grep -q '^flashinfer_decode_test:'; then
+  ninja -C "${BUILD}" -j2 flashinfer_decode_test
+  extra_bins+=(tests/gpu/flashinfer_decode_test)
+fi
 OUT="${ROOT}/.gpu-bundle"
 rm -rf "${OUT}"
 mkdir -p "${OUT}/lib"
 for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench \
-           tests/gpu/attention_kernel_bench; do
+           tests/gpu/attention_kernel_bench "${extra_bins[@]}"; do
   cp "${BUILD}/${bin}" "${OUT}/"
   # Every resolved library except glibc's own pieces (the GPU machine's glibc is as new or newer).
   ldd "${BUILD}/${bin}" | awk '/=> \//{print $3}' |

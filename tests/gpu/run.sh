@@ -75,6 +75,13 @@ echo "== PyTorch peer (same shapes, same device) =="
 python3 "${ROOT}/tests/gpu/torch_peer_bench.py" ${KERNEL_BENCH_ARGS} \
   --ours "${LOGS}/kernel_bench.csv" --csv "${LOGS}/torch_peer.csv" 2>&1 |
   tee "${LOGS}/torch_peer.txt" || status=1
+if [[ -x "${BUNDLE}/flashinfer_decode_test" ]]; then
+  # FlashInfer's decode kernel over our pages against float64 (not yet used by the layer).
+  echo "== FlashInfer decode adapter =="
+  "${BUNDLE}/flashinfer_decode_test" >"${LOGS}/flashinfer_test.txt" 2>&1 || status=1
+  grep -E "^\[flashinfer\]|FAILED|Failure|SKIPPED|PASSED" "${LOGS}/flashinfer_test.txt" | head -60
+  if grep -q "^FlashInfer decode: SKIPPED" "${LOGS}/flashinfer_test.txt"; then status=3; fi
+fi
 echo "== GPU tests (CUDA vs CPU engine) =="
 "${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
 # Failures first (if any), then the summary table, printed last.
