@@ -382,58 +382,36 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
     return;
   }
   std::string variant = VariantLabel((*session)->spec());
-  // Ordered against decode steps of the same requests (see SessionScheduler::PostOp).
-  std::vector<std::string> request_ids;
-  for (const v1::ForwardItem& item : request.items()) request_ids.push_back(item.request_id());
-  SessionScheduler& scheduler = (*session)->scheduler();
-  const int64_t max_message_bytes = limits_.max_message_bytes;
-  const bool queued = scheduler.PostOp(
-      std::move(request_ids), [session = *session, context, &request, &response, call, timer,
-                               &metrics, variant, max_message_bytes]() mutable {
-        // A call cancelled while queued is dropped before it changes any request.
-        if (context->IsCancelled()) {
-          return FinishCall(call, metrics, Rpc::kForward, variant, timer, Cancelled());
-        }
-        timer.Started();
-        absl::StatusOr<std::vector<StepInput>> inputs =
-            ForwardInputsFromProto(request, session->spec());
-        if (inputs.ok()) {
-          if (absl::Status s = CheckResponseFits(*inputs, max_message_bytes); !s.ok()) inputs = s;
-        }
-        if (!inputs.ok()) {
-          return FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(inputs.status()));
-        }
-        BatchStats stats;
-        stats.decode = false;
-        stats.size = stats.calls = static_cast<int64_t>(inputs->size());
-        for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
-        absl::StatusOr<StepPlan> plan =
-            session->Plan(*std::move(inputs), /*decode=*/false, request.call_id());
-        absl::StatusOr<std::vector<StepOutput>> outputs = std::vector<StepOutput>();
-        if (!plan.ok()) {
-          outputs = plan.status();
-        } else if (plan->replay) {
-          outputs = std::move(plan->replayed);  // A retry of a call already applied.
-        } else {
-          // Long prompts run in chunks; one batch of the session's waiting decode steps runs
-          // between two chunks, so neither starves the other.
-          SessionScheduler& scheduler = session->scheduler();
-          int chunks = 0;
-          outputs = session->RunPrefill(
-              *std::move(plan), scheduler.options().prefill_chunk_tokens,
-              [&scheduler] { scheduler.RunBatchNow(); }, &timer.compute_ns, &chunks);
-          stats.chunks = chunks;
-          stats.compute_ns = timer.compute_ns;
-          if (outputs.ok()) scheduler.RecordForward(stats);
-        }
-        if (!outputs.ok()) {
-          return FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
-        }
-        for (StepOutput& out : *outputs) FillResult(out, response.add_results());
-        timer.Fill(response.mutable_timing());
-        FinishCall(call, metrics, Rpc::kForward, variant, timer, grpc::Status::OK);
-      });
-  if (!queued) FinishCall(call, metrics, Rpc::kForward, variant, timer, ShuttingDown());
+  // The session's scheduler runs it in its turn (ordered against decode steps of the same
+  // requests, see SessionScheduler::SubmitForward); `done` answers the call.
+  auto forward = std::make_unique<ForwardCall>();
+  for (const v1::ForwardItem& item : request.items()) {
+    forward->request_ids.push_back(item.request_id());
+  }
+  forward->call_id = request.call_id();
+  forward->arrival = timer.arrival;
+  forward->is_cancelled = [context] { return context->IsCancelled(); };
+  forward->read_inputs = [session = *session, &request,
+                          max_message_bytes = limits_.max_message_bytes]()
+      -> absl::StatusOr<std::vector<StepInput>> {
+    absl::StatusOr<std::vector<StepInput>> inputs =
+        ForwardInputsFromProto(request, session->spec());
+    if (inputs.ok()) {
+      if (absl::Status s = CheckResponseFits(*inputs, max_message_bytes); !s.ok()) return s;
+    }
+    return inputs;
+  };
+  forward->done = [&response, call, timer, &metrics, variant](
+                      absl::StatusOr<std::vector<StepOutput>> outputs,
+                      const StepTiming& timing) mutable {
+    if (timing.reached_turn) ApplyStepTiming(timing, timer);
+    if (outputs.ok()) {
+      for (StepOutput& out : *outputs) FillResult(out, response.add_results());
+      timer.Fill(response.mutable_timing());
+    }
+    FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
+  };
+  (*session)->scheduler().SubmitForward(std::move(forward));
 }
 
 namespace {

@@ -324,9 +324,51 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   if (context_.observer) context_.observer(*session_, stats);
 }
 
-void SessionScheduler::RecordForward(const BatchStats& stats) {
-  prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
-  if (context_.observer) context_.observer(*session_, stats);
+void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
+  // Shared: PostOp takes a copyable task.
+  std::shared_ptr<ForwardCall> forward = std::move(call);
+  std::vector<std::string> request_ids = forward->request_ids;
+  if (!PostOp(std::move(request_ids), [this, forward] { RunForward(*forward); })) {
+    StepTiming never;
+    never.reached_turn = false;
+    forward->done(ShuttingDownError(), never);
+  }
+}
+
+void SessionScheduler::RunForward(ForwardCall& call) {
+  // A call cancelled while queued is dropped before it changes any request.
+  if (call.is_cancelled && call.is_cancelled()) {
+    StepTiming never;
+    never.reached_turn = false;
+    call.done(absl::CancelledError("call cancelled"), never);
+    return;
+  }
+  StepTiming timing;
+  timing.queue_ns = NanosBetween(call.arrival, SchedulerClock::now());
+  absl::StatusOr<std::vector<StepInput>> inputs = call.read_inputs();
+  if (!inputs.ok()) return call.done(inputs.status(), timing);
+  BatchStats stats;
+  stats.decode = false;
+  stats.size = stats.calls = static_cast<int64_t>(inputs->size());
+  for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
+  timing.batch_size = static_cast<int>(stats.size);
+  absl::StatusOr<StepPlan> plan =
+      session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
+  if (!plan.ok()) return call.done(plan.status(), timing);
+  if (plan->replay) return call.done(std::move(plan->replayed), timing);  // Already applied.
+  // Long prompts run in chunks; one batch of the session's waiting decode steps runs between two
+  // chunks, so neither starves the other.
+  int chunks = 0;
+  absl::StatusOr<std::vector<StepOutput>> outputs =
+      session_->RunPrefill(*std::move(plan), context_.options.prefill_chunk_tokens,
+                           [this] { RunBatchNow(); }, &timing.compute_ns, &chunks);
+  if (outputs.ok()) {
+    stats.chunks = chunks;
+    stats.compute_ns = timing.compute_ns;
+    prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
+    if (context_.observer) context_.observer(*session_, stats);
+  }
+  call.done(std::move(outputs), timing);
 }
 
 SchedulerCounters SessionScheduler::counters() const {

@@ -9,10 +9,12 @@
 //   - its oldest step has waited max_queue_delay; or
 //   - as many steps wait as the previous batch held (the streams of that batch are all back, and
 //     a lone client never waits).
-// Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Other work on the session
-// (Forward, Release) goes through PostOp: it runs after every step that arrived before it (they
-// are flushed first), and steps of its requests that arrive after it wait until it is done. A
-// Forward's chunks call RunBatchNow between them, so decodes and prefill alternate.
+// Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Both roads into the engine start
+// here: SubmitDecode for decode steps, SubmitForward for a Forward. A Forward, like the session's
+// other work (Release), is an op (PostOp): it runs after every step that arrived before it (they
+// are flushed first), and steps of its requests that arrive after it wait until it is done. It
+// runs as engine Prefill calls of at most prefill_chunk_tokens rows with one decode batch
+// (RunBatchNow) between two chunks, so decodes and prefill alternate.
 //
 // Failures stay with the calls they concern: a call whose plan is invalid (unknown request,
 // position, length) fails alone before the batch runs; a cancelled call leaves the list before it
@@ -50,9 +52,12 @@ using SchedulerClock = std::chrono::steady_clock;
 
 // How one call's steps were served.
 struct StepTiming {
-  int64_t queue_ns = 0;    // Arrival until its batch's compute started.
-  int64_t compute_ns = 0;  // Engine time of the batch that ran it.
-  int batch_size = 0;      // Steps in that engine call (1 = ran alone).
+  int64_t queue_ns = 0;    // Arrival until its batch's compute started (a Forward: its turn).
+  int64_t compute_ns = 0;  // Engine time of the batch that ran it (a Forward: of all its chunks).
+  int batch_size = 0;      // Steps in that engine call (1 = ran alone); a Forward: its items.
+  // False when a Forward ended before its turn came (cancelled while queued, or shutting down):
+  // it was never started, and the other fields are 0.
+  bool reached_turn = true;
 };
 
 // One Decode call (or one DecodeStream message): 1..n steps on distinct requests.
@@ -62,6 +67,21 @@ struct DecodeCall {
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked before the call joins a batch.
   // Called exactly once, on an executor thread: the outputs in item order, or the call's error.
+  std::function<void(absl::StatusOr<std::vector<StepOutput>>, const StepTiming&)> done;
+};
+
+// One Forward call: 1..n requests (new ones are created) each appended a chunk of tokens, all or
+// nothing.
+struct ForwardCall {
+  // The requests it appends to: decode steps on them that arrive later wait until it finished.
+  std::vector<std::string> request_ids;
+  std::string call_id;  // Idempotency key (ForwardRequest.call_id); empty = none.
+  SchedulerClock::time_point arrival = SchedulerClock::now();
+  std::function<bool()> is_cancelled;  // Optional; checked when its turn comes.
+  // Called once, on the session's queue, when its turn comes: the call's inputs, validated, or its
+  // error. Decoding a long prompt is compute, so it runs there rather than on a gRPC thread.
+  std::function<absl::StatusOr<std::vector<StepInput>>()> read_inputs;
+  // Called exactly once: the outputs in item order, or the call's error.
   std::function<void(absl::StatusOr<std::vector<StepOutput>>, const StepTiming&)> done;
 };
 
@@ -106,17 +126,15 @@ class SessionScheduler {
   // Any thread. Queues the call's steps for the next batch that can take them.
   void SubmitDecode(std::unique_ptr<DecodeCall> call);
 
+  // Any thread. Runs the Forward as an op (see PostOp) on request_ids: plans it against the
+  // requests, answers a retry of an applied call_id from what it left, else prefills in chunks
+  // with decode batches between them. An UNAVAILABLE `done` when the server is shutting down.
+  void SubmitForward(std::unique_ptr<ForwardCall> call);
+
   // Any thread. Posts `task` on the session's queue to run after every decode step that arrived
   // before it; steps on `request_ids` (empty = every request) that arrive later wait until it
   // finished. False when the executor refused it (shutting down): `task` was dropped.
   bool PostOp(std::vector<std::string> request_ids, std::function<void()> task);
-
-  // On the session's queue, inside an op: runs one batch of the decode steps that may run now,
-  // whatever their wait (a Forward calls this between prefill chunks).
-  void RunBatchNow();
-
-  // A Forward finished on the queue: counts chunks and tells the observer.
-  void RecordForward(const BatchStats& stats);
 
   SchedulerCounters counters() const;
 
@@ -155,6 +173,11 @@ class SessionScheduler {
   void Execute(std::vector<std::unique_ptr<DecodeCall>> calls);
   // Runs batches of every step that arrived before `ticket`.
   void FlushBefore(uint64_t ticket);
+  // On the session's queue, inside an op: runs one batch of the decode steps that may run now,
+  // whatever their wait (a Forward runs this between prefill chunks).
+  void RunBatchNow();
+  // A Forward's turn, on the queue.
+  void RunForward(ForwardCall& call);
   static void Complete(std::vector<Completion>& completions);
 
   Session* const session_;
