@@ -34,9 +34,11 @@ absl::StatusOr<std::string> SessionIdForConfigure(const grpc::ServerContextBase&
   }
   const absl::string_view id(first->second.data(), first->second.size());
   if (!IsSessionIdForm(id)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metadata ", kSessionMetadataKey, ": on Configure it is the new session's id and must be "
-        "32 lowercase hex digits (128 random bits), got ", id.size(), " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata ", kSessionMetadataKey,
+                     ": on Configure it is the new session's id and must be "
+                     "32 lowercase hex digits (128 random bits), got ",
+                     id.size(), " characters"));
   }
   return std::string(id);
 }
