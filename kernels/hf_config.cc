@@ -148,11 +148,24 @@ class ConfigReader {
 };
 
 // Keys that, when set, describe something attnserve does not compute; refused whatever the family.
+// Whether a quantization_config leaves the attention layers unquantized (gpt-oss quantizes only
+// its experts to mxfp4 and lists "model.layers.*.self_attn" in modules_to_not_convert).
+bool AttentionLeftUnquantized(const Json& quantization) {
+  if (!quantization.is_object() || !quantization.contains("modules_to_not_convert")) return false;
+  const Json& modules = quantization.at("modules_to_not_convert");
+  if (!modules.is_array()) return false;
+  for (const Json& module : modules) {
+    if (module == "model.layers.*.self_attn" || module == "self_attn") return true;
+  }
+  return false;
+}
+
 absl::Status RefuseUnimplemented(ConfigReader& config) {
-  if (config.Has("quantization_config")) {
+  if (config.Has("quantization_config") &&
+      !AttentionLeftUnquantized(config.Raw("quantization_config"))) {
     return KeyError("quantization_config",
-                    "quantized checkpoints (fp8, mxfp4, gptq, ...) are not supported; the loader "
-                    "reads F32, F16 and BF16 tensors");
+                    "the attention weights are quantized (fp8, gptq, ...), which is not "
+                    "supported; the loader reads F32, F16 and BF16 tensors");
   }
   for (const char* key : {"is_encoder_decoder", "add_cross_attention"}) {
     absl::StatusOr<bool> set = config.Bool(key, false);
@@ -222,11 +235,7 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(ConfigReader& config) {
     }
     absl::StatusOr<bool> truncate = rs.Bool("truncate", true);
     if (!truncate.ok()) return KeyError(sub("truncate"), truncate.status().message());
-    if (!*truncate) {
-      return KeyError("rope_scaling.truncate",
-                      "false (an untruncated YaRN correction range, as gpt-oss uses) is not "
-                      "supported");
-    }
+    scaling.truncate = *truncate;
     absl::StatusOr<double> factor = number("factor", std::nullopt);
     if (!factor.ok()) return factor.status();
     scaling.factor = *factor;

@@ -187,6 +187,10 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
   if (!std::isfinite(r.factor) || r.factor < 1.0) {
     return InvalidReal("rope_scaling.factor", r.factor, "must be finite and >= 1");
   }
+  if (r.type != RopeScalingType::kYarn && !r.truncate) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(type, ": truncate = false applies to yarn only"));
+  }
   if (r.type == RopeScalingType::kLinear) return absl::OkStatus();
   if (absl::Status s = CheckRange("rope_scaling.original_max_position_embeddings",
                                   r.original_max_position_embeddings, 1,
@@ -219,7 +223,7 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
     return InvalidReal("rope_scaling.mscale_all_dim", r.mscale_all_dim,
                        "must be finite and >= 0 (0 = absent)");
   }
-  return absl::OkStatus();
+  return absl::OkStatus();  // truncate: either value.
 }
 
 // rotary_dim, qk_norm, attn_logit_softcapping and attention_sinks (Qwen3, Gemma 2/3, gpt-oss,

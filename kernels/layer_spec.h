@@ -64,6 +64,9 @@ struct RopeScaling {
   // DeepseekV3Attention does). mscale(s, m) = 0.1 * m * ln(s) + 1 for s > 1, else 1.
   double mscale = 0.0;
   double mscale_all_dim = 0.0;
+  // yarn: round the ramp's correction range out to whole pairs (find_correction_range's
+  // truncate, default True); gpt-oss sets false and ramps between the fractional bounds.
+  bool truncate = true;
 };
 
 struct MlaDims {

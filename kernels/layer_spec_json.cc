@@ -185,7 +185,7 @@ std::vector<absl::string_view> RopeScalingKeys(RopeScalingType type) {
     case RopeScalingType::kYarn:
       return {"type",      "factor",    "original_max_position_embeddings",
               "beta_fast", "beta_slow", "mscale",
-              "mscale_all_dim"};
+              "mscale_all_dim", "truncate"};
   }
   return {"type"};
 }
@@ -233,6 +233,7 @@ absl::Status ReadRopeScaling(const Json& object, RopeScaling* scaling) {
     if (absl::Status s = r.Double("mscale_all_dim", false, &scaling->mscale_all_dim); !s.ok()) {
       return s;
     }
+    if (absl::Status s = r.Bool("truncate", false, &scaling->truncate); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -351,6 +352,7 @@ std::string LayerSpecToJson(const LayerSpec& spec) {
       if (key == "beta_slow") scaling[name] = r.beta_slow;
       if (key == "mscale") scaling[name] = r.mscale;
       if (key == "mscale_all_dim") scaling[name] = r.mscale_all_dim;
+      if (key == "truncate") scaling[name] = r.truncate;
     }
   }
   out["causal"] = spec.causal;

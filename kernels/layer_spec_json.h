@@ -16,7 +16,8 @@
 //       "original_max_position_embeddings": 8192,  // llama3 and yarn; default 0 (invalid there)
 //       "low_freq_factor": 1.0, "high_freq_factor": 4.0,  // llama3; defaults 1 and 4
 //       "beta_fast": 32.0, "beta_slow": 1.0,              // yarn; defaults 32 and 1
-//       "mscale": 0.0, "mscale_all_dim": 0.0              // yarn; 0 = absent (default)
+//       "mscale": 0.0, "mscale_all_dim": 0.0,             // yarn; 0 = absent (default)
+//       "truncate": true                                  // yarn; default true (gpt-oss: false)
 //     },
 //     "causal": true,            // default true
 //     "sliding_window": 0,       // tokens, 0 = unlimited; default 0

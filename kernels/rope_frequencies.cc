@@ -34,7 +34,8 @@ void ApplyLlama3(const RopeScaling& r, std::vector<double>& inv_freq) {
 
 // _compute_yarn_parameters: pairs that rotate more than beta_fast times over the original context
 // keep their frequency (extrapolation), fewer than beta_slow times are divided by factor
-// (interpolation), with a linear ramp between (truncate=True: the ramp bounds are whole pairs).
+// (interpolation), with a linear ramp between (truncate: the ramp bounds rounded out to whole
+// pairs; gpt-oss keeps them fractional).
 void ApplyYarn(const RopeScaling& r, double theta, int dim, std::vector<double>& inv_freq) {
   const double original = r.original_max_position_embeddings;
   // find_correction_dim: the pair index whose wavelength fits num_rotations times in `original`.
@@ -42,9 +43,15 @@ void ApplyYarn(const RopeScaling& r, double theta, int dim, std::vector<double>&
     return (dim * std::log(original / (num_rotations * 2.0 * std::numbers::pi))) /
            (2.0 * std::log(theta));
   };
-  // find_correction_range with truncate=True.
-  const double low = std::max(std::floor(correction_dim(r.beta_fast)), 0.0);
-  double high = std::min(std::ceil(correction_dim(r.beta_slow)), static_cast<double>(dim - 1));
+  // find_correction_range.
+  double low = correction_dim(r.beta_fast);
+  double high = correction_dim(r.beta_slow);
+  if (r.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // linear_ramp_factor: "Prevent singularity".
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);

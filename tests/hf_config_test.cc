@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/layer_spec.h"
@@ -303,11 +304,52 @@ TEST(HfConfigTest, Refusals) {
   ExpectRefused(wrong_type, 0, "num_key_value_heads");
   ExpectRefused("{not json", 0, "not valid JSON");
   ExpectRefused("[]", 0, "expected an object");
-  std::string untruncated = kLlama31;  // gpt-oss's YaRN.
-  untruncated.replace(
-      untruncated.find("\"rope_type\": \"llama3\""), 21,
-      "\"rope_type\": \"yarn\", \"truncate\": false");
-  ExpectRefused(untruncated, 0, "truncate");
+}
+
+// openai/gpt-oss-20b: sinks, biases everywhere, alternating windows of 128, untruncated YaRN; the
+// experts are mxfp4 but attention is left unquantized (modules_to_not_convert).
+std::string GptOss20b() {
+  std::string types;
+  for (int i = 0; i < 24; ++i) {
+    types += absl::StrCat(i == 0 ? "" : ", ", i % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  return absl::StrCat(R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880, "layer_types": [)", types, R"(],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+  "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                   "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                   "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+  "use_cache": true, "vocab_size": 201088})");
+}
+
+TEST(HfConfigTest, GptOss) {
+  const LayerSpec sliding = SpecOrDie(GptOss20b(), 0);
+  const LayerSpec full = SpecOrDie(GptOss20b(), 23);
+  EXPECT_EQ(sliding.sliding_window, 128);
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_TRUE(full.attention_sinks);
+  EXPECT_TRUE(full.qkv_bias);
+  EXPECT_TRUE(full.o_bias);
+  EXPECT_EQ(full.num_heads, 64);
+  EXPECT_EQ(full.num_kv_heads, 8);
+  EXPECT_EQ(full.head_dim, 64);
+  EXPECT_EQ(full.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_FALSE(full.rope_scaling.truncate);
+  EXPECT_EQ(full.rope_scaling.factor, 32.0);
+
+  std::string quantized_attention = GptOss20b();
+  quantized_attention.replace(quantized_attention.find("\"model.layers.*.self_attn\","), 27, "");
+  ExpectRefused(quantized_attention, 0, "quantization_config");
 }
 
 TEST(HfConfigTest, DifferenceNamesTheField) {

@@ -396,8 +396,7 @@ std::vector<BadSpec> BadSpecs() {
       "MlaSoftcap", DeepSeekV3(), [](LayerSpec& s) { s.attn_logit_softcapping = 30.0f; },
       "attn_logit_softcapping");
   add(
-      "MlaSinks", DeepSeekV3(), [](LayerSpec& s) { s.attention_sinks = true; },
-      "attention_sinks");
+      "MlaSinks", DeepSeekV3(), [](LayerSpec& s) { s.attention_sinks = true; }, "attention_sinks");
   add(
       "YarnNegativeMscaleAllDim", DeepSeekV3(),
       [&](LayerSpec& s) {
@@ -711,6 +710,26 @@ TEST(LayerSpecJsonTest, EmptyAndWhitespaceInputsAreErrors) {
   ExpectInvalid(LayerSpecFromJson("").status(), "not valid JSON");
   ExpectInvalid(LayerSpecFromJson("  \n").status(), "not valid JSON");
   ExpectInvalid(LayerSpecFromJson("null").status(), "JSON object");
+}
+
+// gpt-oss's YaRN leaves the ramp bounds fractional (truncate=false); other scalings have no ramp.
+TEST(LayerSpecTest, YarnTruncateRoundTripsAndIsYarnOnly) {
+  LayerSpec spec = GptOss();
+  spec.rope_scaling = {.type = RopeScalingType::kYarn,
+                       .factor = 32.0,
+                       .original_max_position_embeddings = 4096,
+                       .truncate = false};
+  EXPECT_TRUE(ValidateLayerSpec(spec).ok()) << ValidateLayerSpec(spec);
+  absl::StatusOr<LayerSpec> back = LayerSpecFromJson(LayerSpecToJson(spec));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->rope_scaling.truncate);
+  spec.rope_scaling.truncate = true;
+  back = LayerSpecFromJson(LayerSpecToJson(spec));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->rope_scaling.truncate);
+
+  spec.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 2.0, .truncate = false};
+  ExpectInvalid(ValidateLayerSpec(spec), "truncate");
 }
 
 }  // namespace

@@ -100,6 +100,7 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
       r.beta_slow = or_default(in.beta_slow(), 1.0);
       r.mscale = in.mscale();
       r.mscale_all_dim = in.mscale_all_dim();
+      r.truncate = !in.has_truncate() || in.truncate();
     }
   }
   spec.causal = proto.causal();
@@ -187,6 +188,7 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
     scaling->set_beta_slow(r.beta_slow);
     scaling->set_mscale(r.mscale);
     scaling->set_mscale_all_dim(r.mscale_all_dim);
+    if (r.type == RopeScalingType::kYarn) scaling->set_truncate(r.truncate);
   }
   out.set_causal(spec.causal);
   out.set_sliding_window(spec.sliding_window);

@@ -201,9 +201,8 @@ def rope_scaling_spec(config):
     if kind in ("longrope", "su"):
         raise AssertionError("rope_scaling longrope has no spec: switches factors by length")
     if kind == "yarn":
-        # truncate=False (gpt-oss's real config) keeps the correction range unrounded; our YaRN
-        # floors/ceils it as transformers' default, so such a config has no spec mapping.
-        assert rs.get("attention_factor") is None and rs.get("truncate", True), rs
+        # truncate=False (gpt-oss's real config) keeps the correction range unrounded.
+        assert rs.get("attention_factor") is None, rs
         # The `or` defaults are _compute_yarn_parameters' own.
         return {"type": "yarn", "factor": float(rs["factor"]),
                 "original_max_position_embeddings": int(
@@ -211,7 +210,8 @@ def rope_scaling_spec(config):
                 "beta_fast": float(rs.get("beta_fast") or 32),
                 "beta_slow": float(rs.get("beta_slow") or 1),
                 "mscale": float(rs.get("mscale") or 0),
-                "mscale_all_dim": float(rs.get("mscale_all_dim") or 0)}
+                "mscale_all_dim": float(rs.get("mscale_all_dim") or 0),
+                "truncate": bool(rs.get("truncate", True))}
     raise AssertionError(f"rope_scaling type {kind!r} has no spec mapping here")
 
 
@@ -490,18 +490,17 @@ def gemma3_case(layer_index, seq_len):
     return model, spec, layer_index, seq_len, "transformers Gemma3ForCausalLM"
 
 
-def gpt_oss_case(layer_index, seq_len):
+def gpt_oss_case(layer_index, seq_len, truncate=True):
     """gpt-oss: learned sinks, biases on q/k/v/o, layers alternating sliding (window 8) and full,
-    YaRN factor 32 over an original context of 64 (beta_fast 32, beta_slow 1). The real config has
-    truncate=False, which our YaRN does not compute (refused by rope_scaling_spec); this case
-    keeps transformers' default truncation."""
+    YaRN factor 32 over an original context of 64 (beta_fast 32, beta_slow 1), with transformers'
+    default truncation of the ramp bounds or, as the real config, truncate=False."""
     window = 8
     config = GptOssConfig(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, head_dim=32, num_local_experts=4,
         num_experts_per_tok=2, sliding_window=window, rope_theta=150000.0,
         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                      "truncate": True, "original_max_position_embeddings": 64},
+                      "truncate": truncate, "original_max_position_embeddings": 64},
         rms_norm_eps=1e-5, max_position_embeddings=4096,
         attn_implementation="eager", torch_dtype=torch.float32)
     assert config.layer_types == ["sliding_attention", "full_attention"], config.layer_types
@@ -623,8 +622,10 @@ def _inv_freq(spec, d):
     def dim_of(rotations):  # the pair count whose wavelength fits `rotations` times in `original`
         return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    lo = max(math.floor(dim_of(rs["beta_fast"])), 0)
-    hi = min(math.ceil(dim_of(rs["beta_slow"])), d - 1)
+    lo, hi = dim_of(rs["beta_fast"]), dim_of(rs["beta_slow"])
+    if rs.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
     hi = hi + 0.001 if lo == hi else hi
     keep = 1 - np.clip((np.arange(d // 2) - lo) / (hi - lo), 0.0, 1.0)
     inv = inv / factor * (1 - keep) + inv * keep
@@ -829,6 +830,8 @@ HF_CASES = {
     "gemma3_qk_norm_global_linear_layer1": lambda: gemma3_case(1, 97),
     "gpt_oss_sinks_sliding": lambda: gpt_oss_case(0, 29),
     "gpt_oss_sinks_yarn_layer1": lambda: gpt_oss_case(1, 97),
+    # The real gpt-oss YaRN: truncate=False, fractional ramp bounds.
+    "gpt_oss_untruncated_yarn_layer1": lambda: gpt_oss_case(1, 97, truncate=False),
     # 600 tokens: decode past 512 keys splits each step's keys (flash-decoding), and the sink
     # must join the combined softmax once, not once per split.
     "gpt_oss_sinks_long_layer1": lambda: gpt_oss_case(1, 600),
