@@ -51,6 +51,8 @@ try:
     import torch
     import transformers
     from transformers import (
+        DeepseekV2Config,
+        DeepseekV2ForCausalLM,
         DeepseekV3Config,
         DeepseekV3ForCausalLM,
         Gemma2Config,
@@ -300,7 +302,8 @@ def deepseek_spec(config, attn) -> dict:
     scaling = rope_scaling_spec(config)
     # Our default scale for MLA + YaRN includes DeepSeek's mscale(factor, mscale_all_dim)^2; the
     # module's own scale must equal it for softmax_scale 0 to stand for it.
-    default_scale = config.qk_head_dim ** -0.5
+    qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim  # V2's config lacks the sum
+    default_scale = qk_head_dim ** -0.5
     if scaling and scaling["type"] == "yarn" and scaling["mscale_all_dim"]:
         default_scale *= _yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
     softmax_scale = (0.0 if math.isclose(attn.scaling, default_scale, rel_tol=1e-12)
@@ -313,7 +316,8 @@ def deepseek_spec(config, attn) -> dict:
         "head_dim": 0,
         "qkv_bias": False,
         "o_bias": False,
-        "rope": "interleaved" if config.rope_interleave else "half",
+        # DeepSeek-V2 always rotates (2i, 2i + 1) pairs (complex multiplication); V3 may choose.
+        "rope": "interleaved" if getattr(config, "rope_interleave", True) else "half",
         "rope_theta": float(config.rope_theta),
         "causal": bool(attn.is_causal),
         "sliding_window": 0,
@@ -534,6 +538,26 @@ def phi3_case(layer_index, seq_len, partial_rotary_factor=1.0, window=None):
                           rotary_dim=0 if rotary_dim == attn.head_dim else rotary_dim)
     del attn.sliding_window
     return model, spec, layer_index, seq_len, "transformers Phi3ForCausalLM"
+
+
+def deepseek_v2_case(q_lora_rank, layers, layer_index, seq_len, rope_scaling=None):
+    """DeepSeek-V2: MLA as V3, rotating (2i, 2i + 1) pairs by complex multiplication. Its YaRN
+    here has mscale but no mscale_all_dim: with both, DeepSeek's own code (and attnserve) multiply
+    the softmax scale by mscale(factor, mscale_all_dim)^2, which transformers' DeepseekV2Attention
+    omits (kernels/hf_config.h), so that case would compare against a different model."""
+    assert not (rope_scaling or {}).get("mscale_all_dim"), rope_scaling
+    config = DeepseekV2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, moe_intermediate_size=64,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=q_lora_rank, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=16, rope_theta=10000.0, rope_scaling=rope_scaling,
+        rms_norm_eps=1e-5, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = DeepseekV2ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    reinit_attention(attn, qk_gain=1.5)
+    return model, deepseek_spec(config, attn), layer_index, seq_len, "transformers DeepseekV2ForCausalLM"
 
 
 def torch_mha_case(out_dir, causal: bool, seq_len: int):
@@ -819,6 +843,13 @@ HF_CASES = {
         rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 64,
                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
     "qwen2_yarn": qwen2_yarn_case,
+    # DeepSeek-V2: plain RoPE with the low-rank query; YaRN (mscale without mscale_all_dim, as
+    # transformers and DeepSeek agree there) with a plain q_proj on layer 1 (an MoE layer).
+    "deepseek_v2_mla_qlora": lambda: deepseek_v2_case(64, 1, 0, 37),
+    "deepseek_v2_yarn_noqlora_layer1": lambda: deepseek_v2_case(
+        None, 2, 1, 97,
+        rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 64,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 0.707}),
     # (g) Attention variations of today's families, at layer 0 and at layer 1 where the per-layer
     # behaviour differs; windows of 8 crossed by every windowed case.
     "qwen3_qk_norm": lambda: qwen3_case(0, 37),
