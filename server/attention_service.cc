@@ -15,6 +15,7 @@
 #include "server/checkpoint_spec.h"
 #include "server/logging.h"
 #include "server/session.h"
+#include "server/session_info_codec.h"
 #include "server/session_affinity.h"
 #include "server/session_scheduler.h"
 #include "server/step_codec.h"
@@ -305,12 +306,12 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   if (cancelled()) return abandoned();
 
   const KvPoolUsage usage = (*layer)->PoolUsage();
-  v1::SessionCost cost;
-  cost.set_parameter_count(ParameterCount(*spec));
-  cost.set_parameter_bytes((*layer)->ParameterBytes());  // As the backend holds them.
-  cost.set_kv_bytes_per_token(KvBytesPerToken(*spec, kv_dtype));
-  cost.set_page_bytes(usage.page_bytes);
-  cost.set_max_context_tokens(pool_->free_bytes() / usage.page_bytes * usage.page_size);
+  SessionCost cost;
+  cost.parameter_count = ParameterCount(*spec);
+  cost.parameter_bytes = (*layer)->ParameterBytes();  // As the backend holds them.
+  cost.kv_bytes_per_token = KvBytesPerToken(*spec, kv_dtype);
+  cost.page_bytes = usage.page_bytes;
+  cost.max_context_tokens = pool_->free_bytes() / usage.page_bytes * usage.page_size;
 
   // Every engine call of the session (a decode batch, a whole Forward) feeds the batch metrics.
   SchedulerContext scheduling{
@@ -329,7 +330,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   response->set_session_id(session->id());
   *response->mutable_spec() = LayerSpecToProto(*spec);
   response->set_replica(replica());
-  *response->mutable_cost() = cost;
+  *response->mutable_cost() = SessionCostToProto(cost);
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
              LayerSpecSummary(*spec), DTypeName(kv_dtype), page_size);
   return absl::OkStatus();
@@ -640,7 +641,9 @@ void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context
   } else {
     session = registry_->Find(request.session_id(), caller);
   }
-  if (session.ok()) (*session)->FillInfo(absl::Now(), true, response.mutable_session());
+  if (session.ok()) {
+    SessionSnapshotToProto((*session)->Snapshot(absl::Now(), true), response.mutable_session());
+  }
   FinishCall(call, *metrics_, Rpc::kGetSession,
              session.ok() ? VariantLabel((*session)->spec()) : kNoVariant, timer,
              ToGrpc(session.status()));
@@ -653,7 +656,7 @@ void AttentionServiceImpl::HandleListSessions(grpc::CallbackServerContext* conte
   const CallTimer timer;
   const absl::Time now = absl::Now();
   for (const std::shared_ptr<Session>& session : registry_->All(caller)) {
-    session->FillInfo(now, false, response.add_sessions());
+    SessionSnapshotToProto(session->Snapshot(now, false), response.add_sessions());
   }
   FinishCall(call, *metrics_, Rpc::kListSessions, kNoVariant, timer, grpc::Status::OK);
 }

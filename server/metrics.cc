@@ -357,7 +357,7 @@ void Metrics::RefreshGauges() {
       v.used_bytes += used;
       if (session->page_bytes() > 0) v.used_pages += used / session->page_bytes();
       v.page_bytes = std::max(v.page_bytes, session->page_bytes());
-      v.bytes_per_token = std::max(v.bytes_per_token, session->cost().kv_bytes_per_token());
+      v.bytes_per_token = std::max(v.bytes_per_token, session->cost().kv_bytes_per_token);
     }
   }
   const int64_t rss = ProcKilobytes("/proc/self/status", "VmRSS:");

@@ -10,8 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/kv_sequence_table.h"
-#include "proto/codec/spec_codec.h"
-#include "proto/codec/tensor_codec.h"
 #include "kernels/clip_for_message.h"
 
 namespace attnserve::server {
@@ -25,7 +23,7 @@ absl::Status SessionClosedError(const std::string& id) {
 }  // namespace
 
 Session::Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
-                 SessionLimits limits, std::unique_ptr<AttentionLayer> layer, v1::SessionCost cost,
+                 SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
                  Executor* executor, SchedulerContext scheduler)
     : id_(std::move(id)),
       label_(std::move(label)),
@@ -466,35 +464,27 @@ int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
   return static_cast<int>(expired.size());
 }
 
-void Session::FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info) const {
-  info->set_session_id(id_);
-  info->set_label(label_);
-  *info->mutable_spec() = LayerSpecToProto(spec_);
-  info->set_kv_cache_dtype(DTypeToProto(kv_dtype_));
-  info->set_page_size(static_cast<int32_t>(page_size_));
-  *info->mutable_cost() = cost_;
-  info->set_kv_bytes_used(kv_bytes_used());
-  const SchedulerCounters counters = scheduler_->counters();
-  v1::BatchingStats* batching = info->mutable_batching();
-  batching->set_decode_batches(counters.decode_batches);
-  batching->set_decode_steps(counters.decode_steps);
-  batching->set_max_decode_batch(counters.max_decode_batch);
-  batching->set_prefill_chunks(counters.prefill_chunks);
-  batching->set_batches_retried_alone(counters.batches_retried_alone);
+SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
+  SessionSnapshot snapshot;
+  snapshot.id = id_;
+  snapshot.label = label_;
+  snapshot.spec = spec_;
+  snapshot.kv_dtype = kv_dtype_;
+  snapshot.page_size = page_size_;
+  snapshot.cost = cost_;
+  snapshot.kv_bytes_used = kv_bytes_used();
+  snapshot.batching = scheduler_->counters();
   absl::MutexLock lock(&mu_);
-  info->set_idle_ns(absl::ToInt64Nanoseconds(now - last_used_));
-  if (!with_requests) return;
-  std::vector<const std::pair<const std::string, RequestState>*> sorted;
-  for (const auto& entry : requests_) sorted.push_back(&entry);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->first < b->first; });
-  for (const auto* entry : sorted) {
-    const auto& [request_id, state] = *entry;
-    v1::RequestInfo* r = info->add_requests();
-    r->set_request_id(request_id);
-    r->set_sequence_length(state.length);
-    r->set_kv_bytes(state.kv_bytes);
-    r->set_idle_ns(absl::ToInt64Nanoseconds(now - state.last_used));
+  snapshot.idle = now - last_used_;
+  if (!with_requests) return snapshot;
+  for (const auto& [request_id, state] : requests_) {
+    snapshot.requests.push_back({request_id, state.length, state.kv_bytes, now - state.last_used});
   }
+  std::sort(snapshot.requests.begin(), snapshot.requests.end(),
+            [](const RequestSnapshot& a, const RequestSnapshot& b) {
+              return a.request_id < b.request_id;
+            });
+  return snapshot;
 }
 
 absl::Duration Session::IdleTime(absl::Time now) const {

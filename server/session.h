@@ -2,7 +2,7 @@
 //
 // Threading: the compute methods (Step, ReleaseRequest, Close, ExpireRequests) run only on the
 // session's SerialQueue, one at a time, so the engine layer is never entered concurrently and one
-// request's steps apply in the order they arrived. The read-only methods (FillInfo, idle time,
+// request's steps apply in the order they arrived. The read-only methods (Snapshot, idle time,
 // kv_bytes_used) may run on any thread; they take `mu_` only briefly and never wait on compute,
 // so gRPC handlers can call them.
 #ifndef ATTNSERVE_SERVER_SESSION_H_
@@ -22,7 +22,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "attnserve/v1/attention_service.pb.h"
 #include "kernels/backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/tensor.h"
@@ -35,6 +34,36 @@ namespace attnserve::server {
 struct SessionLimits {
   int max_requests = 0;
   int64_t max_sequence_length = 0;
+};
+
+// What a session's layer costs, as Configure reports it (SessionCost in the API).
+struct SessionCost {
+  int64_t parameter_count = 0;
+  int64_t parameter_bytes = 0;     // As the layer holds them (AttentionLayer::ParameterBytes).
+  int64_t kv_bytes_per_token = 0;  // Per request.
+  int64_t page_bytes = 0;
+  int64_t max_context_tokens = 0;  // The largest single context the free pool held at Configure.
+};
+
+// A session's state at one moment, for GetSession and ListSessions (server/session_info_codec.h
+// turns it into a SessionInfo).
+struct RequestSnapshot {
+  std::string request_id;
+  int64_t sequence_length = 0;  // Tokens cached.
+  int64_t kv_bytes = 0;         // What its pages hold, as the layer reported.
+  absl::Duration idle;
+};
+struct SessionSnapshot {
+  std::string id;
+  std::string label;
+  LayerSpec spec;
+  DType kv_dtype = DType::kF32;
+  int64_t page_size = 0;
+  SessionCost cost;
+  int64_t kv_bytes_used = 0;
+  SchedulerCounters batching;
+  absl::Duration idle;
+  std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
 };
 
 // One request's share of a Forward or Decode call, already validated by the codec.
@@ -73,7 +102,7 @@ struct StepPlan {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
-          SessionLimits limits, std::unique_ptr<AttentionLayer> layer, v1::SessionCost cost,
+          SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
           Executor* executor, SchedulerContext scheduler = {});
 
   const std::string& id() const { return id_; }
@@ -132,12 +161,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // ---- Any thread ----------------------------------------------------------------------------
 
-  void FillInfo(absl::Time now, bool with_requests, v1::SessionInfo* info) const;
+  // The session's state now; its requests too when `with_requests`.
+  SessionSnapshot Snapshot(absl::Time now, bool with_requests) const;
   absl::Duration IdleTime(absl::Time now) const;
   int64_t kv_bytes_used() const { return kv_bytes_used_.load(std::memory_order_relaxed); }
   // Bytes of one KV page of this session's layer, and what Configure reported (for metrics).
   int64_t page_bytes() const { return page_bytes_; }
-  const v1::SessionCost& cost() const { return cost_; }
+  const SessionCost& cost() const { return cost_; }
   int num_requests() const;
   // True once Close ran or was scheduled.
   bool closed() const { return closed_.load(std::memory_order_relaxed); }
@@ -173,7 +203,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const LayerSpec spec_;
   const DType kv_dtype_;
   const SessionLimits limits_;
-  const v1::SessionCost cost_;
+  const SessionCost cost_;
   const int64_t page_size_;
   const int64_t page_bytes_;
   std::shared_ptr<SerialQueue> queue_;
