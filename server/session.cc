@@ -384,21 +384,6 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
   return Commit(plan, out, 0, absl::Now());
 }
 
-absl::StatusOr<std::vector<StepOutput>> Session::Step(std::vector<StepInput> inputs, bool decode,
-                                                      int64_t* compute_ns) {
-  *compute_ns = 0;
-  absl::StatusOr<StepPlan> plan = Plan(std::move(inputs), decode);
-  if (!plan.ok()) return plan.status();
-  if (!decode) {
-    int chunks = 0;
-    return RunPrefill(*std::move(plan), 0, nullptr, compute_ns, &chunks);
-  }
-  std::vector<std::vector<StepOutput>> outputs;
-  StepPlan* plans[] = {&*plan};
-  if (absl::Status s = RunDecode(plans, compute_ns, &outputs); !s.ok()) return s;
-  return std::move(outputs[0]);
-}
-
 int64_t Session::RequestLength(const std::string& request_id) const {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);

@@ -1,10 +1,13 @@
 // A session: one attention layer (spec, weights, KV cache config) and the requests it serves.
+// It is state, not policy: its SessionScheduler decides when and in which batches its methods run
+// (both roads, Decode and Forward, go through the scheduler), and the gRPC service turns its
+// plain results into messages.
 //
-// Threading: the compute methods (Step, ReleaseRequest, Close, ExpireRequests) run only on the
-// session's SerialQueue, one at a time, so the engine layer is never entered concurrently and one
-// request's steps apply in the order they arrived. The read-only methods (Snapshot, idle time,
-// kv_bytes_used) may run on any thread; they take `mu_` only briefly and never wait on compute,
-// so gRPC handlers can call them.
+// Threading: the compute methods (Plan, RunDecode, RunPrefill, ReleaseRequest, Close,
+// ExpireRequests) run only on the session's SerialQueue, one at a time, so the engine layer is
+// never entered concurrently and one request's steps apply in the order they arrived. The
+// read-only methods (Snapshot, idle time, kv_bytes_used) may run on any thread; they take `mu_`
+// only briefly and never wait on compute, so gRPC handlers can call them.
 #ifndef ATTNSERVE_SERVER_SESSION_H_
 #define ATTNSERVE_SERVER_SESSION_H_
 
@@ -112,12 +115,6 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionScheduler& scheduler() { return *scheduler_; }
 
   // ---- On the session's queue only -----------------------------------------------------------
-
-  // Appends each input's tokens to its request. Forward (decode = false) creates unknown requests;
-  // Decode requires them (NOT_FOUND). All-or-nothing: on error no request changes.
-  // `compute_ns` receives the engine time. (Plan + RunDecode / RunPrefill in one go.)
-  absl::StatusOr<std::vector<StepOutput>> Step(std::vector<StepInput> inputs, bool decode,
-                                               int64_t* compute_ns);
 
   // Checks one call's inputs against the requests' state (existence, positions, limits) and
   // resolves their sequences, changing nothing. The plan stays valid until a step or release
