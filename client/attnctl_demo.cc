@@ -28,12 +28,13 @@ struct DemoRow {
   double decode_client_ms = 0;   // Per step (one Decode call for the whole batch).
   double decode_server_ms = 0;   // Per step, Timing.compute_ns.
   int64_t final_sequence_length = 0;
+  std::string error;  // Set when the variant failed: "Configure: UNIMPLEMENTED: ...".
 };
 
 double MillisSince(absl::Time start) { return absl::ToDoubleMilliseconds(absl::Now() - start); }
 
-// Runs one variant; on failure prints the error and returns false. Releases the session it made
-// whatever happens after Configure.
+// Runs one variant; on failure prints the error, records it in row->error and returns false.
+// Releases the session it made whatever happens after Configure.
 bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpec& variant,
                 DemoRow* row) {
   v1::ConfigureRequest configure;
@@ -48,17 +49,17 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
     grpc::Status status = client.stub->Configure(&context, configure, &configured);
     if (!status.ok()) {
       ReportRpcError(absl::StrCat(variant.label, " Configure"), status);
+      row->error = absl::StrCat("Configure: ", GrpcStatusString(status));
       return false;
     }
   }
   const std::string& session = configured.session_id();
-  row->label = variant.label;
-  row->summary = LayerSpecSummary(variant.spec);
   row->parameters = configured.cost().parameter_count();
   row->kv_bytes_per_token = configured.cost().kv_bytes_per_token();
 
   auto fail = [&](absl::string_view what, const grpc::Status& status) {
     ReportRpcError(absl::StrCat(variant.label, " ", what), status);
+    row->error = absl::StrCat(what, ": ", GrpcStatusString(status));
     v1::ReleaseRequest release;
     release.set_session_id(session);
     v1::ReleaseResponse released;
@@ -147,6 +148,7 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
   grpc::Status status = client.stub->Release(&context, release, &released);
   if (!status.ok()) {
     ReportRpcError(absl::StrCat(variant.label, " Release"), status);
+    row->error = absl::StrCat("Release: ", GrpcStatusString(status));
     return false;
   }
   return true;
@@ -181,12 +183,20 @@ int RunDemo(const Client& client, const DemoOptions& options) {
         before.kv_pool_capacity_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0,
         options.batch, options.tokens, options.steps, DTypeName(options.kv_dtype), options.seed);
   }
-  std::vector<DemoRow> rows;
+  // A variant the server cannot run (a backend that refuses it, a pool too small) is reported and
+  // the demo goes on with the next; the exit status says whether all of them ran.
+  std::vector<DemoRow> rows, failed;
   for (const NamedSpec& variant : variants) {
     DemoRow row;
-    if (!RunVariant(client, options, variant, &row)) return kExitRpcError;
-    rows.push_back(row);
+    row.label = variant.label;
+    row.summary = LayerSpecSummary(variant.spec);
+    if (RunVariant(client, options, variant, &row)) {
+      rows.push_back(row);
+    } else {
+      failed.push_back(row);
+    }
   }
+  const int exit_code = failed.empty() ? kExitOk : kExitRpcError;
   v1::GetServerInfoResponse after;
   if (grpc::Status status = GetInfo(client, &after); !status.ok()) {
     return ReportRpcError("GetServerInfo", status);
@@ -219,23 +229,32 @@ int RunDemo(const Client& client, const DemoOptions& options) {
                                  {"decode_ms_per_step_server_compute", row.decode_server_ms},
                                  {"final_sequence_length", row.final_sequence_length}});
     }
+    out["failed"] = nlohmann::json::array();
+    for (const DemoRow& row : failed) {
+      out["failed"].push_back({{"variant", row.label}, {"spec", row.summary}, {"error", row.error}});
+    }
     std::printf("%s\n", out.dump(2).c_str());
-    return kExitOk;
+    return exit_code;
   }
 
   absl::PrintF("%-8s %10s %9s %7s %9s %8s  %11s %9s  %s\n", "", "", "KV bytes", "KV MiB", "prefill",
                "prefill", "decode", "decode", "");
   absl::PrintF("%-8s %10s %9s %7s %9s %8s  %11s %9s  %s\n", "variant", "params", "per tok",
                "in use", "ms", "srv ms", "ms/step", "srv ms", "spec");
-  const int64_t mha_bytes = rows.front().kv_bytes_per_token;
   for (const DemoRow& row : rows) {
     absl::PrintF("%-8s %10d %9d %7.2f %9.2f %8.2f  %11.3f %9.3f  %s\n", row.label, row.parameters,
                  row.kv_bytes_per_token, row.kv_bytes_used / 1048576.0, row.prefill_client_ms,
                  row.prefill_server_ms, row.decode_client_ms, row.decode_server_ms, row.summary);
   }
-  absl::PrintF("\nKV bytes per token relative to %s:", rows.front().label);
-  for (const DemoRow& row : rows) {
-    absl::PrintF(" %s %.1f%%", row.label, 100.0 * row.kv_bytes_per_token / mha_bytes);
+  for (const DemoRow& row : failed) {
+    absl::PrintF("%-8s FAILED  %s  (%s)\n", row.label, row.error, row.summary);
+  }
+  if (!rows.empty()) {
+    absl::PrintF("\nKV bytes per token relative to %s:", rows.front().label);
+    for (const DemoRow& row : rows) {
+      absl::PrintF(" %s %.1f%%", row.label,
+                   100.0 * row.kv_bytes_per_token / rows.front().kv_bytes_per_token);
+    }
   }
   absl::PrintF(
       "\nms = measured by this client (one call for the whole batch, network included); "
@@ -243,7 +262,11 @@ int RunDemo(const Client& client, const DemoOptions& options) {
   absl::PrintF(
       "KV pool in use after releasing every session: %.2f MiB (before the demo: %.2f MiB)\n",
       after.kv_pool_used_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0);
-  return kExitOk;
+  if (!failed.empty()) {
+    absl::PrintF("%d of %d variants failed (above); exit status %d\n", failed.size(),
+                 variants.size(), exit_code);
+  }
+  return exit_code;
 }
 
 }  // namespace attnserve

@@ -108,6 +108,14 @@ expect_exit 1 NOT_FOUND -- get --session="${session}"
 
 variants="$(ctl --json demo --tokens=16 --steps=2 --batch=2 | json '" ".join(v["variant"] for v in d["variants"])')"
 [[ "${variants}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo: variants '${variants}'"
+# A variant the server refuses is reported and the demo goes on with the next (here every one is
+# refused: the CPU backend keeps no f16 KV cache); the exit status is 1, and the server is intact.
+if demo_out="$(ctl --json demo --tokens=8 --steps=1 --batch=1 --kv_dtype=f16 2>/dev/null)"; then
+  fail "demo with an f16 KV cache on the CPU backend exited 0"
+fi
+failed="$(printf '%s' "${demo_out}" | json '" ".join(v["variant"] for v in d["failed"])')"
+[[ "${failed}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo f16: failed variants '${failed}'"
+[[ "$(ctl --json info | json 'd["sessions"]')" == 0 ]] || fail "demo f16 left sessions behind"
 
 status=0
 server_stop || status=$?
