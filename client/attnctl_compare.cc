@@ -45,6 +45,8 @@ ABSL_FLAG(bool, csv, false, "compare: print CSV, one row per variant and length.
 ABSL_FLAG(std::string, plot, "",
           "compare: draw memory and latency vs length to this PNG "
           "(client/python/plot_compare.py, matplotlib).");
+ABSL_FLAG(std::string, save_json, "",
+          "compare: also write the --json output to this file (one run, table and data).");
 ABSL_FLAG(std::string, plot_python, ATTNSERVE_DEFAULT_PYTHON,
           "compare: Python with matplotlib for --plot (deploy/setup.sh's .venv).");
 ABSL_FLAG(std::string, plot_script, ATTNSERVE_PLOT_SCRIPT, "compare: the plotting script.");
@@ -136,6 +138,10 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
     grpc::ClientContext context;
     client.Prepare(&context);
     grpc::Status status = client.stub->Configure(&context, configure, &configured);
+    if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      measurement.unavailable = GrpcStatusString(status);
+      return absl::OkStatus();
+    }
     if (!status.ok()) return RpcError(absl::StrCat("Configure ", variant.label), status);
   }
   RemoteSession session(client, configured.session_id());
@@ -400,6 +406,7 @@ nlohmann::json ComparisonJson(const Comparison& comparison) {
                         {"parameter_bytes", v.parameter_bytes},
                         {"kv_bytes_per_token", v.kv_bytes_per_token},
                         {"page_bytes", v.page_bytes},
+                        {"unavailable", v.unavailable},
                         {"lengths", lengths}});
   }
   return {
@@ -443,6 +450,11 @@ std::string ComparisonTable(const Comparison& comparison) {
       DTypeName(options.kv_dtype), options.repeats, options.decode_steps);
   out += "| variant | weights | parameters | KV bytes/token |\n|---|---|---:|---:|\n";
   for (const VariantMeasurement& v : comparison.variants) {
+    if (!v.unavailable.empty()) {
+      absl::StrAppendFormat(&out, "| %s | not served by this server: %s | | |\n", v.variant.label,
+                            v.unavailable);
+      continue;
+    }
     absl::StrAppendFormat(&out, "| %s | %s | %d | %d |\n", v.variant.label,
                           WeightsText(v.variant, options.seed), v.parameters, v.kv_bytes_per_token);
   }
@@ -457,7 +469,7 @@ std::string ComparisonTable(const Comparison& comparison) {
     for (size_t row = 0; row < options.lengths.size(); ++row) {
       absl::StrAppend(&out, "| ", options.lengths[row], " |");
       for (const VariantMeasurement& v : comparison.variants) {
-        absl::StrAppend(&out, " ", cell(v.lengths[row]), " |");
+        absl::StrAppend(&out, " ", row < v.lengths.size() ? cell(v.lengths[row]) : "n/a", " |");
       }
       absl::StrAppend(&out, "\n");
     }
@@ -521,6 +533,7 @@ absl::StatusOr<CompareOptions> CompareOptionsFromFlags(bool json) {
                    : absl::GetFlag(FLAGS_csv) ? CompareOptions::Format::kCsv
                                               : CompareOptions::Format::kTable;
   options.plot_path = absl::GetFlag(FLAGS_plot);
+  options.save_json_path = absl::GetFlag(FLAGS_save_json);
   options.plot_python = absl::GetFlag(FLAGS_plot_python);
   options.plot_script = absl::GetFlag(FLAGS_plot_script);
   return options;
@@ -586,6 +599,14 @@ int RunCompare(const Client& client, const CompareOptions& options) {
       break;
   }
   std::fflush(stdout);
+  if (!options.save_json_path.empty()) {
+    std::ofstream file(options.save_json_path);
+    file << json.dump(2) << "\n";
+    if (!file.flush()) {
+      return ReportError(absl::StrCat("--save_json: cannot write ", options.save_json_path),
+                         kExitRpcError);
+    }
+  }
   if (!options.plot_path.empty()) {
     if (absl::Status s = DrawPlot(options, json); !s.ok())
       return ReportError(s.message(), kExitRpcError);

@@ -41,9 +41,10 @@ struct CompareOptions {
   DType kv_dtype = DType::kF32;
   uint64_t seed = 1;  // Weights and inputs.
   enum class Format { kTable, kJson, kCsv } format = Format::kTable;
-  std::string plot_path;    // PNG to draw with plot_script; empty = no plot.
-  std::string plot_python;  // Interpreter with matplotlib (client/python/requirements.txt).
-  std::string plot_script;  // client/python/plot_compare.py
+  std::string save_json_path;  // Also write the JSON here; empty = no.
+  std::string plot_path;       // PNG to draw with plot_script; empty = no plot.
+  std::string plot_python;     // Interpreter with matplotlib (client/python/requirements.txt).
+  std::string plot_script;     // client/python/plot_compare.py
 };
 
 // Seed 000's base layer: mha, d_model 512, 8 heads, head_dim 64, RoPE (half), causal.
@@ -82,6 +83,9 @@ struct VariantMeasurement {
   int64_t parameter_bytes = 0;
   int64_t kv_bytes_per_token = 0;
   int64_t page_bytes = 0;
+  // Non-empty when the server's backend does not serve the variant (Configure UNIMPLEMENTED, e.g.
+  // MLA on the CUDA backend): the reason, and no lengths. Any other error ends the comparison.
+  std::string unavailable;
   std::vector<LengthMeasurement> lengths;
 };
 
