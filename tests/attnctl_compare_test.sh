@@ -8,7 +8,8 @@
 #   - convert: `attnctl convert` of the seeded MHA layer to GQA-2, loaded by Configure from the
 #     file, answers bit for bit what Configure with weights.convert_from {seed} answers.
 #   - errors: convert of an MLA spec or to 3 of 8 heads exits 2 naming the rule; Configure with
-#     convert_from for an MLA spec is INVALID_ARGUMENT.
+#     convert_from for an MLA spec, without MHA weights, or from a checkpoint of the wrong shape is
+#     INVALID_ARGUMENT naming weights.convert_from.
 #
 # Usage: tests/attnctl_compare_test.sh BUILD_DIR PYTHON
 set -euo pipefail
@@ -141,6 +142,22 @@ with AttnServeClient(sys.argv[1]) as client:
     except grpc.RpcError as error:
         assert error.code().name == "INVALID_ARGUMENT", error
         assert "weights.convert_from" in error.details() and "is mla" in error.details(), error.details()
+    # A ConvertFrom without MHA weights, and MHA weights of the wrong shape (the GQA-2 file read
+    # as the MHA layer), are INVALID_ARGUMENT naming the field.
+    def refused(weights, *needles):
+        try:
+            client.stub.Configure(pb.ConfigureRequest(spec=LayerSpec.from_dict(spec).to_proto(),
+                                                      weights=weights))
+        except grpc.RpcError as error:
+            assert error.code().name == "INVALID_ARGUMENT", (error.code(), error.details())
+            for needle in needles:
+                assert needle in error.details(), (needle, error.details())
+            return
+        raise SystemExit(f"accepted: {weights}")
+    refused(pb.WeightSource(convert_from=pb.ConvertFrom()), "weights.convert_from",
+            "one of seed, checkpoint or inline_weights")
+    refused(pb.WeightSource(convert_from=pb.ConvertFrom(checkpoint=pb.CheckpointWeights(
+        path="gqa2.safetensors", layer_index=3))), "weights.convert_from (MHA)", "k_proj.weight")
 print("convert ok")
 PY
 
