@@ -101,9 +101,9 @@ absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& 
   for (absl::string_view part : kSplitQkv) {
     const std::string separate = absl::StrCat(prefix, part, ".weight");
     if (layout.location.contains(separate)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          layout.description, " has both ", fused_weight, " and ", separate,
-          "; a checkpoint holds either the fused projection or the separate ones"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(layout.description, " has both ", fused_weight, " and ", separate,
+                       "; a checkpoint holds either the fused projection or the separate ones"));
     }
   }
   std::vector<WeightShape> fused;
@@ -112,7 +112,9 @@ absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& 
   for (const WeightShape& shape : *expected) {
     const absl::string_view name = shape.name;
     bool split_part = false;
-    for (absl::string_view part : kSplitQkv) split_part = split_part || absl::StartsWith(name, part);
+    for (absl::string_view part : kSplitQkv) {
+      split_part = split_part || absl::StartsWith(name, part);
+    }
     if (!split_part) {
       fused.push_back(shape);
     } else if (shape.is_bias) {

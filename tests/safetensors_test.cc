@@ -572,9 +572,8 @@ TEST(LoaderTest, UnknownExtraParameterIsRejectedButBuffersAreIgnored) {
 TEST(LoaderTest, SinksWithoutSpecSinksAreRefusedNamingTheField) {
   // "sinks" has no .weight suffix; it must still count as a parameter, or a gpt-oss layer would
   // load without them and compute another softmax.
-  const std::string path = WriteEditedCheckpoint([](auto& t) {
-    t.emplace("model.layers.3.self_attn.sinks", Tensor(DType::kBF16, {4}));
-  });
+  const std::string path = WriteEditedCheckpoint(
+      [](auto& t) { t.emplace("model.layers.3.self_attn.sinks", Tensor(DType::kBF16, {4})); });
   EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 3).status(),
                 absl::StatusCode::kInvalidArgument, "model.layers.3.self_attn.sinks is in",
                 "attention_sinks=false");
@@ -619,7 +618,8 @@ TEST(LoaderTest, FusedQkvProjIsSplitIntoQKV) {
 
 TEST(LoaderTest, FusedQkvProjOfAnotherShapeOrBesideSeparateOnesIsRefused) {
   const LayerSpec spec = GqaSpec();
-  std::map<std::string, Tensor> fused = FuseQkv(CheckpointTensors(MixedDTypeWeights(spec, 3), 3), 3);
+  std::map<std::string, Tensor> fused =
+      FuseQkv(CheckpointTensors(MixedDTypeWeights(spec, 3), 3), 3);
   // Phi-3 with num_kv_heads 4 where the spec says 2: (4 + 2 * 4) * 16 rows, not (4 + 2 * 2) * 16.
   fused["model.layers.3.self_attn.qkv_proj.weight"] = Tensor(DType::kBF16, {192, 64});
   const std::string path = TestDir() + "/model.safetensors";

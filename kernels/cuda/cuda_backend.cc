@@ -20,8 +20,8 @@ namespace {
 // serving the layer without it.
 absl::Status RefuseCpuOnlyVariations(const LayerSpec& spec) {
   const auto refuse = [](absl::string_view feature) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the CUDA backend does not implement ", feature, " yet; use the CPU backend"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend does not implement ", feature, " yet; use the CPU backend"));
   };
   if (spec.qk_norm != QkNorm::kNone) {
     return refuse(absl::StrCat("qk_norm (", QkNormName(spec.qk_norm), ")"));
