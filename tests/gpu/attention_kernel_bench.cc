@@ -329,7 +329,7 @@ class AttentionSetup {
       descs.push_back(desc);
       item_begin.push_back(static_cast<int>(items.size()));
       if (decode) {
-        cuda::PlanDecodeSplits(desc, b, mask, wanted_splits, cuda::kDecodeMinKeysPerSplit, items);
+        cuda::PlanDecodeSplits(desc, b, mask, wanted_splits, kDecodeMinKeysPerSplit, items);
         // K and V rows of every visible key, once per KV head.
         work_ += static_cast<double>(VisibleCount(mask, c.tokens - 1, c.tokens)) * s.kv_heads *
                  2.0 * s.head_dim * static_cast<double>(elem);
