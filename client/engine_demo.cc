@@ -41,7 +41,7 @@ absl::StatusOr<Timing> TimeVariant(AttentionBackend& backend, const LayerSpec& s
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, seed);
   if (!weights.ok()) return weights.status();
   KvCacheConfig kv;
-  kv.dtype = kv_dtype;
+  kv.storage = kv_dtype;
   const int page_size = DefaultPageSize(spec);
   kv.max_pages = int64_t{batch} * ((seq_len + decode_steps) / page_size + 2);
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer = backend.CreateLayer(spec, *weights, kv);

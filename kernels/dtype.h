@@ -17,8 +17,18 @@ namespace attnserve {
 
 enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// Bytes per element.
-constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+// Bytes per element; 0 for a value that is not a DType (never a guess: a new 1-byte type must
+// not be sized as 2). -Wswitch flags a new enumerator missing here.
+constexpr size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+  }
+  return 0;
+}
 
 // "f32", "f16", "bf16".
 absl::string_view DTypeName(DType dtype);

@@ -10,13 +10,15 @@
 #include "absl/status/status.h"
 #include "kernels/dtype.h"
 #include "kernels/kv_memory_budget.h"
+#include "kernels/kv_storage_format.h"
 
 namespace attnserve {
 
 struct KvCacheConfig {
-  DType dtype = DType::kF32;  // Storage type of cached K/V (or MLA latent and RoPE key).
-  int page_size = 0;          // Tokens per page; 0 = DefaultPageSize(spec).
-  int64_t max_pages = 4096;   // Pool capacity in pages. Memory is committed as pages are used.
+  // How cached K/V (or MLA latent and RoPE key) are stored; not the dtype the layer computes in.
+  KvStorageFormat storage;
+  int page_size = 0;         // Tokens per page; 0 = DefaultPageSize(spec).
+  int64_t max_pages = 4096;  // Pool capacity in pages. Memory is committed as pages are used.
   // Optional budget shared with other layers (e.g. every session on a device). When set, pages are
   // charged to it as well, and a batch that would pass it fails with RESOURCE_EXHAUSTED.
   std::shared_ptr<KvMemoryBudget> budget;

@@ -22,7 +22,7 @@ absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(
         " bytes, more than the whole KV pool (", capacity_bytes(), " bytes, --kv_pool_bytes)"));
   }
   KvCacheConfig config;
-  config.dtype = dtype;
+  config.storage = dtype;
   config.page_size = page_size;
   // The engine's page allocator takes at most 2^31 - 1 pages.
   config.max_pages = std::min<int64_t>(capacity_bytes() / page_bytes, (int64_t{1} << 31) - 1);

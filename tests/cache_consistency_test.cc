@@ -435,7 +435,7 @@ TEST_P(MlaAbsorbedDecodeTest, AbsorbedEqualsExpanded) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(SeedNote(seed));
   const LayerWeights weights = TestWeights(spec, seed);
-  const KvCacheConfig kv_config{.dtype = c.kv_dtype, .page_size = 16, .max_pages = 256};
+  const KvCacheConfig kv_config{.storage = c.kv_dtype, .page_size = 16, .max_pages = 256};
   absl::StatusOr<TestEngine> absorbed =
       MakeEngine(spec, weights, kv_config, {.num_threads = 2, .mla_absorbed_decode = true});
   absl::StatusOr<TestEngine> expanded =

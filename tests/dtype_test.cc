@@ -64,6 +64,8 @@ TEST(DTypeTest, SizesAndNames) {
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   EXPECT_EQ(DTypeSize(DType::kF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
+  // Not a DType (e.g. a byte from a file): no size, rather than the 2 of a 16-bit type.
+  EXPECT_EQ(DTypeSize(static_cast<DType>(7)), 0u);
   EXPECT_EQ(DTypeName(DType::kBF16), "bf16");
   EXPECT_EQ(*ParseDType("BFloat16"), DType::kBF16);
   EXPECT_EQ(*ParseDType("half"), DType::kF16);

@@ -39,7 +39,7 @@ TEST(KvMemoryBudgetTest, ChargesAndCreditsAcrossLayers) {
   // 4 pages of 4 tokens: 2 KV heads * 8 dims * 2 (K, V) * 4 bytes * 4 tokens = 512 bytes a page.
   const int64_t page_bytes = 2 * 8 * 2 * 4 * 4;
   auto budget = std::make_shared<KvMemoryBudget>(4 * page_bytes);
-  KvCacheConfig kv{.dtype = DType::kF32, .page_size = 4, .max_pages = 100, .budget = budget};
+  KvCacheConfig kv{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = budget};
   auto a = (*backend)->CreateLayer(spec, weights, kv);
   auto b = (*backend)->CreateLayer(spec, weights, kv);
   ASSERT_TRUE(a.ok() && b.ok());
@@ -72,7 +72,7 @@ TEST(KvMemoryBudgetTest, SlidingWindowEvictionCreditsTheBudget) {
   const LayerSpec spec = SmallGqa(/*window=*/4);
   const int64_t page_bytes = 2 * 8 * 2 * 4 * 4;
   auto budget = std::make_shared<KvMemoryBudget>(3 * page_bytes);
-  KvCacheConfig kv{.dtype = DType::kF32, .page_size = 4, .max_pages = 100, .budget = budget};
+  KvCacheConfig kv{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = budget};
   auto layer = (*backend)->CreateLayer(spec, *RandomLayerWeights(spec, 3), kv);
   ASSERT_TRUE(layer.ok());
   const SequenceId id = (*layer)->CreateSequence();

@@ -233,7 +233,7 @@ class PeerTest : public ::testing::TestWithParam<std::string> {
 
   std::unique_ptr<AttentionLayer> MakeLayer(int page_size, DType kv_dtype = DType::kF32) {
     KvCacheConfig kv;
-    kv.dtype = kv_dtype;
+    kv.storage = kv_dtype;
     kv.page_size = page_size;
     absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
         backend_->CreateLayer(case_.spec, case_.weights, kv);

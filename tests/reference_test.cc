@@ -96,7 +96,7 @@ TEST_P(PrefillVsReferenceTest, MatchesReference) {
   SCOPED_TRACE(SeedNote(seed));
   const LayerWeights weights = TestWeights(spec, seed);
   absl::StatusOr<TestEngine> engine =
-      MakeEngine(spec, weights, {.dtype = c.kv_dtype, .page_size = c.page_size, .max_pages = 1024});
+      MakeEngine(spec, weights, {.storage = c.kv_dtype, .page_size = c.page_size, .max_pages = 1024});
   ASSERT_TRUE(engine.ok()) << engine.status();
   AttentionLayer& layer = *engine->layer;
   std::mt19937_64 rng(seed);

@@ -9,6 +9,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_page_layout.h"
 #include "kernels/layer_spec.h"
 
 namespace attnserve {
@@ -34,7 +35,8 @@ struct MaskPolicy {
   }
 };
 
-// Element offsets of a KV head's rows within one page; every page of a layer has the same layout.
+// Element offsets of a KV head's rows within one page; every page of a layer has the same layout,
+// the one kernels/kv_page_layout.h defines for both backends (Gqa/MlaLayer::MakePageLayout):
 //   MHA/MQA/GQA page: [K|V][num_kv_heads][page_size][head_dim]
 //   MLA page:         [page_size][kv_lora_rank + qk_rope_head_dim]  (latent, then RoPE key)
 struct KvPageLayout {

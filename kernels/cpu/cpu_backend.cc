@@ -14,8 +14,10 @@ namespace attnserve {
 namespace {
 
 absl::Status ValidateKvConfig(const KvCacheConfig& config) {
-  if (config.dtype != DType::kF32 && config.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_cache dtype = ", DTypeName(config.dtype),
+  const DType element = config.storage.element;
+  if (config.storage.scales != KvScaleScheme::kNone ||
+      (element != DType::kF32 && element != DType::kBF16)) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache dtype = ", DTypeName(element),
                                                    ": the CPU backend stores KV as f32 or bf16"));
   }
   return ValidateKvPaging(config);

@@ -23,15 +23,16 @@ std::vector<float> QkNormScale(const LayerSpec& spec, const LayerWeights& weight
 }  // namespace
 
 KvPageLayout GqaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig& kv_config) {
-  const int64_t head_block = int64_t{kv_config.page_size} * spec.head_dim;
+  // The layout of kernels/kv_page_layout.h (shared with the CUDA kernels), as strides.
+  const int page_size = kv_config.page_size, heads = spec.num_kv_heads, dim = spec.head_dim;
   KvPageLayout layout;
-  layout.page_size = kv_config.page_size;
-  layout.dtype = kv_config.dtype;
-  layout.row_stride = spec.head_dim;
-  layout.head_stride = head_block;
-  layout.key_offset = 0;
-  layout.value_offset = spec.num_kv_heads * head_block;
-  layout.page_elements = 2 * spec.num_kv_heads * head_block;
+  layout.page_size = page_size;
+  layout.dtype = kv_config.storage.element;
+  layout.row_stride = GqaPageKeyElement(page_size, dim, 0, 1);
+  layout.head_stride = GqaPageKeyElement(page_size, dim, 1, 0);
+  layout.key_offset = GqaPageKeyElement(page_size, dim, 0, 0);
+  layout.value_offset = GqaPageValueOffset(page_size, heads, dim);
+  layout.page_elements = GqaPageElements(page_size, heads, dim);
   return layout;
 }
 

@@ -62,8 +62,9 @@ class ExpandedLatentSource : public KvBlockSource {
 KvPageLayout MlaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig& kv_config) {
   KvPageLayout layout;
   layout.page_size = kv_config.page_size;
-  layout.dtype = kv_config.dtype;
-  layout.row_stride = int64_t{spec.mla.kv_lora_rank} + spec.mla.qk_rope_head_dim;
+  layout.dtype = kv_config.storage.element;
+  const int row_width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim;
+  layout.row_stride = MlaPageRowElement(row_width, 1);  // kernels/kv_page_layout.h
   layout.head_stride = 0;
   layout.key_offset = 0;    // The key is the whole row [c_kv | k_pe] ...
   layout.value_offset = 0;  // ... and the value its first kv_lora_rank elements.

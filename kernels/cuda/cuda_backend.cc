@@ -76,7 +76,8 @@ class CudaBackend : public AttentionBackend {
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
     if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
-    if (absl::Status s = cuda::CheckAttentionSupported(config.dtype, spec.head_dim); !s.ok()) {
+    if (absl::Status s = cuda::CheckAttentionSupported(config.storage.element, spec.head_dim);
+        !s.ok()) {
       return s;
     }
     return cuda::CudaGqaLayer::Create(spec, weights, config, context_);

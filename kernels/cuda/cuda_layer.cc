@@ -40,6 +40,14 @@ class SectionLayout {
   size_t total_ = 0;
 };
 
+// The dtype the projections (weights and inputs) run in, chosen once from how the pages are
+// stored and never read off them again: fp32 with f32 pages (the GPU then tracks the CPU engine to
+// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation). An
+// 8-bit page format would map to a 16-bit activation dtype here, not to 8-bit projections.
+DType ActivationDType(const KvStorageFormat& storage) {
+  return storage.element == DType::kF32 ? DType::kF32 : storage.element;
+}
+
 }  // namespace
 
 CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
@@ -50,7 +58,7 @@ CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       q_width_(spec.num_heads * spec.head_dim),
       kv_width_(spec.num_kv_heads * spec.head_dim),
       qkv_width_(q_width_ + 2 * kv_width_),
-      compute_(kv_config.dtype),
+      activation_(ActivationDType(kv_config.storage)),
       sequences_(kv_config.page_size, page_bytes, kv_config.max_pages, kv_config.budget,
                  spec.causal, spec.sliding_window),
       store_(context.pool, page_bytes) {}
@@ -66,7 +74,7 @@ absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(const Layer
                                                                      const LayerWeights& weights,
                                                                      const KvCacheConfig& kv_config,
                                                                      const CudaContext& context) {
-  const int64_t page_bytes = KvBytesPerToken(spec, kv_config.dtype) * kv_config.page_size;
+  const int64_t page_bytes = KvBytesPerToken(spec, kv_config.storage.element) * kv_config.page_size;
   if (page_bytes > context.pool->slab_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page_size = ", kv_config.page_size, ": one page takes ", page_bytes,
@@ -109,13 +117,13 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
       bqkv.insert(bqkv.end(), b.begin(), b.end());
     }
   }
-  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, compute_); !s.ok()) {
+  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, activation_); !s.ok()) {
     return s;
   }
   if (absl::Status s =
           o_proj_.Init(weights.at("o_proj.weight").ToFloats(),
                        spec_.o_bias ? FloatsOrEmpty(weights, "o_proj.bias") : std::vector<float>(),
-                       spec_.d_model, q_width_, compute_);
+                       spec_.d_model, q_width_, activation_);
       !s.ok()) {
     return s;
   }
@@ -267,7 +275,7 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   shape.group = spec_.num_heads / spec_.num_kv_heads;
   shape.num_kv_heads = spec_.num_kv_heads;
   shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
-  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.dtype);
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element);
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
   return shape;
@@ -277,8 +285,8 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t row
                                               bool decode) const {
   CallLayout l;
   SectionLayout up;
-  const size_t compute_bytes = DTypeSize(compute_);
-  l.x = up.Add(compute_bytes * rows * spec_.d_model);
+  const size_t activation_bytes = DTypeSize(activation_);
+  l.x = up.Add(activation_bytes * rows * spec_.d_model);
   l.positions = up.Add(sizeof(int64_t) * rows);
   l.row_sequence = up.Add(sizeof(int) * rows);
   l.sequences = up.Add(sizeof(SequenceDesc) * plan.sequences.size());
@@ -289,8 +297,8 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t row
   SectionLayout dev = up;
   l.qkv = dev.Add(sizeof(float) * rows * qkv_width_);
   l.attn = dev.Add(sizeof(float) * rows * q_width_);
-  // The attention output in the compute dtype, when the output projection reads 16-bit.
-  l.attn16 = dev.Add(compute_ == DType::kF32 ? 0 : compute_bytes * rows * q_width_);
+  // The attention output in the activation dtype, when the output projection reads 16-bit.
+  l.attn16 = dev.Add(activation_ == DType::kF32 ? 0 : activation_bytes * rows * q_width_);
   l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
   const int64_t partial_rows =
       decode ? static_cast<int64_t>(plan.items.size()) * spec_.num_heads : 0;
@@ -311,10 +319,10 @@ absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
   auto put = [&](const Section& section, const void* src) {
     if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
   };
-  if (hidden.dtype() == compute_) {
+  if (hidden.dtype() == activation_) {
     put(l.x, hidden.data());
   } else {
-    const Tensor x = hidden.CastTo(compute_);
+    const Tensor x = hidden.CastTo(activation_);
     put(l.x, x.data());
   }
   put(l.positions, plan.positions.data());
@@ -370,7 +378,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
   rope.num_heads = heads;
   rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
-  rope.kv_type = ToKvType(kv_config_.dtype);
+  rope.kv_type = ToKvType(kv_config_.storage.element);
   rope.kv = kv;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
 
@@ -393,23 +401,23 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
     attn.partial_sum = fptr(l.partial_sum);
     attn.partial_acc = fptr(l.partial_acc);
     attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
-    if (absl::Status s = RunDecodeAttention(kv_config_.dtype, head_dim, attn,
+    if (absl::Status s = RunDecodeAttention(kv_config_.storage.element, head_dim, attn,
                                             shape.decode_row_blocks, stream_);
         !s.ok()) {
       return s;
     }
-  } else if (absl::Status s = RunPrefillAttention(kv_config_.dtype, head_dim, attn, stream_);
+  } else if (absl::Status s = RunPrefillAttention(kv_config_.storage.element, head_dim, attn, stream_);
              !s.ok()) {
     return s;
   }
 
   // out[rows, d_model] = attn . Wo^T (+ bias)
   const void* attn_in = fptr(l.attn);
-  if (compute_ != DType::kF32) {
+  if (activation_ != DType::kF32) {
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        LaunchConvertFloats(fptr(l.attn), ToKvType(compute_), dptr(l.attn16),
+        LaunchConvertFloats(fptr(l.attn), ToKvType(activation_), dptr(l.attn16),
                             int64_t{rows} * q_width_, stream_),
-        "attention output to the compute dtype");
+        "attention output to the activation dtype");
     attn_in = dptr(l.attn16);
   }
   if (absl::Status s =

@@ -7,9 +7,10 @@
 //                                          cores) or PrefillKernel (f32 pages); decode:
 //                                          PagedDecodeKernel + combine
 //   out = attn . Wo^T (+ bias)             cuBLAS (Projection)
-// and copy the output back. The compute dtype follows the KV pages: f32 pages compute in fp32;
-// f16/bf16 pages run the projections and the prefill attention on tensor cores with 16-bit
-// inputs and fp32 accumulation (decode reads the pages and accumulates in fp32). A failure after
+// and copy the output back. The activation dtype (projections) is chosen from the KV storage
+// format once, at creation: f32 pages compute in fp32; f16/bf16 pages run the projections and the
+// prefill attention on tensor cores with 16-bit inputs and fp32 accumulation (decode reads the
+// pages and accumulates in fp32). A failure after
 // the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
 #ifndef ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
 #define ATTNSERVE_KERNELS_CUDA_CUDA_LAYER_H_
@@ -92,7 +93,9 @@ class CudaGqaLayer : public AttentionLayer {
   const int q_width_;    // num_heads * head_dim
   const int kv_width_;   // num_kv_heads * head_dim
   const int qkv_width_;  // q_width_ + 2 * kv_width_
-  const DType compute_;  // f32, or the 16-bit page dtype (projections and prefill).
+  // The projections' dtype (weights, inputs): f32, or the 16-bit page type. Not the page format
+  // itself, which kernels read from kv_config_.storage.
+  const DType activation_;
 
   mutable absl::Mutex mu_;  // One call at a time per layer.
   KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);

@@ -125,7 +125,7 @@ void BM_Prefill(benchmark::State& state) {
   const NamedSpec& variant = Variant(state.range(0));
   const int64_t length = state.range(1);
   KvCacheConfig kv;
-  kv.dtype = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.storage = state.range(2) ? DType::kBF16 : DType::kF32;
   kv.max_pages = length / DefaultPageSize(variant.spec) + 2;
   auto layer = Backend().CreateLayer(variant.spec, *RandomLayerWeights(variant.spec, 1), kv);
   std::mt19937 rng(1);
@@ -136,7 +136,7 @@ void BM_Prefill(benchmark::State& state) {
     benchmark::DoNotOptimize((*layer)->Prefill({&chunk, 1}, hidden, {}));
     (void)(*layer)->ReleaseSequence(id);
   }
-  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.dtype)));
+  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.storage.element)));
   state.counters["GFLOPs"] = benchmark::Counter(
       PrefillFlops(variant.spec, length) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
@@ -156,7 +156,7 @@ void BM_Decode(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(3));
   constexpr int64_t kMaxSteps = 4096;
   KvCacheConfig kv;
-  kv.dtype = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.storage = state.range(2) ? DType::kBF16 : DType::kF32;
   kv.max_pages = batch * ((context + kMaxSteps) / DefaultPageSize(variant.spec) + 2);
   auto layer = Backend().CreateLayer(variant.spec, *RandomLayerWeights(variant.spec, 1), kv);
   std::mt19937 rng(1);
@@ -178,9 +178,9 @@ void BM_Decode(benchmark::State& state) {
     }
     ++steps;
     kv_bytes +=
-        static_cast<double>(batch) * (context + steps) * KvBytesPerToken(variant.spec, kv.dtype);
+        static_cast<double>(batch) * (context + steps) * KvBytesPerToken(variant.spec, kv.storage.element);
   }
-  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.dtype)));
+  state.SetLabel(absl::StrCat(variant.label, " kv=", DTypeName(kv.storage.element)));
   state.counters["KV_GBps"] = benchmark::Counter(kv_bytes / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Decode)

@@ -188,7 +188,7 @@ absl::StatusOr<std::unique_ptr<ReferenceSession>> ReferenceSession::Create(
   if (!backend.ok()) return backend.status();
   session->backend_ = *std::move(backend);
   KvCacheConfig config;
-  config.dtype = kv_dtype;
+  config.storage = kv_dtype;
   config.page_size = page_size;
   config.max_pages = 1 << 16;
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =

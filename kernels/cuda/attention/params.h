@@ -13,6 +13,7 @@
 
 #include "kernels/attention_mask.h"
 #include "kernels/host_device.h"
+#include "kernels/kv_page_layout.h"
 
 namespace attnserve::cuda {
 
@@ -34,7 +35,8 @@ struct MaskSpec {
 // The device page table of a batch (FlashInfer's paged_kv_t idea): the pages of every sequence of
 // the batch flattened into one array, each entry the page's byte offset from the pool base, or -1
 // for a page a sliding window evicted (never read: it lies outside every query's window).
-// Page layout (as GqaLayer::MakePageLayout on the CPU): [K|V][num_kv_heads][page_size][head_dim].
+// Page layout (kernels/kv_page_layout.h, shared with the CPU):
+// [K|V][num_kv_heads][page_size][head_dim].
 struct PagedKv {
   void* pool = nullptr;                   // Device page pool base.
   const int64_t* page_offsets = nullptr;  // [pages of all sequences] bytes from `pool`, or -1.
@@ -42,11 +44,13 @@ struct PagedKv {
   int num_kv_heads = 0;
   int head_dim = 0;
 
-  // Element index within a page of (kv_head, slot)'s key row; the value row is value_offset() on.
+  // Element index within a page of (kv_head, slot)'s key row; the value row is ValueOffset() on.
   ATTNSERVE_HD int64_t KeyElement(int kv_head, int slot) const {
-    return (int64_t{kv_head} * page_size + slot) * head_dim;
+    return GqaPageKeyElement(page_size, head_dim, kv_head, slot);
   }
-  ATTNSERVE_HD int64_t ValueOffset() const { return int64_t{num_kv_heads} * page_size * head_dim; }
+  ATTNSERVE_HD int64_t ValueOffset() const {
+    return GqaPageValueOffset(page_size, num_kv_heads, head_dim);
+  }
 };
 
 // One sequence of the batch.
