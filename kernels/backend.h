@@ -57,6 +57,19 @@ class AttentionLayer {
   virtual absl::Status ReleaseSequence(SequenceId sequence) = 0;
   // Tokens cached so far. NOT_FOUND for an unknown id.
   virtual absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const = 0;
+  // Prefix sharing: `count` new sequences that hold `source`'s cached tokens without copying them.
+  // Every full page of `source` is shared, reference-counted (pages are append-only, so a shared
+  // page is never written again); its last page, when partly filled, is the one a later token
+  // writes into, so each fork gets its own copy of it. Later tokens of any of them never change
+  // what the others see. The pool counts a shared page once; SequenceKvBytes counts it for every
+  // sequence holding it. All or nothing: NOT_FOUND for an unknown source, INVALID_ARGUMENT for
+  // count < 1, RESOURCE_EXHAUSTED when the copies of the partial page do not fit. Backends without
+  // it answer UNIMPLEMENTED.
+  virtual absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) {
+    (void)source;
+    (void)count;
+    return absl::UnimplementedError("this backend does not fork sequences (prefix sharing)");
+  }
 
   // Appends `chunks[i].num_tokens` tokens to each sequence and attends each new token to its
   // sequence's cached tokens and to the new tokens before it (causal) or all of them (non-causal;

@@ -76,8 +76,70 @@ absl::StatusOr<int64_t> KvSequenceTable::Length(SequenceId sequence) const {
 }
 
 void KvSequenceTable::FreePages(absl::Span<const int32_t> pages) {
-  allocator_.Free(pages);
-  if (budget_ != nullptr) budget_->Release(static_cast<int64_t>(pages.size()) * page_bytes_);
+  std::vector<int32_t> last_held;
+  last_held.reserve(pages.size());
+  for (int32_t page : pages) {
+    auto shared = extra_references_.find(page);
+    if (shared == extra_references_.end()) {
+      last_held.push_back(page);
+    } else if (--shared->second == 0) {
+      extra_references_.erase(shared);
+    }
+  }
+  allocator_.Free(last_held);
+  if (budget_ != nullptr) budget_->Release(static_cast<int64_t>(last_held.size()) * page_bytes_);
+}
+
+absl::StatusOr<std::vector<SequenceId>> KvSequenceTable::Fork(SequenceId source, int count,
+                                                              const CommitFn& commit,
+                                                              const CopyPageFn& copy) {
+  auto it = sequences_.find(source);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", source, " does not exist"));
+  }
+  if (count < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("fork count = ", count, ", must be >= 1"));
+  }
+  const PageTable& original = it->second;
+  // The last page is written by the next token unless it is full: that one is copied per fork.
+  // (It is never evicted: it holds the newest token.)
+  const bool copy_last = original.num_tokens % page_size_ != 0;
+  const int64_t pages_needed = copy_last ? count : 0;
+  const int64_t bytes = pages_needed * page_bytes_;
+  std::vector<int32_t> copies;
+  if (pages_needed > 0) {
+    if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
+      return KvBudgetExhaustedError(*budget_, bytes, pages_needed, page_size_, "this fork");
+    }
+    absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
+    if (!pages.ok()) {
+      if (budget_ != nullptr) budget_->Release(bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache pool exhausted: this fork needs ", pages_needed, " more pages of ", page_size_,
+          " tokens (", bytes, " bytes), ", allocator_.free(), " of ", allocator_.capacity(),
+          " pages of this layer are free"));
+    }
+    if (absl::Status s = commit(*pages); !s.ok()) {
+      allocator_.Free(*pages);
+      if (budget_ != nullptr) budget_->Release(bytes);
+      return s;
+    }
+    copies = *std::move(pages);
+    for (int32_t page : copies) copy(original.pages.back(), page);
+  }
+  const size_t shared_pages = original.pages.size() - (copy_last ? 1 : 0);
+  std::vector<SequenceId> forks;
+  for (int i = 0; i < count; ++i) {
+    PageTable table = original;  // `original` stays valid: node_hash_map keeps nodes in place.
+    if (copy_last) table.pages.back() = copies[i];
+    for (size_t p = 0; p < shared_pages; ++p) {
+      if (table.pages[p] != kEvictedPage) ++extra_references_[table.pages[p]];
+    }
+    const SequenceId id = next_id_++;
+    sequences_.emplace(id, std::move(table));
+    forks.push_back(id);
+  }
+  return forks;
 }
 
 KvPoolUsage KvSequenceTable::Usage() const {

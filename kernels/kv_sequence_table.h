@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -49,6 +50,8 @@ class KvSequenceTable {
  public:
   // Backs newly allocated page ids with memory; an error makes the reservation fail unchanged.
   using CommitFn = std::function<absl::Status(absl::Span<const int32_t> pages)>;
+  // Copies page `from`'s bytes to page `to` (both committed).
+  using CopyPageFn = std::function<void(int32_t from, int32_t to)>;
 
   // causal/sliding_window as in LayerSpec (window 0 = unlimited: nothing is ever evicted).
   KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
@@ -68,6 +71,11 @@ class KvSequenceTable {
   // given, rows consecutive). On error nothing changed. RESOURCE_EXHAUSTED names the numbers.
   absl::Status Reserve(absl::Span<const SequenceId> ids, absl::Span<const int64_t> counts,
                        const CommitFn& commit, std::vector<BatchSequence>& batch);
+  // AttentionLayer::ForkSequence: `count` new sequences sharing `source`'s full pages (each gains
+  // a reference) and each holding a copy of its partly filled last page, made with `copy` after
+  // `commit`; budget, allocator and commit are charged for those copies only, all or nothing.
+  absl::StatusOr<std::vector<SequenceId>> Fork(SequenceId source, int count, const CommitFn& commit,
+                                               const CopyPageFn& copy);
   // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
   // return to what they were and the new pages go back to the pool and the budget.
   void Rollback(absl::Span<const BatchSequence> batch);
@@ -86,6 +94,8 @@ class KvSequenceTable {
   int64_t page_bytes() const { return page_bytes_; }
 
  private:
+  // Drops one reference to each page; a page goes back to the allocator and the budget when its
+  // last holder lets it go.
   void FreePages(absl::Span<const int32_t> pages);
   // The eviction rule: how many leading pages of a sequence of `num_tokens` tokens no future
   // query can see (0 without a causal sliding window).
@@ -98,6 +108,8 @@ class KvSequenceTable {
   const int sliding_window_;
   PageAllocator allocator_;
   absl::node_hash_map<SequenceId, PageTable> sequences_;
+  // References beyond the first, for pages that forks share (absent = one holder).
+  absl::flat_hash_map<int32_t, int32_t> extra_references_;
   SequenceId next_id_ = 1;
 };
 

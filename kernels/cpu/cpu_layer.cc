@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_layer.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/layer_input_checks.h"
@@ -32,6 +33,15 @@ absl::Status CpuLayer::ReleaseSequence(SequenceId sequence) {
 absl::StatusOr<int64_t> CpuLayer::SequenceLength(SequenceId sequence) const {
   absl::MutexLock lock(&mu_);
   return sequences_.Length(sequence);
+}
+
+absl::StatusOr<std::vector<SequenceId>> CpuLayer::ForkSequence(SequenceId source, int count) {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Fork(
+      source, count, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
+      [this](int32_t from, int32_t to) {
+        std::memcpy(store_.page(to), store_.page(from), static_cast<size_t>(store_.page_bytes()));
+      });
 }
 
 KvPoolUsage CpuLayer::PoolUsage() const {
