@@ -117,7 +117,8 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
       bqkv.insert(bqkv.end(), b.begin(), b.end());
     }
   }
-  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, activation_); !s.ok()) {
+  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, activation_);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s =
@@ -309,8 +310,7 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t row
   return l;
 }
 
-absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
-                                 const CallLayout& l) {
+absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
   if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.out.bytes)); !s.ok()) {
     return s;
@@ -406,7 +406,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
         !s.ok()) {
       return s;
     }
-  } else if (absl::Status s = RunPrefillAttention(kv_config_.storage.element, head_dim, attn, stream_);
+  } else if (absl::Status s =
+                 RunPrefillAttention(kv_config_.storage.element, head_dim, attn, stream_);
              !s.ok()) {
     return s;
   }

@@ -17,9 +17,8 @@ absl::StatusOr<BatchPlan> PlanBatch(absl::Span<const BatchSequence> batch, int64
   BatchPlan plan;
   plan.positions = ResolvePositions(batch, positions, rows);
   plan.row_sequence.resize(static_cast<size_t>(rows));
-  const int64_t wanted_splits = DecodeSplitsForTwoWaves(num_seqs, shape.num_kv_heads,
-                                                        shape.decode_row_blocks,
-                                                        shape.multiprocessors);
+  const int64_t wanted_splits = DecodeSplitsForTwoWaves(
+      num_seqs, shape.num_kv_heads, shape.decode_row_blocks, shape.multiprocessors);
   for (int b = 0; b < num_seqs; ++b) {
     const BatchSequence& seq = batch[b];
     const PageTable& table = *seq.table;
@@ -41,8 +40,7 @@ absl::StatusOr<BatchPlan> PlanBatch(absl::Span<const BatchSequence> batch, int64
     if (decode) {
       PlanDecodeSplits(desc, b, shape.mask, wanted_splits, kDecodeMinKeysPerSplit, plan.items);
     } else {
-      PlanPrefillItems(desc, b, shape.group, shape.mask, shape.prefill_rows_per_block,
-                       plan.items);
+      PlanPrefillItems(desc, b, shape.group, shape.mask, shape.prefill_rows_per_block, plan.items);
     }
   }
   plan.item_begin.push_back(static_cast<int>(plan.items.size()));

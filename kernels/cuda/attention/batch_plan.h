@@ -30,7 +30,7 @@ struct BatchPlan {
 
 // What the plan depends on besides the batch.
 struct BatchPlanShape {
-  int group = 1;                   // Query heads per KV head.
+  int group = 1;  // Query heads per KV head.
   int num_kv_heads = 1;
   int decode_row_blocks = 1;       // Decode: blocks of kAttentionRowsPerBlock rows per KV head.
   int prefill_rows_per_block = 1;  // Prefill: flattened (token, group head) rows per item.
