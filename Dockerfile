@@ -19,14 +19,20 @@
 # into /usr/local/cuda, where the build finds nvcc (CMakeLists.txt, ATTNSERVE_CUDA=AUTO) as on a
 # developer machine.
 #
-# Not run by the tests (there is no Docker engine in CI); tests/deploy/check_deploy_files.py
-# checks that the files it copies exist and that it uses setup.sh and the release preset.
+# tests/deploy/check_deploy_files.py checks that the files it copies exist and that it uses
+# setup.sh and the release preset; tests/image/image_test.sh builds the CPU image with podman from
+# a Debian 12 base made by mmdebstrap and runs it (health, attnctl demo, non-root; docs/deploy.md).
 
 ARG WITH_CUDA=1
 ARG CUDA_VERSION=12.6
+# The Debian 12 images the stages start from. Where no registry is reachable, a base made from
+# Debian's own packages serves for both (tests/image/image_test.sh: mmdebstrap | podman import):
+#   --build-arg BASE_IMAGE=localhost/debian:12 --build-arg RUNTIME_BASE_IMAGE=localhost/debian:12
+ARG BASE_IMAGE=debian:12
+ARG RUNTIME_BASE_IMAGE=debian:12-slim
 
 # ---- build: Debian 12 + setup.sh (+ CUDA toolkit) + the release preset --------------------------
-FROM debian:12 AS build
+FROM ${BASE_IMAGE} AS build
 ARG WITH_CUDA
 ARG CUDA_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -49,7 +55,7 @@ RUN if [[ "${WITH_CUDA}" == 1 ]]; then \
 WORKDIR /src
 # setup.sh first, alone, so the package layer is cached across source edits.
 COPY deploy/setup.sh deploy/setup.sh
-RUN ./deploy/setup.sh --no-python && rm -rf /var/lib/apt/lists/*
+RUN ./deploy/setup.sh --no-python --no-image-tools && rm -rf /var/lib/apt/lists/*
 
 COPY . .
 # The README's preset; only what an image needs differs: portable code (no -march=native, the
@@ -67,7 +73,7 @@ RUN cmake --preset release -DATTNSERVE_NATIVE=OFF -DATTNSERVE_BUILD_TESTS=OFF \
     fi
 
 # ---- runtime: Debian 12 slim + the shared libraries of setup.sh --runtime-only (+ CUDA runtime) --
-FROM debian:12-slim AS runtime
+FROM ${RUNTIME_BASE_IMAGE} AS runtime
 ARG WITH_CUDA
 ARG CUDA_VERSION
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

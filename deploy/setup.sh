@@ -3,7 +3,9 @@
 #   1. Debian packages (compiler, CMake, Ninja, gRPC, protobuf, Abseil, prometheus-cpp, OpenBLAS,
 #      nlohmann-json, GoogleTest, Google Benchmark, Python venv support, and Prometheus, whose
 #      binary the deploy test runs itself on 127.0.0.1 — the test does not use the prometheus
-#      service that Debian enables on :9090 where systemd runs);
+#      service that Debian enables on :9090 where systemd runs; HAProxy, which the scale test runs
+#      the same way; podman, runc and mmdebstrap, with which the image test builds and runs the
+#      Dockerfile);
 #   2. the Python packages of the peer tests (tests/peer/requirements.txt), of the Python client
 #      (client/python/requirements.txt) and of the deploy tests (tests/deploy/requirements.txt),
 #      pinned, into ./.venv, a virtual environment made with Debian's /usr/bin/python3; then
@@ -14,9 +16,11 @@
 # is missing), and the venv is left alone when a stamp file says it already holds exactly the
 # current requirements. A second run takes about a second.
 #
-# Usage: deploy/setup.sh [--no-python | --runtime-only] [--help]
+# Usage: deploy/setup.sh [--no-python | --runtime-only] [--no-image-tools] [--help]
 #   --runtime-only: only the shared libraries attnserve_server and attnctl load (the Dockerfile's
 #   runtime stage); no compiler, no Python.
+#   --no-image-tools: not podman, runc and mmdebstrap (tests/image builds and runs the image with
+#   them; the Dockerfile's build stage needs none).
 set -euo pipefail
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,6 +46,10 @@ readonly PACKAGES=(
   haproxy  # tests/scale: the load balancer of deploy/haproxy/ in front of three server replicas
 )
 
+# tests/image: the Dockerfile built with podman (runc runtime) from a base made by mmdebstrap, and
+# run. Not installed by --no-image-tools (the Dockerfile's build stage: no containers inside).
+readonly IMAGE_TOOL_PACKAGES=(podman runc mmdebstrap)
+
 # What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to
 # packages with dpkg -S); the Dockerfile's runtime stage installs only these. Keep in step with
 # PACKAGES' -dev packages.
@@ -52,9 +60,10 @@ readonly RUNTIME_PACKAGES=(
 
 with_python=1
 runtime_only=0
+with_image_tools=1
 
 usage() {
-  sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -66,6 +75,7 @@ parse_flags() {
     case "${arg}" in
       --no-python) with_python=0 ;;
       --runtime-only) runtime_only=1; with_python=0 ;;
+      --no-image-tools) with_image_tools=0 ;;
       -h | --help) usage; exit 0 ;;
       *) die "unknown flag '${arg}' (try --help)" ;;
     esac
@@ -220,7 +230,11 @@ main() {
     log "done (runtime libraries only)"
     return 0
   fi
-  install_debian_packages "${PACKAGES[@]}"
+  if [[ "${with_image_tools}" -eq 1 ]]; then
+    install_debian_packages "${PACKAGES[@]}" "${IMAGE_TOOL_PACKAGES[@]}"
+  else
+    install_debian_packages "${PACKAGES[@]}"
+  fi
   if [[ "${with_python}" -eq 1 ]]; then
     setup_python
     setup_flashinfer_headers

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The server image, really built and run (ctest image_test, label "image"; docs/deploy.md):
+#   1. a Debian 12 base from Debian's own packages: mmdebstrap --variant=minbase bookworm, then
+#      podman import (no registry is needed, or reachable in CI);
+#   2. podman build of the repository's Dockerfile, CPU only (WITH_CUDA=0), from that base
+#      (BASE_IMAGE and RUNTIME_BASE_IMAGE build arguments), chroot isolation;
+#   3. podman run of the image on this host's network with a free 127.0.0.1 port; then
+#      grpc.health.v1 SERVING (the image's attnctl health), the image's HEALTHCHECK
+#      (podman healthcheck run), `attnctl demo` against it with the image's attnctl and, when
+#      given, the host's; /metrics answers; the server runs as the non-root user attnserve (uid
+#      10001), not root; SIGTERM (podman stop) drains and exits 0.
+# Prints how long each phase took. Needs root (else exits 77, ctest's "skipped"), podman, runc and
+# mmdebstrap (Debian packages; deploy/setup.sh installs them) and network access to Debian's
+# mirrors (mmdebstrap and the Dockerfile's apt-get).
+#
+# What makes podman work on a CI-like host (root, cgroups v1/v2 hybrid, no systemd): the runc
+# runtime (crun fails there on setrlimit and on hybrid cgroups) and no default ulimits, through a
+# containers.conf named by CONTAINERS_CONF; --isolation=chroot for RUN steps; --network=host.
+#
+# Usage: tests/image/image_test.sh [--context DIR] [--host-attnctl PATH] [--keep]
+#   --context DIR       build context (default: the repository; .dockerignore applies)
+#   --host-attnctl PATH also run this attnctl's demo against the container
+#   --keep              keep the images (default: removed, with the container, at exit)
+set -euo pipefail
+
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+context="${ROOT}"
+host_attnctl=""
+keep=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --context) context="$2"; shift 2 ;;
+    --host-attnctl) host_attnctl="$2"; shift 2 ;;
+    --keep) keep=1; shift ;;
+    *) echo "image_test: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+fail() { echo "image_test: FAIL: $*" >&2; exit 1; }
+if [[ "${EUID}" -ne 0 ]]; then
+  echo "image_test: SKIPPED: needs root (mmdebstrap and rootful podman)"
+  exit 77  # ctest's SKIP_RETURN_CODE
+fi
+for tool in podman mmdebstrap runc; do
+  command -v "${tool}" >/dev/null || [[ -x "/usr/sbin/${tool}" ]] ||
+    fail "${tool} not found (Debian packages podman, runc, mmdebstrap: deploy/setup.sh)"
+done
+
+work="$(mktemp -d /var/tmp/attnserve-image-test.XXXXXX)"
+tag="$(basename "${work}" | tr '[:upper:]' '[:lower:]' | tr -c 'a-z0-9\n' '-')"
+readonly base_image="localhost/attnserve-base:${tag}"
+readonly image="localhost/attnserve:cpu-${tag}"
+readonly container="attnserve-image-test-${tag}"
+cat >"${work}/containers.conf" <<'EOF'
+[containers]
+default_ulimits = []
+
+[engine]
+runtime = "runc"
+EOF
+export CONTAINERS_CONF="${work}/containers.conf"
+
+cleanup() {
+  podman rm -f -t 0 "${container}" >/dev/null 2>&1 || true
+  if [[ "${keep}" -eq 0 ]]; then
+    # This build's images: the image, its untagged build stage (made after the base), the base.
+    local stages
+    stages="$(podman images -q --filter dangling=true --filter since="${base_image}" 2>/dev/null || true)"
+    podman rmi -f "${image}" ${stages} >/dev/null 2>&1 || true
+    podman rmi -f "${base_image}" >/dev/null 2>&1 || true
+  fi
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+
+phase_start=${SECONDS}
+phase() {
+  echo "image_test: $1 ($((SECONDS - phase_start)) s)"
+  phase_start=${SECONDS}
+}
+total_start=${SECONDS}
+
+# 1. The base: Debian 12 from Debian's mirror, as the host's apt sees it (with its updates and
+#    security suites, as mmdebstrap writes them for bookworm).
+mmdebstrap --quiet --variant=minbase bookworm "${work}/base.tar" >"${work}/mmdebstrap.log" 2>&1 ||
+  { tail -n 20 "${work}/mmdebstrap.log" >&2; fail "mmdebstrap"; }
+podman import --quiet "${work}/base.tar" "${base_image}" >/dev/null
+rm -f "${work}/base.tar"
+phase "base image ${base_image} made by mmdebstrap and imported"
+
+# 2. The Dockerfile, CPU only. Docker format keeps its HEALTHCHECK (OCI has no such field).
+nice -n 10 podman build --isolation=chroot --format docker --network=host \
+  --build-arg WITH_CUDA=0 --build-arg BASE_IMAGE="${base_image}" \
+  --build-arg RUNTIME_BASE_IMAGE="${base_image}" \
+  -f "${ROOT}/Dockerfile" -t "${image}" "${context}" >"${work}/build.log" 2>&1 ||
+  { tail -n 40 "${work}/build.log" >&2; fail "podman build"; }
+phase "image ${image} built ($(podman image inspect --format '{{.Size}}' "${image}") bytes)"
+
+# 3. Run it on free loopback ports.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+port="$(free_port)"
+metrics_port="$(free_port)"
+# The image's HEALTHCHECK command, pointed at this port (the image's default, 50051, may be taken
+# on the host network); run on demand below (no timer: CI has no systemd).
+healthcheck="$(podman image inspect --format '{{json .Config.Healthcheck.Test}}' "${image}")"
+[[ "${healthcheck}" == *'"attnctl"'*'"health"'* ]] || fail "the image has no attnctl HEALTHCHECK: ${healthcheck}"
+health_cmd="$(python3 -c 'import json, sys; t = json.loads(sys.argv[1]); print(json.dumps([a.replace("127.0.0.1:50051", "127.0.0.1:" + sys.argv[2]) for a in t[1:]]))' "${healthcheck}" "${port}")"
+podman run -d --name "${container}" --network=host --health-cmd="${health_cmd}" \
+  --health-interval=disable "${image}" \
+  --listen="127.0.0.1:${port}" --metrics_address="127.0.0.1:${metrics_port}" \
+  --replica_id=image-test >/dev/null
+serving=""
+for _ in $(seq 1 150); do
+  serving="$(podman exec "${container}" attnctl --server="127.0.0.1:${port}" --timeout_s=2 health \
+    2>/dev/null || true)"
+  [[ "${serving}" == *SERVING* && "${serving}" != *NOT_SERVING* ]] && break
+  [[ "$(podman inspect --format '{{.State.Running}}' "${container}")" == "true" ]] ||
+    { podman logs "${container}" >&2; fail "the container exited"; }
+  sleep 0.2
+done
+[[ "${serving}" == *SERVING* && "${serving}" != *NOT_SERVING* ]] ||
+  { podman logs "${container}" >&2; fail "no grpc.health.v1 SERVING within 30 s: ${serving}"; }
+phase "container up, grpc.health.v1 SERVING on 127.0.0.1:${port}"
+
+podman healthcheck run "${container}" >/dev/null ||
+  fail "podman healthcheck run (the image's HEALTHCHECK, ${health_cmd}) is not healthy"
+
+# The user: the image's configured user, and the server process itself.
+user="$(podman image inspect --format '{{.Config.User}}' "${image}")"
+[[ "${user}" == "attnserve:attnserve" ]] || fail "image user '${user}', expected attnserve:attnserve"
+uid="$(podman exec "${container}" id -u)"
+[[ "${uid}" == "10001" ]] || fail "exec runs as uid ${uid}, expected 10001"
+server_pid="$(podman inspect --format '{{.State.Pid}}' "${container}")"
+server_uid="$(awk '/^Uid:/ { print $2 }' "/proc/${server_pid}/status")"
+[[ "${server_uid}" == "10001" ]] || fail "attnserve_server runs as uid ${server_uid}, expected 10001"
+phase "HEALTHCHECK healthy; non-root: image user ${user}, server uid ${server_uid}"
+
+podman exec "${container}" attnctl --server="127.0.0.1:${port}" demo --batch=2 --tokens=32 \
+  >"${work}/demo.txt" 2>&1 || { cat "${work}/demo.txt" >&2; fail "attnctl demo (the image's)"; }
+for variant in MHA GQA MQA MLA; do
+  grep -q "^${variant}.* ${variant,,} d_model=" "${work}/demo.txt" ||
+    { cat "${work}/demo.txt" >&2; fail "no ${variant} row in the demo's table"; }
+done
+if [[ -n "${host_attnctl}" ]]; then
+  "${host_attnctl}" --server="127.0.0.1:${port}" demo --batch=2 --tokens=32 >"${work}/demo_host.txt" 2>&1 ||
+    { cat "${work}/demo_host.txt" >&2; fail "attnctl demo (the host's, ${host_attnctl})"; }
+fi
+sed 's/^/  /' "${work}/demo.txt"
+phase "attnctl demo against the container (the image's attnctl${host_attnctl:+, and ${host_attnctl}})"
+
+exec 3<>"/dev/tcp/127.0.0.1/${metrics_port}"
+printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+metrics="$(timeout 10 cat <&3 || true)"
+exec 3<&-
+[[ "${metrics}" == *"200 OK"* && "${metrics}" == *attnserve_* ]] || fail "/metrics did not answer"
+
+# SIGTERM drains and exits 0 (the image's STOPSIGNAL; podman stop waits 15 s before SIGKILL).
+podman stop -t 15 "${container}" >/dev/null
+code="$(podman inspect --format '{{.State.ExitCode}}' "${container}")"
+[[ "${code}" == "0" ]] || { podman logs "${container}" | tail -n 20 >&2; fail "exit code ${code} after SIGTERM"; }
+phase "/metrics answered; SIGTERM: exit 0"
+
+echo "image_test: PASS in $((SECONDS - total_start)) s"
