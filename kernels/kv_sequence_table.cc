@@ -114,10 +114,10 @@ absl::StatusOr<std::vector<SequenceId>> KvSequenceTable::Fork(SequenceId source,
     absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
     if (!pages.ok()) {
       if (budget_ != nullptr) budget_->Release(bytes);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "KV cache pool exhausted: this fork needs ", pages_needed, " more pages of ", page_size_,
-          " tokens (", bytes, " bytes), ", allocator_.free(), " of ", allocator_.capacity(),
-          " pages of this layer are free"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache pool exhausted: this fork needs ", pages_needed, " more pages of ",
+                       page_size_, " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
+                       allocator_.capacity(), " pages of this layer are free"));
     }
     if (absl::Status s = commit(*pages); !s.ok()) {
       allocator_.Free(*pages);

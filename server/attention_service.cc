@@ -204,6 +204,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerCont
   return Serve(Rpc::kRelease, &AttentionServiceImpl::HandleRelease, context, request, response);
 }
 
+grpc::ServerUnaryReactor* AttentionServiceImpl::Fork(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return Serve(Rpc::kFork, &AttentionServiceImpl::HandleFork, context, request, response);
+}
+
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
@@ -627,6 +633,53 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
         });
   }
   if (!queued) FinishCall(call, metrics, Rpc::kRelease, variant, timer, ShuttingDown());
+}
+
+void AttentionServiceImpl::HandleFork(grpc::CallbackServerContext* context, const Principal& caller,
+                                      const v1::ForkRequest& request, v1::ForkResponse& response,
+                                      UnaryCall* call) {
+  CallTimer timer;
+  Metrics& metrics = *metrics_;
+  absl::Status checked = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+  if (checked.ok()) checked = CheckIdLength(request.request_id(), "request_id", kMaxRequestIdBytes);
+  for (int i = 0; checked.ok() && i < request.new_request_ids_size(); ++i) {
+    checked = CheckIdLength(request.new_request_ids(i), absl::StrCat("new_request_ids[", i, "]"),
+                            kMaxRequestIdBytes);
+  }
+  if (!checked.ok()) {
+    FinishCall(call, metrics, Rpc::kFork, kNoVariant, timer, ToGrpc(checked));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request.session_id(), caller);
+  if (!found.ok()) {
+    FinishCall(call, metrics, Rpc::kFork, kNoVariant, timer, ToGrpc(found.status()));
+    return;
+  }
+  std::shared_ptr<Session> session = *found;
+  std::string variant = VariantLabel(session->spec());
+  std::vector<std::string> touched(request.new_request_ids().begin(),
+                                   request.new_request_ids().end());
+  touched.push_back(request.request_id());
+  // Ordered after the source's steps that arrived before it, so the forks share what they cached.
+  const bool queued = session->scheduler().PostOp(
+      std::move(touched), [session, &request, &response, call, timer, &metrics, variant] {
+        CallTimer t = timer;
+        t.Started();
+        std::vector<std::string> ids(request.new_request_ids().begin(),
+                                     request.new_request_ids().end());
+        absl::StatusOr<ForkOutcome> forked = session->Fork(request.request_id(), ids);
+        t.compute_ns = NanosSince(t.start);
+        if (forked.ok()) {
+          for (const std::string& id : ids) {
+            v1::ForkResult* result = response.add_results();
+            result->set_request_id(id);
+            result->set_sequence_length(forked->sequence_length);
+          }
+          response.set_kv_bytes_added(forked->kv_bytes_added);
+        }
+        FinishCall(call, metrics, Rpc::kFork, variant, t, ToGrpc(forked.status()));
+      });
+  if (!queued) FinishCall(call, metrics, Rpc::kFork, variant, timer, ShuttingDown());
 }
 
 void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context,

@@ -38,7 +38,8 @@ using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configur
                     v1::AttentionService::WithRawCallbackMethod_GetSession<
                         v1::AttentionService::WithRawCallbackMethod_ListSessions<
                             v1::AttentionService::WithRawCallbackMethod_GetServerInfo<
-                                v1::AttentionService::Service>>>>>>>>;
+                                v1::AttentionService::WithRawCallbackMethod_Fork<
+                                    v1::AttentionService::Service>>>>>>>>>;
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
@@ -67,6 +68,9 @@ class AttentionServiceImpl final : public RawAttentionService {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const grpc::ByteBuffer* request,
                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
@@ -110,6 +114,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   void HandleRelease(grpc::CallbackServerContext* context, const Principal& caller,
                      const v1::ReleaseRequest& request, v1::ReleaseResponse& response,
                      UnaryCall* call);
+  void HandleFork(grpc::CallbackServerContext* context, const Principal& caller,
+                  const v1::ForkRequest& request, v1::ForkResponse& response, UnaryCall* call);
   void HandleGetSession(grpc::CallbackServerContext* context, const Principal& caller,
                         const v1::GetSessionRequest& request, v1::GetSessionResponse& response,
                         UnaryCall* call);

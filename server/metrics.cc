@@ -136,6 +136,8 @@ const char* RpcLabel(Rpc rpc) {
       return "list_sessions";
     case Rpc::kGetServerInfo:
       return "get_server_info";
+    case Rpc::kFork:
+      return "fork";
   }
   return "unknown";
 }

@@ -57,6 +57,7 @@ enum class Rpc {
   kGetSession,
   kListSessions,
   kGetServerInfo,
+  kFork,
 };
 const char* RpcLabel(Rpc rpc);  // "configure", "forward", "decode_stream", ...
 

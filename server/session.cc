@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/kv_sequence_table.h"
@@ -388,6 +389,63 @@ int64_t Session::RequestLength(const std::string& request_id) const {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
   return it == requests_.end() ? 0 : it->second.length;
+}
+
+absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
+                                          const std::vector<std::string>& new_ids) {
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (new_ids.empty()) {
+    return absl::InvalidArgumentError("new_request_ids: must name at least one new request");
+  }
+  RequestState original;
+  {
+    absl::MutexLock lock(&mu_);
+    last_used_ = absl::Now();
+    auto it = requests_.find(source);
+    if (it == requests_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("request_id: request '", source, "' not found in session '", id_, "'"));
+    }
+    original = it->second;
+    absl::flat_hash_set<std::string> seen;
+    for (size_t i = 0; i < new_ids.size(); ++i) {
+      const std::string field = absl::StrCat("new_request_ids[", i, "]");
+      if (new_ids[i].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+      }
+      if (!seen.insert(new_ids[i]).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": '", new_ids[i], "' appears more than once"));
+      }
+      if (requests_.contains(new_ids[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": request '", new_ids[i],
+                                                       "' already exists in session '", id_, "'"));
+      }
+    }
+    if (static_cast<int64_t>(requests_.size()) + static_cast<int64_t>(new_ids.size()) >
+        limits_.max_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session '", id_, "' has ", requests_.size(), " requests; ", new_ids.size(),
+                       " forks would pass max_requests = ", limits_.max_requests,
+                       " (release requests or raise the limit)"));
+    }
+  }
+  const int64_t before = kv_bytes_used();
+  absl::StatusOr<std::vector<SequenceId>> forks =
+      layer_->ForkSequence(original.sequence, static_cast<int>(new_ids.size()));
+  if (!forks.ok()) return forks.status();
+  RefreshKvBytes();
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < new_ids.size(); ++i) {
+    RequestState state = original;
+    state.sequence = (*forks)[i];
+    state.last_used = now;
+    state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
+    state.last_output = Tensor();
+    requests_.emplace(new_ids[i], std::move(state));
+  }
+  return ForkOutcome{original.length, kv_bytes_used() - before};
 }
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {

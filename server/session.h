@@ -82,6 +82,12 @@ struct StepOutput {
   int64_t sequence_length = 0;
 };
 
+// What Session::Fork did: the length every fork starts with and the pool bytes the forks took.
+struct ForkOutcome {
+  int64_t sequence_length = 0;
+  int64_t kv_bytes_added = 0;
+};
+
 // One call's inputs checked against the session's requests (Session::Plan): what the engine call
 // needs and what to record once it succeeded.
 struct StepPlan {
@@ -142,6 +148,13 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Tokens cached by `request_id` now; 0 if unknown. Any thread.
   int64_t RequestLength(const std::string& request_id) const;
+
+  // Creates `new_ids` as forks of `source` (AttentionLayer::ForkSequence: its cached tokens shared
+  // copy-on-write, positions continuing from its last one). NOT_FOUND for an unknown source;
+  // INVALID_ARGUMENT for no new ids, an empty, repeated or existing one; RESOURCE_EXHAUSTED past
+  // max_requests or when the pool cannot hold the partial-page copies. All or nothing.
+  absl::StatusOr<ForkOutcome> Fork(const std::string& source,
+                                   const std::vector<std::string>& new_ids);
 
   // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
