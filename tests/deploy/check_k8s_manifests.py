@@ -83,7 +83,8 @@ def find(objects, kind, name=None):
 
 
 def container_ports(pod_spec):
-    return {p["name"]: p["containerPort"] for c in pod_spec["containers"] for p in c.get("ports", [])}
+    return {p["name"]: p["containerPort"]
+            for c in pod_spec["containers"] for p in c.get("ports", [])}
 
 
 def main():
@@ -99,7 +100,8 @@ def main():
     listed = set()
     for directory in [k8s / "base"] + [k8s / o for o in OVERLAYS]:
         spec = kustomization(directory)
-        c.check(spec.get("kind") == "Kustomization", f"{directory}/kustomization.yaml: a Kustomization")
+        c.check(spec.get("kind") == "Kustomization",
+                f"{directory}/kustomization.yaml: a Kustomization")
         for entry in spec.get("resources", []):
             path = (directory / entry).resolve()
             c.check(path.exists(), f"{directory.name}: resource {entry} exists")
@@ -112,7 +114,8 @@ def main():
                 listed.add(path.resolve())
     for path in k8s.rglob("*"):
         if path.is_file() and path.name != "kustomization.yaml":
-            c.check(path.resolve() in listed, f"{path.relative_to(args.root)} is used by a kustomization")
+            c.check(path.resolve() in listed,
+                    f"{path.relative_to(args.root)} is used by a kustomization")
     c.check((k8s / "base" / "haproxy.cfg").read_bytes() ==
             (args.root / "deploy" / "haproxy" / "haproxy.cfg").read_bytes(),
             "deploy/k8s/base/haproxy.cfg is a copy of deploy/haproxy/haproxy.cfg")
@@ -130,7 +133,8 @@ def main():
 
         # -- Schemas --
         for path, obj in objects:
-            name = f"{path.relative_to(args.root)}: {obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+            name = (f"{path.relative_to(args.root)}: {obj.get('kind')} "
+                    f"{obj.get('metadata', {}).get('name')}")
             if obj.get("apiVersion", "").startswith("monitoring.coreos.com/"):
                 continue  # A CRD: checked by hand below.
             try:
@@ -188,7 +192,8 @@ def main():
         headless = find(objects, "Service", replicas["spec"]["serviceName"])
         if c.check(len(headless) == 1, f"{where}: the StatefulSet's serviceName exists"):
             service = headless[0]["spec"]
-            c.check(service.get("clusterIP") == "None", f"{where}: the replicas' Service is headless")
+            c.check(service.get("clusterIP") == "None",
+                    f"{where}: the replicas' Service is headless")
             c.check(service["selector"].items() <= pod_labels.items(),
                     f"{where}: the replicas' Service selects the replicas")
             for port in service["ports"]:
@@ -198,7 +203,8 @@ def main():
             selector = budget["spec"]["selector"]["matchLabels"]
             selected = [o for _, o in objects if o.get("kind") in ("StatefulSet", "Deployment") and
                         selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()]
-            c.check(len(selected) == 1, f"{where}: PDB {budget['metadata']['name']} selects a workload")
+            c.check(len(selected) == 1,
+                    f"{where}: PDB {budget['metadata']['name']} selects a workload")
 
         for monitor in find(objects, "ServiceMonitor"):
             c.check(monitor["apiVersion"] == "monitoring.coreos.com/v1",
@@ -210,8 +216,10 @@ def main():
                     replicas["spec"]["serviceName"],
                     f"{where}: the ServiceMonitor selects the replicas' Service")
             for endpoint in monitor["spec"]["endpoints"]:
-                c.check(any(p["name"] == endpoint["port"] for s in services for p in s["spec"]["ports"]),
-                        f"{where}: ServiceMonitor endpoint port {endpoint['port']} is a Service port")
+                c.check(any(p["name"] == endpoint["port"]
+                            for s in services for p in s["spec"]["ports"]),
+                        f"{where}: ServiceMonitor endpoint port {endpoint['port']} "
+                        "is a Service port")
 
         # -- The balancer --
         balancers = find(objects, "Deployment", "attnserve-balancer")
@@ -221,8 +229,8 @@ def main():
         balancer = balancer_pod["containers"][0]
         env = {e["name"]: e.get("value", "") for e in balancer.get("env", [])}
         replica_env = sorted((k, v) for k, v in env.items() if k.startswith("ATTNSERVE_REPLICA_"))
-        expected = [(f"ATTNSERVE_REPLICA_{i}",
-                     f"{replicas['metadata']['name']}-{i}.{replicas['spec']['serviceName']}:{listen_port}")
+        pod_dns = f"{replicas['metadata']['name']}-{{}}.{replicas['spec']['serviceName']}"
+        expected = [(f"ATTNSERVE_REPLICA_{i}", f"{pod_dns.format(i)}:{listen_port}")
                     for i in range(replicas["spec"]["replicas"])]
         c.check(replica_env == expected,
                 f"{where}: the balancer's ATTNSERVE_REPLICA_N name the StatefulSet's pods: "
@@ -252,8 +260,8 @@ def main():
                 c.check(port["targetPort"] in balancer_ports,
                         f"{where}: Service attnserve port {port['name']} exists on the balancer")
 
-    print(f"{c.passed} checks passed, {len(c.failures)} failed "
-          f"(schemas: kubernetes-validate {kubernetes_validate.__version__ if hasattr(kubernetes_validate, '__version__') else ''}, Kubernetes {KUBERNETES_VERSION})")
+    print(f"{c.passed} checks passed, {len(c.failures)} failed (schemas: kubernetes-validate, "
+          f"Kubernetes {KUBERNETES_VERSION})")
     return 1 if c.failures else 0
 
 
