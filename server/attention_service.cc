@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/kv_head_pooling.h"
 #include "kernels/layer_spec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
@@ -289,9 +290,16 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
     return s;
   }
   // Budgeted from the spec alone, before a byte is allocated: the peak while the loaded weights
-  // and the layer's copy coexist, then what the layer keeps.
+  // and the layer's copy coexist, then what the layer keeps. A conversion also holds the MHA
+  // layer's weights while it pools them.
+  int64_t peak_bytes = ConfigurePeakParameterBytes(*spec);
+  if (request.weights().source_case() == v1::WeightSource::kConvertFrom) {
+    if (absl::StatusOr<LayerSpec> mha = MhaSourceSpec(*spec); mha.ok()) {
+      peak_bytes += LayerParameterBytes(*mha);
+    }
+  }
   absl::StatusOr<ParameterCharge> parameters = parameters_->Charge(
-      ConfigurePeakParameterBytes(*spec),
+      peak_bytes,
       absl::StrCat("this layer (", ParameterCount(*spec), " parameters, while being built)"));
   if (!parameters.ok()) return parameters.status();
   const auto abandoned = [&cancelled] {
