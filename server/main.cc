@@ -36,10 +36,11 @@ ABSL_FLAG(int, threads, kDefaults.engine_threads,
 ABSL_FLAG(int, compute_threads, kDefaults.compute_threads,
           "Executor threads running engine calls (different sessions run in parallel).");
 ABSL_FLAG(int64_t, kv_pool_bytes, kDefaults.kv_pool_bytes,
-          "KV cache pool of the device, in bytes, shared by all sessions.");
+          "KV cache pool of the device, in bytes, shared by all sessions. 0 = chosen by the "
+          "backend: 1 GiB on the CPU backend, 0.8 of the free GPU memory on the CUDA backend.");
 ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
           "CUDA backend: size the device KV pool as this fraction (0, 0.95] of the GPU memory free "
-          "at startup, instead of --kv_pool_bytes. 0 = use --kv_pool_bytes. Refused when the "
+          "at startup (0 = the default, 0.8, unless --kv_pool_bytes is set). Refused when the "
           "backend is cpu.");
 ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
           "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "

@@ -34,9 +34,12 @@ constexpr char kServiceName[] = "attnserve.v1.AttentionService";
 
 absl::Status ValidateOptions(const ServerOptions& o) {
   const ServerLimits& l = o.limits;
-  if (o.kv_pool_bytes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_pool_bytes = ", o.kv_pool_bytes, ", must be >= 1"));
+  if (o.kv_pool_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_pool_bytes = ", o.kv_pool_bytes, ", must be >= 0 (0 = chosen by the backend)"));
+  }
+  if (o.kv_pool_bytes > 0 && o.kv_pool_fraction > 0.0) {
+    return absl::InvalidArgumentError("--kv_pool_bytes and --kv_pool_fraction exclude each other");
   }
   if (o.kv_pool_fraction != 0.0 && !(o.kv_pool_fraction > 0.0 && o.kv_pool_fraction <= 0.95)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
@@ -100,9 +103,14 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   backend.name = o.backend;
   backend.cpu.num_threads = o.engine_threads;
   // The CUDA backend's device page pool holds the same KV budget the sessions share: either
-  // --kv_pool_bytes, or a fraction of the free device memory (0 bytes selects the fraction).
-  backend.cuda.kv_pool_bytes = o.kv_pool_fraction > 0.0 ? 0 : o.kv_pool_bytes;
-  if (o.kv_pool_fraction > 0.0) backend.cuda.kv_pool_fraction = o.kv_pool_fraction;
+  // --kv_pool_bytes, or a fraction of the free device memory (0 bytes selects the fraction):
+  // --kv_pool_fraction, or by default kDefaultCudaKvPoolFraction.
+  backend.cuda.kv_pool_bytes = o.kv_pool_bytes;
+  if (o.kv_pool_bytes == 0) {
+    backend.cuda.kv_pool_fraction = o.kv_pool_fraction > 0.0
+                                        ? o.kv_pool_fraction
+                                        : ServerOptions::kDefaultCudaKvPoolFraction;
+  }
   // Errors name the flag's value ("backend = cuda: no CUDA device: ...").
   return CreateBackend(backend);
 }
@@ -150,20 +158,24 @@ absl::Status RunServer(const ServerOptions& options) {
   std::unique_ptr<AttentionBackend>* backend = &choice->backend;
   // The sessions' KV budget is what the device pool really holds (whole slabs, so at most
   // --kv_pool_bytes); the CPU backend takes host memory as it goes, up to --kv_pool_bytes.
-  int64_t kv_pool_bytes = options.kv_pool_bytes;
+  int64_t kv_pool_bytes = options.kv_pool_bytes > 0 ? options.kv_pool_bytes
+                                                    : ServerOptions::kDefaultCpuKvPoolBytes;
   if (const int64_t device_pool = (*backend)->kv_device_pool_bytes(); device_pool > 0) {
     kv_pool_bytes = device_pool;
   }
-  if (options.kv_pool_fraction > 0.0) {
-    if ((*backend)->kv_device_pool_bytes() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
-                       " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
-                       choice->reason, "); use --kv_pool_bytes"));
-    }
-    SERVER_LOG(INFO, "KV pool: %d bytes (--kv_pool_fraction = %g of free device memory)",
-               kv_pool_bytes, options.kv_pool_fraction);
+  if (options.kv_pool_fraction > 0.0 && (*backend)->kv_device_pool_bytes() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
+                     " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
+                     choice->reason, "); use --kv_pool_bytes"));
   }
+  SERVER_LOG(INFO, "KV pool: %d bytes (%s)", kv_pool_bytes,
+             options.kv_pool_bytes > 0 ? "--kv_pool_bytes"
+             : (*backend)->kv_device_pool_bytes() > 0
+                 ? absl::StrCat(options.kv_pool_fraction > 0.0 ? options.kv_pool_fraction
+                                                               : ServerOptions::kDefaultCudaKvPoolFraction,
+                                " of the free device memory")
+                 : "the CPU backend's default; --kv_pool_bytes sets it");
 
   // Keep one gRPC library reference for the life of the process. Without it the last
   // grpc_shutdown (in ~ServerBuilder or ~Server) joins gRPC's executor threads synchronously,

@@ -58,13 +58,19 @@ struct ServerOptions {
   std::string replica_id;
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.
   int compute_threads = 2;        // Executor threads running engine calls (one per busy session).
-  int64_t kv_pool_bytes = int64_t{1} << 30;
+  // 0 = chosen by backend: kDefaultCpuKvPoolBytes on the CPU backend, kDefaultCudaKvPoolFraction
+  // of the free device memory on the CUDA backend (as vLLM's gpu_memory_utilization).
+  int64_t kv_pool_bytes = 0;
   // Weight bytes all sessions may hold together (server/parameter_budget.h); 0 = half of the
   // machine's physical memory.
   int64_t max_parameter_bytes = 0;
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
   // the device memory free at startup, instead of kv_pool_bytes.
   double kv_pool_fraction = 0.0;
+
+  static constexpr int64_t kDefaultCpuKvPoolBytes = int64_t{1} << 30;
+  // What is left beside it holds the layers' device weights and cuBLAS's workspace.
+  static constexpr double kDefaultCudaKvPoolFraction = 0.8;
   absl::Duration shutdown_grace = absl::Seconds(10);
   ServerLimits limits;
   SchedulerOptions scheduler;
