@@ -1,17 +1,13 @@
 #include "client/session_routing.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstdio>
 #include <string>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "kernels/random_id.h"
 
 namespace attnserve {
 
@@ -78,25 +74,7 @@ class SessionRoutingInterceptorFactory
 
 }  // namespace
 
-std::string NewClientSessionId() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      // No getrandom (very old kernel): /dev/urandom is the same generator.
-      FILE* urandom = std::fopen("/dev/urandom", "rb");
-      if (urandom != nullptr) {
-        got += std::fread(bytes + got, 1, sizeof(bytes) - got, urandom);
-        std::fclose(urandom);
-      }
-    }
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+std::string NewClientSessionId() { return RandomHexId128(); }
 
 void AddSessionMetadata(grpc::ClientContext* context, const std::string& session_id) {
   if (!session_id.empty()) context->AddMetadata(kSessionMetadataKey, session_id);

@@ -1,35 +1,15 @@
 #include "server/session_registry.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <fstream>
 #include <utility>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/random_id.h"
 
 namespace attnserve::server {
 
-std::string NewSessionId() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n > 0) {
-      got += static_cast<size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      // No getrandom (very old kernel): /dev/urandom is the same generator.
-      std::ifstream urandom("/dev/urandom", std::ios::binary);
-      urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
-      got = sizeof(bytes);
-    }
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+std::string NewSessionId() { return RandomHexId128(); }
 
 namespace {
 
