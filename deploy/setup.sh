@@ -21,7 +21,9 @@
 #   runtime stage); no compiler, no Python.
 #   --no-image-tools: not podman, runc and mmdebstrap (tests/image builds and runs the image with
 #   them; the Dockerfile's build stage needs none).
-set -euo pipefail
+set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
+# A step that fails under `set -e` says where, instead of ending the script without a word.
+trap 'echo "[setup] failed (exit $?) at deploy/setup.sh line ${LINENO}: ${BASH_COMMAND}" >&2' ERR
 
 readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly VENV="${ROOT}/.venv"
@@ -196,8 +198,14 @@ generate_python_client() {
 # 0.5.3: its headers build with nvcc 13.0; 0.7.x needs a newer CCCL (docs/building.md).
 readonly FLASHINFER_VERSION=0.5.3
 setup_flashinfer_headers() {
+  # importlib.metadata, not `pip show`: pip exits 1 for a package not yet installed, and under
+  # `set -eo pipefail` that failure ended this script silently on every fresh machine.
   local have
-  have="$("${VENV}/bin/python" -m pip show flashinfer-python 2>/dev/null | sed -n 's/^Version: //p')"
+  have="$("${VENV}/bin/python" -c 'import importlib.metadata as m
+try:
+    print(m.version("flashinfer-python"))
+except m.PackageNotFoundError:
+    pass')"
   if [[ "${have}" == "${FLASHINFER_VERSION}" ]]; then
     log "FlashInfer: headers of flashinfer-python ${have} already in the venv"
     return 0
