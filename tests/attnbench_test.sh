@@ -15,24 +15,17 @@ PYTHON="${2:-python3}"
 [[ -x "${PYTHON}" ]] || PYTHON=python3
 readonly SERVER="${BUILD}/server/attnserve_server"
 readonly ATTNBENCH="${BUILD}/client/attnbench"
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-fail() { printf 'attnbench_test: FAIL: %s\n' "$*" >&2; exit 1; }
-[[ -x "${SERVER}" && -x "${ATTNBENCH}" ]] || fail "${SERVER} or ${ATTNBENCH} not built"
-
-# shellcheck source=../deploy/lib/server_process.sh
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/lib/server_process.sh"
-workdir="$(mktemp -d)"
-cleanup() {
-  local status=$?
-  server_kill
-  if [[ "${status}" -ne 0 ]]; then
-    [[ -s "${workdir}/bench.err" ]] && { echo "--- bench.err ---" >&2; tail -n 40 "${workdir}/bench.err" >&2; }
-    server_log_tail 40
-  fi
-  rm -rf "${workdir}"
-  exit "${status}"
+readonly TEST_NAME=attnbench_test
+# shellcheck source=lib/server_test.sh
+source "${ROOT}/tests/lib/server_test.sh"
+require_executables "${SERVER}" "${ATTNBENCH}"
+show_failure_context() {
+  [[ -s "${workdir}/bench.err" ]] || return 0
+  echo "--- bench.err ---" >&2
+  tail -n 40 "${workdir}/bench.err" >&2
 }
-trap cleanup EXIT
 
 server_start "${SERVER}" "${workdir}" --with_metrics || fail "the server did not start"
 readonly ADDRESS="${SERVER_ADDRESS}"

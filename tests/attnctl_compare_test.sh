@@ -2,9 +2,9 @@
 # ctest: `attnctl compare` and `attnctl convert` against the real server binary on 127.0.0.1.
 #   - compare --json at small lengths: every variant present; KV bytes per token exactly by formula
 #     (2 x kv_heads x head_dim x 4 for f32; MLA (latent + rope) x 4); KV bytes held = batch x whole
-#     pages (windowed form: at most its window plus a page, per request); MHA's error 0 and cosine
-#     1; every converted form's error finite and > 0; MQA < GQA-2 < GQA-4 < MHA in KV memory and
-#     parameters; latencies positive; --csv has a row per variant and length; --plot writes a PNG.
+#     pages (windowed form: at most its window plus a page, per request); the windowed form equals
+#     MHA exactly below its window and not past it; every converted form's error finite and > 0;
+#     MQA < GQA-2 < GQA-4 < MHA in KV memory and parameters; latencies positive; --csv has a row per variant and length; --plot writes a PNG.
 #   - convert: `attnctl convert` of the seeded MHA layer to GQA-2, loaded by Configure from the
 #     file, answers bit for bit what Configure with weights.convert_from {seed} answers.
 #   - errors: convert of an MLA spec or to 3 of 8 heads exits 2 naming the rule; Configure with
@@ -20,22 +20,11 @@ readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly SERVER="${BUILD}/server/attnserve_server"
 readonly ATTNCTL="${BUILD}/client/attnctl"
 
-fail() { printf 'attnctl_compare_test: FAIL: %s\n' "$*" >&2; exit 1; }
-[[ -x "${SERVER}" && -x "${ATTNCTL}" ]] || fail "${SERVER} or ${ATTNCTL} not built"
-"${PYTHON}" -c 'import grpc, grpc_tools, numpy, matplotlib' 2>/dev/null ||
-  fail "${PYTHON} lacks grpcio/grpcio-tools/numpy/matplotlib: run deploy/setup.sh"
-
-# shellcheck source=../deploy/lib/server_process.sh
-source "${ROOT}/deploy/lib/server_process.sh"
-workdir="$(mktemp -d)"
-cleanup() {
-  local status=$?
-  server_kill
-  [[ "${status}" -ne 0 ]] && server_log_tail 40
-  rm -rf "${workdir}"
-  exit "${status}"
-}
-trap cleanup EXIT
+readonly TEST_NAME=attnctl_compare_test
+# shellcheck source=lib/server_test.sh
+source "${ROOT}/tests/lib/server_test.sh"
+require_executables "${SERVER}" "${ATTNCTL}"
+require_python_modules "${PYTHON}" grpc grpc_tools numpy matplotlib
 
 mkdir -p "${workdir}/checkpoints"
 server_start "${SERVER}" "${workdir}" --checkpoint_root="${workdir}/checkpoints" ||
@@ -43,14 +32,14 @@ server_start "${SERVER}" "${workdir}" --checkpoint_root="${workdir}/checkpoints"
 ctl() { timeout 240 "${ATTNCTL}" --server="${SERVER_ADDRESS}" "$@"; }
 
 # ---- compare: small lengths, bounded time ----------------------------------------------------
-ctl --json compare --lengths=16,40 --batch=2 --repeats=2 --decode_steps=2 >"${workdir}/run.json" ||
+ctl --json compare --lengths=8,16,40 --batch=2 --repeats=2 --decode_steps=2 >"${workdir}/run.json" ||
   fail "compare --json failed"
 "${PYTHON}" - "${workdir}/run.json" <<'PY' || fail "compare --json numbers are inconsistent"
 import json, math, sys
 run = json.load(open(sys.argv[1]))
 by = {v["label"]: v for v in run["variants"]}
 assert list(by) == ["MHA", "GQA-4", "GQA-2", "MQA", "MLA-256", "SW-10"], list(by)
-assert run["batch"] == 2 and run["lengths"] == [16, 40]
+assert run["batch"] == 2 and run["lengths"] == [8, 16, 40]
 f32 = 4
 for label, kv_heads in (("MHA", 8), ("GQA-4", 4), ("GQA-2", 2), ("MQA", 1), ("SW-10", 8)):
     v = by[label]
@@ -79,14 +68,14 @@ for label, v in by.items():
         else:
             assert at["kv_bytes_formula"] == 2 * L * v["kv_bytes_per_token"]
             assert at["kv_bytes_server"] == 2 * math.ceil(L / page_tokens) * page_bytes, (label, at)
-for at in by["MHA"]["lengths"]:
-    assert at["relative_l2"] == 0 and at["cosine"] == 1, at
 for label in ("GQA-4", "GQA-2", "MQA"):
     for at in by[label]["lengths"]:
         assert math.isfinite(at["relative_l2"]) and math.isfinite(at["cosine"]), (label, at)
         assert 0 < at["relative_l2"] < 2 and -1 <= at["cosine"] < 1, (label, at)
-# The window changes nothing until the prompt passes it.
+# The window changes nothing until the prompt passes it: below 10 tokens the windowed session (its
+# own session, same weights and inputs) answers MHA's outputs exactly; past it, not.
 sw = {at["length"]: at for at in by["SW-10"]["lengths"]}
+assert sw[8]["relative_l2"] == 0 and sw[8]["cosine"] == 1, sw[8]
 assert sw[40]["relative_l2"] > 0
 assert all(at["relative_l2"] is None for at in by["MLA-256"]["lengths"])
 for i in range(2):

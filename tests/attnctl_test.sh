@@ -17,22 +17,11 @@ readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly SERVER="${BUILD}/server/attnserve_server"
 readonly ATTNCTL="${BUILD}/client/attnctl"
 
-fail() { printf 'attnctl_test: FAIL: %s\n' "$*" >&2; exit 1; }
-[[ -x "${SERVER}" && -x "${ATTNCTL}" ]] || fail "${SERVER} or ${ATTNCTL} not built"
-"${PYTHON}" -c 'import grpc, grpc_tools, numpy' 2>/dev/null ||
-  fail "${PYTHON} lacks grpcio/grpcio-tools/numpy: run deploy/setup.sh"
-
-# shellcheck source=../deploy/lib/server_process.sh
-source "${ROOT}/deploy/lib/server_process.sh"
-workdir="$(mktemp -d)"
-cleanup() {
-  local status=$?
-  server_kill
-  [[ "${status}" -ne 0 ]] && server_log_tail 40
-  rm -rf "${workdir}"
-  exit "${status}"
-}
-trap cleanup EXIT
+readonly TEST_NAME=attnctl_test
+# shellcheck source=lib/server_test.sh
+source "${ROOT}/tests/lib/server_test.sh"
+require_executables "${SERVER}" "${ATTNCTL}"
+require_python_modules "${PYTHON}" grpc grpc_tools numpy
 
 server_start "${SERVER}" "${workdir}" || fail "the server did not start"
 readonly ADDRESS="${SERVER_ADDRESS}"

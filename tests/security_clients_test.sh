@@ -21,24 +21,11 @@ readonly SERVER_BIN="${BUILD}/server/attnserve_server"
 readonly ATTNCTL="${BUILD}/client/attnctl"
 readonly ATTNBENCH="${BUILD}/client/attnbench"
 
-fail() { printf 'security_clients_test: FAIL: %s\n' "$*" >&2; exit 1; }
-
-for binary in "${SERVER_BIN}" "${ATTNCTL}" "${ATTNBENCH}"; do
-  [[ -x "${binary}" ]] || fail "${binary} not found"
-done
+readonly TEST_NAME=security_clients_test
+# shellcheck source=lib/server_test.sh
+source "${ROOT}/tests/lib/server_test.sh"
+require_executables "${SERVER_BIN}" "${ATTNCTL}" "${ATTNBENCH}"
 command -v openssl >/dev/null || fail "openssl not found: run deploy/setup.sh"
-
-# shellcheck source=../deploy/lib/server_process.sh
-source "${ROOT}/deploy/lib/server_process.sh"
-workdir="$(mktemp -d)"
-cleanup() {
-  local status=$?
-  server_kill
-  [[ "${status}" -ne 0 ]] && server_log_tail 40
-  rm -rf "${workdir}"
-  exit "${status}"
-}
-trap cleanup EXIT
 unset ATTNSERVE_TOKEN ATTNSERVE_TLS_CA ATTNSERVE_TLS_CERT ATTNSERVE_TLS_KEY
 
 # ---- Certificates and tokens ----
