@@ -37,6 +37,16 @@ struct PrefillChunk {
   int64_t num_tokens = 0;  // Rows of the batch's hidden-state tensor that belong to this sequence.
 };
 
+// One sequence's cached tokens as bytes (AttentionLayer::ExportSequence), to recreate it in another
+// layer of the same spec, KV storage format and page size (ImportSequence) — on another replica.
+struct SequenceExport {
+  int64_t num_tokens = 0;       // Tokens cached.
+  int64_t first_held_page = 0;  // Leading pages a sliding window evicted: not in `pages`.
+  int64_t page_bytes = 0;       // Bytes per page as the layer stores it (any scales included).
+  // Pages [first_held_page, ceil(num_tokens / page_size)) verbatim, in order, page_bytes each.
+  std::string pages;
+};
+
 // Pool usage, in pages of this layer's page size.
 struct KvPoolUsage {
   int64_t page_size = 0;   // Tokens per page.
@@ -70,6 +80,22 @@ class AttentionLayer {
     (void)source;
     (void)count;
     return absl::UnimplementedError("this backend does not fork sequences (prefix sharing)");
+  }
+  // Moving a request: a copy of `sequence`'s held pages, byte for byte, with its length and the
+  // index of its first held page. NOT_FOUND for an unknown id. The sequence is unchanged.
+  virtual absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const {
+    (void)sequence;
+    return absl::UnimplementedError(
+        "this backend does not export sequences (moving a request needs the CPU backend)");
+  }
+  // A new sequence holding `exported`'s tokens, which must come from a layer of the same spec, KV
+  // storage format and page size. INVALID_ARGUMENT when page_bytes, the byte count or
+  // first_held_page do not fit this layer (a window evicts at most the pages no query can see);
+  // RESOURCE_EXHAUSTED when the pool cannot hold the pages. All or nothing.
+  virtual absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) {
+    (void)exported;
+    return absl::UnimplementedError(
+        "this backend does not import sequences (moving a request needs the CPU backend)");
   }
 
   // Appends `chunks[i].num_tokens` tokens to each sequence and attends each new token to its

@@ -1,6 +1,7 @@
 #include "kernels/kv_sequence_table.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -140,6 +141,62 @@ absl::StatusOr<std::vector<SequenceId>> KvSequenceTable::Fork(SequenceId source,
     forks.push_back(id);
   }
   return forks;
+}
+
+absl::StatusOr<PageTable> KvSequenceTable::Table(SequenceId sequence) const {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<SequenceId> KvSequenceTable::Import(
+    int64_t num_tokens, int64_t first_held_page, const CommitFn& commit,
+    const std::function<void(absl::Span<const int32_t>)>& fill) {
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence_length = ", num_tokens, ", must be >= 0"));
+  }
+  const int64_t num_pages = PagesForTokens(num_tokens, page_size_);
+  // Evicting fewer pages than the rule allows is harmless (evicted below); more would lose keys
+  // a later query still attends to.
+  const int64_t dead_pages = std::min(num_pages, DeadPages(num_tokens));
+  if (first_held_page < 0 || first_held_page > dead_pages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "first_held_page = ", first_held_page, ", must be in [0, ", dead_pages, "]: a sequence of ",
+        num_tokens, " tokens in pages of ", page_size_, " tokens",
+        sliding_window_ > 0 && causal_ ? absl::StrCat(" with a window of ", sliding_window_)
+                                       : std::string(" without a sliding window"),
+        " holds every page from index ", dead_pages, " on"));
+  }
+  const int64_t held = num_pages - first_held_page;
+  const int64_t bytes = held * page_bytes_;
+  if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
+    return KvBudgetExhaustedError(*budget_, bytes, held, page_size_, "this import");
+  }
+  absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(held);
+  if (!pages.ok()) {
+    if (budget_ != nullptr) budget_->Release(bytes);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache pool exhausted: this import needs ", held, " pages of ", page_size_,
+                     " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
+                     allocator_.capacity(), " pages of this layer are free"));
+  }
+  if (absl::Status s = commit(*pages); !s.ok()) {
+    allocator_.Free(*pages);
+    if (budget_ != nullptr) budget_->Release(bytes);
+    return s;
+  }
+  fill(*pages);
+  PageTable table;
+  table.num_tokens = num_tokens;
+  table.pages.assign(static_cast<size_t>(first_held_page), kEvictedPage);
+  table.pages.insert(table.pages.end(), pages->begin(), pages->end());
+  EvictOutsideWindow(table);
+  const SequenceId id = next_id_++;
+  sequences_.emplace(id, std::move(table));
+  return id;
 }
 
 KvPoolUsage KvSequenceTable::Usage() const {

@@ -76,6 +76,15 @@ class KvSequenceTable {
   // `commit`; budget, allocator and commit are charged for those copies only, all or nothing.
   absl::StatusOr<std::vector<SequenceId>> Fork(SequenceId source, int count, const CommitFn& commit,
                                                const CopyPageFn& copy);
+  // The page table of `sequence` (a copy), for ExportSequence. NOT_FOUND for an unknown id.
+  absl::StatusOr<PageTable> Table(SequenceId sequence) const;
+  // AttentionLayer::ImportSequence: a new sequence of `num_tokens` tokens whose first
+  // `first_held_page` pages are evicted and whose other pages are new, backed by `commit` and
+  // filled by `fill` (held page ids in order). Checks first_held_page against the eviction rule;
+  // budget, allocator and commit are charged all or nothing.
+  absl::StatusOr<SequenceId> Import(int64_t num_tokens, int64_t first_held_page,
+                                    const CommitFn& commit,
+                                    const std::function<void(absl::Span<const int32_t>)>& fill);
   // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
   // return to what they were and the new pages go back to the pool and the budget.
   void Rollback(absl::Span<const BatchSequence> batch);

@@ -42,6 +42,8 @@ class CpuLayer : public AttentionLayer {
   absl::Status ReleaseSequence(SequenceId sequence) final;
   absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const final;
   absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) final;
+  absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const final;
+  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) final;
   absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
                                  absl::Span<const int64_t> positions) final;
   absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
