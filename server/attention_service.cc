@@ -284,8 +284,9 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       owner.is_admin || tenant_kv_bytes <= 0 ? nullptr
                                              : pool_->TenantBudget(owner.tenant, tenant_kv_bytes));
   if (!kv_config.ok()) return kv_config.status();
-  // The owner's parameter quota counts what the layer keeps; checked before anything is
-  // allocated, and again, atomically, by Add().
+  // The owner's parameter quota counts what the layer keeps: checked before anything is allocated
+  // against the fp32 bound (no backend keeps more), and again, atomically, by Add() with the bytes
+  // the built layer reports (16-bit weights on CUDA take half).
   if (absl::Status s = registry_->CheckCapacity(owner, LayerParameterBytes(*spec)); !s.ok()) {
     return s;
   }
@@ -316,13 +317,14 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       backend_->CreateLayer(*spec, *weights, *kv_config);
   if (!layer.ok()) return layer.status();
   weights->clear();  // The layer holds its own copy in its compute dtype.
-  parameters->ShrinkTo(LayerParameterBytes(*spec));
+  const int64_t kept_parameter_bytes = (*layer)->ParameterBytes();
+  parameters->ShrinkTo(kept_parameter_bytes);
   if (cancelled()) return abandoned();
 
   const KvPoolUsage usage = (*layer)->PoolUsage();
   SessionCost cost;
   cost.parameter_count = ParameterCount(*spec);
-  cost.parameter_bytes = (*layer)->ParameterBytes();  // As the backend holds them.
+  cost.parameter_bytes = kept_parameter_bytes;  // As the backend holds them.
   cost.kv_bytes_per_token = KvBytesPerToken(*spec, kv_dtype);
   cost.page_bytes = usage.page_bytes;
   cost.max_context_tokens = pool_->free_bytes() / usage.page_bytes * usage.page_size;
@@ -338,7 +340,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       std::make_shared<Session>(session_id, request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
-  if (absl::Status s = registry_->Add(session, owner, LayerParameterBytes(*spec)); !s.ok()) {
+  if (absl::Status s = registry_->Add(session, owner, kept_parameter_bytes); !s.ok()) {
     return s;
   }
   response->set_session_id(session->id());

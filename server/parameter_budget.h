@@ -60,8 +60,9 @@ class ParameterBudget {
   std::atomic<int64_t> used_{0};
 };
 
-// Host bytes a layer of `spec` holds once built (its weights in fp32, as the CPU backend keeps
-// them and as every backend receives them).
+// Bytes of `spec`'s weights in fp32: as every backend receives them, as the CPU backend keeps
+// them, and the most any backend keeps (the CUDA backend's 16-bit layers keep half; a built layer
+// says what it keeps, AttentionLayer::ParameterBytes).
 inline int64_t LayerParameterBytes(const LayerSpec& spec) { return ParameterCount(spec) * 4; }
 
 // Host bytes a Configure of `spec` needs at its peak: the fp32 weights as loaded (from a seed, a
