@@ -1,7 +1,9 @@
 // Prefix sharing (AttentionLayer::ForkSequence, kernels/kv_sequence_table.h): forks of a prefilled
 // sequence decode bit for bit as independent copies prefilled with the same prompt, while the pool
 // holds the prompt's full pages once (plus one copied partial page per fork); releasing the source
-// or any fork leaves the others intact, and the last holder returns every page.
+// or any fork leaves the others intact, and the last holder returns every page. 8-bit pages
+// (fp8/int8 with per-page scales in the page's bytes) fork the same way: the copied partial page
+// carries its scales, and later rows rescale the fork's copy exactly as they rescale a copy's.
 #include <cstring>
 #include <ostream>
 #include <random>
@@ -24,6 +26,7 @@ struct ForkCase {
   std::string name;
   LayerSpec spec;
   int64_t prompt = 37;  // Tokens; 37 = two full pages of 16 and a partial third.
+  KvStorageFormat storage = DType::kF32;
 };
 
 std::vector<ForkCase> Cases() {
@@ -34,14 +37,21 @@ std::vector<ForkCase> Cases() {
   window.sliding_window = 20;  // Evicts the shared first page while the forks decode.
   cases.push_back({"mha_window", window});
   cases.push_back({"mla", MlaSpec(0, 32, 16, 8, 16, RopeLayout::kInterleaved)});
+  const KvStorageFormat fp8 = KvStorageFormat::Quantized(KvQuantization::kFp8E4M3);
+  const KvStorageFormat int8 = KvStorageFormat::Quantized(KvQuantization::kInt8);
+  cases.push_back({"gqa_fp8", StandardSpec(8, 2, 16, RopeLayout::kHalf), 37, fp8});
+  cases.push_back({"mha_window_int8", window, 37, int8});
+  cases.push_back({"mla_fp8", MlaSpec(0, 32, 16, 8, 16, RopeLayout::kInterleaved), 37, fp8});
+  cases.push_back({"mla_int8", MlaSpec(0, 32, 16, 8, 16, RopeLayout::kInterleaved), 21, int8});
   return cases;
 }
 
 void PrintTo(const ForkCase& c, std::ostream* os) { *os << c.name; }
 
-// The default (f32) KV storage; pages of 16 tokens.
-KvCacheConfig Pool(int64_t max_pages) {
+// Pages of 16 tokens in `storage` (f32 by default).
+KvCacheConfig Pool(int64_t max_pages, KvStorageFormat storage = DType::kF32) {
   KvCacheConfig config;
+  config.storage = storage;
   config.page_size = 16;
   config.max_pages = max_pages;
   return config;
@@ -59,8 +69,8 @@ TEST_P(KvForkTest, ForksDecodeAsIndependentCopiesAndShareThePromptPages) {
   const int d = c.spec.d_model;
   const LayerWeights weights = TestWeights(c.spec, 17);
   ASSERT_FALSE(weights.empty());
-  absl::StatusOr<TestEngine> shared = MakeEngine(c.spec, weights, Pool(64));
-  absl::StatusOr<TestEngine> copies = MakeEngine(c.spec, weights, Pool(64));
+  absl::StatusOr<TestEngine> shared = MakeEngine(c.spec, weights, Pool(64, c.storage));
+  absl::StatusOr<TestEngine> copies = MakeEngine(c.spec, weights, Pool(64, c.storage));
   ASSERT_TRUE(shared.ok() && copies.ok()) << shared.status() << copies.status();
   AttentionLayer& a = *shared->layer;
   AttentionLayer& b = *copies->layer;

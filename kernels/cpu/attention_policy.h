@@ -10,6 +10,7 @@
 #include "kernels/attention_mask.h"
 #include "kernels/dtype.h"
 #include "kernels/kv_page_layout.h"
+#include "kernels/kv_storage_format.h"
 #include "kernels/layer_spec.h"
 
 namespace attnserve {
@@ -47,6 +48,24 @@ struct KvPageLayout {
   int64_t key_offset = 0;     // Elements from the page start to KV head 0's key in slot 0.
   int64_t value_offset = 0;   // Elements from the page start to KV head 0's value in slot 0.
   int64_t page_elements = 0;  // Elements per page.
+  // 8-bit pages (kernels/kv_quantization.h): 1-byte codes (`dtype` is then unused) and float32
+  // scales from byte `scales_offset` on. A row's scale is scales[ScaleIndex(head, value)]; when
+  // `split_column` > 0, its columns from there on use the next scale (MLA's RoPE key).
+  KvQuantization quantization = KvQuantization::kNone;
+  int64_t scales_offset = 0;  // Bytes from the page start to scale 0.
+  int scale_count = 0;        // Scales per page.
+  int value_scales = 0;       // Index of KV head 0's value scale (MLA: 0, the value is the latent).
+  int split_column = 0;
+
+  bool quantized() const { return quantization != KvQuantization::kNone; }
+  int64_t ElementBytes() const { return quantized() ? 1 : static_cast<int64_t>(DTypeSize(dtype)); }
+  // Bytes per page, scales included.
+  int64_t PageBytes() const {
+    return quantized() ? scales_offset + int64_t{scale_count} * 4 : page_elements * ElementBytes();
+  }
+  int ScaleIndex(int head, bool value) const {
+    return (value ? value_scales : 0) + head * (split_column > 0 ? 2 : 1);
+  }
 
   int64_t KeyElement(int head, int slot) const {
     return key_offset + head * head_stride + slot * row_stride;

@@ -8,6 +8,7 @@
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_cache_config.h"
+#include "kernels/kv_quantization.h"
 
 namespace attnserve {
 
@@ -15,10 +16,16 @@ namespace {
 
 absl::Status ValidateKvConfig(const KvCacheConfig& config) {
   const DType element = config.storage.element;
-  if (config.storage.scales != KvScaleScheme::kNone ||
-      (element != DType::kF32 && element != DType::kBF16)) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_cache dtype = ", DTypeName(element),
-                                                   ": the CPU backend stores KV as f32 or bf16"));
+  // 8-bit pages: codes with per-page, per-head scales, dequantized to f32 (kv_page_rows.h).
+  const bool quantized = config.storage.quantized() && element == DType::kF32 &&
+                         config.storage.scales == KvScaleScheme::kPerPageHead;
+  if (!quantized && (config.storage.scales != KvScaleScheme::kNone ||
+                     config.storage.quantized() ||
+                     (element != DType::kF32 && element != DType::kBF16))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache dtype = ", KvStorageFormatName(config.storage),
+                     ": the CPU backend stores KV as f32 or bf16, or 8-bit (fp8_e4m3, int8) with "
+                     "per-page scales"));
   }
   return ValidateKvPaging(config);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/kv_page_rows.h"
 #include "kernels/layer_input_checks.h"
 
 namespace attnserve {
@@ -15,7 +16,7 @@ CpuLayer::CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
       kv_config_(kv_config),
       layout_(layout),
       pool_(pool),
-      store_(layout.page_elements * static_cast<int64_t>(DTypeSize(layout.dtype))),
+      store_(layout.PageBytes()),  // 8-bit pages: their scales included.
       sequences_(layout.page_size, store_.page_bytes(), kv_config.max_pages, kv_config.budget,
                  spec.causal, spec.sliding_window) {}
 
@@ -45,7 +46,6 @@ absl::StatusOr<std::vector<SequenceId>> CpuLayer::ForkSequence(SequenceId source
       });
 }
 
-KvPoolUsage CpuLayer::PoolUsage() const {
 absl::StatusOr<SequenceExport> CpuLayer::ExportSequence(SequenceId sequence) const {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<PageTable> table = sequences_.Table(sequence);
@@ -92,6 +92,7 @@ absl::StatusOr<SequenceId> CpuLayer::ImportSequence(const SequenceExport& export
       });
 }
 
+KvPoolUsage CpuLayer::PoolUsage() const {
   absl::MutexLock lock(&mu_);
   return sequences_.Usage();
 }
@@ -174,10 +175,8 @@ absl::StatusOr<Tensor> CpuLayer::Decode(absl::Span<const SequenceId> sequences,
 void CpuLayer::StoreRow(const PageTable& table, int64_t index, int head, bool value,
                         const float* src, int64_t count) {
   const int slot = static_cast<int>(index % layout_.page_size);
-  const int64_t element = value ? layout_.ValueElement(head, slot) : layout_.KeyElement(head, slot);
-  std::byte* page = store_.page(table.PageOf(index, layout_.page_size));
-  ConvertFromFloat(src, layout_.dtype, page + element * DTypeSize(layout_.dtype),
-                   static_cast<size_t>(count));
+  WritePageRow(layout_, store_.page(table.PageOf(index, layout_.page_size)), head, value, slot, src,
+               count);
 }
 
 }  // namespace attnserve

@@ -64,8 +64,9 @@ class CpuLayer : public AttentionLayer {
   ThreadPool& pool() const { return *pool_; }
   MaskPolicy mask() const { return MaskPolicy::FromSpec(spec_); }
 
-  // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages, converted
-  // to the page dtype. `value` false writes the key row, true the value row.
+  // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages in the
+  // page's storage format (kernels/cpu/kv_page_rows.h). `value` false writes the key row, true the
+  // value row. A page's rows are written in slot order (8-bit pages rescale as they fill).
   void StoreRow(const PageTable& table, int64_t index, int head, bool value, const float* src,
                 int64_t count);
 

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/decode_splits.h"
 
@@ -114,8 +115,10 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
 
 // Attends all of one sequence's query rows to keys [keys.begin, keys.end). Pages are visited in
 // order and each is read whole (every KV head) before the next, so the hardware prefetcher sees
-// one sequential stream per page instead of num_kv_heads short strided ones.
-template <typename Element>
+// one sequential stream per page instead of num_kv_heads short strided ones. kDequantize (8-bit
+// pages, Element float): each page's visited rows are first dequantized into a float32 copy of
+// the page, which the float loops then read.
+template <typename Element, bool kDequantize = false>
 void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable& table,
                 KeyRange keys, PartialState state) {
   const int rows = p.rows_per_kv_head;
@@ -128,6 +131,7 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
   std::fill(state.sum, state.sum + total_rows, 0.0f);
   std::fill(state.acc, state.acc + total_rows * p.value_dim, 0.0f);
   std::vector<const Element*> key_rows(padded_page), value_rows(padded_page);
+  std::vector<float> dequantized(kDequantize ? p.layout.page_elements : 0);
 
   for (int64_t block_begin = keys.begin; block_begin < keys.end;) {
     const int64_t page_index = block_begin / page_size;
@@ -135,7 +139,14 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
     const int end_slot =
         static_cast<int>(std::min<int64_t>(keys.end - page_index * page_size, page_size));
     const int count = end_slot - first_slot;
-    const auto* page = reinterpret_cast<const Element*>(p.store->page(table.pages[page_index]));
+    const Element* page;
+    if constexpr (kDequantize) {
+      DequantizePageRows(p.layout, p.store->page(table.pages[page_index]), p.num_kv_heads,
+                         p.key_dim, p.value_dim, first_slot, end_slot, dequantized.data());
+      page = dequantized.data();
+    } else {
+      page = reinterpret_cast<const Element*>(p.store->page(table.pages[page_index]));
+    }
     for (int h = 0; h < p.num_kv_heads; ++h) {
       const int64_t first_row = int64_t{h} * rows;
       PartialState head_state{state.max + first_row, state.sum + first_row,
@@ -187,7 +198,9 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
     PartialState state{&max[item.partial_offset], &sum[item.partial_offset],
                        &acc[item.partial_offset * p.value_dim]};
     const PageTable& table = *p.tables[item.sequence];
-    if (p.layout.dtype == DType::kBF16) {
+    if (p.layout.quantized()) {
+      AttendKeys<float, /*kDequantize=*/true>(p, q, table, item.keys, state);
+    } else if (p.layout.dtype == DType::kBF16) {
       AttendKeys<uint16_t>(p, q, table, item.keys, state);
     } else {
       AttendKeys<float>(p, q, table, item.keys, state);

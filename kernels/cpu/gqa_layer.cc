@@ -33,6 +33,12 @@ KvPageLayout GqaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig
   layout.key_offset = GqaPageKeyElement(page_size, dim, 0, 0);
   layout.value_offset = GqaPageValueOffset(page_size, heads, dim);
   layout.page_elements = GqaPageElements(page_size, heads, dim);
+  if (kv_config.storage.quantized()) {  // Scales: K of each KV head, then V of each.
+    layout.quantization = kv_config.storage.quantization;
+    layout.scales_offset = QuantizedPageScaleOffset(layout.page_elements);
+    layout.scale_count = GqaPageScaleCount(heads);
+    layout.value_scales = heads;
+  }
   return layout;
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/cpu/decode_attention.h"
+#include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/prefill_attention.h"
 
@@ -69,6 +70,12 @@ KvPageLayout MlaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig
   layout.key_offset = 0;    // The key is the whole row [c_kv | k_pe] ...
   layout.value_offset = 0;  // ... and the value its first kv_lora_rank elements.
   layout.page_elements = kv_config.page_size * layout.row_stride;
+  if (kv_config.storage.quantized()) {  // Scales: the latent c_kv, then the RoPE key k_pe.
+    layout.quantization = kv_config.storage.quantization;
+    layout.scales_offset = QuantizedPageScaleOffset(layout.page_elements);
+    layout.scale_count = MlaPageScaleCount();
+    layout.split_column = spec.mla.kv_lora_rank;
+  }
   return layout;
 }
 
@@ -151,12 +158,10 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
     const int64_t begin = mask().VisibleKeys(seq.first_index, seq.table->num_tokens).begin;
     const int64_t count = seq.table->num_tokens - begin;
     std::vector<float> latents(count * latent_dim_);
-    const size_t element_bytes = DTypeSize(layout().dtype);
     for (int64_t j = 0; j < count; ++j) {
       const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
       const int slot = static_cast<int>((begin + j) % layout().page_size);
-      ConvertToFloat(layout().dtype, page + layout().KeyElement(0, slot) * element_bytes,
-                     &latents[j * latent_dim_], latent_dim_);
+      ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_, &latents[j * latent_dim_]);
     }
     std::vector<float> expanded(count * expanded_width);
     LinearForward(latents.data(), latent_dim_, count, wkv_b_.data(), nullptr, dims_.kv_lora_rank,

@@ -1,10 +1,11 @@
 // A KvBlockSource over a sequence's KV pages (MHA/MQA/GQA prefill): gathers key and value rows
-// from the pages, widening the page dtype to float32.
+// from the pages as float32 (widened from bf16, or dequantized from 8-bit codes).
 #ifndef ATTNSERVE_KERNELS_CPU_PAGED_KV_SOURCE_H_
 #define ATTNSERVE_KERNELS_CPU_PAGED_KV_SOURCE_H_
 
 #include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
+#include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/page_table.h"
 
@@ -17,14 +18,13 @@ class PagedKvSource : public KvBlockSource {
       : table_(table), store_(store), layout_(layout), key_dim_(key_dim), value_dim_(value_dim) {}
 
   void Fill(int kv_head, int64_t begin, int64_t end, float* keys, float* values) const override {
-    const size_t element_bytes = DTypeSize(layout_->dtype);
     for (int64_t index = begin; index < end; ++index) {
       const std::byte* page = store_->page(table_->PageOf(index, layout_->page_size));
       const int slot = static_cast<int>(index % layout_->page_size);
-      ConvertToFloat(layout_->dtype, page + layout_->KeyElement(kv_head, slot) * element_bytes,
-                     keys + (index - begin) * key_dim_, key_dim_);
-      ConvertToFloat(layout_->dtype, page + layout_->ValueElement(kv_head, slot) * element_bytes,
-                     values + (index - begin) * value_dim_, value_dim_);
+      ReadPageRow(*layout_, page, kv_head, /*value=*/false, slot, key_dim_,
+                  keys + (index - begin) * key_dim_);
+      ReadPageRow(*layout_, page, kv_head, /*value=*/true, slot, value_dim_,
+                  values + (index - begin) * value_dim_);
     }
   }
 

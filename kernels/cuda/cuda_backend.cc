@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_layer.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/kv_cache_config.h"
+#include "kernels/kv_quantization.h"
 #include "kernels/rope_frequencies.h"
 
 namespace attnserve {
@@ -76,6 +77,11 @@ class CudaBackend : public AttentionBackend {
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
     if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
+    if (config.storage.quantized()) {
+      return absl::UnimplementedError(
+          absl::StrCat("kv_cache_quantization = ", KvQuantizationName(config.storage.quantization),
+                       ": fp8/int8 KV pages are CPU-only for now; use --backend=cpu"));
+    }
     if (absl::Status s = cuda::CheckAttentionSupported(config.storage.element, spec.head_dim);
         !s.ok()) {
       return s;
