@@ -16,6 +16,7 @@
 #include "server/checkpoint_spec.h"
 #include "server/logging.h"
 #include "server/session.h"
+#include "server/layer_fingerprint.h"
 #include "server/session_info_codec.h"
 #include "server/session_affinity.h"
 #include "server/session_scheduler.h"
@@ -154,7 +155,9 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       metrics_(metrics),
       limits_(limits),
       scheduler_options_(scheduler),
-      authenticator_(authenticator) {}
+      authenticator_(authenticator),
+      transfer_{registry, metrics, limits.max_message_bytes,
+                [this](const grpc::ServerContextBase& context) { return Authenticate(context); }} {}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
@@ -213,6 +216,16 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Fork(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* AttentionServiceImpl::ExportRequest(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  return StartExportRequest(transfer_, context, request);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* AttentionServiceImpl::ImportRequest(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return StartImportRequest(transfer_, context, response);
+}
+
                                                            grpc::ByteBuffer* response) {
   return Serve(Rpc::kGetSession, &AttentionServiceImpl::HandleGetSession, context, request,
                response);
@@ -331,6 +344,8 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
 
   // Every engine call of the session (a decode batch, a whole Forward) feeds the batch metrics.
   SchedulerContext scheduling{
+  // Before the weights go: what an import into this session must match (ImportRequest).
+  std::string fingerprint = LayerFingerprint(*spec, kv_config->storage, page_size, *weights);
       scheduler_options_, &timer_,
       [metrics = metrics_, variant = *variant](const Session&, const BatchStats& b) {
         metrics->ObserveBatch(variant, b.decode, b.size, b.tokens,
@@ -356,6 +371,7 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
                                            const Principal& caller,
                                            const v1::ConfigureRequest& request,
                                            v1::ConfigureResponse& response, UnaryCall* call) {
+  session->SetFingerprint(fingerprint);
   auto timer = std::make_shared<CallTimer>();
   absl::StatusOr<std::string> session_id = SessionIdForConfigure(*context);
   if (!session_id.ok()) {
@@ -363,6 +379,7 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
                       ToGrpc(session_id.status()));
   }
   // Loading a checkpoint and building a layer are compute: do them on the executor.
+  response->set_fingerprint(fingerprint);
   const bool queued = executor_->Submit([this, context, caller, &request, &response, call, timer,
                                          session_id = *std::move(session_id)] {
     if (context->IsCancelled()) {

@@ -21,6 +21,7 @@
 #include "server/kv_pool.h"
 #include "server/metrics.h"
 #include "server/parameter_budget.h"
+#include "server/request_transfer.h"
 #include "server/server_options.h"
 #include "server/session_registry.h"
 #include "server/timer_queue.h"
@@ -39,7 +40,9 @@ using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configur
                         v1::AttentionService::WithRawCallbackMethod_ListSessions<
                             v1::AttentionService::WithRawCallbackMethod_GetServerInfo<
                                 v1::AttentionService::WithRawCallbackMethod_Fork<
-                                    v1::AttentionService::Service>>>>>>>>>;
+                                    v1::AttentionService::WithRawCallbackMethod_ExportRequest<
+                                        v1::AttentionService::WithRawCallbackMethod_ImportRequest<
+                                            v1::AttentionService::Service>>>>>>>>>>>;
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
@@ -71,6 +74,11 @@ class AttentionServiceImpl final : public RawAttentionService {
   grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
+  // Moving a request between replicas (server/request_transfer.h).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportRequest(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportRequest(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
@@ -151,6 +159,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   const ServerLimits limits_;
   const SchedulerOptions scheduler_options_;
   const Authenticator* const authenticator_;
+  // What ExportRequest and ImportRequest use of the above.
+  const TransferContext transfer_;
   mutable absl::Mutex replica_mu_;
   std::string replica_ ABSL_GUARDED_BY(replica_mu_);
   // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,

@@ -138,6 +138,10 @@ const char* RpcLabel(Rpc rpc) {
       return "get_server_info";
     case Rpc::kFork:
       return "fork";
+    case Rpc::kExportRequest:
+      return "export_request";
+    case Rpc::kImportRequest:
+      return "import_request";
   }
   return "unknown";
 }

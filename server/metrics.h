@@ -58,6 +58,8 @@ enum class Rpc {
   kListSessions,
   kGetServerInfo,
   kFork,
+  kExportRequest,
+  kImportRequest,
 };
 const char* RpcLabel(Rpc rpc);  // "configure", "forward", "decode_stream", ...
 

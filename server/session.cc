@@ -34,6 +34,8 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       cost_(std::move(cost)),
       page_size_(layer->PoolUsage().page_size),
       page_bytes_(layer->PoolUsage().page_bytes),
+      kv_storage_(layer->kv_config().storage),
+      kv_budget_(layer->kv_config().budget),
       queue_(SerialQueue::Create(executor)),
       layer_(std::move(layer)),
       scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
@@ -518,6 +520,7 @@ SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
   snapshot.kv_bytes_used = kv_bytes_used();
   snapshot.batching = scheduler_->counters();
   absl::MutexLock lock(&mu_);
+  snapshot.fingerprint = fingerprint_;
   snapshot.idle = now - last_used_;
   if (!with_requests) return snapshot;
   for (const auto& [request_id, state] : requests_) {

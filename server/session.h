@@ -26,6 +26,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/kv_memory_budget.h"
+#include "kernels/kv_storage_format.h"
 #include "kernels/layer_spec.h"
 #include "kernels/tensor.h"
 #include "server/parameter_budget.h"
@@ -68,6 +70,7 @@ struct SessionSnapshot {
   absl::Duration idle;
   std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
 };
+  std::string fingerprint;                // server/layer_fingerprint.h; empty if never set.
 
 // One request's share of a Forward or Decode call, already validated by the codec.
 struct StepInput {
@@ -89,6 +92,19 @@ struct ForkOutcome {
 };
 
 // One call's inputs checked against the session's requests (Session::Plan): what the engine call
+// A request as ExportRequest sends it (Session::ExportRequest): its pages and where its RoPE
+// positions stand.
+struct RequestExport {
+  SequenceExport kv;
+  int64_t last_position = -1;  // RoPE position of its last cached token (-1: none).
+};
+
+// What Session::ImportRequest did.
+struct ImportOutcome {
+  int64_t sequence_length = 0;
+  int64_t kv_bytes_added = 0;
+};
+
 // needs and what to record once it succeeded.
 struct StepPlan {
   struct Request {
@@ -147,6 +163,8 @@ class Session : public std::enable_shared_from_this<Session> {
                                                      int64_t* compute_ns, int* chunks);
 
   // Tokens cached by `request_id` now; 0 if unknown. Any thread.
+  // Whether `request_id` exists now. Any thread.
+  bool HasRequest(const std::string& request_id) const;
   int64_t RequestLength(const std::string& request_id) const;
 
   // Creates `new_ids` as forks of `source` (AttentionLayer::ForkSequence: its cached tokens shared
@@ -157,6 +175,17 @@ class Session : public std::enable_shared_from_this<Session> {
                                    const std::vector<std::string>& new_ids);
 
   // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
+  // Moving a request (server/session_transfer.cc). ExportRequest copies `request_id`'s pages and
+  // positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same step.
+  // NOT_FOUND for an unknown request.
+  absl::StatusOr<RequestExport> ExportRequest(const std::string& request_id, bool release);
+  // Creates `request_id` from an export of a session with this one's fingerprint. ALREADY_EXISTS
+  // for an existing id; RESOURCE_EXHAUSTED past max_requests or when the pool cannot hold the
+  // pages; OUT_OF_RANGE past max_sequence_length; INVALID_ARGUMENT when the bytes do not fit the
+  // layer. All or nothing.
+  absl::StatusOr<ImportOutcome> ImportRequest(const std::string& request_id,
+                                              const RequestExport& exported);
+
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
 
   // Frees every request and the layer (and returns its parameter charge); later steps get
@@ -179,6 +208,14 @@ class Session : public std::enable_shared_from_this<Session> {
   int64_t page_bytes() const { return page_bytes_; }
   const SessionCost& cost() const { return cost_; }
   int num_requests() const;
+  const SessionLimits& limits() const { return limits_; }
+  int64_t page_size() const { return page_size_; }  // Tokens per KV page.
+  // How the layer stores KV pages, and the budget its pages are charged to (null: none).
+  const KvStorageFormat& kv_storage() const { return kv_storage_; }
+  const std::shared_ptr<KvMemoryBudget>& kv_budget() const { return kv_budget_; }
+  // server/layer_fingerprint.h. Set once by Configure, before the session is shared.
+  void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
+  const std::string& fingerprint() const { return fingerprint_; }
   // True once Close ran or was scheduled.
   bool closed() const { return closed_.load(std::memory_order_relaxed); }
   void MarkClosing() { closed_.store(true, std::memory_order_relaxed); }
@@ -217,6 +254,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const int64_t page_size_;
   const int64_t page_bytes_;
   std::shared_ptr<SerialQueue> queue_;
+  const KvStorageFormat kv_storage_;
+  const std::shared_ptr<KvMemoryBudget> kv_budget_;
+  std::string fingerprint_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
   ParameterCharge parameters_;             // Returned by Close, with the layer.
   std::unique_ptr<SessionScheduler> scheduler_;

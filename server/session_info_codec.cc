@@ -35,6 +35,7 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
     r->set_request_id(request.request_id);
     r->set_sequence_length(request.sequence_length);
     r->set_kv_bytes(request.kv_bytes);
+  info->set_fingerprint(snapshot.fingerprint);
     r->set_idle_ns(absl::ToInt64Nanoseconds(request.idle));
   }
 }

@@ -1,0 +1,353 @@
+// Moving a request between two real server processes (ExportRequest / ImportRequest): a request
+// exported mid-sequence from replica A and imported into replica B, whose session has the same
+// spec and seed, decodes 16 more steps bit for bit as its unmoved twin on A (GQA, MLA, and a
+// sliding window whose leading pages were evicted before the move). Every refusal has its precise
+// status, and an import that fails or is cancelled half-way gives back every byte it reserved.
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/reference/test_cases.h"
+#include "tests/server/server_fixture.h"
+#include "tests/server/service_test_util.h"
+
+namespace attnserve::server_test {
+namespace {
+
+using reference::FindSpec;
+using ::testing::HasSubstr;
+
+// An export as the client received it.
+struct Exported {
+  v1::ExportedRequest header;
+  std::string pages;  // Every KvPageBytes.data, concatenated.
+  int chunks = 0;     // KvPageBytes messages.
+};
+
+grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session,
+                    const std::string& request_id, bool release, int64_t max_chunk_bytes,
+                    Exported* out) {
+  v1::ExportRequestRequest request;
+  request.set_session_id(session);
+  request.set_request_id(request_id);
+  request.set_release_after_export(release);
+  request.set_max_chunk_bytes(max_chunk_bytes);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<grpc::ClientReader<v1::ExportRequestResponse>> reader =
+      stub.ExportRequest(&context, request);
+  v1::ExportRequestResponse message;
+  bool first = true;
+  while (reader->Read(&message)) {
+    if (first) {
+      EXPECT_TRUE(message.has_header()) << "the first message carries the header";
+      out->header = message.header();
+      first = false;
+    } else {
+      EXPECT_TRUE(message.has_pages());
+      if (max_chunk_bytes > 0) {
+        EXPECT_LE(static_cast<int64_t>(message.pages().data().size()), max_chunk_bytes);
+      }
+      out->pages += message.pages().data();
+      ++out->chunks;
+    }
+  }
+  return reader->Finish();
+}
+
+// Sends the header and then `pages` in chunks of `chunk_bytes`.
+grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session,
+                    const std::string& request_id, const v1::ExportedRequest& header,
+                    const std::string& pages, v1::ImportRequestResponse* response,
+                    size_t chunk_bytes = 1000) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer =
+      stub.ImportRequest(&context, response);
+  v1::ImportRequestRequest message;
+  message.mutable_header()->set_session_id(session);
+  message.mutable_header()->set_request_id(request_id);
+  *message.mutable_header()->mutable_request() = header;
+  bool open = writer->Write(message);
+  for (size_t offset = 0; open && offset < pages.size(); offset += chunk_bytes) {
+    message.Clear();
+    message.mutable_pages()->set_data(pages.substr(offset, chunk_bytes));
+    open = writer->Write(message);
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::DecodeRequest DecodeOne(const std::string& session, const std::string& request_id,
+                            const Tensor& hidden) {
+  v1::DecodeRequest request;
+  request.set_session_id(session);
+  *request.add_items() = MakeDecodeItem(request_id, hidden);
+  return request;
+}
+
+int64_t PoolUsed(v1::AttentionService::Stub& stub) {
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->kv_pool_used_bytes() : -1;
+}
+
+// Polls (bounded: 10 s) until the pool's used bytes are `expected`; returns the last value seen.
+int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t expected) {
+  int64_t used = PoolUsed(stub);
+  for (int i = 0; i < 200 && used != expected; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    used = PoolUsed(stub);
+  }
+  return used;
+}
+
+// A second server process beside the fixture's, stopped (SIGTERM, must exit 0) at the end.
+class SecondServer {
+ public:
+  explicit SecondServer(std::vector<std::string> extra_flags = {}) {
+    std::vector<std::string> flags = {absl::StrCat("--threads=", kBackendThreads),
+                                      "--shutdown_grace=10s"};
+    for (std::string& flag : extra_flags) flags.push_back(std::move(flag));
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(flags);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    process_ = *std::move(started);
+    stub_ = v1::AttentionService::NewStub(process_->NewChannel());
+  }
+  ~SecondServer() {
+    if (process_ == nullptr) return;
+    stub_.reset();
+    absl::StatusOr<ExitState> ended = process_->Terminate(std::chrono::seconds(20));
+    EXPECT_TRUE(ended.ok() && ended->exited && ended->exit_code == 0);
+    if (::testing::Test::HasFailure()) {
+      std::cerr << "---- second server log ----\n" << process_->LogTail() << "\n";
+    }
+  }
+  bool ok() const { return stub_ != nullptr; }
+  v1::AttentionService::Stub& stub() { return *stub_; }
+
+ private:
+  std::unique_ptr<ServerProcess> process_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+class RequestTransferTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
+  const LayerSpec spec = FindSpec(GetParam()).spec;
+  SecondServer b;
+  ASSERT_TRUE(b.ok());
+  v1::ConfigureResponse on_a, on_b;
+  ASSERT_TRUE(Configure(stub(), SeedConfigure(spec, 7), &on_a).ok());
+  ASSERT_TRUE(Configure(b.stub(), SeedConfigure(spec, 7), &on_b).ok());
+  EXPECT_EQ(on_a.fingerprint().size(), 32u);
+  EXPECT_EQ(on_a.fingerprint(), on_b.fingerprint()) << "same spec and seed on two replicas";
+  const std::string sa = on_a.session_id(), sb = on_b.session_id();
+  {
+    v1::GetSessionRequest get;
+    get.set_session_id(sa);
+    v1::GetSessionResponse got;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub().GetSession(&context, get, &got).ok());
+    EXPECT_EQ(got.session().fingerprint(), on_a.fingerprint());
+  }
+
+  // A: "moved" and "twin" get the same prompt (one Forward each: equal call shapes compute equal
+  // bits) and the same 5 decode steps.
+  std::mt19937_64 rng(11);
+  const int64_t prompt_length = 37;
+  const Tensor prompt = RandomHidden(prompt_length, spec.d_model, rng);
+  for (const char* id : {"moved", "twin"}) {
+    v1::ForwardRequest forward;
+    forward.set_session_id(sa);
+    *forward.add_items() = MakeForwardItem(id, prompt);
+    v1::ForwardResponse forwarded;
+    ASSERT_TRUE(Forward(stub(), forward, &forwarded).ok());
+  }
+  for (int step = 0; step < 5; ++step) {
+    const Tensor hidden = RandomHidden(1, spec.d_model, rng);
+    for (const char* id : {"moved", "twin"}) {
+      v1::DecodeResponse decoded;
+      ASSERT_TRUE(Decode(stub(), DecodeOne(sa, id, hidden), &decoded).ok());
+    }
+  }
+  const int64_t length = prompt_length + 5;
+
+  // Export from A (released there), in chunks that do not end on page boundaries.
+  const int64_t page_bytes = on_a.cost().page_bytes();
+  const int64_t chunk = page_bytes / 3 + 1;
+  Exported exported;
+  grpc::Status status = Export(stub(), sa, "moved", /*release=*/true, chunk, &exported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  const v1::ExportedRequest& header = exported.header;
+  EXPECT_EQ(header.fingerprint(), on_a.fingerprint());
+  EXPECT_EQ(header.sequence_length(), length);
+  EXPECT_EQ(header.last_position(), length - 1);
+  EXPECT_EQ(header.page_bytes(), page_bytes);
+  const int64_t pages = (length + header.page_size() - 1) / header.page_size();
+  EXPECT_EQ(header.first_held_page() + header.held_pages(), pages);
+  if (spec.sliding_window > 0) {
+    EXPECT_GT(header.first_held_page(), 0) << "evicted pages are not sent";
+  }
+  EXPECT_EQ(static_cast<int64_t>(exported.pages.size()), header.held_pages() * page_bytes);
+  EXPECT_EQ(exported.chunks, (static_cast<int64_t>(exported.pages.size()) + chunk - 1) / chunk);
+  v1::DecodeResponse gone;
+  const Tensor probe = RandomHidden(1, spec.d_model, rng);
+  EXPECT_EQ(Decode(stub(), DecodeOne(sa, "moved", probe), &gone).error_code(),
+            grpc::StatusCode::NOT_FOUND)
+      << "release_after_export frees the request on the source";
+
+  // Import into B; then 16 steps on B's "moved" against A's "twin", the same inputs.
+  const int64_t b_before = PoolUsed(b.stub());
+  v1::ImportRequestResponse imported;
+  status = Import(b.stub(), sb, "moved", header, exported.pages, &imported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(imported.sequence_length(), length);
+  EXPECT_EQ(imported.kv_bytes_added(), header.held_pages() * page_bytes);
+  EXPECT_EQ(PoolUsed(b.stub()), b_before + header.held_pages() * page_bytes);
+  for (int step = 0; step < 16; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    const Tensor hidden = RandomHidden(1, spec.d_model, rng);
+    v1::DecodeResponse from_b, from_a;
+    status = Decode(b.stub(), DecodeOne(sb, "moved", hidden), &from_b);
+    ASSERT_TRUE(status.ok()) << Describe(status);
+    ASSERT_TRUE(Decode(stub(), DecodeOne(sa, "twin", hidden), &from_a).ok());
+    EXPECT_EQ(from_b.results(0).sequence_length(), length + step + 1);
+    ASSERT_EQ(from_b.results(0).output().data(), from_a.results(0).output().data())
+        << "the moved request decoded differently from its unmoved twin";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, RequestTransferTest,
+                         ::testing::Values("gqa2_half_bias_hd16_theta5e5", "mla_q24_half",
+                                           "gqa2_half_window7"),
+                         [](const auto& info) { return std::string(info.param); });
+
+class RequestTransferRefusalTest : public ServerTest {};
+
+TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
+  const LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  v1::ConfigureResponse source;
+  ASSERT_TRUE(Configure(stub(), SeedConfigure(spec, 7), &source).ok());
+  const std::string sa = source.session_id();
+  std::mt19937_64 rng(3);
+  v1::ForwardRequest forward;
+  forward.set_session_id(sa);
+  *forward.add_items() = MakeForwardItem("r", RandomHidden(40, spec.d_model, rng));
+  v1::ForwardResponse forwarded;
+  ASSERT_TRUE(Forward(stub(), forward, &forwarded).ok());
+
+  // Export: unknown session, unknown request.
+  Exported ignored;
+  grpc::Status status = Export(stub(), "0123456789abcdef0123456789abcdef", "r", false, 0, &ignored);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  status = Export(stub(), sa, "nope", false, 0, &ignored);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("'nope' not found"));
+  Exported exported;
+  status = Export(stub(), sa, "r", /*release=*/false, 0, &exported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(exported.chunks, 1) << "the server's limit holds these few pages in one message";
+  const v1::ExportedRequest& header = exported.header;
+  const int64_t bytes = header.held_pages() * header.page_bytes();
+  ASSERT_EQ(static_cast<int64_t>(exported.pages.size()), bytes);
+
+  SecondServer b;
+  ASSERT_TRUE(b.ok());
+  v1::ConfigureResponse same, other_seed, other_page, other_dtype;
+  ASSERT_TRUE(Configure(b.stub(), SeedConfigure(spec, 7), &same).ok());
+  ASSERT_TRUE(Configure(b.stub(), SeedConfigure(spec, 8), &other_seed).ok());
+  v1::ConfigureRequest paged = SeedConfigure(spec, 7);
+  paged.set_page_size(32);
+  ASSERT_TRUE(Configure(b.stub(), paged, &other_page).ok());
+  v1::ConfigureRequest bf16 = SeedConfigure(spec, 7);
+  bf16.set_kv_cache_dtype(v1::DTYPE_BF16);
+  ASSERT_TRUE(Configure(b.stub(), bf16, &other_dtype).ok());
+  const int64_t b_baseline = PoolUsed(b.stub());
+  v1::ImportRequestResponse response;
+
+  status =
+      Import(b.stub(), "0123456789abcdef0123456789abcdef", "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  status = Import(b.stub(), other_seed.session_id(), "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("fingerprint"));
+  status = Import(b.stub(), other_page.session_id(), "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("page_size 16 != this session's 32"));
+  status = Import(b.stub(), other_dtype.session_id(), "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("kv_format 'f32' != this session's 'bf16'"));
+
+  // Byte counts: one short, one over, a header whose page count does not fit its length.
+  const std::string sb = same.session_id();
+  status = Import(b.stub(), sb, "r", header, exported.pages.substr(1), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("received ", bytes - 1)));
+  status = Import(b.stub(), sb, "r", header, exported.pages + "x", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("more than the"));
+  v1::ExportedRequest lying = header;
+  lying.set_held_pages(header.held_pages() + 1);
+  status = Import(b.stub(), sb, "r", lying, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_EQ(AwaitPoolUsed(b.stub(), b_baseline), b_baseline) << "failed imports hold nothing";
+
+  // A good import, then the same id again.
+  status = Import(b.stub(), sb, "r", header, exported.pages, &response);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  status = Import(b.stub(), sb, "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(status);
+  EXPECT_EQ(AwaitPoolUsed(b.stub(), b_baseline + bytes), b_baseline + bytes);
+
+  // Cancelled half-way: the bytes reserved at the header come back.
+  {
+    const int64_t before = PoolUsed(b.stub());
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::ImportRequestResponse unused;
+    std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer =
+        b.stub().ImportRequest(&context, &unused);
+    v1::ImportRequestRequest message;
+    message.mutable_header()->set_session_id(sb);
+    message.mutable_header()->set_request_id("half");
+    *message.mutable_header()->mutable_request() = header;
+    ASSERT_TRUE(writer->Write(message));
+    message.Clear();
+    message.mutable_pages()->set_data(exported.pages.substr(0, exported.pages.size() / 2));
+    ASSERT_TRUE(writer->Write(message));
+    EXPECT_EQ(AwaitPoolUsed(b.stub(), before + bytes), before + bytes)
+        << "the header reserves the pages' pool bytes";
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_EQ(AwaitPoolUsed(b.stub(), before), before) << "a cancelled import leaks no bytes";
+  }
+
+  // Pool exhausted: a replica whose whole pool is two pages cannot take three.
+  SecondServer tiny({absl::StrCat("--kv_pool_bytes=", 2 * header.page_bytes())});
+  ASSERT_TRUE(tiny.ok());
+  v1::ConfigureResponse small;
+  ASSERT_TRUE(Configure(tiny.stub(), SeedConfigure(spec, 7), &small).ok());
+  ASSERT_EQ(small.fingerprint(), source.fingerprint());
+  ASSERT_EQ(header.held_pages(), 3);
+  status = Import(tiny.stub(), small.session_id(), "r", header, exported.pages, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("this import needs"));
+  EXPECT_EQ(AwaitPoolUsed(tiny.stub(), 0), 0);
+
+  // The source kept its request (release_after_export defaults to false).
+  v1::DecodeResponse decoded;
+  EXPECT_TRUE(
+      Decode(stub(), DecodeOne(sa, "r", RandomHidden(1, spec.d_model, rng)), &decoded).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::server_test
