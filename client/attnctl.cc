@@ -55,6 +55,8 @@
 #include "kernels/layer_spec_json.h"
 #include "kernels/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "kernels/kv_quantization.h"
+#include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -98,6 +100,9 @@ ABSL_FLAG(std::string, checkpoint, "",
           "--spec_file), the spec comes from its config.json.");
 ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
 ABSL_FLAG(std::string, kv_dtype, "f32", "configure/demo: KV cache dtype: f32, f16 or bf16.");
+ABSL_FLAG(std::string, kv_quant, "none",
+          "configure/demo/compare: 8-bit KV pages with per-page scales: none, fp8 (e4m3) or "
+          "int8 (CPU backend); when set, --kv_dtype is not sent.");
 ABSL_FLAG(int, page_size, 0, "configure: tokens per KV page (0 = server default).");
 ABSL_FLAG(int, max_requests, 0, "configure: requests in the session (0 = server limit).");
 ABSL_FLAG(int64_t, max_seq_len, 0, "configure: tokens per request (0 = server limit).");
@@ -251,6 +256,8 @@ int Configure(const Client& client) {
   if (!spec.ok()) return ReportError(spec.status().message());
   absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  absl::StatusOr<KvQuantization> kv_quant = ParseKvQuantization(absl::GetFlag(FLAGS_kv_quant));
+  if (!kv_quant.ok()) return ReportError(absl::StrCat("--kv_quant: ", kv_quant.status().message()));
 
   v1::ConfigureRequest request;
   if (!spec_from_checkpoint) *request.mutable_spec() = LayerSpecToProto(*spec);
@@ -260,7 +267,7 @@ int Configure(const Client& client) {
   } else {
     request.mutable_weights()->set_seed(absl::GetFlag(FLAGS_seed));
   }
-  request.set_kv_cache_dtype(DTypeToProto(*kv_dtype));
+  SetKvCacheFormat(*kv_dtype, *kv_quant, &request);
   request.set_page_size(absl::GetFlag(FLAGS_page_size));
   request.set_max_requests(absl::GetFlag(FLAGS_max_requests));
   request.set_max_sequence_length(absl::GetFlag(FLAGS_max_seq_len));
@@ -282,7 +289,9 @@ int Configure(const Client& client) {
   absl::PrintF("spec         %s%s\n", LayerSpecSummary(configured.ok() ? *configured : *spec),
                spec_from_checkpoint ? " (from config.json)" : "");
   absl::PrintF("parameters   %d (%s)\n", cost.parameter_count(), Mib(cost.parameter_bytes()));
-  absl::PrintF("KV cache     %s, %d bytes/token, page %d bytes\n", DTypeName(*kv_dtype),
+  const KvStorageFormat kv_format =
+      *kv_quant != KvQuantization::kNone ? KvStorageFormat::Quantized(*kv_quant) : *kv_dtype;
+  absl::PrintF("KV cache     %s, %d bytes/token, page %d bytes\n", KvStorageFormatName(kv_format),
                cost.kv_bytes_per_token(), cost.page_bytes());
   absl::PrintF("max context  %d tokens (free pool now)\n", cost.max_context_tokens());
   absl::PrintF("server time  %s\n", TimingText(response.timing()));
@@ -701,6 +710,9 @@ int Demo(const Client& client) {
   absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   options.kv_dtype = *kv_dtype;
+  absl::StatusOr<KvQuantization> kv_quant = ParseKvQuantization(absl::GetFlag(FLAGS_kv_quant));
+  if (!kv_quant.ok()) return ReportError(absl::StrCat("--kv_quant: ", kv_quant.status().message()));
+  options.kv_quantization = *kv_quant;
   return RunDemo(client, options);
 }
 

@@ -24,6 +24,8 @@
 #include "absl/time/clock.h"
 #include "client/attnctl_convert.h"
 #include "kernels/layer_spec_json.h"
+#include "kernels/kv_quantization.h"
+#include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -32,6 +34,7 @@ ABSL_DECLARE_FLAG(int, batch);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int, window);
 ABSL_DECLARE_FLAG(std::string, kv_dtype);
+ABSL_DECLARE_FLAG(std::string, kv_quant);
 
 ABSL_FLAG(std::string, base, "",
           "compare: JSON spec of the MHA layer to compare from (default: d_model 512, 8 heads of "
@@ -54,6 +57,13 @@ ABSL_FLAG(std::string, plot_script, ATTNSERVE_PLOT_SCRIPT, "compare: the plottin
 namespace attnserve {
 
 namespace {
+
+// "f32", "bf16", "fp8_e4m3" or "int8": the KV format the sessions are configured with.
+std::string KvFormatText(const CompareOptions& options) {
+  return KvStorageFormatName(options.kv_quantization != KvQuantization::kNone
+                                 ? KvStorageFormat::Quantized(options.kv_quantization)
+                                 : KvStorageFormat(options.kv_dtype));
+}
 
 // Inputs depend on (seed, length, repeat, what) only, so every variant sees the same ones.
 std::mt19937_64 InputRng(uint64_t seed, int64_t length, int repeat, uint64_t what) {
@@ -129,7 +139,7 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
   } else {
     configure.mutable_weights()->set_seed(options.seed);
   }
-  configure.set_kv_cache_dtype(DTypeToProto(options.kv_dtype));
+  SetKvCacheFormat(options.kv_dtype, options.kv_quantization, &configure);
   configure.set_max_requests(options.batch);
   configure.set_max_sequence_length(longest + options.decode_steps);
   configure.set_label(absl::StrCat("attnctl compare ", variant.label));
@@ -416,6 +426,7 @@ nlohmann::json ComparisonJson(const Comparison& comparison) {
       {"decode_steps", options.decode_steps},
       {"seed", options.seed},
       {"kv_dtype", std::string(DTypeName(options.kv_dtype))},
+      {"kv_format", KvFormatText(options)},
       {"lengths", options.lengths},
       {"variants", variants}};
 }
@@ -447,7 +458,7 @@ std::string ComparisonTable(const Comparison& comparison) {
       "Server: %s (%s). Batch %d, KV %s, %d repeats, %d decode steps each; latencies are the "
       "server's compute time (p50 / p90, ms).\n\n",
       comparison.server_backend, comparison.server_device, options.batch,
-      DTypeName(options.kv_dtype), options.repeats, options.decode_steps);
+      KvFormatText(options), options.repeats, options.decode_steps);
   out += "| variant | weights | parameters | KV bytes/token |\n|---|---|---:|---:|\n";
   for (const VariantMeasurement& v : comparison.variants) {
     if (!v.unavailable.empty()) {
@@ -526,6 +537,11 @@ absl::StatusOr<CompareOptions> CompareOptionsFromFlags(bool json) {
   if (!kv_dtype.ok())
     return absl::InvalidArgumentError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
   options.kv_dtype = *kv_dtype;
+  absl::StatusOr<KvQuantization> kv_quant = ParseKvQuantization(absl::GetFlag(FLAGS_kv_quant));
+  if (!kv_quant.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_quant: ", kv_quant.status().message()));
+  }
+  options.kv_quantization = *kv_quant;
   if (json && absl::GetFlag(FLAGS_csv)) {
     return absl::InvalidArgumentError("--json and --csv exclude each other");
   }

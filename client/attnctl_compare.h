@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "client/attnctl_client.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_storage_format.h"
 #include "kernels/layer_spec.h"
 #include "nlohmann/json.hpp"
 
@@ -39,6 +40,7 @@ struct CompareOptions {
   int mla_latent = 256;
   int window = 0;  // Of the sliding-window form; 0 = a quarter of the longest length.
   DType kv_dtype = DType::kF32;
+  KvQuantization kv_quantization = KvQuantization::kNone;  // 8-bit KV pages (--kv_quant).
   uint64_t seed = 1;  // Weights and inputs.
   enum class Format { kTable, kJson, kCsv } format = Format::kTable;
   std::string save_json_path;  // Also write the JSON here; empty = no.

@@ -11,11 +11,20 @@
 #include "client/attnctl_convert.h"
 #include "client/demo_variants.h"
 #include "nlohmann/json.hpp"
+#include "kernels/kv_quantization.h"
+#include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 
 namespace attnserve {
 namespace {
+
+// "f32", "bf16", "fp8_e4m3" or "int8": the KV format the sessions are configured with.
+std::string KvFormatText(const DemoOptions& options) {
+  return KvStorageFormatName(options.kv_quantization != KvQuantization::kNone
+                                 ? KvStorageFormat::Quantized(options.kv_quantization)
+                                 : KvStorageFormat(options.kv_dtype));
+}
 
 struct DemoRow {
   std::string label;
@@ -40,7 +49,7 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
   v1::ConfigureRequest configure;
   *configure.mutable_spec() = LayerSpecToProto(variant.spec);
   configure.mutable_weights()->set_seed(options.seed);
-  configure.set_kv_cache_dtype(DTypeToProto(options.kv_dtype));
+  SetKvCacheFormat(options.kv_dtype, options.kv_quantization, &configure);
   configure.set_label(absl::StrCat("attnctl demo ", variant.label));
   v1::ConfigureResponse configured;
   {
@@ -181,7 +190,7 @@ int RunDemo(const Client& client, const DemoOptions& options) {
         "KV pool %.1f MiB (%.1f MiB in use); per variant: %d requests x %d prompt "
         "tokens, then %d decode steps; KV cache %s; weights seed %d\n\n",
         before.kv_pool_capacity_bytes() / 1048576.0, before.kv_pool_used_bytes() / 1048576.0,
-        options.batch, options.tokens, options.steps, DTypeName(options.kv_dtype), options.seed);
+        options.batch, options.tokens, options.steps, KvFormatText(options), options.seed);
   }
   // A variant the server cannot run (a backend that refuses it, a pool too small) is reported and
   // the demo goes on with the next; the exit status says whether all of them ran.
@@ -215,6 +224,7 @@ int RunDemo(const Client& client, const DemoOptions& options) {
                        {"prompt_tokens", options.tokens},
                        {"decode_steps", options.steps},
                        {"kv_dtype", std::string(DTypeName(options.kv_dtype))},
+                       {"kv_format", KvFormatText(options)},
                        {"seed", options.seed}};
     out["variants"] = nlohmann::json::array();
     for (const DemoRow& row : rows) {

@@ -10,6 +10,7 @@
 
 #include "client/attnctl_client.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_storage_format.h"
 
 namespace attnserve {
 
@@ -21,6 +22,7 @@ struct DemoOptions {
   int tokens = 128;  // Prompt tokens per request.
   int steps = 16;    // Decode steps after the prefill.
   DType kv_dtype = DType::kF32;
+  KvQuantization kv_quantization = KvQuantization::kNone;  // 8-bit KV pages (--kv_quant).
   uint64_t seed = 1;  // Weights and inputs.
 };
 

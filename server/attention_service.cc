@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/kv_head_pooling.h"
+#include "kernels/kv_quantization.h"
 #include "kernels/layer_spec.h"
+#include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/checkpoint_spec.h"
@@ -265,6 +267,19 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
     if (!d.ok()) return d.status();
     kv_dtype = *d;
   }
+  // 8-bit pages hold codes with per-page scales (kernels/kv_quantization.h), not a DType.
+  KvStorageFormat kv_storage = kv_dtype;
+  if (request.kv_cache_quantization() != v1::KV_CACHE_QUANTIZATION_NONE) {
+    absl::StatusOr<KvQuantization> q = KvQuantizationFromProto(request.kv_cache_quantization());
+    if (!q.ok()) return q.status();
+    if (request.kv_cache_dtype() != v1::DTYPE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv_cache_quantization = ", KvQuantizationName(*q), " with kv_cache_dtype = ",
+          DTypeName(kv_dtype), ": an 8-bit KV cache stores codes and per-page scales, not a "
+          "dtype; leave kv_cache_dtype unset"));
+    }
+    kv_storage = KvStorageFormat::Quantized(*q);
+  }
   if (request.page_size() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size = ", request.page_size(), ", must be >= 0 (0 = default)"));
@@ -293,7 +308,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   // A non-admin tenant's pages are charged to its KV quota, which charges the pool in turn.
   const int64_t tenant_kv_bytes = registry_->tenant_quotas().max_kv_bytes;
   absl::StatusOr<KvCacheConfig> kv_config = pool_->ConfigFor(
-      *spec, kv_dtype, page_size,
+      *spec, kv_storage, page_size,
       owner.is_admin || tenant_kv_bytes <= 0 ? nullptr
                                              : pool_->TenantBudget(owner.tenant, tenant_kv_bytes));
   if (!kv_config.ok()) return kv_config.status();
@@ -338,7 +353,8 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   SessionCost cost;
   cost.parameter_count = ParameterCount(*spec);
   cost.parameter_bytes = kept_parameter_bytes;  // As the backend holds them.
-  cost.kv_bytes_per_token = KvBytesPerToken(*spec, kv_dtype);
+  // Exact for plain pages; 8-bit pages add their scales, page_bytes / page_size rounded up.
+  cost.kv_bytes_per_token = KvBytesPerTokenOf(*spec, kv_storage, page_size);
   cost.page_bytes = usage.page_bytes;
   cost.max_context_tokens = pool_->free_bytes() / usage.page_bytes * usage.page_size;
 
@@ -363,7 +379,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   response->set_replica(replica());
   *response->mutable_cost() = SessionCostToProto(cost);
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
-             LayerSpecSummary(*spec), DTypeName(kv_dtype), page_size);
+             LayerSpecSummary(*spec), KvStorageFormatName(kv_storage), page_size);
   return absl::OkStatus();
 }
 

@@ -4,25 +4,27 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/kv_quantization.h"
 
 namespace attnserve::server {
 
-absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(const LayerSpec& spec, DType dtype,
+absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(const LayerSpec& spec,
+                                                const KvStorageFormat& storage,
                                                 int page_size) const {
-  return ConfigFor(spec, dtype, page_size, nullptr);
+  return ConfigFor(spec, storage, page_size, nullptr);
 }
 
 absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(
-    const LayerSpec& spec, DType dtype, int page_size,
+    const LayerSpec& spec, const KvStorageFormat& storage, int page_size,
     std::shared_ptr<KvMemoryBudget> tenant_budget) const {
-  const int64_t page_bytes = KvBytesPerToken(spec, dtype) * page_size;
+  const int64_t page_bytes = KvPageBytes(spec, storage, page_size);  // Scales included.
   if (page_bytes <= 0 || page_bytes > capacity_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page_size: one page of ", page_size, " tokens takes ", page_bytes,
         " bytes, more than the whole KV pool (", capacity_bytes(), " bytes, --kv_pool_bytes)"));
   }
   KvCacheConfig config;
-  config.storage = dtype;
+  config.storage = storage;
   config.page_size = page_size;
   // The engine's page allocator takes at most 2^31 - 1 pages.
   config.max_pages = std::min<int64_t>(capacity_bytes() / page_bytes, (int64_t{1} << 31) - 1);

@@ -29,11 +29,14 @@ class KvPool {
 
   // The cache configuration of a new session's layer. page_size must be resolved (>= 1).
   // INVALID_ARGUMENT when a single page is larger than the whole pool.
-  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype, int page_size) const;
+  // `storage` may be a plain DType (f32, bf16, ...) or an 8-bit format; pages count its scales.
+  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, const KvStorageFormat& storage,
+                                          int page_size) const;
   // The same for a layer whose pages are charged to `tenant_budget` (from TenantBudget, or null
   // for the pool alone), which charges the pool in turn. RESOURCE_EXHAUSTED when one page is
   // larger than the tenant's whole quota (a quota, not a bad spec).
-  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, DType dtype, int page_size,
+  absl::StatusOr<KvCacheConfig> ConfigFor(const LayerSpec& spec, const KvStorageFormat& storage,
+                                          int page_size,
                                           std::shared_ptr<KvMemoryBudget> tenant_budget) const;
 
   // The KV quota of `tenant`: a budget of `max_bytes` inside the pool, shared by all of the

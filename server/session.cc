@@ -515,6 +515,7 @@ SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
   snapshot.label = label_;
   snapshot.spec = spec_;
   snapshot.kv_dtype = kv_dtype_;
+  snapshot.kv_quantization = kv_storage_.quantization;
   snapshot.page_size = page_size_;
   snapshot.cost = cost_;
   snapshot.kv_bytes_used = kv_bytes_used();

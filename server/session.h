@@ -63,14 +63,15 @@ struct SessionSnapshot {
   std::string label;
   LayerSpec spec;
   DType kv_dtype = DType::kF32;
+  KvQuantization kv_quantization = KvQuantization::kNone;  // 8-bit pages (kv_dtype unused).
   int64_t page_size = 0;
   SessionCost cost;
   int64_t kv_bytes_used = 0;
   SchedulerCounters batching;
   absl::Duration idle;
   std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
-};
   std::string fingerprint;                // server/layer_fingerprint.h; empty if never set.
+};
 
 // One request's share of a Forward or Decode call, already validated by the codec.
 struct StepInput {

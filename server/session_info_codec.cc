@@ -1,5 +1,6 @@
 #include "server/session_info_codec.h"
 
+#include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 
@@ -20,6 +21,10 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
   info->set_label(snapshot.label);
   *info->mutable_spec() = LayerSpecToProto(snapshot.spec);
   info->set_kv_cache_dtype(DTypeToProto(snapshot.kv_dtype));
+  if (snapshot.kv_quantization != KvQuantization::kNone) {
+    info->set_kv_cache_dtype(v1::DTYPE_UNSPECIFIED);  // The pages hold 8-bit codes.
+    info->set_kv_cache_quantization(KvQuantizationToProto(snapshot.kv_quantization));
+  }
   info->set_page_size(static_cast<int32_t>(snapshot.page_size));
   *info->mutable_cost() = SessionCostToProto(snapshot.cost);
   info->set_kv_bytes_used(snapshot.kv_bytes_used);
