@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "kernels/kv_quantization.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/codec/spec_codec.h"
 
@@ -68,6 +69,8 @@ std::string KvFormatName(const KvStorageFormat& storage) {
   if (storage.scales != KvScaleScheme::kNone) {
     absl::StrAppend(&name, "+scales", static_cast<int>(storage.scales));
   }
+  // fp8 and int8 pages share element and scale scheme; their codes differ.
+  if (storage.quantized()) absl::StrAppend(&name, "+", KvQuantizationName(storage.quantization));
   return name;
 }
 
