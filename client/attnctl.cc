@@ -17,6 +17,8 @@
 //   list       ListSessions
 //   get        GetSession --session
 //   release    Release --session [--request]
+//   move       a request from --server to --to (ExportRequest -> ImportRequest): --session
+//              --request [--to_session --new_request --release_source] (client/attnctl_move.h)
 //   health     grpc.health.v1 Check [--service]; --wait_s=S retries until SERVING
 //   demo       configure each demo variant, forward, decode, release; print the per-variant table
 //   compare    seed 000's variant comparison measured on the server (client/attnctl_compare.h)
@@ -49,6 +51,7 @@
 #include "client/attnctl_convert.h"
 #include "client/attnctl_demo.h"
 #include "client/attnctl_kv_convert.h"
+#include "client/attnctl_move.h"
 #include "client/attnctl_npy.h"
 #include "client/session_routing.h"
 #include "google/protobuf/util/json_util.h"
@@ -718,12 +721,13 @@ int Demo(const Client& client) {
 
 constexpr char kUsage[] =
     "attnctl [--server=HOST:PORT] [--json] <command> [flags]\n"
-    "commands: configure, forward, decode, info, list, get, release, health, demo, compare,\n"
-    "          convert\n"
+    "commands: configure, forward, decode, info, list, get, release, move, health, demo,\n"
+    "          compare, convert\n"
     "  attnctl configure --variant=gqa --d_model=512 --num_heads=8 --num_kv_heads=2 --seed=1\n"
     "  attnctl forward --session=ID --request=a,b --tokens=128\n"
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
+    "  attnctl --server=A move --to=B --session=ID --request=a [--to_session=ID2]\n"
     "  attnctl demo\n"
     "  attnctl compare [--lengths=128,256,512,1024,2048 --batch=4 --repeats=5] [--csv] "
     "[--plot=out.png]\n"
@@ -757,6 +761,7 @@ int main(int argc, char** argv) {
   if (command == "list") return List(client);
   if (command == "get") return Get(client);
   if (command == "release") return Release(client);
+  if (command == "move") return RunMove(client, *security);
   if (command == "health") return Health(client);
   if (command == "demo") return Demo(client);
   if (command == "compare") {

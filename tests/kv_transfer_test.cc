@@ -1,8 +1,8 @@
 // Moving a request at the layer (AttentionLayer::ExportSequence / ImportSequence,
 // kernels/kv_sequence_table.h): a sequence exported mid-decode from one layer and imported into a
-// second layer with the same weights decodes bit for bit as the unmoved original, for GQA, MLA and a
-// sliding window whose leading pages were evicted before the export (they are not sent; the import
-// holds only the pages a query can still see). Bad imports change nothing.
+// second layer with the same weights decodes bit for bit as the unmoved original, for GQA, MLA and
+// a sliding window whose leading pages were evicted before the export (they are not sent; the
+// import holds only the pages a query can still see). Bad imports change nothing.
 #include <cstring>
 #include <ostream>
 #include <random>
@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 struct TransferCase {
   std::string name;
   LayerSpec spec;
-  int64_t prompt = 37;  // Tokens; 37 = two full pages of 16 and a partial third.
+  int64_t prompt = 37;        // Tokens; 37 = two full pages of 16 and a partial third.
   int64_t evicted_pages = 0;  // Leading pages a window has evicted at the export.
 };
 
@@ -83,8 +83,8 @@ TEST_P(KvTransferTest, ImportedSequenceDecodesAsTheUnmovedOriginal) {
                         ToTensor(RandomHidden(c.prompt, d, rng), {c.prompt, d}, DType::kF32), {})
                   .ok());
   for (int step = 0; step < 5; ++step) {
-    ASSERT_TRUE(a.Decode({&original, 1}, ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32), {})
-                    .ok());
+    ASSERT_TRUE(
+        a.Decode({&original, 1}, ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32), {}).ok());
   }
   absl::StatusOr<SequenceExport> exported = a.ExportSequence(original);
   ASSERT_TRUE(exported.ok()) << exported.status();

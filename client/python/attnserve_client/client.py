@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -195,6 +195,7 @@ class ConfigureResult:
     max_context_tokens: int
     timing: Timing
     replica: str = ""  # the server replica holding the session (its --replica_id)
+    fingerprint: bytes = b""  # SHA-256 of spec, KV format, page size and weights (ImportRequest)
 
 
 @dataclass
@@ -387,13 +388,51 @@ class AttnServeClient:
         cost = response.cost
         return ConfigureResult(response.session_id, cost.parameter_count, cost.parameter_bytes,
                                cost.kv_bytes_per_token, cost.page_bytes, cost.max_context_tokens,
-                               Timing.from_proto(response.timing), response.replica)
+                               Timing.from_proto(response.timing), response.replica,
+                               response.fingerprint)
 
     def release(self, session_id: str, request_id: str = "") -> int:
         """Frees a request's KV cache, or the whole session when request_id is empty; returns the
         bytes freed."""
         return self._call("Release", pb.ReleaseRequest(session_id=session_id,
                                                        request_id=request_id)).freed_bytes
+
+    # -- moving a request between replicas (docs/api.md, "Moving a request") --
+
+    def export_request(self, session_id: str, request_id: str,
+                       release_after_export: bool = False,
+                       max_chunk_bytes: int = 0) -> Tuple[pb.ExportedRequest, bytes]:
+        """A request's KV pages and positions: (header, page bytes). Import them with
+        import_request into a session of the same fingerprint, on this replica or another."""
+        request = pb.ExportRequestRequest(session_id=session_id, request_id=request_id,
+                                          release_after_export=release_after_export,
+                                          max_chunk_bytes=max_chunk_bytes)
+        header, chunks = None, []
+        try:
+            for message in self.stub.ExportRequest(request, timeout=self.timeout_s,
+                                                   metadata=_session_metadata(session_id)):
+                if message.HasField("header"):
+                    header = message.header
+                else:
+                    chunks.append(message.pages.data)
+        except grpc.RpcError as error:
+            raise _wrap("ExportRequest", error) from None
+        return header, b"".join(chunks)
+
+    def import_request(self, session_id: str, request_id: str, header: pb.ExportedRequest,
+                       pages: bytes, chunk_bytes: int = 1 << 20) -> pb.ImportRequestResponse:
+        """Creates `request_id` in `session_id` from export_request's (header, pages)."""
+        def messages():
+            yield pb.ImportRequestRequest(header=pb.ImportRequestHeader(
+                session_id=session_id, request_id=request_id, request=header))
+            for offset in range(0, len(pages), chunk_bytes):
+                yield pb.ImportRequestRequest(
+                    pages=pb.KvPageBytes(data=pages[offset:offset + chunk_bytes]))
+        try:
+            return self.stub.ImportRequest(messages(), timeout=self.timeout_s,
+                                           metadata=_session_metadata(session_id))
+        except grpc.RpcError as error:
+            raise _wrap("ImportRequest", error) from None
 
     def get_session(self, session_id: str) -> pb.SessionInfo:
         return self._call("GetSession", pb.GetSessionRequest(session_id=session_id)).session
