@@ -16,10 +16,11 @@
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/checkpoint_spec.h"
+#include "server/layer_fingerprint.h"
 #include "server/logging.h"
 #include "server/session.h"
-#include "server/layer_fingerprint.h"
 #include "server/session_info_codec.h"
+#include "server/stack_config.h"
 #include "server/session_affinity.h"
 #include "server/session_scheduler.h"
 #include "server/step_codec.h"
@@ -216,8 +217,6 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Fork(grpc::CallbackServerContext
   return Serve(Rpc::kFork, &AttentionServiceImpl::HandleFork, context, request, response);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
-                                                           const grpc::ByteBuffer* request,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* AttentionServiceImpl::ExportRequest(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return StartExportRequest(transfer_, context, request);
@@ -228,6 +227,8 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* AttentionServiceImpl::ImportRequest(
   return StartImportRequest(transfer_, context, response);
 }
 
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   return Serve(Rpc::kGetSession, &AttentionServiceImpl::HandleGetSession, context, request,
                response);
@@ -257,7 +258,13 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                                                const std::string& session_id) {
   // Fail fast before loading weights (the owner's session quota too); Add() checks again.
   if (absl::Status s = registry_->CheckCapacity(owner, 0); !s.ok()) return s;
-  absl::StatusOr<LayerSpec> spec = ResolveConfigureSpec(request, limits_.checkpoint_root);
+  // A hybrid stack (server/stack_config.h): its layers' specs; the session's is layer 0's.
+  absl::StatusOr<std::vector<LayerSpec>> stack =
+      ResolveStackSpecs(request, limits_.checkpoint_root);
+  if (!stack.ok()) return stack.status();
+  absl::StatusOr<LayerSpec> spec = stack->empty()
+                                       ? ResolveConfigureSpec(request, limits_.checkpoint_root)
+                                       : StackSessionSpec(*stack);
   if (!spec.ok()) return spec.status();
   *variant = VariantLabel(*spec);
 
@@ -315,13 +322,18 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   // The owner's parameter quota counts what the layer keeps: checked before anything is allocated
   // against the fp32 bound (no backend keeps more), and again, atomically, by Add() with the bytes
   // the built layer reports (16-bit weights on CUDA take half).
-  if (absl::Status s = registry_->CheckCapacity(owner, LayerParameterBytes(*spec)); !s.ok()) {
+  const int64_t fp32_parameter_bytes =
+      stack->empty() ? LayerParameterBytes(*spec) : StackParameterBytes(*stack);
+  if (absl::Status s = registry_->CheckCapacity(owner, fp32_parameter_bytes); !s.ok()) {
     return s;
   }
   // Budgeted from the spec alone, before a byte is allocated: the peak while the loaded weights
   // and the layer's copy coexist, then what the layer keeps. A conversion also holds the MHA
   // layer's weights while it pools them.
-  int64_t peak_bytes = ConfigurePeakParameterBytes(*spec);
+  int64_t peak_bytes =
+      stack->empty() ? ConfigurePeakParameterBytes(*spec) : StackPeakParameterBytes(*stack);
+  const int64_t parameter_count =
+      stack->empty() ? ParameterCount(*spec) : StackParameterCount(*stack);
   if (request.weights().source_case() == v1::WeightSource::kConvertFrom) {
     if (absl::StatusOr<LayerSpec> mha = MhaSourceSpec(*spec); mha.ok()) {
       peak_bytes += LayerParameterBytes(*mha);
@@ -329,21 +341,30 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   }
   absl::StatusOr<ParameterCharge> parameters = parameters_->Charge(
       peak_bytes,
-      absl::StrCat("this layer (", ParameterCount(*spec), " parameters, while being built)"));
+      absl::StrCat(stack->empty() ? "this layer (" : "this stack (", parameter_count,
+                   " parameters, while being built)"));
   if (!parameters.ok()) return parameters.status();
   const auto abandoned = [&cancelled] {
     return absl::CancelledError("Configure cancelled or past its deadline; nothing was kept");
   };
   if (cancelled()) return abandoned();
   absl::StatusOr<LayerWeights> weights =
-      request.weights().source_case() == v1::WeightSource::kSeed
+      !stack->empty() ? absl::StatusOr<LayerWeights>(LayerWeights())  // BuildStack loads them.
+      : request.weights().source_case() == v1::WeightSource::kSeed
           ? SeededWeights(request.weights().seed(), *spec, cancelled)
           : WeightsFromProto(request.weights(), *spec, {limits_.checkpoint_root});
   if (!weights.ok()) return cancelled() ? abandoned() : weights.status();
   if (cancelled()) return abandoned();
+  std::string stack_fingerprint;
+  std::shared_ptr<StackKvUsage> stack_kv;
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
-      backend_->CreateLayer(*spec, *weights, *kv_config);
+      stack->empty() ? backend_->CreateLayer(*spec, *weights, *kv_config)
+                     : BuildStack(request, *stack, *backend_, *kv_config, limits_.checkpoint_root,
+                                  cancelled, &stack_fingerprint, &stack_kv);
   if (!layer.ok()) return layer.status();
+  // Before the weights go: what an import into this session must match (ImportRequest).
+  std::string fingerprint = LayerFingerprint(*spec, kv_config->storage, page_size, *weights);
+  if (!stack->empty()) fingerprint = stack_fingerprint;
   weights->clear();  // The layer holds its own copy in its compute dtype.
   const int64_t kept_parameter_bytes = (*layer)->ParameterBytes();
   parameters->ShrinkTo(kept_parameter_bytes);
@@ -351,17 +372,18 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
 
   const KvPoolUsage usage = (*layer)->PoolUsage();
   SessionCost cost;
-  cost.parameter_count = ParameterCount(*spec);
+  cost.parameter_count = parameter_count;
   cost.parameter_bytes = kept_parameter_bytes;  // As the backend holds them.
   // Exact for plain pages; 8-bit pages add their scales, page_bytes / page_size rounded up.
-  cost.kv_bytes_per_token = KvBytesPerTokenOf(*spec, kv_storage, page_size);
+  cost.kv_bytes_per_token = stack->empty() ? KvBytesPerTokenOf(*spec, kv_storage, page_size)
+                                            : StackKvBytesPerToken(*stack, kv_storage, page_size);
   cost.page_bytes = usage.page_bytes;
-  cost.max_context_tokens = pool_->free_bytes() / usage.page_bytes * usage.page_size;
+  cost.max_context_tokens = stack->empty()
+                                ? pool_->free_bytes() / usage.page_bytes * usage.page_size
+                                : MaxContextTokens(**layer, pool_->free_bytes());
 
   // Every engine call of the session (a decode batch, a whole Forward) feeds the batch metrics.
   SchedulerContext scheduling{
-  // Before the weights go: what an import into this session must match (ImportRequest).
-  std::string fingerprint = LayerFingerprint(*spec, kv_config->storage, page_size, *weights);
       scheduler_options_, &timer_,
       [metrics = metrics_, variant = *variant](const Session&, const BatchStats& b) {
         metrics->ObserveBatch(variant, b.decode, b.size, b.tokens,
@@ -371,6 +393,8 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       std::make_shared<Session>(session_id, request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
+  session->SetFingerprint(fingerprint);
+  if (stack_kv != nullptr) session->SetStack(stack_kv, static_cast<int>(stack->size()));
   if (absl::Status s = registry_->Add(session, owner, kept_parameter_bytes); !s.ok()) {
     return s;
   }
@@ -378,6 +402,8 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   *response->mutable_spec() = LayerSpecToProto(*spec);
   response->set_replica(replica());
   *response->mutable_cost() = SessionCostToProto(cost);
+  response->set_fingerprint(fingerprint);
+  for (const LayerSpec& layer_spec : *stack) *response->add_stack() = LayerSpecToProto(layer_spec);
   SERVER_LOG(INFO, "session %s configured: %s, kv %s, page_size %d", session->id(),
              LayerSpecSummary(*spec), KvStorageFormatName(kv_storage), page_size);
   return absl::OkStatus();
@@ -387,7 +413,6 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
                                            const Principal& caller,
                                            const v1::ConfigureRequest& request,
                                            v1::ConfigureResponse& response, UnaryCall* call) {
-  session->SetFingerprint(fingerprint);
   auto timer = std::make_shared<CallTimer>();
   absl::StatusOr<std::string> session_id = SessionIdForConfigure(*context);
   if (!session_id.ok()) {
@@ -395,7 +420,6 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
                       ToGrpc(session_id.status()));
   }
   // Loading a checkpoint and building a layer are compute: do them on the executor.
-  response->set_fingerprint(fingerprint);
   const bool queued = executor_->Submit([this, context, caller, &request, &response, call, timer,
                                          session_id = *std::move(session_id)] {
     if (context->IsCancelled()) {

@@ -520,8 +520,10 @@ SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
   snapshot.cost = cost_;
   snapshot.kv_bytes_used = kv_bytes_used();
   snapshot.batching = scheduler_->counters();
-  absl::MutexLock lock(&mu_);
   snapshot.fingerprint = fingerprint_;
+  snapshot.num_layers = num_layers_;
+  if (stack_kv_ != nullptr) snapshot.kv_by_layer_kind = stack_kv_->Get();
+  absl::MutexLock lock(&mu_);
   snapshot.idle = now - last_used_;
   if (!with_requests) return snapshot;
   for (const auto& [request_id, state] : requests_) {

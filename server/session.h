@@ -29,6 +29,7 @@
 #include "kernels/kv_memory_budget.h"
 #include "kernels/kv_storage_format.h"
 #include "kernels/layer_spec.h"
+#include "kernels/layer_stack.h"
 #include "kernels/tensor.h"
 #include "server/parameter_budget.h"
 #include "server/serial_queue.h"
@@ -71,6 +72,8 @@ struct SessionSnapshot {
   absl::Duration idle;
   std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
   std::string fingerprint;                // server/layer_fingerprint.h; empty if never set.
+  int num_layers = 1;                      // A hybrid stack's layers (kernels/layer_stack.h).
+  std::vector<LayerKindKv> kv_by_layer_kind;  // A stack's KV by layer kind; empty for one layer.
 };
 
 // One request's share of a Forward or Decode call, already validated by the codec.
@@ -92,7 +95,6 @@ struct ForkOutcome {
   int64_t kv_bytes_added = 0;
 };
 
-// One call's inputs checked against the session's requests (Session::Plan): what the engine call
 // A request as ExportRequest sends it (Session::ExportRequest): its pages and where its RoPE
 // positions stand.
 struct RequestExport {
@@ -106,6 +108,7 @@ struct ImportOutcome {
   int64_t kv_bytes_added = 0;
 };
 
+// One call's inputs checked against the session's requests (Session::Plan): what the engine call
 // needs and what to record once it succeeded.
 struct StepPlan {
   struct Request {
@@ -163,9 +166,9 @@ class Session : public std::enable_shared_from_this<Session> {
                                                      const std::function<void()>& between_chunks,
                                                      int64_t* compute_ns, int* chunks);
 
-  // Tokens cached by `request_id` now; 0 if unknown. Any thread.
   // Whether `request_id` exists now. Any thread.
   bool HasRequest(const std::string& request_id) const;
+  // Tokens cached by `request_id` now; 0 if unknown. Any thread.
   int64_t RequestLength(const std::string& request_id) const;
 
   // Creates `new_ids` as forks of `source` (AttentionLayer::ForkSequence: its cached tokens shared
@@ -175,7 +178,6 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::StatusOr<ForkOutcome> Fork(const std::string& source,
                                    const std::vector<std::string>& new_ids);
 
-  // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   // Moving a request (server/session_transfer.cc). ExportRequest copies `request_id`'s pages and
   // positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same step.
   // NOT_FOUND for an unknown request.
@@ -187,6 +189,7 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::StatusOr<ImportOutcome> ImportRequest(const std::string& request_id,
                                               const RequestExport& exported);
 
+  // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
 
   // Frees every request and the layer (and returns its parameter charge); later steps get
@@ -208,7 +211,6 @@ class Session : public std::enable_shared_from_this<Session> {
   // Bytes of one KV page of this session's layer, and what Configure reported (for metrics).
   int64_t page_bytes() const { return page_bytes_; }
   const SessionCost& cost() const { return cost_; }
-  int num_requests() const;
   const SessionLimits& limits() const { return limits_; }
   int64_t page_size() const { return page_size_; }  // Tokens per KV page.
   // How the layer stores KV pages, and the budget its pages are charged to (null: none).
@@ -217,6 +219,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // server/layer_fingerprint.h. Set once by Configure, before the session is shared.
   void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   const std::string& fingerprint() const { return fingerprint_; }
+  // A hybrid stack's KV bytes by layer kind (LayerStack::kv_usage) and its depth. Set once by
+  // Configure, before the session is shared; null for one layer.
+  void SetStack(std::shared_ptr<const StackKvUsage> kv_usage, int num_layers) {
+    stack_kv_ = std::move(kv_usage);
+    num_layers_ = num_layers;
+  }
+  const std::shared_ptr<const StackKvUsage>& stack_kv() const { return stack_kv_; }
+  int num_requests() const;
   // True once Close ran or was scheduled.
   bool closed() const { return closed_.load(std::memory_order_relaxed); }
   void MarkClosing() { closed_.store(true, std::memory_order_relaxed); }
@@ -254,10 +264,12 @@ class Session : public std::enable_shared_from_this<Session> {
   const SessionCost cost_;
   const int64_t page_size_;
   const int64_t page_bytes_;
-  std::shared_ptr<SerialQueue> queue_;
   const KvStorageFormat kv_storage_;
   const std::shared_ptr<KvMemoryBudget> kv_budget_;
   std::string fingerprint_;
+  std::shared_ptr<const StackKvUsage> stack_kv_;
+  int num_layers_ = 1;
+  std::shared_ptr<SerialQueue> queue_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
   ParameterCharge parameters_;             // Returned by Close, with the layer.
   std::unique_ptr<SessionScheduler> scheduler_;

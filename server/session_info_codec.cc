@@ -35,12 +35,19 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
   batching->set_prefill_chunks(snapshot.batching.prefill_chunks);
   batching->set_batches_retried_alone(snapshot.batching.batches_retried_alone);
   info->set_idle_ns(absl::ToInt64Nanoseconds(snapshot.idle));
+  info->set_fingerprint(snapshot.fingerprint);
+  info->set_num_layers(snapshot.num_layers);
+  for (const LayerKindKv& kind : snapshot.kv_by_layer_kind) {
+    v1::LayerKindKv* out = info->add_kv_by_layer_kind();
+    out->set_kind(kind.kind);
+    out->set_layers(kind.layers);
+    out->set_kv_bytes(kind.kv_bytes);
+  }
   for (const RequestSnapshot& request : snapshot.requests) {
     v1::RequestInfo* r = info->add_requests();
     r->set_request_id(request.request_id);
     r->set_sequence_length(request.sequence_length);
     r->set_kv_bytes(request.kv_bytes);
-  info->set_fingerprint(snapshot.fingerprint);
     r->set_idle_ns(absl::ToInt64Nanoseconds(request.idle));
   }
 }
