@@ -34,6 +34,9 @@ _VARIANTS = {"mha": pb.VARIANT_MHA, "mqa": pb.VARIANT_MQA, "gqa": pb.VARIANT_GQA
 _ROPES = {"none": pb.ROPE_NONE, "half": pb.ROPE_HALF, "interleaved": pb.ROPE_INTERLEAVED}
 _DTYPES = {"f32": pb.DTYPE_F32, "float32": pb.DTYPE_F32, "f16": pb.DTYPE_F16,
            "float16": pb.DTYPE_F16, "bf16": pb.DTYPE_BF16, "bfloat16": pb.DTYPE_BF16}
+# 8-bit KV pages with per-page scales (docs/kv_quantization.md); CPU backend.
+_KV_QUANTS = {"none": pb.KV_CACHE_QUANTIZATION_NONE, "fp8": pb.KV_CACHE_QUANTIZATION_FP8_E4M3,
+              "fp8_e4m3": pb.KV_CACHE_QUANTIZATION_FP8_E4M3, "int8": pb.KV_CACHE_QUANTIZATION_INT8}
 
 
 # ---- Tensors ------------------------------------------------------------------------------------
@@ -359,10 +362,11 @@ class AttnServeClient:
                   checkpoint: Optional[str] = None, layer: int = 0,
                   weights: Optional[Mapping[str, np.ndarray]] = None, kv_dtype: str = "f32",
                   page_size: int = 0, max_requests: int = 0, max_sequence_length: int = 0,
-                  label: str = "") -> ConfigureResult:
+                  label: str = "", kv_quant: str = "none") -> ConfigureResult:
         """Creates a session. Weights: `seed`, or `checkpoint` (a safetensors file or directory on
         the server's side) with `layer`, or `weights` (Hugging Face names without the
-        "model.layers.N.self_attn." prefix -> arrays). Default: seed 0."""
+        "model.layers.N.self_attn." prefix -> arrays). Default: seed 0. `kv_quant` "fp8" or
+        "int8" stores KV in 8 bits with per-page scales (kv_dtype is then not sent)."""
         if not isinstance(spec, LayerSpec):
             spec = LayerSpec.from_dict(spec)
         if sum(x is not None for x in (seed, checkpoint, weights)) > 1:
@@ -378,10 +382,17 @@ class AttnServeClient:
             source.seed = seed if seed is not None else 0
         if kv_dtype.lower() not in _DTYPES:
             raise ValueError(f"kv_dtype '{kv_dtype}': expected f32, f16 or bf16")
+        if kv_quant.lower() not in _KV_QUANTS:
+            raise ValueError(f"kv_quant '{kv_quant}': expected none, fp8 or int8")
+        quant = _KV_QUANTS[kv_quant.lower()]
+        # The server refuses a quantization together with a kv_cache_dtype.
+        kv_cache_dtype = (_DTYPES[kv_dtype.lower()] if quant == pb.KV_CACHE_QUANTIZATION_NONE
+                          else pb.DTYPE_UNSPECIFIED)
         # A fresh random id, which the server adopts: the balancer hashes it to the replica that
         # will hold the session, as it will every later call's.
         response = self._call("Configure", pb.ConfigureRequest(
-            spec=spec.to_proto(), weights=source, kv_cache_dtype=_DTYPES[kv_dtype.lower()],
+            spec=spec.to_proto(), weights=source, kv_cache_dtype=kv_cache_dtype,
+            kv_cache_quantization=quant,
             page_size=page_size, max_requests=max_requests,
             max_sequence_length=max_sequence_length, label=label),
             session_id=secrets.token_hex(16))
