@@ -160,7 +160,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       scheduler_options_(scheduler),
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
-                [this](const grpc::ServerContextBase& context) { return Authenticate(context); }} {}
+                [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
+                [this] { return DrainingStatus(); }} {}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
@@ -176,6 +177,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(Rpc rpc, Handler<Request, 
   absl::StatusOr<Principal> caller = Authenticate(*context);
   if (!caller.ok()) {
     FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(), ToGrpc(caller.status()));
+    return reactor;
+  }
+  const bool changes_sessions = rpc != Rpc::kGetSession && rpc != Rpc::kListSessions &&
+                                rpc != Rpc::kGetServerInfo;
+  if (grpc::Status draining = DrainingStatus(); changes_sessions && !draining.ok()) {
+    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(), std::move(draining));
     return reactor;
   }
   if (!ParseMessage(*wire_request, &call->request())) {
@@ -394,6 +401,13 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
   session->SetFingerprint(fingerprint);
+  if (keep_configure_requests_) {
+    // What a drain sends its peer to re-create this session: the request as given, with the spec
+    // as resolved (a checkpoint's config.json read here need not be read there again).
+    v1::ConfigureRequest recreate = request;
+    *recreate.mutable_spec() = LayerSpecToProto(*spec);
+    session->SetConfigureRequest(recreate.SerializeAsString());
+  }
   if (stack_kv != nullptr) session->SetStack(stack_kv, static_cast<int>(stack->size()));
   if (absl::Status s = registry_->Add(session, owner, kept_parameter_bytes); !s.ok()) {
     return s;
@@ -579,6 +593,10 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     wire_request_.Clear();
+    if (grpc::Status draining = service_->DrainingStatus(); !draining.ok()) {
+      FinishMessage(std::move(draining));
+      return;
+    }
     if (absl::Status s = CheckIdLength(request_.session_id(), "session_id", kMaxSessionIdBytes);
         !s.ok()) {
       FinishMessage(ToGrpc(s));
@@ -784,6 +802,21 @@ void AttentionServiceImpl::HandleListSessions(grpc::CallbackServerContext* conte
 void AttentionServiceImpl::SetReplica(std::string replica) {
   absl::MutexLock lock(&replica_mu_);
   replica_ = std::move(replica);
+}
+
+void AttentionServiceImpl::StartDraining(std::string peer) {
+  absl::MutexLock lock(&replica_mu_);
+  drain_peer_ = std::move(peer);
+  draining_.store(true);
+}
+
+grpc::Status AttentionServiceImpl::DrainingStatus() const {
+  if (!draining_.load(std::memory_order_relaxed)) return grpc::Status::OK;
+  absl::MutexLock lock(&replica_mu_);
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("replica '", replica_, "' is draining (shutting down): its "
+                                   "sessions are moving to ", drain_peer_,
+                                   "; retry, through the balancer, in a moment"));
 }
 
 std::string AttentionServiceImpl::replica() const {

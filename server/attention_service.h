@@ -9,6 +9,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -93,6 +94,14 @@ class AttentionServiceImpl final : public RawAttentionService {
   // port is bound; docs/deploy.md). Empty until set.
   void SetReplica(std::string replica) ABSL_LOCKS_EXCLUDED(replica_mu_);
 
+  // --drain_to (server/drain.h). Before serving: every session keeps its Configure request
+  // (inline weights included) so that a drain can re-create it on a peer. On SIGTERM:
+  // StartDraining makes every call that would change a session (Configure, Forward, Decode,
+  // DecodeStream, Fork, Release, ExportRequest, ImportRequest) UNAVAILABLE, naming `peer`.
+  void KeepConfigureRequestsForDrain() { keep_configure_requests_ = true; }
+  void StartDraining(std::string peer) ABSL_LOCKS_EXCLUDED(replica_mu_);
+  std::string replica() const ABSL_LOCKS_EXCLUDED(replica_mu_);
+
  private:
   class DecodeStreamReactor;
 
@@ -143,7 +152,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
                            std::string* variant, const std::function<bool()>& cancelled,
                            const Principal& owner, const std::string& session_id);
-  std::string replica() const ABSL_LOCKS_EXCLUDED(replica_mu_);
+  // UNAVAILABLE "replica ... is draining" once StartDraining ran, else OK.
+  grpc::Status DrainingStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
   // Who is calling (server/auth.h).
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
     return authenticator_ == nullptr ? Principal::Unauthenticated()
@@ -159,10 +169,13 @@ class AttentionServiceImpl final : public RawAttentionService {
   const ServerLimits limits_;
   const SchedulerOptions scheduler_options_;
   const Authenticator* const authenticator_;
+  bool keep_configure_requests_ = false;
+  std::atomic<bool> draining_{false};
   // What ExportRequest and ImportRequest use of the above.
   const TransferContext transfer_;
   mutable absl::Mutex replica_mu_;
   std::string replica_ ABSL_GUARDED_BY(replica_mu_);
+  std::string drain_peer_ ABSL_GUARDED_BY(replica_mu_);
   // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,
   // after the executor has been shut down (server.cc), so no batch task can still arm it.
   TimerQueue timer_;

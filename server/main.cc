@@ -61,6 +61,12 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "relative path is taken relative to it). Empty = checkpoints by path are refused.");
 ABSL_FLAG(absl::Duration, shutdown_grace, kDefaults.shutdown_grace,
           "On SIGTERM/SIGINT, how long in-flight calls may finish before they are cancelled.");
+ABSL_FLAG(std::string, drain_to, "",
+          "On SIGTERM, first move every live session and request to the replica or balancer at "
+          "this HOST:PORT (re-created under the same session id, then ExportRequest/"
+          "ImportRequest), answering other calls UNAVAILABLE meanwhile. Empty = no drain.");
+ABSL_FLAG(absl::Duration, drain_timeout, kDefaults.drain_timeout,
+          "With --drain_to: how long the drain may take in all; what is not moved by then is lost.");
 
 ABSL_FLAG(int, max_batch_size, kDefaults.scheduler.max_batch_size,
           "Continuous batching: decode steps per engine Decode call at most (per session).");
@@ -109,6 +115,8 @@ int main(int argc, char** argv) {
   options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
   options.max_parameter_bytes = absl::GetFlag(FLAGS_max_parameter_bytes);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  options.drain_to = absl::GetFlag(FLAGS_drain_to);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);

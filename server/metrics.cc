@@ -245,6 +245,11 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
                    .Name("attnserve_expired_total")
                    .Help("Requests (request_ttl) and sessions (session_ttl) freed for idleness.")
                    .Register(*registry_)),
+      drained_(prometheus::BuildCounter()
+                   .Name("attnserve_drain_requests_total")
+                   .Help("Requests a drain on SIGTERM (--drain_to) moved to its peer "
+                         "(outcome=moved) or could not (outcome=lost).")
+                   .Register(*registry_)),
       device_memory_(prometheus::BuildGauge()
                          .Name("attnserve_device_memory_bytes")
                          .Help("Device memory, bytes: CPU backend = process resident memory "
@@ -333,6 +338,13 @@ void Metrics::CountKvRejection(const std::string& variant) {
   absl::MutexLock lock(&mu_);
   NoteVariant(variant);
   Get(kv_rejections_, {{"variant", variant}}).Increment();
+}
+
+void Metrics::CountDrainedRequests(const std::string& variant, bool moved, int64_t count) {
+  absl::MutexLock lock(&mu_);
+  NoteVariant(variant);
+  Get(drained_, {{"variant", variant}, {"outcome", moved ? "moved" : "lost"}})
+      .Increment(static_cast<double>(count));
 }
 
 void Metrics::CountExpired(const std::string& variant, ExpiryKind kind, int64_t count) {

@@ -117,6 +117,8 @@ class Metrics {
   void CountKvRejection(const std::string& variant);
   // `count` requests or sessions freed by their TTL.
   void CountExpired(const std::string& variant, ExpiryKind kind, int64_t count);
+  // Requests a drain (--drain_to) handed to its peer (`moved`) or could not (server/drain.h).
+  void CountDrainedRequests(const std::string& variant, bool moved, int64_t count);
 
   // Recomputes the state gauges from the pool, the registry and /proc. Called before each scrape.
   void RefreshGauges();
@@ -157,6 +159,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& rpc_errors_;
   prometheus::Family<prometheus::Counter>& kv_rejections_;
   prometheus::Family<prometheus::Counter>& expired_;
+  prometheus::Family<prometheus::Counter>& drained_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Family<prometheus::Gauge>& build_info_;
 

@@ -54,8 +54,9 @@ void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::
   }
 }
 
-// The header of an export of `exported` from `session`.
-v1::ExportedRequest HeaderFor(const Session& session, const RequestExport& exported) {
+}  // namespace
+
+v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestExport& exported) {
   v1::ExportedRequest header;
   header.set_fingerprint(session.fingerprint());
   header.set_kv_format(KvFormatName(session.kv_storage()));
@@ -70,6 +71,8 @@ v1::ExportedRequest HeaderFor(const Session& session, const RequestExport& expor
                                   exported.kv.page_bytes);
   return header;
 }
+
+namespace {
 
 // FAILED_PRECONDITION naming every way `header` does not fit `session`, or OK.
 absl::Status CheckSameLayer(const v1::ExportedRequest& header, const Session& session) {
@@ -119,6 +122,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   // Checks the call and posts the copy on the session's queue, or finishes the call.
   void Start(grpc::CallbackServerContext* call, const grpc::ByteBuffer* wire_request) {
+    if (grpc::Status draining = context_.draining(); !draining.ok()) return Done(draining);
     absl::StatusOr<Principal> caller = context_.authenticate(*call);
     if (!caller.ok()) return Done(ToGrpc(caller.status()));
     if (!ParseMessage(*wire_request, &request_)) {
@@ -161,7 +165,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void WriteNext() {
     v1::ExportRequestResponse message;
     if (!header_sent_) {
-      *message.mutable_header() = HeaderFor(*session_, exported_);
+      *message.mutable_header() = ExportedRequestHeader(*session_, exported_);
       header_sent_ = true;
     } else if (offset_ < exported_.kv.pages.size()) {
       const size_t n =
@@ -201,6 +205,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   ImportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
                 grpc::ByteBuffer* wire_response)
       : context_(context), call_(call), wire_response_(wire_response) {
+    if (grpc::Status draining = context_.draining(); !draining.ok()) {
+      Done(std::move(draining));
+      return;
+    }
     absl::StatusOr<Principal> caller = context_.authenticate(*call);
     if (!caller.ok()) {
       Done(ToGrpc(caller.status()));

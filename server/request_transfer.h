@@ -20,8 +20,10 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "attnserve/v1/attention_service.pb.h"
 #include "server/metrics.h"
 #include "server/principal.h"
+#include "server/session.h"
 #include "server/session_registry.h"
 
 namespace attnserve::server {
@@ -33,7 +35,13 @@ struct TransferContext {
   int64_t max_message_bytes = 0;  // The server's limit; page chunks stay under it.
   // Who is calling (UNAUTHENTICATED ends the call); the registry shows a caller its own sessions.
   std::function<absl::StatusOr<Principal>(const grpc::ServerContextBase&)> authenticate;
+  // UNAVAILABLE while the replica drains (--drain_to), else OK: refuses the call first.
+  std::function<grpc::Status()> draining;
 };
+
+// The header ExportRequest sends first for `exported`, a request of `session` (also what a drain
+// sends its peer).
+v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestExport& exported);
 
 // The reactors of one ExportRequest / ImportRequest call; each deletes itself when done.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartExportRequest(const TransferContext& context,

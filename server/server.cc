@@ -14,6 +14,7 @@
 #include "kernels/backend_factory.h"
 #include "server/attention_service.h"
 #include "server/auth.h"
+#include "server/drain.h"
 #include "server/executor.h"
 #include "server/kv_pool.h"
 #include "server/library_logging.h"
@@ -40,6 +41,10 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   }
   if (o.kv_pool_bytes > 0 && o.kv_pool_fraction > 0.0) {
     return absl::InvalidArgumentError("--kv_pool_bytes and --kv_pool_fraction exclude each other");
+  }
+  if (!o.drain_to.empty() && o.drain_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--drain_timeout = ", absl::FormatDuration(o.drain_timeout), ", must be > 0"));
   }
   if (o.kv_pool_fraction != 0.0 && !(o.kv_pool_fraction > 0.0 && o.kv_pool_fraction <= 0.95)) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
@@ -222,6 +227,7 @@ absl::Status RunServer(const ServerOptions& options) {
         absl::StrCat("--listen: cannot listen on '", options.listen_address, "'"));
   }
   service.SetReplica(options.replica_id.empty() ? DefaultReplicaId(port) : options.replica_id);
+  if (!options.drain_to.empty()) service.KeepConfigureRequestsForDrain();
   // Health answers both the server as a whole ("") and the service by its full name, as
   // Kubernetes gRPC probes and grpc_health_probe -service=... ask for either.
   server->GetHealthCheckService()->SetServingStatus(true);
@@ -274,6 +280,14 @@ absl::Status RunServer(const ServerOptions& options) {
   // still up), then stop the sweeper, then the executor, then free the sessions.
   server->GetHealthCheckService()->SetServingStatus(false);
   server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  if (!options.drain_to.empty()) {
+    // Still serving (health NOT_SERVING, session calls UNAVAILABLE) while the sessions move, so
+    // the balancer sees this replica go down and routes their ids to the peer that takes them.
+    service.StartDraining(options.drain_to);
+    DrainSessions(registry, metrics,
+                  {options.drain_to, service.replica(), options.drain_timeout,
+                   options.limits.max_message_bytes});
+  }
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(options.shutdown_grace));
   server->Wait();

@@ -72,6 +72,10 @@ struct ServerOptions {
   // What is left beside it holds the layers' device weights and cuBLAS's workspace.
   static constexpr double kDefaultCudaKvPoolFraction = 0.8;
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // On SIGTERM, hand every live session and request to the replica (or balancer) at drain_to
+  // before exiting, for at most drain_timeout (server/drain.h); empty = no drain.
+  std::string drain_to;
+  absl::Duration drain_timeout = absl::Seconds(60);
   ServerLimits limits;
   SchedulerOptions scheduler;
   // Transport security (PEM files; all empty = plaintext). tls_cert and tls_key go together;

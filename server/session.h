@@ -219,6 +219,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // server/layer_fingerprint.h. Set once by Configure, before the session is shared.
   void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   const std::string& fingerprint() const { return fingerprint_; }
+  // The serialized v1::ConfigureRequest that re-creates this session on a peer (--drain_to; empty
+  // when the server keeps none). Set once by Configure, before the session is shared.
+  void SetConfigureRequest(std::string bytes) { configure_request_ = std::move(bytes); }
+  const std::string& configure_request() const { return configure_request_; }
   // A hybrid stack's KV bytes by layer kind (LayerStack::kv_usage) and its depth. Set once by
   // Configure, before the session is shared; null for one layer.
   void SetStack(std::shared_ptr<const StackKvUsage> kv_usage, int num_layers) {
@@ -267,6 +271,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const KvStorageFormat kv_storage_;
   const std::shared_ptr<KvMemoryBudget> kv_budget_;
   std::string fingerprint_;
+  std::string configure_request_;
   std::shared_ptr<const StackKvUsage> stack_kv_;
   int num_layers_ = 1;
   std::shared_ptr<SerialQueue> queue_;
