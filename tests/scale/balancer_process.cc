@@ -110,7 +110,7 @@ absl::StatusOr<int> PickFreePort() {
 }
 
 absl::StatusOr<std::unique_ptr<BalancerProcess>> BalancerProcess::Start(
-    const std::vector<std::string>& replicas, std::chrono::milliseconds timeout) {
+    const std::vector<std::string>& replicas, std::chrono::milliseconds timeout, int listen_port) {
   std::unique_ptr<BalancerProcess> process(new BalancerProcess());
   std::string dir_template =
       (std::filesystem::temp_directory_path() / "attnserve_balancer_test.XXXXXX").string();
@@ -119,7 +119,7 @@ absl::StatusOr<std::unique_ptr<BalancerProcess>> BalancerProcess::Start(
   }
   process->temp_dir_ = dir_template;
   process->log_path_ = process->temp_dir_ + "/haproxy.log";
-  absl::StatusOr<int> port = PickFreePort();
+  absl::StatusOr<int> port = listen_port > 0 ? listen_port : PickFreePort();
   if (!port.ok()) return port.status();
   absl::StatusOr<int> metrics_port = PickFreePort();
   if (!metrics_port.ok()) return metrics_port.status();

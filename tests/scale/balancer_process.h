@@ -29,9 +29,10 @@ class BalancerProcess {
   // Starts haproxy -db -f <config> with ATTNSERVE_REPLICA_<i> = replicas[i] (host:port) and fresh
   // listen and metrics ports, and waits (at most `timeout`) until the listen port accepts TCP.
   // Replicas are not waited for: HealthyServers() says which the balancer counts as UP.
+  // `listen_port` > 0 listens there instead (replicas started first may need the address).
   static absl::StatusOr<std::unique_ptr<BalancerProcess>> Start(
       const std::vector<std::string>& replicas,
-      std::chrono::milliseconds timeout = std::chrono::seconds(20));
+      std::chrono::milliseconds timeout = std::chrono::seconds(20), int listen_port = 0);
   ~BalancerProcess();  // SIGTERM, a bounded wait, then SIGKILL; removes the temporary directory.
 
   BalancerProcess(const BalancerProcess&) = delete;

@@ -1,0 +1,276 @@
+// A rolling restart that loses nothing (--drain_to, server/drain.h), with the real balancer: three
+// replicas behind HAProxy, each started with --drain_to=<the balancer>; 12 sessions configured
+// through the balancer, with decode traffic from 4 client threads; one replica is sent SIGTERM.
+// It re-creates its sessions through the balancer (which, once its health checks see NOT_SERVING,
+// hashes their ids onto the other replicas), moves every request, and exits 0. Every session
+// keeps decoding through the balancer — its calls during the drain are UNAVAILABLE or, on the new
+// replica before the import, NOT_FOUND, and are retried — and every output stays bit-exact against
+// a twin session (same seed and inputs) configured directly on a replica that is not drained.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "client/channel_security.h"
+#include "tests/scale/balancer_process.h"
+#include "tests/server/server_process.h"
+#include "tests/server/service_test_util.h"
+
+namespace attnserve::scale_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using server_test::ServerProcess;
+
+constexpr int kReplicas = 3;
+constexpr int kSessions = 12;
+constexpr int kThreads = 4;
+constexpr int kPromptTokens = 20;
+constexpr int kStepsBeforeDrain = 3;
+constexpr int kSteps = 12;  // Decode steps of each session in all.
+const char* const kRequests[] = {"a", "b"};
+
+LayerSpec SmallGqa() {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kGQA;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 16;
+  spec.rope = RopeLayout::kHalf;
+  return spec;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // The balancer's client channel tags every call with x-attnserve-session; the direct one to a
+  // twin's replica needs none, but the interceptor is harmless there.
+  return CreateSecureChannel(address, ChannelSecurity{}, args);
+}
+
+// A session driven through the balancer and its twin on a replica that is not drained.
+struct Pair {
+  uint64_t seed = 0;
+  std::string id;       // Through the balancer.
+  std::string replica;  // As Configure named it.
+  std::string twin_id;  // On the twin replica.
+  std::mt19937_64 rng;
+  std::vector<Tensor> prompts;
+};
+
+// Calls `call` until it succeeds, retrying the statuses a drain produces (UNAVAILABLE; NOT_FOUND
+// while the session or request is not yet on its new replica), for at most 30 s.
+grpc::Status WithRetries(const std::function<grpc::Status()>& call, int* retries) {
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(30);
+  while (true) {
+    grpc::Status status = call();
+    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       status.error_code() == grpc::StatusCode::NOT_FOUND;
+    if (!retry || Clock::now() > give_up) return status;
+    ++*retries;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+class DrainTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (HasFailure()) {
+      if (balancer_ != nullptr) std::cerr << "---- haproxy log ----\n" << balancer_->LogTail();
+      for (const auto& replica : replicas_) {
+        if (replica != nullptr) {
+          std::cerr << "---- replica log (" << replica->address() << ") ----\n"
+                    << replica->LogTail(3000);
+        }
+      }
+    }
+    balancer_.reset();
+    replicas_.clear();
+  }
+
+  std::vector<std::unique_ptr<ServerProcess>> replicas_;
+  std::unique_ptr<BalancerProcess> balancer_;
+};
+
+TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<int> balancer_port = PickFreePort();
+  ASSERT_TRUE(balancer_port.ok()) << balancer_port.status();
+  const std::string balancer_address = absl::StrCat("127.0.0.1:", *balancer_port);
+  std::vector<std::string> addresses;
+  for (int i = 0; i < kReplicas; ++i) {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
+        {absl::StrCat("--threads=", server_test::kBackendThreads),
+         absl::StrCat("--replica_id=replica-", i), "--shutdown_grace=5s",
+         absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s"});
+    ASSERT_TRUE(started.ok()) << started.status();
+    addresses.push_back((*started)->address());
+    replicas_.push_back(*std::move(started));
+  }
+  absl::StatusOr<std::unique_ptr<BalancerProcess>> balancer =
+      BalancerProcess::Start(addresses, std::chrono::seconds(20), *balancer_port);
+  ASSERT_TRUE(balancer.ok()) << balancer.status();
+  balancer_ = *std::move(balancer);
+  // Every replica UP (a fresh balancer counts them UP at once; the first checks confirm it).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto via_balancer = v1::AttentionService::NewStub(Channel(balancer_address));
+
+  // Sessions through the balancer; the victim is the replica of session 0.
+  std::vector<Pair> pairs(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    Pair& p = pairs[i];
+    p.seed = 500 + i;
+    p.rng.seed(p.seed);
+    v1::ConfigureResponse configured;
+    int retries = 0;
+    grpc::Status status = WithRetries(
+        [&] {
+          grpc::ClientContext context;
+          server_test::SetDeadline(context);
+          return via_balancer->Configure(&context, server_test::SeedConfigure(SmallGqa(), p.seed),
+                                         &configured);
+        },
+        &retries);
+    ASSERT_TRUE(status.ok()) << server_test::Describe(status);
+    p.id = configured.session_id();
+    p.replica = configured.replica();
+  }
+  const std::string victim = pairs[0].replica;
+  const int victim_index = victim.back() - '0';
+  const int twin_index = (victim_index + 1) % kReplicas;
+  auto twin_stub = v1::AttentionService::NewStub(Channel(addresses[twin_index]));
+  int moved_sessions = 0;
+  for (const Pair& p : pairs) moved_sessions += p.replica == victim ? 1 : 0;
+
+  // Twins on the twin replica; both prefilled with the same prompts (one Forward each).
+  for (Pair& p : pairs) {
+    v1::ConfigureResponse configured;
+    grpc::ClientContext context;
+    server_test::SetDeadline(context);
+    ASSERT_TRUE(
+        twin_stub->Configure(&context, server_test::SeedConfigure(SmallGqa(), p.seed), &configured)
+            .ok());
+    p.twin_id = configured.session_id();
+    v1::ForwardRequest forward, twin_forward;
+    forward.set_session_id(p.id);
+    twin_forward.set_session_id(p.twin_id);
+    for (const char* request_id : kRequests) {
+      const Tensor prompt = server_test::RandomHidden(kPromptTokens, 64, p.rng);
+      *forward.add_items() = server_test::MakeForwardItem(request_id, prompt);
+      *twin_forward.add_items() = server_test::MakeForwardItem(request_id, prompt);
+    }
+    v1::ForwardResponse forwarded, twin_forwarded;
+    ASSERT_TRUE(server_test::Forward(*via_balancer, forward, &forwarded).ok());
+    ASSERT_TRUE(server_test::Forward(*twin_stub, twin_forward, &twin_forwarded).ok());
+  }
+
+  // Decode traffic: each thread drives its sessions in turn, one Decode of both requests per step,
+  // the same inputs to the twin; outputs must match bit for bit.
+  std::atomic<int> steps_done{0};
+  std::atomic<int> retries_total{0};
+  absl::Mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int step = 0; step < kSteps; ++step) {
+        for (int i = t; i < kSessions; i += kThreads) {
+          Pair& p = pairs[i];
+          v1::DecodeRequest request, twin_request;
+          request.set_session_id(p.id);
+          twin_request.set_session_id(p.twin_id);
+          for (const char* request_id : kRequests) {
+            const Tensor hidden = server_test::RandomHidden(1, 64, p.rng);
+            *request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
+            *twin_request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
+          }
+          v1::DecodeResponse response, twin_response;
+          int retries = 0;
+          grpc::Status status = WithRetries(
+              [&] { return server_test::Decode(*via_balancer, request, &response); }, &retries);
+          retries_total += retries;
+          grpc::Status twin_status = server_test::Decode(*twin_stub, twin_request, &twin_response);
+          std::string failure;
+          if (!status.ok() || !twin_status.ok()) {
+            failure =
+                absl::StrCat("session ", i, " step ", step, ": ", server_test::Describe(status),
+                             " / twin ", server_test::Describe(twin_status));
+          } else {
+            for (int r = 0; r < 2 && failure.empty(); ++r) {
+              if (response.results(r).output().data() != twin_response.results(r).output().data()) {
+                failure = absl::StrCat("session ", i, " (on ", p.replica, ") step ", step,
+                                       ": output differs from its twin's");
+              }
+              if (response.results(r).sequence_length() != kPromptTokens + step + 1) {
+                failure = absl::StrCat("session ", i, " step ", step, ": sequence_length ",
+                                       response.results(r).sequence_length());
+              }
+            }
+          }
+          if (!failure.empty()) {
+            absl::MutexLock lock(&mu);
+            failures.push_back(failure);
+            return;
+          }
+        }
+        ++steps_done;
+      }
+    });
+  }
+
+  // SIGTERM the victim once every thread has decoded a few steps; it must drain and exit 0.
+  const Clock::time_point wait_until = Clock::now() + std::chrono::seconds(60);
+  while (steps_done.load() < kThreads * kStepsBeforeDrain && Clock::now() < wait_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  absl::StatusOr<server_test::ExitState> ended =
+      replicas_[victim_index]->Terminate(std::chrono::seconds(45));
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
+  const std::string victim_log = replicas_[victim_index]->LogTail(20000);
+  EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
+  EXPECT_EQ(steps_done.load(), kThreads * kSteps);
+  ASSERT_GE(moved_sessions, 1);
+  EXPECT_NE(
+      victim_log.find(absl::StrCat("drain: done: ", moved_sessions, " sessions moved, 0 lost; ",
+                                   2 * moved_sessions, " requests moved, 0 lost")),
+      std::string::npos)
+      << victim_log;
+
+  // Every session that was on the victim is now on another replica, under its own id.
+  for (const Pair& p : pairs) {
+    if (p.replica != victim) continue;
+    int found = 0;
+    for (int i = 0; i < kReplicas; ++i) {
+      if (i == victim_index) continue;
+      auto stub = v1::AttentionService::NewStub(Channel(addresses[i]));
+      v1::GetSessionRequest get;
+      get.set_session_id(p.id);
+      v1::GetSessionResponse got;
+      grpc::ClientContext context;
+      server_test::SetDeadline(context);
+      if (stub->GetSession(&context, get, &got).ok()) {
+        ++found;
+        EXPECT_EQ(got.session().requests_size(), 2);
+      }
+    }
+    EXPECT_EQ(found, 1) << "session " << p.id << " should live on exactly one other replica";
+  }
+  std::cerr << "drain_test: " << moved_sessions << " of " << kSessions << " sessions moved off "
+            << victim << ", " << retries_total.load() << " client retries, "
+            << std::chrono::duration<double>(Clock::now() - start).count() << " s\n";
+  replicas_[victim_index].reset();  // Already stopped.
+}
+
+}  // namespace
+}  // namespace attnserve::scale_test
