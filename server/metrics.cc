@@ -190,6 +190,12 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
                            .Help("KV cache bytes per cached token of the variant's live sessions "
                                  "(the largest when they differ).")
                            .Register(*registry_)),
+      layer_kind_used_(prometheus::BuildGauge()
+                           .Name("attnserve_kv_layer_kind_used_bytes")
+                           .Help("KV cache bytes held by the layers of one kind (global, "
+                                 "sliding_window:<tokens>, mla) of the variant's live hybrid-stack "
+                                 "sessions.")
+                           .Register(*registry_)),
       sessions_active_(prometheus::BuildGauge()
                            .Name("attnserve_sessions_active")
                            .Help("Live sessions of the variant.")
@@ -366,9 +372,16 @@ void Metrics::RefreshGauges() {
     int64_t bytes_per_token = 0;  // Largest of the variant's sessions.
   };
   std::map<std::string, VariantState> live;
+  std::map<std::pair<std::string, std::string>, int64_t> by_layer_kind;  // Stack sessions only.
   if (sessions_ != nullptr) {
     for (const std::shared_ptr<Session>& session : sessions_->All()) {
-      VariantState& v = live[VariantLabel(session->spec())];
+      const std::string variant = VariantLabel(session->spec());
+      VariantState& v = live[variant];
+      if (session->stack_kv() != nullptr) {
+        for (const LayerKindKv& kind : session->stack_kv()->Get()) {
+          by_layer_kind[{variant, kind.kind}] += kind.kv_bytes;
+        }
+      }
       const int64_t used = session->kv_bytes_used();
       ++v.sessions;
       v.requests += session->num_requests();
@@ -413,6 +426,12 @@ void Metrics::RefreshGauges() {
     } else {
       Drop(bytes_per_token_, {{"variant", variant}});
     }
+  }
+  for (const auto& [key, bytes] : by_layer_kind) layer_kinds_.insert(key);
+  for (const auto& key : layer_kinds_) {
+    auto it = by_layer_kind.find(key);
+    Get(layer_kind_used_, {{"variant", key.first}, {"layer_kind", key.second}})
+        .Set(it != by_layer_kind.end() ? static_cast<double>(it->second) : 0.0);
   }
   if (rss >= 0) Get(device_memory_, {{"state", "used"}}).Set(static_cast<double>(rss));
   if (mem_total >= 0) Get(device_memory_, {{"state", "total"}}).Set(static_cast<double>(mem_total));

@@ -146,6 +146,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pool_used_;
   prometheus::Family<prometheus::Gauge>& pool_pages_;
   prometheus::Family<prometheus::Gauge>& bytes_per_token_;
+  prometheus::Family<prometheus::Gauge>& layer_kind_used_;
   prometheus::Family<prometheus::Gauge>& sessions_active_;
   prometheus::Family<prometheus::Gauge>& requests_active_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
@@ -167,6 +168,8 @@ class Metrics {
   std::map<std::pair<const void*, prometheus::Labels>, void*> series_ ABSL_GUARDED_BY(mu_);
   // Variants that have or had a session: they keep capacity/used/sessions series (0 when idle).
   std::set<std::string> variants_ ABSL_GUARDED_BY(mu_);
+  // (variant, layer kind) pairs that have or had a stack session: their series stay (0 when idle).
+  std::set<std::pair<std::string, std::string>> layer_kinds_ ABSL_GUARDED_BY(mu_);
 
   std::unique_ptr<MetricsHttpServer> http_;  // Last: stopped before the rest goes.
 };

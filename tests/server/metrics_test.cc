@@ -513,5 +513,51 @@ TEST(MetricsFlagsTest, UnbindableAddressFailsStartup) {
   EXPECT_FALSE(started.ok()) << "the server must not serve without its metrics endpoint";
 }
 
+// A hybrid stack's KV by layer kind (ConfigureRequest.stack): one series per variant and kind,
+// equal to what GetSession reports, and 0 once the session is gone.
+TEST_F(MetricsTest, StackSessionsReportKvByLayerKind) {
+  LayerSpec window = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  window.sliding_window = 16;
+  LayerSpec global = window;
+  global.sliding_window = 0;
+  v1::ConfigureRequest configure;
+  for (const LayerSpec& spec : {window, window, global}) {
+    *configure.mutable_stack()->add_layers() = LayerSpecToProto(spec);
+  }
+  configure.mutable_weights()->set_seed(1);
+  v1::ConfigureResponse configured;
+  grpc::Status status = attnserve::server_test::Configure(stub(), configure, &configured);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  std::mt19937_64 rng(1);
+  v1::ForwardRequest forward;
+  forward.set_session_id(configured.session_id());
+  *forward.add_items() = MakeForwardItem("r", RandomHidden(40, window.d_model, rng));
+  v1::ForwardResponse forwarded;
+  status = Forward(stub(), forward, &forwarded);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  v1::GetSessionRequest get;
+  get.set_session_id(configured.session_id());
+  v1::GetSessionResponse info;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub().GetSession(&context, get, &info).ok());
+  ASSERT_EQ(info.session().kv_by_layer_kind_size(), 2);
+  const std::string variant = "gqa_swa";  // Layer 0's variant (VariantLabel).
+  Exposition e = Scrape();
+  for (const v1::LayerKindKv& kind : info.session().kv_by_layer_kind()) {
+    EXPECT_GT(kind.kv_bytes(), 0) << kind.kind();
+    EXPECT_EQ(e.Value("attnserve_kv_layer_kind_used_bytes",
+                      {{"variant", variant}, {"layer_kind", kind.kind()}}),
+              kind.kv_bytes())
+        << kind.kind();
+  }
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(Release(stub(), configured.session_id(), "", &released).ok());
+  e = Scrape();
+  EXPECT_EQ(e.Value("attnserve_kv_layer_kind_used_bytes",
+                    {{"variant", variant}, {"layer_kind", "global"}}),
+            0);
+}
+
 }  // namespace
 }  // namespace attnserve::server_test
