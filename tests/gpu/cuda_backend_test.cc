@@ -315,6 +315,19 @@ TEST(CudaBackendContractTest, MlaIsUnimplemented) {
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kUnimplemented) << layer.status();
 }
 
+TEST(CudaBackendContractTest, QuantizedKvIsUnimplemented) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
+  ASSERT_TRUE(weights.ok());
+  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    const KvCacheConfig config{KvStorageFormat::Quantized(quantization), 16, 64, nullptr};
+    const absl::Status status = Gpu().backend->CreateLayer(spec, *weights, config).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+    EXPECT_NE(status.message().find("CPU-only"), absl::string_view::npos) << status;
+  }
+}
+
 TEST(CudaBackendContractTest, YarnAttentionFactorIsInvalidArgument) {
   SKIP_WITHOUT_GPU();
   // YaRN without mscale: cos and sin are multiplied by 0.1 ln(4) + 1, which the kernel cannot.
