@@ -6,7 +6,8 @@
 //   configure  create a session: spec flags (--variant --d_model --num_heads --num_kv_heads
 //              --head_dim --rope --causal --window ...) or --spec_file=spec.json; weights from
 //              --seed or --checkpoint=PATH --layer=N (a file on the server's side); --kv_dtype,
-//              --page_size, --max_requests, --max_seq_len, --label
+//              --page_size, --max_requests, --max_seq_len, --label; a hybrid stack with
+//              --stack=sw:4096x5,global (over the spec flags) or --num_layers=N (--checkpoint)
 //   forward    prefill --session --request=ID[,ID...]: --tokens=N random rows (--seed), or
 //              --input=x.npy (float32/float16 [T, d_model]) or --input=x.safetensors --tensor=NAME;
 //              --dtype sets the wire dtype; --positions=5,8,... or --positions_tensor=NAME;
@@ -54,6 +55,8 @@
 #include "client/attnctl_move.h"
 #include "client/attnctl_npy.h"
 #include "client/session_routing.h"
+#include "client/stack_pattern.h"
+#include "kernels/layer_stack.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/layer_spec_json.h"
 #include "kernels/safetensors.h"
@@ -110,6 +113,12 @@ ABSL_FLAG(int, page_size, 0, "configure: tokens per KV page (0 = server default)
 ABSL_FLAG(int, max_requests, 0, "configure: requests in the session (0 = server limit).");
 ABSL_FLAG(int64_t, max_seq_len, 0, "configure: tokens per request (0 = server limit).");
 ABSL_FLAG(std::string, label, "", "configure: free text shown by list.");
+ABSL_FLAG(std::string, stack, "",
+          "configure: a hybrid stack over the spec flags, bottom first, e.g. sw:4096x5,global "
+          "(5 sliding-window layers of 4096 tokens, then 1 global; docs/hybrid_stacks.md).");
+ABSL_FLAG(int, num_layers, 0,
+          "configure: with --checkpoint alone, a stack of this many layers from --layer on, each "
+          "spec read from config.json.");
 
 // forward / decode / get / release.
 ABSL_FLAG(std::string, session, "", "Session id (from configure).");
@@ -263,7 +272,22 @@ int Configure(const Client& client) {
   if (!kv_quant.ok()) return ReportError(absl::StrCat("--kv_quant: ", kv_quant.status().message()));
 
   v1::ConfigureRequest request;
-  if (!spec_from_checkpoint) *request.mutable_spec() = LayerSpecToProto(*spec);
+  if (const std::string pattern = absl::GetFlag(FLAGS_stack); !pattern.empty()) {
+    if (spec_from_checkpoint) {
+      return ReportError("--stack needs the spec flags (or --spec_file); with --checkpoint "
+                         "alone, use --num_layers");
+    }
+    absl::StatusOr<std::vector<LayerSpec>> layers = ExpandStackPattern(*spec, pattern);
+    if (!layers.ok()) return ReportError(layers.status().message());
+    for (const LayerSpec& layer : *layers) {
+      *request.mutable_stack()->add_layers() = LayerSpecToProto(layer);
+    }
+  } else if (absl::GetFlag(FLAGS_num_layers) > 0) {
+    if (!spec_from_checkpoint) return ReportError("--num_layers needs --checkpoint alone");
+    request.mutable_stack()->set_num_layers(absl::GetFlag(FLAGS_num_layers));
+  } else if (!spec_from_checkpoint) {
+    *request.mutable_spec() = LayerSpecToProto(*spec);
+  }
   if (const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint); !checkpoint.empty()) {
     request.mutable_weights()->mutable_checkpoint()->set_path(checkpoint);
     request.mutable_weights()->mutable_checkpoint()->set_layer_index(absl::GetFlag(FLAGS_layer));
@@ -291,6 +315,19 @@ int Configure(const Client& client) {
   absl::StatusOr<LayerSpec> configured = LayerSpecFromProto(response.spec());
   absl::PrintF("spec         %s%s\n", LayerSpecSummary(configured.ok() ? *configured : *spec),
                spec_from_checkpoint ? " (from config.json)" : "");
+  if (response.stack_size() > 0) {
+    // Runs of one kind, bottom first: "sliding_window:1024 x5, global x1".
+    std::vector<std::pair<std::string, int>> runs;
+    for (const v1::LayerSpec& layer : response.stack()) {
+      absl::StatusOr<LayerSpec> parsed = LayerSpecFromProto(layer);
+      const std::string kind = parsed.ok() ? LayerKind(*parsed) : "?";
+      if (runs.empty() || runs.back().first != kind) runs.emplace_back(kind, 0);
+      ++runs.back().second;
+    }
+    std::vector<std::string> parts;
+    for (const auto& [kind, count] : runs) parts.push_back(absl::StrCat(kind, " x", count));
+    absl::PrintF("stack        %d layers: %s\n", response.stack_size(), absl::StrJoin(parts, ", "));
+  }
   absl::PrintF("parameters   %d (%s)\n", cost.parameter_count(), Mib(cost.parameter_bytes()));
   const KvStorageFormat kv_format =
       *kv_quant != KvQuantization::kNone ? KvStorageFormat::Quantized(*kv_quant) : *kv_dtype;
@@ -649,6 +686,11 @@ int Get(const Client& client) {
   absl::PrintF("%s\n", SessionLine(info));
   absl::PrintF("page %d tokens; parameters %d; KV %d bytes/token\n", info.page_size(),
                info.cost().parameter_count(), info.cost().kv_bytes_per_token());
+  if (info.num_layers() > 1) absl::PrintF("stack of %d layers, KV by kind:\n", info.num_layers());
+  for (const v1::LayerKindKv& kind : info.kv_by_layer_kind()) {
+    absl::PrintF("  %-24s %3d layers  KV %s (%d bytes)\n", kind.kind(), kind.layers(),
+                 Mib(kind.kv_bytes()), kind.kv_bytes());
+  }
   for (const v1::RequestInfo& request_info : info.requests()) {
     absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s\n", request_info.request_id(),
                  request_info.sequence_length(), Mib(request_info.kv_bytes()),
