@@ -90,6 +90,17 @@ expect_exit 2 "" -- forward --session="${session}" --request=a --input="${workdi
 expect_exit 2 "num_kv_heads" -- configure --variant=gqa --d_model=128 --num_heads=4
 expect_exit 2 "" -- no_such_command
 
+# --kv_quant: 8-bit KV pages (docs/kv_quantization.md); page bytes count the codes and the four
+# float32 scales (K and V of 2 KV heads): 2 * 2 * 32 * 16 + 16 = 2064, 129 bytes per token.
+quant="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --kv_quant=int8)"
+[[ "$(json 'd["cost"]["page_bytes"]' <<<"${quant}")" == 2064 ]] || fail "--kv_quant=int8: ${quant}"
+[[ "$(json 'd["cost"]["kv_bytes_per_token"]' <<<"${quant}")" == 129 ]] || fail "--kv_quant: ${quant}"
+quant_session="$(json 'd["session_id"]' <<<"${quant}")"
+[[ "$(ctl --json get --session="${quant_session}" | json 'd["session"]["kv_cache_quantization"]')" \
+   == KV_CACHE_QUANTIZATION_INT8 ]] || fail "get: kv_cache_quantization is not INT8"
+ctl release --session="${quant_session}" >/dev/null
+expect_exit 2 "kv_quant" -- configure --spec_file="${workdir}/spec.json" --kv_quant=int4
+
 ctl release --session="${session}" --request=a >/dev/null
 ctl release --session="${session}" >/dev/null
 expect_exit 1 NOT_FOUND -- get --session="${session}"
