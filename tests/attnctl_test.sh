@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest: attnctl against the real server binary on 127.0.0.1, and deploy/run_demo.sh.
-#   - health, info, configure (flags and --spec_file), list, get, release, demo --json;
+#   - health, info, configure (flags, --spec_file and --stack), list, get, release, demo --json;
 #   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
 #     what the Python client gets for the same input on another request of the same session;
 #   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
@@ -100,6 +100,19 @@ quant_session="$(json 'd["session_id"]' <<<"${quant}")"
    == KV_CACHE_QUANTIZATION_INT8 ]] || fail "get: kv_cache_quantization is not INT8"
 ctl release --session="${quant_session}" >/dev/null
 expect_exit 2 "kv_quant" -- configure --spec_file="${workdir}/spec.json" --kv_quant=int4
+
+# --stack: a hybrid stack (docs/hybrid_stacks.md). 40 tokens in pages of 16 (2 KV heads x 32, f32:
+# 8192-byte pages): the global layer holds 3 pages, each window-16 layer the 2 its next token sees.
+stack="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --stack=sw:16x2,global)"
+[[ "$(json 'len(d["stack"])' <<<"${stack}")" == 3 ]] || fail "--stack: ${stack}"
+stack_session="$(json 'd["session_id"]' <<<"${stack}")"
+ctl forward --session="${stack_session}" --request=s --tokens=40 >/dev/null
+kinds="$(ctl --json get --session="${stack_session}" |
+         json '" ".join("%s=%s:%s" % (k["kind"], k["layers"], k["kv_bytes"]) for k in d["session"]["kv_by_layer_kind"])')"
+[[ "${kinds}" == "sliding_window:16=2:32768 global=1:24576" ]] || fail "get: KV by kind '${kinds}'"
+ctl get --session="${stack_session}" | grep -q "stack of 3 layers" || fail "get: no stack line"
+ctl release --session="${stack_session}" >/dev/null
+expect_exit 2 "is not a layer kind" -- configure --spec_file="${workdir}/spec.json" --stack=sw:0
 
 ctl release --session="${session}" --request=a >/dev/null
 ctl release --session="${session}" >/dev/null
