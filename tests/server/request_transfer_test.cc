@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
 #include "tests/server/server_fixture.h"
 #include "tests/server/service_test_util.h"
@@ -122,7 +123,10 @@ class SecondServer {
     stub_ = v1::AttentionService::NewStub(process_->NewChannel());
   }
   ~SecondServer() {
-    if (process_ == nullptr) return;
+    if (process_ == nullptr) {
+      if (::testing::Test::HasFailure()) std::cerr << "---- stopped server log ----\n" << log_;
+      return;
+    }
     stub_.reset();
     absl::StatusOr<ExitState> ended = process_->Terminate(std::chrono::seconds(20));
     EXPECT_TRUE(ended.ok() && ended->exited && ended->exit_code == 0);
@@ -132,10 +136,22 @@ class SecondServer {
   }
   bool ok() const { return stub_ != nullptr; }
   v1::AttentionService::Stub& stub() { return *stub_; }
+  std::string address() const { return process_->address(); }
+  std::string LogTail() const { return process_->LogTail(20000); }
+  // SIGTERM and a bounded wait; the destructor then has nothing left to stop.
+  absl::StatusOr<ExitState> Terminate() {
+    stub_.reset();
+    absl::StatusOr<ExitState> ended = process_->Terminate(std::chrono::seconds(30));
+    log_ = process_->LogTail(20000);
+    process_.reset();
+    return ended;
+  }
+  const std::string& final_log() const { return log_; }
 
  private:
   std::unique_ptr<ServerProcess> process_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::string log_;
 };
 
 class RequestTransferTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
@@ -347,6 +363,68 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   v1::DecodeResponse decoded;
   EXPECT_TRUE(
       Decode(stub(), DecodeOne(sa, "r", RandomHidden(1, spec.d_model, rng)), &decoded).ok());
+}
+
+// --drain_to straight to a peer replica: on SIGTERM, A re-creates its sessions on B under their
+// ids (one seeded, one with inline weights, which A kept to send) and moves every request; on B
+// they decode bit for bit as twins configured there with the same weights and inputs.
+TEST(DrainToPeerTest, SigtermMovesEverySessionAndRequestToThePeer) {
+  const LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  SecondServer b({"--replica_id=B"});
+  ASSERT_TRUE(b.ok());
+  SecondServer a(
+      {"--replica_id=A", absl::StrCat("--drain_to=", b.address()), "--drain_timeout=20s"});
+  ASSERT_TRUE(a.ok());
+  v1::ConfigureRequest inline_weights = SeedConfigure(spec, 1);
+  inline_weights.mutable_weights()->clear_seed();
+  for (const auto& [name, tensor] : reference::TestWeights(spec, 9)) {
+    v1::NamedTensor* named =
+        inline_weights.mutable_weights()->mutable_inline_weights()->add_tensors();
+    named->set_name(name);
+    TensorToProto(tensor, named->mutable_tensor());
+  }
+  const std::vector<v1::ConfigureRequest> configures = {SeedConfigure(spec, 7), inline_weights};
+  const std::vector<std::vector<std::string>> requests = {{"r1", "r2"}, {"q"}};
+  std::vector<std::string> moved, twins;
+  std::mt19937_64 rng(5);
+  for (size_t s = 0; s < configures.size(); ++s) {
+    v1::ConfigureResponse on_a, on_b;
+    ASSERT_TRUE(Configure(a.stub(), configures[s], &on_a).ok());
+    ASSERT_TRUE(Configure(b.stub(), configures[s], &on_b).ok());
+    moved.push_back(on_a.session_id());
+    twins.push_back(on_b.session_id());
+    for (const std::string& id : requests[s]) {
+      const Tensor prompt = RandomHidden(21, spec.d_model, rng);
+      v1::ForwardRequest forward, twin;
+      forward.set_session_id(moved.back());
+      twin.set_session_id(twins.back());
+      *forward.add_items() = MakeForwardItem(id, prompt);
+      *twin.add_items() = MakeForwardItem(id, prompt);
+      v1::ForwardResponse unused;
+      ASSERT_TRUE(Forward(a.stub(), forward, &unused).ok());
+      ASSERT_TRUE(Forward(b.stub(), twin, &unused).ok());
+    }
+  }
+
+  absl::StatusOr<ExitState> ended = a.Terminate();
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
+  EXPECT_THAT(a.final_log(), HasSubstr("drain: done: 2 sessions moved, 0 lost; 3 requests moved"));
+
+  for (size_t s = 0; s < configures.size(); ++s) {
+    for (int step = 0; step < 4; ++step) {
+      for (const std::string& id : requests[s]) {
+        SCOPED_TRACE(absl::StrCat("session ", s, " request ", id, " step ", step));
+        const Tensor hidden = RandomHidden(1, spec.d_model, rng);
+        v1::DecodeResponse from_moved, from_twin;
+        grpc::Status status = Decode(b.stub(), DecodeOne(moved[s], id, hidden), &from_moved);
+        ASSERT_TRUE(status.ok()) << Describe(status);
+        ASSERT_TRUE(Decode(b.stub(), DecodeOne(twins[s], id, hidden), &from_twin).ok());
+        EXPECT_EQ(from_moved.results(0).sequence_length(), 21 + step + 1);
+        ASSERT_EQ(from_moved.results(0).output().data(), from_twin.results(0).output().data());
+      }
+    }
+  }
 }
 
 }  // namespace
