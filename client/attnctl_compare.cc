@@ -459,15 +459,23 @@ std::string ComparisonTable(const Comparison& comparison) {
       "server's compute time (p50 / p90, ms).\n\n",
       comparison.server_backend, comparison.server_device, options.batch,
       KvFormatText(options), options.repeats, options.decode_steps);
-  out += "| variant | weights | parameters | KV bytes/token |\n|---|---|---:|---:|\n";
+  // The last column is what fp8/int8 pages would take (same size; scales included, default page
+  // size), computed from the spec: --kv_quant measures them.
+  out +=
+      "| variant | weights | parameters | KV bytes/token | fp8/int8 KV bytes/token |\n"
+      "|---|---|---:|---:|---:|\n";
   for (const VariantMeasurement& v : comparison.variants) {
     if (!v.unavailable.empty()) {
-      absl::StrAppendFormat(&out, "| %s | not served by this server: %s | | |\n", v.variant.label,
-                            v.unavailable);
+      absl::StrAppendFormat(&out, "| %s | not served by this server: %s | | | |\n",
+                            v.variant.label, v.unavailable);
       continue;
     }
-    absl::StrAppendFormat(&out, "| %s | %s | %d | %d |\n", v.variant.label,
-                          WeightsText(v.variant, options.seed), v.parameters, v.kv_bytes_per_token);
+    const int64_t quantized_bytes =
+        KvBytesPerTokenOf(v.variant.spec, KvStorageFormat::Quantized(KvQuantization::kInt8),
+                          DefaultPageSize(v.variant.spec));
+    absl::StrAppendFormat(&out, "| %s | %s | %d | %d | %d |\n", v.variant.label,
+                          WeightsText(v.variant, options.seed), v.parameters, v.kv_bytes_per_token,
+                          quantized_bytes);
   }
   // One table per quantity: rows are lengths, columns variants.
   const auto table = [&](absl::string_view title, auto cell) {
