@@ -144,5 +144,36 @@ TEST_F(StackPeerTest, GemmaFiveToOneStackMatchesTransformers) {
   EXPECT_EQ(info.session().kv_by_layer_kind(0).kv_bytes(), 5 * 2 * 1 * page_bytes);
 }
 
+// Explicit layers with a checkpoint must each agree with config.json's layer; a stack deeper than
+// the model is refused naming the layer.
+TEST_F(StackPeerTest, CheckpointStacksAreCheckedAgainstConfigJson) {
+  ASSERT_TRUE(fs::exists(StackCasesDir() / kCase / "config.json"));
+  v1::ConfigureRequest from_config;
+  from_config.mutable_weights()->mutable_checkpoint()->set_path(kCase);
+  from_config.mutable_stack()->set_num_layers(6);
+  v1::ConfigureResponse configured;
+  grpc::Status status = Configure(stub(), from_config, &configured);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+
+  v1::ConfigureRequest stated;
+  *stated.mutable_weights() = from_config.weights();
+  *stated.mutable_stack()->mutable_layers() = configured.stack();  // As config.json says: OK.
+  v1::ConfigureResponse response;
+  status = Configure(stub(), stated, &response);
+  EXPECT_TRUE(status.ok()) << Describe(status);
+  stated.mutable_stack()->mutable_layers(5)->set_sliding_window(8);  // Layer 5 is global.
+  status = Configure(stub(), stated, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(),
+              ::testing::HasSubstr("stack.layers[5]: spec contradicts the checkpoint's "
+                                   "config.json for layer 5"));
+
+  v1::ConfigureRequest too_deep = from_config;
+  too_deep.mutable_stack()->set_num_layers(7);
+  status = Configure(stub(), too_deep, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("stack.layers[6]: "));
+}
+
 }  // namespace
 }  // namespace attnserve::server_test

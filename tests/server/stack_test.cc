@@ -188,5 +188,21 @@ TEST_F(StackTest, MalformedStacksAreRefusedByName) {
   expect(disagree, "stack.num_layers = 4");
 }
 
+// The parameter budget counts every layer: 6 layers of 12288 fp32 parameters hold 294912 bytes
+// and need twice that while being built, so a budget of 400000 bytes refuses the stack by name.
+class StackParameterBudgetTest : public ServerTest {
+ protected:
+  std::vector<std::string> ExtraFlags() const override { return {"--max_parameter_bytes=400000"}; }
+};
+
+TEST_F(StackParameterBudgetTest, TheStackIsChargedAsTheSumOfItsLayers) {
+  v1::ConfigureResponse configured;
+  ASSERT_TRUE(Configure(stub(), SeedConfigure(FiveToOne()[0], 1), &configured).ok());
+  EXPECT_EQ(configured.cost().parameter_count(), 12288);
+  grpc::Status status = Configure(stub(), StackConfigure(FiveToOne(), 1), &configured);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("this stack (73728 parameters"));
+}
+
 }  // namespace
 }  // namespace attnserve::server_test
