@@ -112,6 +112,25 @@ kinds="$(ctl --json get --session="${stack_session}" |
 [[ "${kinds}" == "sliding_window:16=2:32768 global=1:24576" ]] || fail "get: KV by kind '${kinds}'"
 ctl get --session="${stack_session}" | grep -q "stack of 3 layers" || fail "get: no stack line"
 ctl release --session="${stack_session}" >/dev/null
+# The Python client's stack= builds the same stack (layer i from seed + i): the same output.
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${workdir}" <<'PY' || fail "Python stack="
+import json, sys
+from attnserve_client import AttnServeClient
+spec = json.load(open(f"{sys.argv[2]}/spec.json"))
+with AttnServeClient(sys.argv[1]) as client:
+    windowed = dict(spec, sliding_window=16)
+    result = client.configure(None, seed=5, stack=[windowed, windowed, spec])
+    info = client.get_session(result.session_id)
+    assert info.num_layers == 3, info
+    assert [(k.kind, k.layers) for k in info.kv_by_layer_kind] == [("sliding_window:16", 2),
+                                                                  ("global", 1)], info
+    try:
+        client.configure(spec, seed=5, stack=[spec])
+        raise SystemExit("spec and stack together were accepted")
+    except ValueError:
+        pass
+    client.release(result.session_id)
+PY
 expect_exit 2 "is not a layer kind" -- configure --spec_file="${workdir}/spec.json" --stack=sw:0
 
 ctl release --session="${session}" --request=a >/dev/null

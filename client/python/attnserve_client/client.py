@@ -358,17 +358,30 @@ class AttnServeClient:
 
     # -- sessions --
 
-    def configure(self, spec: Union[LayerSpec, Mapping[str, Any]], *, seed: Optional[int] = None,
+    def configure(self, spec: Union[LayerSpec, Mapping[str, Any], None], *,
+                  seed: Optional[int] = None,
                   checkpoint: Optional[str] = None, layer: int = 0,
                   weights: Optional[Mapping[str, np.ndarray]] = None, kv_dtype: str = "f32",
                   page_size: int = 0, max_requests: int = 0, max_sequence_length: int = 0,
-                  label: str = "", kv_quant: str = "none") -> ConfigureResult:
+                  label: str = "", kv_quant: str = "none",
+                  stack: Optional[Sequence[Union[LayerSpec, Mapping[str, Any]]]] = None,
+                  num_layers: int = 0) -> ConfigureResult:
         """Creates a session. Weights: `seed`, or `checkpoint` (a safetensors file or directory on
         the server's side) with `layer`, or `weights` (Hugging Face names without the
         "model.layers.N.self_attn." prefix -> arrays). Default: seed 0. `kv_quant` "fp8" or
-        "int8" stores KV in 8 bits with per-page scales (kv_dtype is then not sent)."""
-        if not isinstance(spec, LayerSpec):
+        "int8" stores KV in 8 bits with per-page scales (kv_dtype is then not sent).
+        `spec` None: read from the checkpoint's config.json. A hybrid stack (docs/hybrid_stacks.md):
+        `stack`, its layer specs bottom first (with spec None), or `num_layers` layers from a
+        checkpoint's config.json (with spec None); get_session reports its KV by layer kind."""
+        if spec is not None and not isinstance(spec, LayerSpec):
             spec = LayerSpec.from_dict(spec)
+        stack_spec = None
+        if stack is not None or num_layers:
+            if spec is not None:
+                raise ValueError("give spec or stack=/num_layers=, not both")
+            stack_spec = pb.StackSpec(num_layers=num_layers, layers=[
+                (s if isinstance(s, LayerSpec) else LayerSpec.from_dict(s)).to_proto()
+                for s in (stack or [])])
         if sum(x is not None for x in (seed, checkpoint, weights)) > 1:
             raise ValueError("give one of seed=, checkpoint=, weights=")
         source = pb.WeightSource()
@@ -391,7 +404,8 @@ class AttnServeClient:
         # A fresh random id, which the server adopts: the balancer hashes it to the replica that
         # will hold the session, as it will every later call's.
         response = self._call("Configure", pb.ConfigureRequest(
-            spec=spec.to_proto(), weights=source, kv_cache_dtype=kv_cache_dtype,
+            spec=spec.to_proto() if spec is not None else None, stack=stack_spec,
+            weights=source, kv_cache_dtype=kv_cache_dtype,
             kv_cache_quantization=quant,
             page_size=page_size, max_requests=max_requests,
             max_sequence_length=max_sequence_length, label=label),
