@@ -35,6 +35,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/checkpoint_loader.h"
+#include "kernels/kv_quantization.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/layer_spec.h"
 #include "kernels/layer_spec_json.h"
@@ -56,6 +57,14 @@ constexpr double kMaxRelativeError = 1e-4;
 // bits, 2^-9 = 2e-3 relative each, and the output inherits errors of that order through the
 // softmax weights and the value sum.
 constexpr double kMaxRelativeErrorBf16Kv = 1e-2;
+// With 8-bit KV pages (kernels/kv_quantization.h; per-page, per-head power-of-two scales): each
+// cached value moves by at most one step of its page's final scale, int8 <= 1.6e-2 of its group's
+// absmax, fp8 <= 2^-4 relative (2^-3 after rescales). Measured on these cases (pages of 8): int8
+// 7.4e-3 to 2.7e-2 and fp8 1.6e-2 to 7.9e-2, except Gemma 2 at head_dim 256 with soft-capped,
+// peaked logits (as with bf16 KV, its largest): int8 5.3e-2, fp8 1.07e-1. Bounds 1.5x that worst
+// case; a defect (wrong, stale or shared scale) moves the output by far more.
+constexpr double kMaxRelativeErrorInt8Kv = 8e-2;
+constexpr double kMaxRelativeErrorFp8Kv = 1.6e-1;
 // Page size for the prefill-then-decode run: small, so decode crosses several page boundaries.
 constexpr int kSmallPageSize = 8;
 
@@ -231,9 +240,10 @@ class PeerTest : public ::testing::TestWithParam<std::string> {
     backend_ = std::move(*backend);
   }
 
-  std::unique_ptr<AttentionLayer> MakeLayer(int page_size, DType kv_dtype = DType::kF32) {
+  std::unique_ptr<AttentionLayer> MakeLayer(int page_size,
+                                            KvStorageFormat kv_format = DType::kF32) {
     KvCacheConfig kv;
-    kv.storage = kv_dtype;
+    kv.storage = kv_format;
     kv.page_size = page_size;
     absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
         backend_->CreateLayer(case_.spec, case_.weights, kv);
@@ -329,6 +339,19 @@ TEST_P(PeerTest, PrefillThenDecodeWithBf16KvCache) {
   std::unique_ptr<AttentionLayer> layer = MakeLayer(kSmallPageSize, DType::kBF16);
   ASSERT_NE(layer, nullptr);
   CheckPrefillThenDecode(*layer, " bf16 KV", kMaxRelativeErrorBf16Kv);
+}
+
+// And with fp8 e4m3 and int8 KV pages (docs/kv_quantization.md) against transformers' fp32 output.
+TEST_P(PeerTest, PrefillThenDecodeWith8BitKvCache) {
+  for (const auto& [quantization, bound] :
+       {std::pair{KvQuantization::kFp8E4M3, kMaxRelativeErrorFp8Kv},
+        std::pair{KvQuantization::kInt8, kMaxRelativeErrorInt8Kv}}) {
+    std::unique_ptr<AttentionLayer> layer =
+        MakeLayer(kSmallPageSize, KvStorageFormat::Quantized(quantization));
+    ASSERT_NE(layer, nullptr);
+    CheckPrefillThenDecode(*layer, absl::StrCat(" ", KvQuantizationName(quantization), " KV"),
+                           bound);
+  }
 }
 
 TEST_P(PeerTest, ChunkedPrefillMatches) {
