@@ -5,10 +5,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "kernels/kv_quantization.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "kernels/kv_quantization.h"
 #include "proto/codec/spec_codec.h"
 
 namespace attnserve::server {
@@ -47,7 +46,9 @@ std::string LayerFingerprint(const LayerSpec& spec, const KvStorageFormat& stora
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   const std::string spec_bytes = SerializedSpec(spec);
   HashBytes(ctx.get(), spec_bytes.data(), spec_bytes.size());
-  const std::string format = KvFormatName(storage);
+  // "f32", "bf16", "fp8_e4m3", "int8": ExportedRequest.kv_format (fp8 and int8 pages share their
+  // element type and scale scheme; their codes differ).
+  const std::string format = KvStorageFormatName(storage);
   HashBytes(ctx.get(), format.data(), format.size());
   HashInt(ctx.get(), page_size);
   HashInt(ctx.get(), static_cast<int64_t>(weights.size()));
@@ -62,16 +63,6 @@ std::string LayerFingerprint(const LayerSpec& spec, const KvStorageFormat& stora
   unsigned int size = 0;
   EVP_DigestFinal_ex(ctx.get(), digest, &size);
   return std::string(reinterpret_cast<const char*>(digest), size);
-}
-
-std::string KvFormatName(const KvStorageFormat& storage) {
-  std::string name(DTypeName(storage.element));
-  if (storage.scales != KvScaleScheme::kNone) {
-    absl::StrAppend(&name, "+scales", static_cast<int>(storage.scales));
-  }
-  // fp8 and int8 pages share element and scale scheme; their codes differ.
-  if (storage.quantized()) absl::StrAppend(&name, "+", KvQuantizationName(storage.quantization));
-  return name;
 }
 
 std::string HexBytes(const std::string& bytes) {

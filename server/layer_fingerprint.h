@@ -19,10 +19,6 @@ namespace attnserve::server {
 std::string LayerFingerprint(const LayerSpec& spec, const KvStorageFormat& storage, int page_size,
                              const LayerWeights& weights);
 
-// The storage format as ExportedRequest.kv_format names it: the element dtype ("f32", "bf16"),
-// followed by "+scales<N>" when the format keeps scales of scheme N in its pages.
-std::string KvFormatName(const KvStorageFormat& storage);
-
 // Lowercase hex of `bytes`, for logs and attnctl.
 std::string HexBytes(const std::string& bytes);
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "attnserve/v1/attention_service.pb.h"
+#include "kernels/kv_quantization.h"
 #include "kernels/kv_sequence_table.h"
 #include "kernels/page_table.h"
 #include "server/layer_fingerprint.h"
@@ -59,7 +60,7 @@ void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::
 v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestExport& exported) {
   v1::ExportedRequest header;
   header.set_fingerprint(session.fingerprint());
-  header.set_kv_format(KvFormatName(session.kv_storage()));
+  header.set_kv_format(KvStorageFormatName(session.kv_storage()));
   header.set_page_size(static_cast<int32_t>(session.page_size()));
   header.set_page_bytes(exported.kv.page_bytes);
   header.set_sequence_length(exported.kv.num_tokens);
@@ -85,7 +86,7 @@ absl::Status CheckSameLayer(const v1::ExportedRequest& header, const Session& se
                       HexBytes(session.fingerprint()),
                       " (another layer spec, KV format, page size or weights)"));
   }
-  const std::string format = KvFormatName(session.kv_storage());
+  const std::string format = KvStorageFormatName(session.kv_storage());
   if (header.kv_format() != format) {
     note(absl::StrCat("kv_format '", header.kv_format(), "' != this session's '", format, "'"));
   }

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_memory_budget.h"
+#include "kernels/kv_storage_format.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"
 
@@ -26,6 +27,8 @@ struct TransferCase {
   LayerSpec spec;
   int64_t prompt = 37;        // Tokens; 37 = two full pages of 16 and a partial third.
   int64_t evicted_pages = 0;  // Leading pages a window has evicted at the export.
+  // 8-bit pages keep their scales inside the page: copied verbatim, they must still decode.
+  KvStorageFormat storage = DType::kF32;
 };
 
 std::vector<TransferCase> Cases() {
@@ -37,13 +40,20 @@ std::vector<TransferCase> Cases() {
   // 37 + 5 decoded = 42 tokens at the export: (42 - 20 + 1) / 16 = 1 page evicted.
   cases.push_back({"mha_window", window, 37, 1});
   cases.push_back({"mla", MlaSpec(0, 32, 16, 8, 16, RopeLayout::kInterleaved)});
+  const KvStorageFormat fp8 = KvStorageFormat::Quantized(KvQuantization::kFp8E4M3);
+  const KvStorageFormat int8 = KvStorageFormat::Quantized(KvQuantization::kInt8);
+  cases.push_back({"gqa_fp8", StandardSpec(8, 2, 16, RopeLayout::kHalf), 37, 0, fp8});
+  cases.push_back({"mha_window_int8", window, 37, 1, int8});
+  cases.push_back({"mla_int8", MlaSpec(0, 32, 16, 8, 16, RopeLayout::kInterleaved), 37, 0, int8});
   return cases;
 }
 
 void PrintTo(const TransferCase& c, std::ostream* os) { *os << c.name; }
 
-KvCacheConfig Pool(int64_t max_pages, std::shared_ptr<KvMemoryBudget> budget = nullptr) {
+KvCacheConfig Pool(int64_t max_pages, std::shared_ptr<KvMemoryBudget> budget = nullptr,
+                   KvStorageFormat storage = DType::kF32) {
   KvCacheConfig config;
+  config.storage = storage;
   config.page_size = 16;
   config.max_pages = max_pages;
   config.budget = std::move(budget);
@@ -62,8 +72,10 @@ TEST_P(KvTransferTest, ImportedSequenceDecodesAsTheUnmovedOriginal) {
   const int d = c.spec.d_model;
   const LayerWeights weights = TestWeights(c.spec, 23);
   ASSERT_FALSE(weights.empty());
-  absl::StatusOr<TestEngine> source_engine = MakeEngine(c.spec, weights, Pool(64));
-  absl::StatusOr<TestEngine> target_engine = MakeEngine(c.spec, weights, Pool(64));
+  absl::StatusOr<TestEngine> source_engine =
+      MakeEngine(c.spec, weights, Pool(64, nullptr, c.storage));
+  absl::StatusOr<TestEngine> target_engine =
+      MakeEngine(c.spec, weights, Pool(64, nullptr, c.storage));
   ASSERT_TRUE(source_engine.ok() && target_engine.ok())
       << source_engine.status() << target_engine.status();
   AttentionLayer& a = *source_engine->layer;

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -156,13 +157,24 @@ class SecondServer {
 
 class RequestTransferTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
 
+// A case name: the spec's, with "+fp8" for an fp8 KV cache (scales inside each page).
+v1::ConfigureRequest CaseConfigure(const std::string& name, uint64_t seed) {
+  const bool fp8 = absl::EndsWith(name, "+fp8");
+  v1::ConfigureRequest request =
+      SeedConfigure(FindSpec(fp8 ? name.substr(0, name.size() - 4) : name).spec, seed);
+  if (fp8) request.set_kv_cache_quantization(v1::KV_CACHE_QUANTIZATION_FP8_E4M3);
+  return request;
+}
+
 TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
-  const LayerSpec spec = FindSpec(GetParam()).spec;
+  const std::string name = GetParam();
+  const LayerSpec spec =
+      FindSpec(absl::EndsWith(name, "+fp8") ? name.substr(0, name.size() - 4) : name).spec;
   SecondServer b;
   ASSERT_TRUE(b.ok());
   v1::ConfigureResponse on_a, on_b;
-  ASSERT_TRUE(Configure(stub(), SeedConfigure(spec, 7), &on_a).ok());
-  ASSERT_TRUE(Configure(b.stub(), SeedConfigure(spec, 7), &on_b).ok());
+  ASSERT_TRUE(Configure(stub(), CaseConfigure(name, 7), &on_a).ok());
+  ASSERT_TRUE(Configure(b.stub(), CaseConfigure(name, 7), &on_b).ok());
   EXPECT_EQ(on_a.fingerprint().size(), 32u);
   EXPECT_EQ(on_a.fingerprint(), on_b.fingerprint()) << "same spec and seed on two replicas";
   const std::string sa = on_a.session_id(), sb = on_b.session_id();
@@ -244,8 +256,12 @@ TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, RequestTransferTest,
                          ::testing::Values("gqa2_half_bias_hd16_theta5e5", "mla_q24_half",
-                                           "gqa2_half_window7"),
-                         [](const auto& info) { return std::string(info.param); });
+                                           "gqa2_half_window7", "gqa2_half_bias_hd16_theta5e5+fp8"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name) c = c == '+' ? '_' : c;
+                           return name;
+                         });
 
 class RequestTransferRefusalTest : public ServerTest {};
 
@@ -287,6 +303,14 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   v1::ConfigureRequest bf16 = SeedConfigure(spec, 7);
   bf16.set_kv_cache_dtype(v1::DTYPE_BF16);
   ASSERT_TRUE(Configure(b.stub(), bf16, &other_dtype).ok());
+  v1::ConfigureResponse fp8_session, int8_session;
+  v1::ConfigureRequest fp8 = SeedConfigure(spec, 7);
+  fp8.set_kv_cache_quantization(v1::KV_CACHE_QUANTIZATION_FP8_E4M3);
+  ASSERT_TRUE(Configure(b.stub(), fp8, &fp8_session).ok());
+  v1::ConfigureRequest int8 = SeedConfigure(spec, 7);
+  int8.set_kv_cache_quantization(v1::KV_CACHE_QUANTIZATION_INT8);
+  ASSERT_TRUE(Configure(b.stub(), int8, &int8_session).ok());
+  EXPECT_NE(fp8_session.fingerprint(), int8_session.fingerprint());
   const int64_t b_baseline = PoolUsed(b.stub());
   v1::ImportRequestResponse response;
 
@@ -302,6 +326,19 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   status = Import(b.stub(), other_dtype.session_id(), "r", header, exported.pages, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("kv_format 'f32' != this session's 'bf16'"));
+  // 8-bit pages of one kind into a session of the other: same bytes per page, other codes.
+  v1::ForwardRequest fp8_forward;
+  fp8_forward.set_session_id(fp8_session.session_id());
+  *fp8_forward.add_items() = MakeForwardItem("q", RandomHidden(20, spec.d_model, rng));
+  ASSERT_TRUE(Forward(b.stub(), fp8_forward, &forwarded).ok());
+  Exported fp8_export;
+  ASSERT_TRUE(Export(b.stub(), fp8_session.session_id(), "q", false, 0, &fp8_export).ok());
+  EXPECT_EQ(fp8_export.header.kv_format(), "fp8_e4m3");
+  status = Import(b.stub(), int8_session.session_id(), "q", fp8_export.header, fp8_export.pages,
+                  &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("kv_format 'fp8_e4m3' != this session's 'int8'"));
+  ASSERT_TRUE(Release(b.stub(), fp8_session.session_id(), "q").ok());
 
   // Byte counts: one short, one over, a header whose page count does not fit its length.
   const std::string sb = same.session_id();
