@@ -192,6 +192,16 @@ std::string DTypeText(v1::DType dtype) {
   return parsed.ok() ? std::string(DTypeName(*parsed)) : "unspecified";
 }
 
+// A session's KV format: its 8-bit quantization when set, else its dtype.
+std::string KvFormatText(const v1::SessionInfo& session) {
+  absl::StatusOr<KvQuantization> quantization =
+      KvQuantizationFromProto(session.kv_cache_quantization());
+  if (quantization.ok() && *quantization != KvQuantization::kNone) {
+    return std::string(KvQuantizationName(*quantization));
+  }
+  return DTypeText(session.kv_cache_dtype());
+}
+
 // ---- configure ----------------------------------------------------------------------------------
 
 absl::StatusOr<LayerSpec> SpecFromFlags() {
@@ -645,7 +655,7 @@ std::string SessionLine(const v1::SessionInfo& session) {
   absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(session.spec());
   return absl::StrFormat("%s  %-8s  KV %s %-11s idle %6.1f s  %s%s", session.session_id(),
                          spec.ok() ? std::string(VariantName(spec->variant)) : "?",
-                         DTypeText(session.kv_cache_dtype()), Mib(session.kv_bytes_used()),
+                         KvFormatText(session), Mib(session.kv_bytes_used()),
                          session.idle_ns() / 1e9,
                          spec.ok() ? LayerSpecSummary(*spec) : "(spec not readable)",
                          session.label().empty() ? "" : absl::StrCat("  [", session.label(), "]"));
