@@ -16,6 +16,7 @@
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/checkpoint_spec.h"
+#include "server/drain.h"
 #include "server/layer_fingerprint.h"
 #include "server/logging.h"
 #include "server/session.h"
@@ -446,6 +447,12 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
         session_id);
     timer->compute_ns = NanosSince(timer->start);
     if (status.ok()) timer->Fill(response.mutable_timing());
+    if (status.ok() && context->client_metadata().count(kMovedSessionMetadataKey) > 0) {
+      // Re-created by a draining replica: it may go home later (server/session_rebalancer.h).
+      if (absl::StatusOr<std::shared_ptr<Session>> s = registry_->Find(session_id); s.ok()) {
+        (*s)->MarkAdopted();
+      }
+    }
     FinishCall(call, *metrics_, Rpc::kConfigure, variant, *timer, ToGrpc(status));
   });
   if (!queued) FinishCall(call, *metrics_, Rpc::kConfigure, kNoVariant, *timer, ShuttingDown());

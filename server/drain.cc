@@ -84,6 +84,7 @@ class Drainer {
   void Prepare(grpc::ClientContext& context, const std::string& session_id) const {
     context.set_deadline(absl::ToChronoTime(deadline_));
     context.AddMetadata(kSessionMetadataKey, session_id);
+    context.AddMetadata(kMovedSessionMetadataKey, "1");
   }
 
   // Configure at the peer under the session's id, until a replica other than this one answers.
@@ -204,6 +205,11 @@ DrainReport DrainSessions(SessionRegistry& registry, Metrics& metrics,
              report.sessions_moved, report.sessions_lost, report.requests_moved,
              report.requests_lost);
   return report;
+}
+
+void DrainSession(const std::shared_ptr<Session>& session, Metrics& metrics,
+                  const DrainOptions& options, DrainReport& report) {
+  Drainer(metrics, options).Drain(session, report);
 }
 
 }  // namespace attnserve::server

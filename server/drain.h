@@ -14,13 +14,19 @@
 #define ATTNSERVE_SERVER_DRAIN_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
 #include "server/metrics.h"
+#include "server/session.h"
 #include "server/session_registry.h"
 
 namespace attnserve::server {
+
+// Metadata on a drain's Configure: the new session was taken over from a draining replica, so it
+// lives where the balancer's hash put it only while that replica is away (SessionRebalancer).
+inline constexpr char kMovedSessionMetadataKey[] = "x-attnserve-moved-session";
 
 struct DrainOptions {
   std::string peer;         // HOST:PORT of a replica or of the balancer (plaintext gRPC).
@@ -40,6 +46,10 @@ struct DrainReport {
 // frees them as it shuts down). Call after StartDraining, before the gRPC server is shut down
 // (exports run on the sessions' queues, so the executor must still run).
 DrainReport DrainSessions(SessionRegistry& registry, Metrics& metrics, const DrainOptions& options);
+
+// The same for one session (the rebalancer's move): `report` receives the outcome.
+void DrainSession(const std::shared_ptr<Session>& session, Metrics& metrics,
+                  const DrainOptions& options, DrainReport& report);
 
 }  // namespace attnserve::server
 

@@ -67,6 +67,11 @@ ABSL_FLAG(std::string, drain_to, "",
           "ImportRequest), answering other calls UNAVAILABLE meanwhile. Empty = no drain.");
 ABSL_FLAG(absl::Duration, drain_timeout, kDefaults.drain_timeout,
           "With --drain_to: how long the drain may take in all; what is not moved by then is lost.");
+ABSL_FLAG(absl::Duration, rebalance_period, kDefaults.rebalance_period,
+          "With --drain_to=<the balancer>: how often sessions this replica took over in a drain "
+          "are checked against the balancer's hash; one that hashes to another replica now (the "
+          "drained one, back under its name) is moved there. 0 = never (the default; only "
+          "meaningful when --drain_to is the balancer).");
 
 ABSL_FLAG(int, max_batch_size, kDefaults.scheduler.max_batch_size,
           "Continuous batching: decode steps per engine Decode call at most (per session).");
@@ -117,6 +122,7 @@ int main(int argc, char** argv) {
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_to = absl::GetFlag(FLAGS_drain_to);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.rebalance_period = absl::GetFlag(FLAGS_rebalance_period);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);

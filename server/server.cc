@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/parameter_budget.h"
 #include "server/session_affinity.h"
+#include "server/session_rebalancer.h"
 #include "server/session_registry.h"
 #include "server/transport_security.h"
 #include "server/ttl_sweeper.h"
@@ -269,6 +270,13 @@ absl::Status RunServer(const ServerOptions& options) {
 
   TtlSweeper sweeper(&registry, options.limits.request_ttl, options.limits.session_ttl,
                      SweepPeriod(options.limits.request_ttl, options.limits.session_ttl), &metrics);
+  const DrainOptions drain{options.drain_to, service.replica(), options.drain_timeout,
+                           options.limits.max_message_bytes};
+  std::unique_ptr<SessionRebalancer> rebalancer;
+  if (!options.drain_to.empty() && options.rebalance_period > absl::ZeroDuration()) {
+    rebalancer = std::make_unique<SessionRebalancer>(&registry, &metrics, drain,
+                                                     options.rebalance_period);
+  }
 
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) != 0) {
@@ -280,13 +288,12 @@ absl::Status RunServer(const ServerOptions& options) {
   // still up), then stop the sweeper, then the executor, then free the sessions.
   server->GetHealthCheckService()->SetServingStatus(false);
   server->GetHealthCheckService()->SetServingStatus(kServiceName, false);
+  if (rebalancer != nullptr) rebalancer->Stop();
   if (!options.drain_to.empty()) {
     // Still serving (health NOT_SERVING, session calls UNAVAILABLE) while the sessions move, so
     // the balancer sees this replica go down and routes their ids to the peer that takes them.
     service.StartDraining(options.drain_to);
-    DrainSessions(registry, metrics,
-                  {options.drain_to, service.replica(), options.drain_timeout,
-                   options.limits.max_message_bytes});
+    DrainSessions(registry, metrics, drain);
   }
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(options.shutdown_grace));

@@ -76,6 +76,11 @@ struct ServerOptions {
   // before exiting, for at most drain_timeout (server/drain.h); empty = no drain.
   std::string drain_to;
   absl::Duration drain_timeout = absl::Seconds(60);
+  // With drain_to (the balancer): how often sessions taken over in a drain are checked against
+  // the balancer's hash and moved to the replica it names now (server/session_rebalancer.h);
+  // zero = never. Off by default: with drain_to naming a peer replica rather than a balancer,
+  // that peer's answer is no hash, and sessions would follow it back.
+  absl::Duration rebalance_period = absl::ZeroDuration();
   ServerLimits limits;
   SchedulerOptions scheduler;
   // Transport security (PEM files; all empty = plaintext). tls_cert and tls_key go together;

@@ -223,6 +223,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // when the server keeps none). Set once by Configure, before the session is shared.
   void SetConfigureRequest(std::string bytes) { configure_request_ = std::move(bytes); }
   const std::string& configure_request() const { return configure_request_; }
+  // Taken over from a draining replica (server/session_rebalancer.h). Any thread.
+  void MarkAdopted() { adopted_.store(true, std::memory_order_relaxed); }
+  bool adopted() const { return adopted_.load(std::memory_order_relaxed); }
   // A hybrid stack's KV bytes by layer kind (LayerStack::kv_usage) and its depth. Set once by
   // Configure, before the session is shared; null for one layer.
   void SetStack(std::shared_ptr<const StackKvUsage> kv_usage, int num_layers) {
@@ -272,6 +275,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::shared_ptr<KvMemoryBudget> kv_budget_;
   std::string fingerprint_;
   std::string configure_request_;
+  std::atomic<bool> adopted_{false};
   std::shared_ptr<const StackKvUsage> stack_kv_;
   int num_layers_ = 1;
   std::shared_ptr<SerialQueue> queue_;

@@ -108,10 +108,11 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   const std::string balancer_address = absl::StrCat("127.0.0.1:", *balancer_port);
   std::vector<std::string> addresses;
   for (int i = 0; i < kReplicas; ++i) {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
-        {absl::StrCat("--threads=", server_test::kBackendThreads),
-         absl::StrCat("--replica_id=replica-", i), "--shutdown_grace=5s",
-         absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s"});
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+        ServerProcess::Start({absl::StrCat("--threads=", server_test::kBackendThreads),
+                              absl::StrCat("--replica_id=replica-", i), "--shutdown_grace=5s",
+                              absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s",
+                              "--rebalance_period=1s"});
     ASSERT_TRUE(started.ok()) << started.status();
     addresses.push_back((*started)->address());
     replicas_.push_back(*std::move(started));
@@ -179,53 +180,60 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   std::atomic<int> retries_total{0};
   absl::Mutex mu;
   std::vector<std::string> failures;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int step = 0; step < kSteps; ++step) {
-        for (int i = t; i < kSessions; i += kThreads) {
-          Pair& p = pairs[i];
-          v1::DecodeRequest request, twin_request;
-          request.set_session_id(p.id);
-          twin_request.set_session_id(p.twin_id);
-          for (const char* request_id : kRequests) {
-            const Tensor hidden = server_test::RandomHidden(1, 64, p.rng);
-            *request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
-            *twin_request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
-          }
-          v1::DecodeResponse response, twin_response;
-          int retries = 0;
-          grpc::Status status = WithRetries(
-              [&] { return server_test::Decode(*via_balancer, request, &response); }, &retries);
-          retries_total += retries;
-          grpc::Status twin_status = server_test::Decode(*twin_stub, twin_request, &twin_response);
-          std::string failure;
-          if (!status.ok() || !twin_status.ok()) {
-            failure =
-                absl::StrCat("session ", i, " step ", step, ": ", server_test::Describe(status),
-                             " / twin ", server_test::Describe(twin_status));
-          } else {
-            for (int r = 0; r < 2 && failure.empty(); ++r) {
-              if (response.results(r).output().data() != twin_response.results(r).output().data()) {
-                failure = absl::StrCat("session ", i, " (on ", p.replica, ") step ", step,
-                                       ": output differs from its twin's");
-              }
-              if (response.results(r).sequence_length() != kPromptTokens + step + 1) {
-                failure = absl::StrCat("session ", i, " step ", step, ": sequence_length ",
-                                       response.results(r).sequence_length());
+  // Steps [first, first + count) of every session, from kThreads threads.
+  const auto traffic = [&](int first, int count) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t, first, count] {
+        for (int step = first; step < first + count; ++step) {
+          for (int i = t; i < kSessions; i += kThreads) {
+            Pair& p = pairs[i];
+            v1::DecodeRequest request, twin_request;
+            request.set_session_id(p.id);
+            twin_request.set_session_id(p.twin_id);
+            for (const char* request_id : kRequests) {
+              const Tensor hidden = server_test::RandomHidden(1, 64, p.rng);
+              *request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
+              *twin_request.add_items() = server_test::MakeDecodeItem(request_id, hidden);
+            }
+            v1::DecodeResponse response, twin_response;
+            int retries = 0;
+            grpc::Status status = WithRetries(
+                [&] { return server_test::Decode(*via_balancer, request, &response); }, &retries);
+            retries_total += retries;
+            grpc::Status twin_status =
+                server_test::Decode(*twin_stub, twin_request, &twin_response);
+            std::string failure;
+            if (!status.ok() || !twin_status.ok()) {
+              failure =
+                  absl::StrCat("session ", i, " step ", step, ": ", server_test::Describe(status),
+                               " / twin ", server_test::Describe(twin_status));
+            } else {
+              for (int r = 0; r < 2 && failure.empty(); ++r) {
+                if (response.results(r).output().data() !=
+                    twin_response.results(r).output().data()) {
+                  failure = absl::StrCat("session ", i, " (on ", p.replica, ") step ", step,
+                                         ": output differs from its twin's");
+                }
+                if (response.results(r).sequence_length() != kPromptTokens + step + 1) {
+                  failure = absl::StrCat("session ", i, " step ", step, ": sequence_length ",
+                                         response.results(r).sequence_length());
+                }
               }
             }
+            if (!failure.empty()) {
+              absl::MutexLock lock(&mu);
+              failures.push_back(failure);
+              return;
+            }
           }
-          if (!failure.empty()) {
-            absl::MutexLock lock(&mu);
-            failures.push_back(failure);
-            return;
-          }
+          ++steps_done;
         }
-        ++steps_done;
-      }
-    });
-  }
+      });
+    }
+    return threads;
+  };
+  std::vector<std::thread> threads = traffic(0, kSteps);
 
   // SIGTERM the victim once every thread has decoded a few steps; it must drain and exit 0.
   const Clock::time_point wait_until = Clock::now() + std::chrono::seconds(60);
@@ -266,10 +274,44 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
     }
     EXPECT_EQ(found, 1) << "session " << p.id << " should live on exactly one other replica";
   }
+  // The victim back under its name and address (a rolling restart): the balancer hashes its former
+  // ids to it again, and the replicas that took them over move them back
+  // (server/session_rebalancer.h); traffic goes on throughout, bit-exact against the twins.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> back = ServerProcess::Start(
+      {absl::StrCat("--threads=", server_test::kBackendThreads),
+       absl::StrCat("--replica_id=", victim), "--shutdown_grace=5s",
+       absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s",
+       "--rebalance_period=1s", absl::StrCat("--listen=", addresses[victim_index])});
+  ASSERT_TRUE(back.ok()) << back.status();
+  replicas_[victim_index] = *std::move(back);
+  threads = traffic(kSteps, kSteps);
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
+  EXPECT_EQ(steps_done.load(), 2 * kThreads * kSteps);
+  auto on_victim = v1::AttentionService::NewStub(Channel(addresses[victim_index]));
+  const Clock::time_point home_by = Clock::now() + std::chrono::seconds(30);
+  int home = 0;
+  while (true) {
+    home = 0;
+    for (const Pair& p : pairs) {
+      if (p.replica != victim) continue;
+      v1::GetSessionRequest get;
+      get.set_session_id(p.id);
+      v1::GetSessionResponse got;
+      grpc::ClientContext context;
+      server_test::SetDeadline(context);
+      if (on_victim->GetSession(&context, get, &got).ok() && got.session().requests_size() == 2) {
+        ++home;
+      }
+    }
+    if (home == moved_sessions || Clock::now() > home_by) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(home, moved_sessions) << "the sessions went back to the restarted replica";
+
   std::cerr << "drain_test: " << moved_sessions << " of " << kSessions << " sessions moved off "
             << victim << ", " << retries_total.load() << " client retries, "
             << std::chrono::duration<double>(Clock::now() - start).count() << " s\n";
-  replicas_[victim_index].reset();  // Already stopped.
 }
 
 }  // namespace
