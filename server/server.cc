@@ -281,6 +281,10 @@ absl::Status RunServer(const ServerOptions& options) {
   int signal_number = 0;
   while (sigwait(&stop_signals, &signal_number) != 0) {
   }
+  // A second SIGTERM (a supervisor repeating itself while the drain or the grace period runs) is
+  // ignored rather than delivered to a thread that never blocked it (OpenBLAS starts its workers
+  // before main) and ending the process mid-drain. SIGKILL still ends it; a second SIGINT too.
+  signal(SIGTERM, SIG_IGN);
   SERVER_LOG(INFO, "signal %d: draining for up to %s", signal_number,
              absl::FormatDuration(options.shutdown_grace));
 

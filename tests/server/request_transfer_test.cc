@@ -4,6 +4,7 @@
 // sliding window whose leading pages were evicted before the move). Every refusal has its precise
 // status, and an import that fails or is cancelled half-way gives back every byte it reserved.
 #include <chrono>
+#include <csignal>
 #include <memory>
 #include <random>
 #include <string>
@@ -148,6 +149,7 @@ class SecondServer {
     return ended;
   }
   const std::string& final_log() const { return log_; }
+  ServerProcess& process() { return *process_; }
 
  private:
   std::unique_ptr<ServerProcess> process_;
@@ -462,6 +464,46 @@ TEST(DrainToPeerTest, SigtermMovesEverySessionAndRequestToThePeer) {
       }
     }
   }
+}
+
+// A drain whose peer never answers: while it retries (bounded by --drain_timeout) the replica
+// answers session calls UNAVAILABLE saying it is draining; then it gives up, counts the requests
+// lost, and still exits 0.
+TEST(DrainToPeerTest, UnreachablePeerIsBoundedAndCallsMeanwhileAreUnavailable) {
+  const LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  // Port 1 on loopback: nothing listens there, every Configure is UNAVAILABLE.
+  SecondServer a({"--replica_id=A", "--drain_to=127.0.0.1:1", "--drain_timeout=3s"});
+  ASSERT_TRUE(a.ok());
+  v1::ConfigureResponse configured;
+  ASSERT_TRUE(Configure(a.stub(), SeedConfigure(spec, 7), &configured).ok());
+  std::mt19937_64 rng(2);
+  v1::ForwardRequest forward;
+  forward.set_session_id(configured.session_id());
+  *forward.add_items() = MakeForwardItem("r", RandomHidden(5, spec.d_model, rng));
+  v1::ForwardResponse forwarded;
+  ASSERT_TRUE(Forward(a.stub(), forward, &forwarded).ok());
+
+  a.process().Signal(SIGTERM);
+  grpc::Status status;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  do {  // Until the signal is seen (bounded).
+    v1::DecodeResponse decoded;
+    status = Decode(a.stub(),
+                    DecodeOne(configured.session_id(), "r", RandomHidden(1, spec.d_model, rng)),
+                    &decoded);
+    if (status.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (status.ok() && std::chrono::steady_clock::now() < give_up);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("replica 'A' is draining"));
+  EXPECT_THAT(status.error_message(), HasSubstr("127.0.0.1:1"));
+
+  const auto started = std::chrono::steady_clock::now();
+  absl::StatusOr<ExitState> ended = a.Terminate();
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+  EXPECT_THAT(a.final_log(), HasSubstr("drain: done: 0 sessions moved, 1 lost; 0 requests moved, "
+                                       "1 lost"));
 }
 
 }  // namespace
