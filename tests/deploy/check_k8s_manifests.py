@@ -186,8 +186,20 @@ def main():
                 any(e.get("name") == "POD_NAME" for e in container.get("env", [])),
                 f"{where}: --replica_id is the pod's name")
         shutdown_s = int(values.get("shutdown_grace", "10s").rstrip("s"))
-        c.check(pod.get("terminationGracePeriodSeconds", 30) > shutdown_s,
-                f"{where}: terminationGracePeriodSeconds exceeds --shutdown_grace")
+        # A rolling restart loses nothing: SIGTERM first hands every request to the balancer's
+        # pick (--drain_to, docs/deploy.md "Drain"), then drains calls; Kubernetes must wait for
+        # both before its SIGKILL.
+        drain_s = int(values.get("drain_timeout", "60s").rstrip("s")) if "drain_to" in values else 0
+        c.check(pod.get("terminationGracePeriodSeconds", 30) > drain_s + shutdown_s,
+                f"{where}: terminationGracePeriodSeconds exceeds --drain_timeout + --shutdown_grace")
+        if c.check("drain_to" in values, f"{where}: --drain_to is set (rolling restarts move requests)"):
+            host, _, port = values["drain_to"].rpartition(":")
+            balancer = find(objects, "Service", host)
+            c.check(len(balancer) == 1 and
+                    any(p["port"] == int(port) for p in balancer[0]["spec"]["ports"]),
+                    f"{where}: --drain_to={values['drain_to']} is the balancer Service's gRPC port")
+            c.check("rebalance_period" in values,
+                    f"{where}: --rebalance_period set (drained sessions go home when a pod returns)")
 
         headless = find(objects, "Service", replicas["spec"]["serviceName"])
         if c.check(len(headless) == 1, f"{where}: the StatefulSet's serviceName exists"):
