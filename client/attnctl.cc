@@ -18,6 +18,8 @@
 //   list       ListSessions
 //   get        GetSession --session
 //   release    Release --session [--request]
+//   fork       Fork --session --request --forks=ID[,ID...]: requests sharing --request's cached
+//              tokens (prefix sharing)
 //   move       a request from --server to --to (ExportRequest -> ImportRequest): --session
 //              --request [--to_session --new_request --release_source] (client/attnctl_move.h)
 //   health     grpc.health.v1 Check [--service]; --wait_s=S retries until SERVING
@@ -56,12 +58,12 @@
 #include "client/attnctl_npy.h"
 #include "client/session_routing.h"
 #include "client/stack_pattern.h"
-#include "kernels/layer_stack.h"
 #include "google/protobuf/util/json_util.h"
+#include "kernels/kv_quantization.h"
 #include "kernels/layer_spec_json.h"
+#include "kernels/layer_stack.h"
 #include "kernels/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "kernels/kv_quantization.h"
 #include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
@@ -124,7 +126,9 @@ ABSL_FLAG(int, num_layers, 0,
 ABSL_FLAG(std::string, session, "", "Session id (from configure).");
 ABSL_FLAG(std::string, request, "",
           "forward/decode: request ids, comma separated; "
-          "release: one request (empty = the whole session).");
+          "release: one request (empty = the whole session); fork: the request forked.");
+ABSL_FLAG(std::string, forks, "",
+          "fork: ids of the new requests, comma separated (distinct, not yet in the session).");
 ABSL_FLAG(int, tokens, 0,
           "forward: random prompt rows per request (default 16); demo: default 128.");
 ABSL_FLAG(std::string, input, "",
@@ -284,8 +288,9 @@ int Configure(const Client& client) {
   v1::ConfigureRequest request;
   if (const std::string pattern = absl::GetFlag(FLAGS_stack); !pattern.empty()) {
     if (spec_from_checkpoint) {
-      return ReportError("--stack needs the spec flags (or --spec_file); with --checkpoint "
-                         "alone, use --num_layers");
+      return ReportError(
+          "--stack needs the spec flags (or --spec_file); with --checkpoint "
+          "alone, use --num_layers");
     }
     absl::StatusOr<std::vector<LayerSpec>> layers = ExpandStackPattern(*spec, pattern);
     if (!layers.ok()) return ReportError(layers.status().message());
@@ -709,6 +714,39 @@ int Get(const Client& client) {
   return kExitOk;
 }
 
+// Fork: new requests continuing from --request's cached tokens (prefix sharing: full pages shared,
+// the partial last page copied).
+int Fork(const Client& client) {
+  const std::string session = absl::GetFlag(FLAGS_session);
+  const std::string source = absl::GetFlag(FLAGS_request);
+  if (session.empty() || source.empty() || absl::GetFlag(FLAGS_forks).empty()) {
+    return ReportError("fork needs --session, --request and --forks=ID[,ID...]");
+  }
+  v1::ForkRequest request;
+  request.set_session_id(session);
+  request.set_request_id(source);
+  for (absl::string_view id :
+       absl::StrSplit(absl::GetFlag(FLAGS_forks), ',', absl::SkipWhitespace())) {
+    request.add_new_request_ids(std::string(id));
+  }
+  v1::ForkResponse response;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->Fork(&context, request, &response);
+  if (!status.ok()) return ReportRpcError("Fork", status);
+  if (client.json) {
+    std::printf("%s", ProtoJson(response).c_str());
+    return kExitOk;
+  }
+  for (const v1::ForkResult& result : response.results()) {
+    absl::PrintF("forked %s from %s: %d tokens\n", result.request_id(), source,
+                 result.sequence_length());
+  }
+  absl::PrintF("KV added: %s (copies of the partial last page; full pages shared)\n",
+               Mib(response.kv_bytes_added()));
+  return kExitOk;
+}
+
 int Release(const Client& client) {
   const std::string session = absl::GetFlag(FLAGS_session);
   if (session.empty()) return ReportError("release needs --session");
@@ -773,12 +811,13 @@ int Demo(const Client& client) {
 
 constexpr char kUsage[] =
     "attnctl [--server=HOST:PORT] [--json] <command> [flags]\n"
-    "commands: configure, forward, decode, info, list, get, release, move, health, demo,\n"
-    "          compare, convert\n"
+    "commands: configure, forward, decode, info, list, get, release, fork, move, health,\n"
+    "          demo, compare, convert\n"
     "  attnctl configure --variant=gqa --d_model=512 --num_heads=8 --num_kv_heads=2 --seed=1\n"
     "  attnctl forward --session=ID --request=a,b --tokens=128\n"
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
+    "  attnctl fork --session=ID --request=a --forks=a1,a2\n"
     "  attnctl --server=A move --to=B --session=ID --request=a [--to_session=ID2]\n"
     "  attnctl demo\n"
     "  attnctl compare [--lengths=128,256,512,1024,2048 --batch=4 --repeats=5] [--csv] "
@@ -813,6 +852,7 @@ int main(int argc, char** argv) {
   if (command == "list") return List(client);
   if (command == "get") return Get(client);
   if (command == "release") return Release(client);
+  if (command == "fork") return Fork(client);
   if (command == "move") return RunMove(client, *security);
   if (command == "health") return Health(client);
   if (command == "demo") return Demo(client);

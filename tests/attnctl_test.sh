@@ -4,6 +4,7 @@
 #   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
 #     what the Python client gets for the same input on another request of the same session;
 #   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
+#   - fork (attnctl and the Python client): forks decode exactly as an unforked twin; refusals;
 #   - errors: the exit code (1 for an RPC error, 2 for bad flags) and the status code name;
 #   - deploy/run_demo.sh runs the demo against its own server and stops it.
 #
@@ -81,6 +82,28 @@ stream="$(ctl --json decode --session="${session}" --request=s --steps=3 --seed=
 [[ "$(ctl --json get --session="${session}" | json 'len(d["session"]["requests"])')" == 6 ]] ||
   fail "get: expected 6 requests"
 [[ "$(ctl --json list | json 'len(d["sessions"])')" -ge 1 ]] || fail "list: no sessions"
+
+# fork: u and s hold the same 23 tokens (same prompt, same decode inputs). Forks of u (attnctl and
+# the Python client) continue exactly as s does: the same seeded step gives the same output.
+ctl fork --session="${session}" --request=u --forks=f1,f2 | grep -q "forked f2 from u: 23 tokens" ||
+  fail "fork: attnctl did not report f2 with 23 tokens"
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${session}" <<'PY' || fail "fork: the Python client"
+import sys
+from attnserve_client import AttnServeClient
+address, session = sys.argv[1:]
+with AttnServeClient(address) as client:
+    assert client.fork(session, "u", ["f3"]) == {"f3": 23}
+PY
+twin="$(ctl --json decode --session="${session}" --request=s --steps=2 --seed=11 |
+        json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+for fork in f1 f2 f3; do
+  got="$(ctl --json decode --session="${session}" --request="${fork}" --steps=2 --seed=11 |
+         json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+  [[ "${got}" == "${twin}" ]] || fail "fork: ${fork} decodes ${got}, its twin s ${twin}"
+done
+expect_exit 1 "INVALID_ARGUMENT.*already exists" -- fork --session="${session}" --request=u --forks=f1
+expect_exit 1 NOT_FOUND -- fork --session="${session}" --request=nope --forks=g1
+expect_exit 2 "" -- fork --session="${session}" --request=u
 
 # errors
 expect_exit 1 NOT_FOUND -- forward --session=0123 --request=a

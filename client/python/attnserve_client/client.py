@@ -422,6 +422,14 @@ class AttnServeClient:
         return self._call("Release", pb.ReleaseRequest(session_id=session_id,
                                                        request_id=request_id)).freed_bytes
 
+    def fork(self, session_id: str, request_id: str,
+             new_request_ids: Sequence[str]) -> Dict[str, int]:
+        """New requests continuing from request_id's cached tokens (prefix sharing: full KV pages
+        shared, the partial last page copied); returns each new id's sequence length."""
+        response = self._call("Fork", pb.ForkRequest(session_id=session_id, request_id=request_id,
+                                                     new_request_ids=list(new_request_ids)))
+        return {r.request_id: r.sequence_length for r in response.results}
+
     # -- moving a request between replicas (docs/api.md, "Moving a request") --
 
     def export_request(self, session_id: str, request_id: str,
