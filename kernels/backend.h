@@ -19,12 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "kernels/dtype.h"
-#include "kernels/kv_cache_config.h"
-#include "kernels/kv_memory_budget.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
-#include "kernels/tensor.h"
+#include "kernels/core/dtype.h"
+#include "kernels/kv/cache_config.h"
+#include "kernels/kv/memory_budget.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

@@ -24,7 +24,7 @@ bool CudaBackendBuilt() {
 namespace {
 
 #if defined(ATTNSERVE_HAVE_CUDA)
-// The module's entry point (kernels/cuda/cuda_plugin.cc).
+// The module's entry point (kernels/cuda/runtime/cuda_plugin.cc).
 using CreateCudaFn = int (*)(const CudaBackendOptions*, AttentionBackend**, char*, size_t);
 
 std::string ExecutableDir() {

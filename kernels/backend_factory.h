@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/runtime/cuda_backend.h"
 
 namespace attnserve {
 

@@ -6,10 +6,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
-#include "server/logging.h"
+#include "server/observability/logging.h"
 #include "server/server.h"
 #include "server/server_options.h"
-#include "server/weight_source.h"
+#include "server/session/weight_source.h"
 
 namespace {
 const attnserve::server::ServerOptions kDefaults;

@@ -17,12 +17,12 @@ struct ServerLimits {
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
-  // Configure's checkpoint paths must resolve inside this directory (server/weight_source.h);
+  // Configure's checkpoint paths must resolve inside this directory (server/session/weight_source.h);
   // empty = checkpoints by path are refused.
   std::string checkpoint_root;
 };
 
-// Continuous batching and chunked prefill, per session (see server/session_scheduler.h and the
+// Continuous batching and chunked prefill, per session (see server/session/scheduler.h and the
 // "Server" section of docs/design.md).
 struct SchedulerOptions {
   // A decode batch launches when it holds this many steps (one token each)...
@@ -39,7 +39,7 @@ struct SchedulerOptions {
   int64_t prefill_chunk_tokens = 512;
 };
 
-// Per-tenant caps (see server/auth.h and server/session_registry.h), applied to every tenant of
+// Per-tenant caps (see server/security/auth.h and server/session/registry.h), applied to every tenant of
 // the --auth_tokens file except admins; 0 = unlimited. They apply only when authentication is on.
 struct TenantQuotas {
   int max_sessions = 0;             // Live sessions of one tenant.
@@ -61,7 +61,7 @@ struct ServerOptions {
   // 0 = chosen by backend: kDefaultCpuKvPoolBytes on the CPU backend, kDefaultCudaKvPoolFraction
   // of the free device memory on the CUDA backend (as vLLM's gpu_memory_utilization).
   int64_t kv_pool_bytes = 0;
-  // Weight bytes all sessions may hold together (server/parameter_budget.h); 0 = half of the
+  // Weight bytes all sessions may hold together (server/session/parameter_budget.h); 0 = half of the
   // machine's physical memory.
   int64_t max_parameter_bytes = 0;
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
@@ -73,11 +73,11 @@ struct ServerOptions {
   static constexpr double kDefaultCudaKvPoolFraction = 0.8;
   absl::Duration shutdown_grace = absl::Seconds(10);
   // On SIGTERM, hand every live session and request to the replica (or balancer) at drain_to
-  // before exiting, for at most drain_timeout (server/drain.h); empty = no drain.
+  // before exiting, for at most drain_timeout (server/fleet/drain.h); empty = no drain.
   std::string drain_to;
   absl::Duration drain_timeout = absl::Seconds(60);
   // With drain_to (the balancer): how often sessions taken over in a drain are checked against
-  // the balancer's hash and moved to the replica it names now (server/session_rebalancer.h);
+  // the balancer's hash and moved to the replica it names now (server/fleet/session_rebalancer.h);
   // zero = never. Off by default: with drain_to naming a peer replica rather than a balancer,
   // that peer's answer is no hash, and sessions would follow it back.
   absl::Duration rebalance_period = absl::ZeroDuration();
@@ -88,7 +88,7 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
-  // Bearer-token table (format in server/auth.h); empty = authentication off.
+  // Bearer-token table (format in server/security/auth.h); empty = authentication off.
   std::string auth_tokens;
   TenantQuotas tenant_quotas;
 };

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generates attnserve_client/_generated/ from proto/ (grpcio-tools). Run by deploy/setup.sh and
-tests/python_client_test.sh; importing attnserve_client does the same on first use."""
+tests/client/python_client_test.sh; importing attnserve_client does the same on first use."""
 
 import sys
 from pathlib import Path

@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/attention_mask.h"
-#include "kernels/dtype.h"
-#include "kernels/kv_page_layout.h"
-#include "kernels/kv_storage_format.h"
-#include "kernels/layer_spec.h"
+#include "kernels/spec/attention_mask.h"
+#include "kernels/core/dtype.h"
+#include "kernels/kv/page_layout.h"
+#include "kernels/kv/storage_format.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
 
@@ -21,7 +21,7 @@ struct KeyRange {
   int64_t end = 0;
 };
 
-// The mask rule (kernels/attention_mask.h) with the spec's parameters.
+// The mask rule (kernels/spec/attention_mask.h) with the spec's parameters.
 struct MaskPolicy {
   bool causal = true;
   int64_t window = 0;  // Sliding window in tokens; 0 = unlimited.
@@ -37,7 +37,7 @@ struct MaskPolicy {
 };
 
 // Element offsets of a KV head's rows within one page; every page of a layer has the same layout,
-// the one kernels/kv_page_layout.h defines for both backends (Gqa/MlaLayer::MakePageLayout):
+// the one kernels/kv/page_layout.h defines for both backends (Gqa/MlaLayer::MakePageLayout):
 //   MHA/MQA/GQA page: [K|V][num_kv_heads][page_size][head_dim]
 //   MLA page:         [page_size][kv_lora_rank + qk_rope_head_dim]  (latent, then RoPE key)
 struct KvPageLayout {
@@ -48,7 +48,7 @@ struct KvPageLayout {
   int64_t key_offset = 0;     // Elements from the page start to KV head 0's key in slot 0.
   int64_t value_offset = 0;   // Elements from the page start to KV head 0's value in slot 0.
   int64_t page_elements = 0;  // Elements per page.
-  // 8-bit pages (kernels/kv_quantization.h): 1-byte codes (`dtype` is then unused) and float32
+  // 8-bit pages (kernels/kv/quantization.h): 1-byte codes (`dtype` is then unused) and float32
   // scales from byte `scales_offset` on. A row's scale is scales[ScaleIndex(head, value)]; when
   // `split_column` > 0, its columns from there on use the next scale (MLA's RoPE key).
   KvQuantization quantization = KvQuantization::kNone;

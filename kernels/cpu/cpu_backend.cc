@@ -7,8 +7,8 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/kv_cache_config.h"
-#include "kernels/kv_quantization.h"
+#include "kernels/kv/cache_config.h"
+#include "kernels/kv/quantization.h"
 
 namespace attnserve {
 

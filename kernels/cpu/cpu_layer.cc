@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/kv_page_rows.h"
-#include "kernels/layer_input_checks.h"
+#include "kernels/spec/layer_input_checks.h"
 
 namespace attnserve {
 

@@ -14,12 +14,12 @@
 #include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/kv_sequence_table.h"
-#include "kernels/page_table.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/kv/page_table.h"
 
 namespace attnserve {
 
-// BatchSequence (one sequence's share of a batch) comes from kernels/kv_sequence_table.h.
+// BatchSequence (one sequence's share of a batch) comes from kernels/kv/sequence_table.h.
 
 // Inputs and outputs of one compute call, all float32 and dense.
 struct CpuBatch {

@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/vector_math.h"
-#include "kernels/decode_splits.h"
+#include "kernels/spec/decode_splits.h"
 
 namespace attnserve {
 

@@ -15,7 +15,7 @@
 #include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/page_table.h"
+#include "kernels/kv/page_table.h"
 
 namespace attnserve {
 

@@ -23,7 +23,7 @@ std::vector<float> QkNormScale(const LayerSpec& spec, const LayerWeights& weight
 }  // namespace
 
 KvPageLayout GqaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig& kv_config) {
-  // The layout of kernels/kv_page_layout.h (shared with the CUDA kernels), as strides.
+  // The layout of kernels/kv/page_layout.h (shared with the CUDA kernels), as strides.
   const int page_size = kv_config.page_size, heads = spec.num_kv_heads, dim = spec.head_dim;
   KvPageLayout layout;
   layout.page_size = page_size;

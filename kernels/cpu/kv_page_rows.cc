@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/dtype.h"
-#include "kernels/kv_quantization.h"
+#include "kernels/core/dtype.h"
+#include "kernels/kv/quantization.h"
 
 namespace attnserve {
 

@@ -1,6 +1,6 @@
 // Reading and writing one cached row (a KV head's key or value of one token, or an MLA latent
 // row) of a KV page in the page's storage format: f32/bf16 rows are converted element by element;
-// 8-bit rows are quantized with the page's own scales (kernels/kv_quantization.h: the scale is set
+// 8-bit rows are quantized with the page's own scales (kernels/kv/quantization.h: the scale is set
 // by the row in slot 0 and grows, requantizing the rows before it, when a later row needs more)
 // and dequantized to float32 when read. Rows of a page must be written in slot order, as
 // sequences append them.

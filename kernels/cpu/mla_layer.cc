@@ -65,7 +65,7 @@ KvPageLayout MlaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig
   layout.page_size = kv_config.page_size;
   layout.dtype = kv_config.storage.element;
   const int row_width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim;
-  layout.row_stride = MlaPageRowElement(row_width, 1);  // kernels/kv_page_layout.h
+  layout.row_stride = MlaPageRowElement(row_width, 1);  // kernels/kv/page_layout.h
   layout.head_stride = 0;
   layout.key_offset = 0;    // The key is the whole row [c_kv | k_pe] ...
   layout.value_offset = 0;  // ... and the value its first kv_lora_rank elements.

@@ -7,7 +7,7 @@
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/prefill_attention.h"
-#include "kernels/page_table.h"
+#include "kernels/kv/page_table.h"
 
 namespace attnserve {
 

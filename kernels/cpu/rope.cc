@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels/rope_frequencies.h"
+#include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
 

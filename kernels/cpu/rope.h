@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "kernels/layer_spec.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
 

@@ -5,8 +5,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/dtype.h"
-#include "kernels/kv_storage_format.h"
+#include "kernels/core/dtype.h"
+#include "kernels/kv/storage_format.h"
 
 namespace attnserve {
 

@@ -4,7 +4,7 @@
 
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/layer_spec.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
 

@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/dtype.h"
-#include "kernels/tensor.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "client/demo_variants.h"
+#include "client/common/demo_variants.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/thread_pool.h"
 

@@ -53,7 +53,7 @@ PROMPT_TOKENS = 12
 WINDOW = 8  # sliding window of the _swa session (shorter than the sequences it decodes)
 STEPS_PER_PREFILL = 24  # decode steps before a request is released and a new one prefilled
 
-# variant label (server/metrics.h VariantLabel) -> layer spec of the load.
+# variant label (server/observability/metrics.h VariantLabel) -> layer spec of the load.
 VARIANTS = {
     "mha": LayerSpec("mha", d_model=D_MODEL, num_heads=NUM_HEADS, rope="half"),
     "mqa": LayerSpec("mqa", d_model=D_MODEL, num_heads=NUM_HEADS, rope="half"),

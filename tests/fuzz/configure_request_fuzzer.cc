@@ -1,9 +1,9 @@
 // Fuzzes the validation of a Configure request, as far as it runs without a server: the input is an
 // attnserve.v1.ConfigureRequest, and the target takes it through the steps AttentionServiceImpl::
 // DoConfigure takes before it creates a layer: LayerSpecFromProto (ValidateLayerSpec), the KV cache
-// dtype, the page size, the KV pool's per-page check (server/kv_pool.h, a 1 GiB pool), the sizes
+// dtype, the page size, the KV pool's per-page check (server/session/kv_pool.h, a 1 GiB pool), the sizes
 // the session reports (parameter count, KV bytes per token) and, for inline weights,
-// WeightsFromProto (server/weight_source.h: every tensor decoded, names distinct, shapes checked
+// WeightsFromProto (server/session/weight_source.h: every tensor decoded, names distinct, shapes checked
 // against the spec).
 //
 // Not fuzzed here, on purpose: weights from a seed (they are allocated at the spec's size, up to
@@ -19,13 +19,13 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/dtype.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
+#include "kernels/core/dtype.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
-#include "server/kv_pool.h"
-#include "server/weight_source.h"
+#include "server/session/kv_pool.h"
+#include "server/session/weight_source.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

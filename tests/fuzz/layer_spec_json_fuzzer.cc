@@ -1,4 +1,4 @@
-// Fuzzes the JSON layer-spec reader (kernels/layer_spec_json.h) that attnctl, attnbench and the
+// Fuzzes the JSON layer-spec reader (kernels/spec/layer_spec_json.h) that attnctl, attnbench and the
 // peer test read spec files with: the input is the file's text.
 //
 // Properties: LayerSpecFromJson returns a validated spec or INVALID_ARGUMENT (never throws or
@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_spec_json.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/spec/layer_spec_json.h"
 #include "proto/codec/spec_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -1,4 +1,4 @@
-// Fuzzes attnctl's .npy reader (client/attnctl_npy.h), which reads hidden states from files users
+// Fuzzes attnctl's .npy reader (client/attnctl/npy.h), which reads hidden states from files users
 // hand to the command-line client: the input is the whole file content, given to ParseNpy.
 //
 // Properties: ParseNpy returns a tensor or INVALID_ARGUMENT (never crashes, never allocates more
@@ -10,9 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "client/attnctl_npy.h"
-#include "kernels/dtype.h"
-#include "kernels/tensor.h"
+#include "client/attnctl/npy.h"
+#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

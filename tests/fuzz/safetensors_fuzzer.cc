@@ -1,5 +1,5 @@
-// Fuzzes the safetensors reader (kernels/safetensors.h) and the checkpoint loader built on it
-// (kernels/checkpoint_loader.h): the input is the whole content of a .safetensors file, as a
+// Fuzzes the safetensors reader (kernels/model/safetensors.h) and the checkpoint loader built on it
+// (kernels/model/checkpoint_loader.h): the input is the whole content of a .safetensors file, as a
 // Configure's checkpoint path may name a file anyone wrote.
 //
 // SafetensorsFile reads through a file descriptor (pread, one tensor at a time), so the bytes are
@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/checkpoint_loader.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
-#include "kernels/safetensors.h"
+#include "kernels/model/checkpoint_loader.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/model/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_specs.h"
 

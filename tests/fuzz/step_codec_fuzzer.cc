@@ -1,4 +1,4 @@
-// Fuzzes the Forward and Decode request validators (server/step_codec.h): the input is parsed as an
+// Fuzzes the Forward and Decode request validators (server/rpc/step_codec.h): the input is parsed as an
 // attnserve.v1.ForwardRequest and, separately, as a DecodeRequest (the two share their field
 // numbers, so one corpus exercises both), and each is validated against every spec of
 // fuzz_specs.h, as the server does before a request reaches its session.
@@ -14,9 +14,9 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/layer_spec.h"
-#include "kernels/tensor.h"
-#include "server/step_codec.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/core/tensor.h"
+#include "server/rpc/step_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_specs.h"
 

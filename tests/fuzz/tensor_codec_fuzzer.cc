@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/tensor.h"
+#include "kernels/core/tensor.h"
 #include "proto/codec/tensor_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 

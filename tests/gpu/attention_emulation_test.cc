@@ -43,7 +43,7 @@
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/work_plan.h"
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
 #include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {

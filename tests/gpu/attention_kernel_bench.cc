@@ -5,7 +5,7 @@
 //
 // What is timed: RunDecodeAttention (split-KV decode kernel + combine kernel) and
 // RunPrefillAttention (tensor-core mma.sync prefill for f16/bf16 pages, CUDA-core prefill for f32
-// pages), called exactly as kernels/cuda/cuda_layer.cc calls them: same work plan
+// pages), called exactly as kernels/cuda/layer/cuda_layer.cc calls them: same work plan
 // (PlanDecodeSplits / PlanPrefillItems, the same split count rule), same q layout (fp32 rows of
 // the fused qkv width), 16-token pages in a shuffled order. Inputs are built directly on the
 // device; no projection, host planning, upload or download is inside the timed region. Each
@@ -43,10 +43,10 @@
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/work_plan.h"
-#include "kernels/cuda/cublas_api.h"
-#include "kernels/cuda/cuda_device.h"
-#include "kernels/cuda/cuda_status.h"
-#include "kernels/dtype.h"
+#include "kernels/cuda/runtime/cublas_api.h"
+#include "kernels/cuda/runtime/cuda_device.h"
+#include "kernels/cuda/runtime/cuda_status.h"
+#include "kernels/core/dtype.h"
 #include "tests/gpu/bench_device_kernels.h"
 
 namespace attnserve {
@@ -59,7 +59,7 @@ using cuda::PagedKv;
 using cuda::SequenceDesc;
 using cuda::WorkItem;
 
-// DefaultPageSize for GQA, MHA and MQA (kernels/layer_spec.cc).
+// DefaultPageSize for GQA, MHA and MQA (kernels/spec/layer_spec.cc).
 constexpr int kPageSize = 16;
 
 #define BENCH_RETURN_IF_ERROR(expr)                    \

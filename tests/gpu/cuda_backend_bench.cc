@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/layer_weights.h"
+#include "kernels/cuda/runtime/cuda_backend.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/attention_reference.h"
 
 namespace attnserve {

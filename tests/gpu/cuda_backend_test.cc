@@ -23,7 +23,7 @@
 // Without a usable CUDA device every test SKIPS with the reason. A summary table is printed after
 // all tests. The same file is also built against the emulated device (tests/gpu/emulated:
 // cuda_backend_emulated_test), where it runs in CI on the CPU.
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/runtime/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
 
@@ -42,8 +42,8 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/attention_reference.h"
 
 namespace attnserve {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention/params.h"
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda::emulation {
 

@@ -4,12 +4,12 @@
 Each case is a randomly initialised model built by Hugging Face `transformers` (eager attention,
 float32) or a bare `torch.nn.MultiheadAttention`, saved as a safetensors checkpoint, together with
 one forward pass through one layer's attention module captured with forward hooks. The C++ peer
-test (tests/peer_test.cc) loads the checkpoint with our loader, runs our engine on the same input
+test (tests/engine/peer_test.cc) loads the checkpoint with our loader, runs our engine on the same input
 and compares.
 
 Output, one directory per case under --out:
   model.safetensors  the checkpoint (save_pretrained, or safetensors.torch.save_file for torch MHA)
-  spec.json          our LayerSpec JSON (kernels/layer_spec_json.h)
+  spec.json          our LayerSpec JSON (kernels/spec/layer_spec_json.h)
   io.safetensors     "hidden"   [L, d_model] f32  input of self_attn (after input_layernorm)
                      "positions" [L] f32          RoPE positions: integers from 5, increasing in
                                                   steps of 1..3 (contiguous for Mistral); F32
@@ -544,7 +544,7 @@ def deepseek_v2_case(q_lora_rank, layers, layer_index, seq_len, rope_scaling=Non
     """DeepSeek-V2: MLA as V3, rotating (2i, 2i + 1) pairs by complex multiplication. Its YaRN
     here has mscale but no mscale_all_dim: with both, DeepSeek's own code (and attnserve) multiply
     the softmax scale by mscale(factor, mscale_all_dim)^2, which transformers' DeepseekV2Attention
-    omits (kernels/hf_config.h), so that case would compare against a different model."""
+    omits (kernels/model/hf_config.h), so that case would compare against a different model."""
     assert not (rope_scaling or {}).get("mscale_all_dim"), rope_scaling
     config = DeepseekV2Config(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, moe_intermediate_size=64,
@@ -617,7 +617,7 @@ def torch_mha_case(out_dir, causal: bool, seq_len: int):
 # ---- self-check: our reading of spec.json, in float64 numpy ------------------------------------
 #
 # Recomputes each case from model.safetensors + spec.json with the semantics documented in
-# kernels/layer_spec.h. Agreement proves that spec.json describes what transformers/torch computed,
+# kernels/spec/layer_spec.h. Agreement proves that spec.json describes what transformers/torch computed,
 # so when the C++ engine disagrees with "expected" the engine (not this mapping) is at fault.
 
 def _yarn_mscale(scale, mscale):

@@ -17,10 +17,10 @@
 #include <random>
 #include <vector>
 
-#include "kernels/dtype.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
-#include "kernels/tensor.h"
+#include "kernels/core/dtype.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve::reference {
 

@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/layer_spec.h"
-#include "kernels/layer_weights.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/attention_reference.h"
 
 namespace attnserve::reference {

@@ -1,4 +1,4 @@
-// A rolling restart that loses nothing (--drain_to, server/drain.h), with the real balancer: three
+// A rolling restart that loses nothing (--drain_to, server/fleet/drain.h), with the real balancer: three
 // replicas behind HAProxy, each started with --drain_to=<the balancer>; 12 sessions configured
 // through the balancer, with decode traffic from 4 client threads; one replica is sent SIGTERM.
 // It re-creates its sessions through the balancer (which, once its health checks see NOT_SERVING,
@@ -19,10 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "client/channel_security.h"
-#include "tests/scale/balancer_process.h"
-#include "tests/server/server_process.h"
-#include "tests/server/service_test_util.h"
+#include "client/common/channel_security.h"
+#include "tests/support/balancer_process.h"
+#include "tests/support/server_process.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::scale_test {
 namespace {
@@ -276,7 +276,7 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   }
   // The victim back under its name and address (a rolling restart): the balancer hashes its former
   // ids to it again, and the replicas that took them over move them back
-  // (server/session_rebalancer.h); traffic goes on throughout, bit-exact against the twins.
+  // (server/fleet/session_rebalancer.h); traffic goes on throughout, bit-exact against the twins.
   absl::StatusOr<std::unique_ptr<ServerProcess>> back = ServerProcess::Start(
       {absl::StrCat("--threads=", server_test::kBackendThreads),
        absl::StrCat("--replica_id=", victim), "--shutdown_grace=5s",

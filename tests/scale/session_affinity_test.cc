@@ -33,11 +33,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/channel_security.h"
-#include "client/session_routing.h"
-#include "tests/scale/balancer_process.h"
-#include "tests/server/server_process.h"
-#include "tests/server/service_test_util.h"
+#include "client/common/channel_security.h"
+#include "client/common/session_routing.h"
+#include "tests/support/balancer_process.h"
+#include "tests/support/server_process.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::scale_test {
 namespace {

@@ -24,10 +24,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "client/channel_security.h"
+#include "client/common/channel_security.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_process.h"
-#include "tests/server/service_test_util.h"
+#include "tests/support/server_process.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

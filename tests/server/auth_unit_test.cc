@@ -9,9 +9,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/kv_memory_budget.h"
-#include "server/auth.h"
-#include "server/transport_security.h"
+#include "kernels/kv/memory_budget.h"
+#include "server/security/auth.h"
+#include "server/security/transport_security.h"
 
 namespace attnserve::server {
 namespace {

@@ -35,9 +35,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/layer_weights.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/checkpoint_loader.h"
-#include "kernels/layer_weights.h"
-#include "kernels/safetensors.h"
+#include "kernels/model/checkpoint_loader.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/model/safetensors.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {
@@ -33,7 +33,7 @@ using ::testing::Not;
 
 LayerSpec TestSpec() { return reference::FindSpec("gqa2_half_window7").spec; }
 
-// The one answer for a checkpoint path that cannot be used (server/weight_source.h).
+// The one answer for a checkpoint path that cannot be used (server/session/weight_source.h).
 std::string Unusable(const std::string& path) {
   return absl::StrCat("weights.checkpoint.path: '", path,
                       "' is not a readable checkpoint under the server's checkpoint root");

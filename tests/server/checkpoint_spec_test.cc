@@ -1,4 +1,4 @@
-// Configure with the spec taken from a checkpoint's config.json (server/checkpoint_spec.h), end to
+// Configure with the spec taken from a checkpoint's config.json (server/session/checkpoint_spec.h), end to
 // end: the server's --checkpoint_root is the peer cases' directory (tests/peer/make_peer_cases.py,
 // tiny random transformers models saved with save_pretrained), each case is configured from its
 // directory alone - no spec in the request - and its recorded transformers output must come back
@@ -15,14 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/hf_config.h"
-#include "kernels/layer_spec_json.h"
-#include "kernels/safetensors.h"
+#include "kernels/model/hf_config.h"
+#include "kernels/spec/layer_spec_json.h"
+#include "kernels/model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
-#include "server_fixture.h"
-#include "service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {
@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// The peer test's bound for fp32 against transformers (tests/peer_test.cc).
+// The peer test's bound for fp32 against transformers (tests/engine/peer_test.cc).
 constexpr double kMaxRelativeError = 1e-4;
 
 std::string ReadText(const fs::path& path) {

@@ -7,8 +7,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/server_fixture.h"
-#include "tests/server/service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/layer_weights.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

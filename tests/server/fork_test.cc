@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/server_fixture.h"
-#include "tests/server/service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

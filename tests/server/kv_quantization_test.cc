@@ -4,7 +4,7 @@
 // Decode equal the in-process engine with the same 8-bit storage bit for bit (so the server really
 // stores codes: the f32-KV engine differs by ~1e-2). Quantization with a kv_cache_dtype, or an
 // unknown value, is INVALID_ARGUMENT naming the fields.
-#include "kernels/kv_quantization.h"
+#include "kernels/kv/quantization.h"
 
 #include <random>
 #include <string>
@@ -12,10 +12,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/layer_weights.h"
+#include "kernels/model/layer_weights.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
-#include "tests/server/service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

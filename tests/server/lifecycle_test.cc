@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -17,8 +17,8 @@
 #include "gtest/gtest.h"
 #include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
-#include "tests/server/service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

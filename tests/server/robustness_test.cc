@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/layer_weights.h"
-#include "server/parameter_budget.h"
+#include "kernels/model/layer_weights.h"
+#include "server/session/parameter_budget.h"
 #include "tests/reference/test_cases.h"
-#include "tests/server/server_fixture.h"
+#include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -8,7 +8,7 @@
 //
 // Bound: 1e-4 relative L2 on the attention part h_N - x (x itself passes through exactly, so
 // measuring h_N would dilute the error). fp32 on both sides; each layer alone reaches ~1e-6
-// (tests/peer_test.cc), and six layers add, and feed each other, that error.
+// (tests/engine/peer_test.cc), and six layers add, and feed each other, that error.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,10 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/safetensors.h"
+#include "kernels/model/safetensors.h"
 #include "proto/codec/tensor_codec.h"
-#include "server_fixture.h"
-#include "service_test_util.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -12,10 +12,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/layer_stack.h"
-#include "kernels/page_table.h"
-#include "tests/server/server_fixture.h"
-#include "tests/server/service_test_util.h"
+#include "kernels/stack/layer_stack.h"
+#include "kernels/kv/page_table.h"
+#include "tests/support/server_fixture.h"
+#include "tests/support/service_test_util.h"
 
 namespace attnserve::server_test {
 namespace {

@@ -114,7 +114,7 @@ class MlaDims:
 @dataclass
 class LayerSpec:
     """One attention layer; the keys and defaults of the JSON spec format
-    (kernels/layer_spec_json.h), so LayerSpec.from_dict(json.load(f)) reads a spec file."""
+    (kernels/spec/layer_spec_json.h), so LayerSpec.from_dict(json.load(f)) reads a spec file."""
 
     variant: str  # "mha" | "mqa" | "gqa" | "mla"
     d_model: int

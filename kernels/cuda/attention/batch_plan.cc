@@ -4,8 +4,8 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/attention/work_plan.h"
-#include "kernels/decode_splits.h"
-#include "kernels/page_table.h"
+#include "kernels/spec/decode_splits.h"
+#include "kernels/kv/page_table.h"
 
 namespace attnserve::cuda {
 

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/kv_sequence_table.h"
+#include "kernels/kv/sequence_table.h"
 
 namespace attnserve::cuda {
 

@@ -1,7 +1,7 @@
 #include "kernels/cuda/attention/dispatch.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/runtime/cuda_status.h"
 
 namespace attnserve::cuda {
 

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/dtype.h"
+#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda {
 

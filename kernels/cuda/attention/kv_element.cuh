@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/simt.h"
+#include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
 

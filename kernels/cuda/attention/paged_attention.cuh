@@ -27,7 +27,7 @@
 
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/simt.h"
+#include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
 

@@ -1,6 +1,6 @@
 // Plain parameter structs of the CUDA attention kernels, shared by the host planner (C++20) and
 // the kernels (nvcc, C++17). Nothing here includes absl or allocates: the host fills these once per
-// call from its plan (kernels/cuda/cuda_layer.cc) and the launchers take them by value.
+// call from its plan (kernels/cuda/layer/cuda_layer.cc) and the launchers take them by value.
 //
 // Conventions: every pointer is device memory; shapes are in elements of the pointee type; a
 // "row" is one token of the batch; head h of a row belongs to KV head h / group.
@@ -11,16 +11,16 @@
 
 #include <cstdint>
 
-#include "kernels/attention_mask.h"
-#include "kernels/host_device.h"
-#include "kernels/kv_page_layout.h"
+#include "kernels/spec/attention_mask.h"
+#include "kernels/core/host_device.h"
+#include "kernels/kv/page_layout.h"
 
 namespace attnserve::cuda {
 
 // Element type of KV pages (mirrors attnserve::DType without pulling its absl header into nvcc).
 enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// Which keys a query may see: the mask rule of kernels/attention_mask.h (shared with the CPU's
+// Which keys a query may see: the mask rule of kernels/spec/attention_mask.h (shared with the CPU's
 // MaskPolicy) with 32-bit indices, as the kernels take it (Mistral window: i - W < j <= i).
 struct MaskSpec {
   int causal = 1;
@@ -35,7 +35,7 @@ struct MaskSpec {
 // The device page table of a batch (FlashInfer's paged_kv_t idea): the pages of every sequence of
 // the batch flattened into one array, each entry the page's byte offset from the pool base, or -1
 // for a page a sliding window evicted (never read: it lies outside every query's window).
-// Page layout (kernels/kv_page_layout.h, shared with the CPU):
+// Page layout (kernels/kv/page_layout.h, shared with the CPU):
 // [K|V][num_kv_heads][page_size][head_dim].
 struct PagedKv {
   void* pool = nullptr;                   // Device page pool base.
@@ -130,7 +130,7 @@ template <KvType kKv, int kHeadDim>
 cudaError_t LaunchMmaPrefill(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchCombineSplits(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream);
-// dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/convert.cu).
+// dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/layer/convert.cu).
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
                                 cudaStream_t stream);
 // dst[r, :] = bias for r < rows (before a GEMM with beta = 1).

@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/simt.h"
+#include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
 

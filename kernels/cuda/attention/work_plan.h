@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention/params.h"
-#include "kernels/decode_splits.h"
+#include "kernels/spec/decode_splits.h"
 
 namespace attnserve::cuda {
 
@@ -36,7 +36,7 @@ inline void PlanPrefillItems(const SequenceDesc& desc, int sequence_index, int g
 
 // Decode: splits per sequence wanted so the grid (sequences x KV heads x row blocks x splits)
 // fills about two waves over the SMs; PlanDecodeSplits caps it by kDecodeMinKeysPerSplit
-// (kernels/decode_splits.h, shared with the CPU decode).
+// (kernels/spec/decode_splits.h, shared with the CPU decode).
 inline int64_t DecodeSplitsForTwoWaves(int num_sequences, int num_kv_heads, int row_blocks,
                                        int multiprocessors) {
   const int64_t blocks_per_split = int64_t{num_sequences} * num_kv_heads * row_blocks;

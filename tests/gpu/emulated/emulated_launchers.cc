@@ -12,8 +12,8 @@
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/prefill_mma.cuh"
 #include "kernels/cuda/attention/rope_append.cuh"
-#include "kernels/cuda/attention/simt_emulator.h"
-#include "kernels/dtype.h"
+#include "kernels/cuda/simt/simt_emulator.h"
+#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda {
 

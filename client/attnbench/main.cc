@@ -1,0 +1,376 @@
+// attnbench: a load generator for attnserve's decode path.
+//
+//   attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512]
+//             [--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT]
+//             [--json]
+//
+// For every variant x context x concurrency C (one fresh session each): C requests are
+// prefilled to the context length, then C concurrent DecodeStream streams (one per request)
+// decode one step at a time for --duration or --steps. Reported per cell: tokens/s (decode
+// steps answered per second, all streams), its gain over C = 1 of the same variant and context
+// in the same run, client-measured step latency p50/p90/p99, the server's queue and compute time
+// per step (Timing), and the server's mean decode batch size where the server exposes one
+// (client/attnbench/server_stats.h), "N/A" otherwise. A progress line is drawn on stderr when it
+// is a terminal. A failed stream is counted and reported; the exit code is then 1 (0 when every
+// stream succeeded, 2 for bad flags).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/attnbench/runner.h"
+#include "client/attnbench/server_stats.h"
+#include "client/attnbench/soak.h"
+#include "client/common/client.h"
+#include "client/common/status_names.h"
+#include "client/common/demo_variants.h"
+#include "kernels/spec/layer_spec.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address, HOST:PORT.");
+ABSL_FLAG(bool, json, false, "Print the results as JSON on stdout instead of a table.");
+ABSL_FLAG(std::vector<std::string>, variants,
+          std::vector<std::string>({"mha", "gqa", "mqa", "mla"}),
+          "Variants to run (client/common/demo_variants.h): mha, gqa, mqa, mla.");
+ABSL_FLAG(std::vector<std::string>, context, std::vector<std::string>({"512"}),
+          "Prompt tokens prefilled per request before decoding; a list sweeps.");
+ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "4", "16", "64"}),
+          "Concurrent DecodeStream streams (one request each); a list sweeps.");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
+          "How long each cell decodes (ignored when --steps > 0).");
+ABSL_FLAG(int64_t, steps, 0, "Decode steps per stream; 0 = run for --duration.");
+ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(30),
+          "A stream whose step (or end) has no answer for this long is cancelled and counted as "
+          "an error.");
+ABSL_FLAG(double, timeout_s, 120, "Deadline of each unary call (Configure, Forward prefill, ...).");
+ABSL_FLAG(std::string, metrics, "",
+          "The server's Prometheus endpoint, HOST:PORT or http://HOST:PORT/path, read for the "
+          "attnserve_batch_size histogram (empty: batch sizes only from GetSession/GetServerInfo "
+          "counters, when the server has them).");
+ABSL_FLAG(int, d_model, 512, "Hidden size of the demo variants.");
+ABSL_FLAG(int, num_heads, 8, "Query heads of the demo variants.");
+ABSL_FLAG(int, window, 0, "Sliding window of every variant (0 = full attention).");
+ABSL_FLAG(std::string, kv_dtype, "f32", "KV cache dtype: f32, f16 or bf16.");
+ABSL_FLAG(uint64_t, seed, 1, "Weights and inputs.");
+ABSL_FLAG(int, soak_rounds, 0,
+          "Soak mode when > 0: run the one cell (one variant, context and concurrency) this many "
+          "rounds of --duration each, reading the server's resident memory after every round; "
+          "fails on any error or an RSS drift after the warm-up of --soak_max_rss_drift or more "
+          "(client/attnbench/soak.h).");
+ABSL_FLAG(int, soak_warmup_rounds, 2, "Soak mode: rounds before the RSS baseline is taken.");
+ABSL_FLAG(double, soak_max_rss_drift, 0.01,
+          "Soak mode: largest allowed relative RSS growth from the warm-up to the end.");
+ABSL_FLAG(int, soak_server_pid, 0,
+          "Soak mode: read the server's RSS from /proc/PID/status (a local server); 0 = from "
+          "--metrics (CPU backend).");
+ABSL_FLAG(bool, progress, true, "Draw a progress line on stderr when it is a terminal.");
+
+namespace attnserve {
+namespace {
+
+bool ParseIntList(const std::vector<std::string>& items, const char* flag, std::vector<int>* out) {
+  for (const std::string& item : items) {
+    int value = 0;
+    if (!absl::SimpleAtoi(item, &value) || value <= 0) {
+      ReportError(absl::StrCat("--", flag, ": '", item, "' is not a positive integer"));
+      return false;
+    }
+    out->push_back(value);
+  }
+  if (out->empty()) {
+    ReportError(absl::StrCat("--", flag, " is empty"));
+    return false;
+  }
+  return true;
+}
+
+// Throughput of C = 1 for the same variant and context, or 0.
+double SingleStreamRate(const std::vector<BenchResult>& results, const BenchResult& row) {
+  for (const BenchResult& other : results) {
+    if (other.variant == row.variant && other.context == row.context && other.concurrency == 1 &&
+        other.errors == 0) {
+      return other.tokens_per_s;
+    }
+  }
+  return 0;
+}
+
+nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchResult& row) {
+  const double single = SingleStreamRate(results, row);
+  nlohmann::json batch = {{"available", row.batch.available}};
+  if (row.batch.available) {
+    batch["mean"] = row.batch.mean;
+    batch["batches"] = row.batch.batches;
+    batch["source"] = row.batch.source;
+    batch["max"] = row.batch.max > 0 ? nlohmann::json(row.batch.max) : nlohmann::json(nullptr);
+  } else {
+    batch["mean"] = nullptr;
+  }
+  if (!row.batch.note.empty()) batch["note"] = row.batch.note;
+  batch["seen_by_steps"] =
+      row.step_batch_size > 0 ? nlohmann::json(row.step_batch_size) : nlohmann::json(nullptr);
+  return {{"variant", row.variant},
+          {"label", row.label},
+          {"spec", row.spec},
+          {"context", row.context},
+          {"concurrency", row.concurrency},
+          {"kv_bytes_per_token", row.kv_bytes_per_token},
+          {"steps", row.steps},
+          {"seconds", row.seconds},
+          {"tokens_per_s", row.tokens_per_s},
+          {"gain_vs_1_stream", single > 0 ? nlohmann::json(row.tokens_per_s / single) : nullptr},
+          {"streams_capped", row.streams_capped},
+          {"tokens_cap_per_request", row.tokens_cap},
+          {"step_latency_ms",
+           {{"mean", row.latency_mean_ms},
+            {"p50", row.latency_p50_ms},
+            {"p90", row.latency_p90_ms},
+            {"p99", row.latency_p99_ms},
+            {"max", row.latency_max_ms}}},
+          {"server_ms_per_step",
+           {{"queue", row.queue_ms}, {"compute", row.compute_ms}, {"total", row.server_total_ms}}},
+          {"batch_size", batch},
+          {"errors", row.errors},
+          {"errors_by_code", row.errors_by_code},
+          {"error_messages", row.error_messages}};
+}
+
+void PrintTable(const std::vector<BenchResult>& results) {
+  absl::PrintF("%-8s %5s %5s %8s %10s %6s %8s %8s %8s %8s %8s %7s %6s\n", "variant", "ctx", "conc",
+               "steps", "tok/s", "gain", "p50 ms", "p90 ms", "p99 ms", "queue ms", "comp ms",
+               "batch", "errors");
+  bool any_batch = false;
+  for (const BenchResult& row : results) {
+    const double single = SingleStreamRate(results, row);
+    const std::string gain = single > 0 ? absl::StrFormat("%.2fx", row.tokens_per_s / single) : "-";
+    // The server's counters; else the step-weighted mean of Timing.batch_size, marked '*'.
+    const std::string batch = row.batch.available ? absl::StrFormat("%.2f", row.batch.mean)
+                              : row.step_batch_size > 0
+                                  ? absl::StrFormat("%.2f*", row.step_batch_size)
+                                  : std::string("N/A");
+    any_batch = any_batch || row.batch.available || row.step_batch_size > 0;
+    absl::PrintF("%-8s %5d %5d %8d %10.1f %6s %8.3f %8.3f %8.3f %8.3f %8.3f %7s %6d\n", row.label,
+                 row.context, row.concurrency, row.steps, row.tokens_per_s, gain,
+                 row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms, row.queue_ms,
+                 row.compute_ms, batch, row.errors);
+  }
+  absl::PrintF(
+      "\ntok/s: decode steps answered per second, all streams; gain: over 1 stream of the "
+      "same variant and context in this run; p50/p90/p99: step latency measured by this "
+      "client; queue/comp ms: the server's Timing per step (mean); batch: the server's "
+      "mean decode batch size.\n");
+  for (const BenchResult& row : results) {
+    if (!row.batch.available && row.step_batch_size > 0) {
+      absl::PrintF(
+          "*: the mean over steps of Timing.batch_size (the server exposes no batch "
+          "counters: %s)\n",
+          row.batch.note);
+      break;
+    }
+  }
+  for (const BenchResult& row : results) {
+    if (row.batch.available) {
+      absl::PrintF("batch sizes of %s c=%d from %s\n", row.label, row.concurrency,
+                   row.batch.source);
+      break;
+    }
+  }
+  if (!any_batch && !results.empty()) {
+    absl::PrintF("batch: N/A (%s)\n", results.front().batch.note);
+  }
+  for (const BenchResult& row : results) {
+    if (row.streams_capped > 0) {
+      absl::PrintF(
+          "note: %s c=%d: %d streams stopped at the %d-token cap (max_sequence_length or "
+          "their share of the KV pool)\n",
+          row.label, row.concurrency, row.streams_capped, row.tokens_cap);
+    }
+    for (const std::string& message : row.error_messages) {
+      absl::PrintF("error: %s c=%d ctx=%d %s\n", row.label, row.concurrency, row.context, message);
+    }
+  }
+}
+
+int Main() {
+  std::vector<int> contexts, concurrencies;
+  if (!ParseIntList(absl::GetFlag(FLAGS_context), "context", &contexts) ||
+      !ParseIntList(absl::GetFlag(FLAGS_concurrency), "concurrency", &concurrencies)) {
+    return kExitUsage;
+  }
+  absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
+  if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
+  const std::vector<NamedSpec> all = DemoVariants(
+      absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_num_heads), absl::GetFlag(FLAGS_window));
+  std::vector<NamedSpec> variants;
+  for (const std::string& name : absl::GetFlag(FLAGS_variants)) {
+    absl::StatusOr<AttentionVariant> parsed = ParseVariant(name);
+    if (!parsed.ok()) return ReportError(absl::StrCat("--variants: ", parsed.status().message()));
+    for (const NamedSpec& spec : all) {
+      if (spec.spec.variant == *parsed) variants.push_back(spec);
+    }
+  }
+  if (variants.empty()) return ReportError("--variants is empty");
+  for (const NamedSpec& variant : variants) {
+    if (absl::Status valid = ValidateLayerSpec(variant.spec); !valid.ok()) {
+      return ReportError(absl::StrCat("variant ", variant.label, ": ", valid.message()));
+    }
+  }
+  BenchOptions options;
+  options.duration = absl::GetFlag(FLAGS_duration);
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  options.kv_dtype = *kv_dtype;
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.progress = absl::GetFlag(FLAGS_progress);
+  if (options.steps < 0 || (options.steps == 0 && options.duration <= absl::ZeroDuration())) {
+    return ReportError("give --steps > 0 or a positive --duration");
+  }
+  if (options.step_timeout <= absl::ZeroDuration())
+    return ReportError("--step_timeout must be > 0");
+
+  const bool json = absl::GetFlag(FLAGS_json);
+  absl::StatusOr<ChannelSecurity> security = ChannelSecurityFromFlags();
+  if (!security.ok()) return ReportError(security.status().message());
+  const Client client = MakeClient(absl::GetFlag(FLAGS_server),
+                                   absl::Seconds(absl::GetFlag(FLAGS_timeout_s)), json, *security);
+  v1::GetServerInfoResponse info;
+  {
+    grpc::ClientContext context;
+    client.Prepare(&context);
+    grpc::Status status = client.stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info);
+    if (!status.ok()) return ReportRpcError("GetServerInfo", status);
+  }
+  const std::string workload =
+      options.steps > 0 ? absl::StrCat(options.steps, " steps per stream")
+                        : absl::StrCat(absl::FormatDuration(options.duration), " per cell");
+  if (!json) {
+    absl::PrintF("attnbench — server %s: %s backend (%s), version %s\n", client.target,
+                 info.backend(), info.device(), info.version());
+    absl::PrintF(
+        "DecodeStream streams, one request each, one step outstanding per stream; %s; "
+        "KV cache %s; d_model %d, %d heads%s\n\n",
+        workload, DTypeName(options.kv_dtype), absl::GetFlag(FLAGS_d_model),
+        absl::GetFlag(FLAGS_num_heads),
+        absl::GetFlag(FLAGS_window) > 0 ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
+                                        : "");
+  }
+
+  const ServerBatchStats batch_stats(client, absl::GetFlag(FLAGS_metrics), absl::Seconds(5));
+  if (absl::GetFlag(FLAGS_soak_rounds) > 0) {
+    if (variants.size() != 1 || contexts.size() != 1 || concurrencies.size() != 1) {
+      return ReportError("soak mode runs one cell: give one --variants, --context and --concurrency");
+    }
+    SoakOptions soak;
+    soak.rounds = absl::GetFlag(FLAGS_soak_rounds);
+    soak.warmup_rounds = absl::GetFlag(FLAGS_soak_warmup_rounds);
+    soak.max_rss_drift = absl::GetFlag(FLAGS_soak_max_rss_drift);
+    soak.server_pid = absl::GetFlag(FLAGS_soak_server_pid);
+    soak.metrics_address = absl::GetFlag(FLAGS_metrics);
+    if (soak.warmup_rounds < 1 || soak.warmup_rounds >= soak.rounds) {
+      return ReportError("--soak_warmup_rounds must be in [1, --soak_rounds)");
+    }
+    options.progress = false;
+    const SoakReport report = RunSoak(client, batch_stats, options,
+                                      BenchCell{variants[0], contexts[0], concurrencies[0]}, soak);
+    if (json) {
+      nlohmann::json out;
+      out["soak"] = {{"variant", variants[0].label},
+                     {"context", contexts[0]},
+                     {"concurrency", concurrencies[0]},
+                     {"rounds", soak.rounds},
+                     {"round_s", absl::ToDoubleSeconds(options.duration)},
+                     {"warmup_rounds", soak.warmup_rounds},
+                     {"steps", report.steps},
+                     {"errors", report.errors},
+                     {"rss_after_warmup_bytes", report.rss_after_warmup},
+                     {"rss_at_end_bytes", report.rss_at_end},
+                     {"rss_floor_slope_bytes_per_round", report.floor_slope_bytes},
+                     {"rss_floor_slope_stderr_bytes", report.floor_slope_stderr_bytes},
+                     {"rss_growth_bytes", report.growth_bytes},
+                     {"rss_mean_peak_bytes", report.mean_peak_bytes},
+                     {"rss_drift", report.rss_drift},
+                     {"passed", report.passed},
+                     {"verdict", report.verdict}};
+      nlohmann::json rounds = nlohmann::json::array();
+      for (const SoakRound& r : report.rounds) {
+        rounds.push_back({{"tokens_per_s", r.result.tokens_per_s},
+                          {"errors", r.result.errors},
+                          {"rss_bytes", r.rss_bytes},
+                          {"peak_rss_bytes", r.peak_rss_bytes}});
+      }
+      out["soak"]["per_round"] = rounds;
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      absl::PrintF("soak %s ctx=%d c=%d: %d rounds of %s\n", variants[0].label, contexts[0],
+                   concurrencies[0], soak.rounds,
+                   options.steps > 0 ? absl::StrCat(options.steps, " steps per stream")
+                                     : absl::FormatDuration(options.duration));
+      absl::PrintF("%6s %12s %7s %14s %16s\n", "round", "tok/s", "errors", "peak RSS MiB",
+                   "RSS after MiB");
+      for (size_t i = 0; i < report.rounds.size(); ++i) {
+        const SoakRound& r = report.rounds[i];
+        absl::PrintF("%6d %12.1f %7d %14.1f %16.1f\n", i + 1, r.result.tokens_per_s,
+                     r.result.errors, r.peak_rss_bytes / 1048576.0, r.rss_bytes / 1048576.0);
+      }
+      absl::PrintF("%d steps; %s\n", report.steps, report.verdict);
+    }
+    return report.passed ? kExitOk : kExitRpcError;
+  }
+  std::vector<BenchResult> results;
+  int errors = 0;
+  for (const NamedSpec& variant : variants) {
+    for (int context : contexts) {
+      for (int concurrency : concurrencies) {
+        BenchCell cell{variant, context, concurrency};
+        results.push_back(RunCell(client, batch_stats, options, cell));
+        errors += results.back().errors;
+        if (!json && !options.progress) {
+          std::fprintf(stderr, "[attnbench] %s ctx=%d c=%d done: %.1f tok/s, %d errors\n",
+                       variant.label.c_str(), context, concurrency, results.back().tokens_per_s,
+                       results.back().errors);
+        }
+      }
+    }
+  }
+
+  if (json) {
+    nlohmann::json out;
+    out["server"] = {{"target", client.target},
+                     {"backend", info.backend()},
+                     {"device", info.device()},
+                     {"version", info.version()}};
+    out["workload"] = {{"mode", options.steps > 0 ? "steps" : "duration"},
+                       {"steps_per_stream", options.steps},
+                       {"duration_s", absl::ToDoubleSeconds(options.duration)},
+                       {"kv_dtype", std::string(DTypeName(options.kv_dtype))},
+                       {"d_model", absl::GetFlag(FLAGS_d_model)},
+                       {"num_heads", absl::GetFlag(FLAGS_num_heads)},
+                       {"window", absl::GetFlag(FLAGS_window)},
+                       {"seed", options.seed}};
+    out["results"] = nlohmann::json::array();
+    for (const BenchResult& row : results) out["results"].push_back(ResultJson(results, row));
+    out["errors"] = errors;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    PrintTable(results);
+  }
+  return errors == 0 ? kExitOk : kExitRpcError;
+}
+
+}  // namespace
+}  // namespace attnserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512] "
+      "[--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT] [--json]");
+  absl::ParseCommandLine(argc, argv);
+  return attnserve::Main();
+}

@@ -1,0 +1,440 @@
+#include "kernels/cuda/layer/cuda_layer.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/batch_plan.h"
+#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/runtime/cuda_status.h"
+#include "kernels/spec/layer_input_checks.h"
+#include "kernels/spec/rope_frequencies.h"
+
+namespace attnserve::cuda {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the sections of one call's workspace.
+struct Section {
+  size_t offset = 0;
+  size_t bytes = 0;
+};
+class SectionLayout {
+ public:
+  Section Add(size_t bytes) {
+    Section s{total_, bytes};
+    total_ += AlignUp(bytes);
+    return s;
+  }
+  size_t total() const { return total_; }
+
+ private:
+  size_t total_ = 0;
+};
+
+// The dtype the projections (weights and inputs) run in, chosen once from how the pages are
+// stored and never read off them again: fp32 with f32 pages (the GPU then tracks the CPU engine to
+// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation). An
+// 8-bit page format would map to a 16-bit activation dtype here, not to 8-bit projections.
+DType ActivationDType(const KvStorageFormat& storage) {
+  return storage.element == DType::kF32 ? DType::kF32 : storage.element;
+}
+
+}  // namespace
+
+CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
+                           const CudaContext& context, int64_t page_bytes)
+    : spec_(spec),
+      kv_config_(kv_config),
+      context_(context),
+      q_width_(spec.num_heads * spec.head_dim),
+      kv_width_(spec.num_kv_heads * spec.head_dim),
+      qkv_width_(q_width_ + 2 * kv_width_),
+      activation_(ActivationDType(kv_config.storage)),
+      sequences_(kv_config.page_size, page_bytes, kv_config.max_pages, kv_config.budget,
+                 spec.causal, spec.sliding_window),
+      store_(context.pool, page_bytes) {}
+
+CudaGqaLayer::~CudaGqaLayer() {
+  cudaSetDevice(context_.device);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) context_.cublas->destroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(const LayerSpec& spec,
+                                                                     const LayerWeights& weights,
+                                                                     const KvCacheConfig& kv_config,
+                                                                     const CudaContext& context) {
+  const int64_t page_bytes = KvBytesPerToken(spec, kv_config.storage.element) * kv_config.page_size;
+  if (page_bytes > context.pool->slab_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size = ", kv_config.page_size, ": one page takes ", page_bytes,
+        " bytes, more than the CUDA pool's slab of ", context.pool->slab_bytes(), " bytes"));
+  }
+  std::unique_ptr<CudaGqaLayer> layer(new CudaGqaLayer(spec, kv_config, context, page_bytes));
+  if (absl::Status s = layer->Init(weights); !s.ok()) return s;
+  return std::unique_ptr<AttentionLayer>(std::move(layer));
+}
+
+absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                 "creating the layer's stream");
+  if (absl::Status s = CublasStatus(context_.cublas->create(&cublas_), "cublasCreate"); !s.ok()) {
+    cublas_ = nullptr;
+    return s;
+  }
+  if (absl::Status s =
+          CublasStatus(context_.cublas->set_stream(cublas_, stream_), "cublasSetStream");
+      !s.ok()) {
+    return s;
+  }
+  // Plain fp32 (no TF32): the projections must match the CPU engine to fp32 rounding.
+  if (absl::Status s =
+          CublasStatus(context_.cublas->set_math_mode(cublas_, CUBLAS_DEFAULT_MATH), "math mode");
+      !s.ok()) {
+    return s;
+  }
+  // [Wq; Wk; Wv] stacked: one GEMM gives q, k and v side by side in each row.
+  std::vector<float> wqkv = weights.at("q_proj.weight").ToFloats();
+  std::vector<float> bqkv;
+  for (const char* name : {"k_proj.weight", "v_proj.weight"}) {
+    const std::vector<float> w = weights.at(name).ToFloats();
+    wqkv.insert(wqkv.end(), w.begin(), w.end());
+  }
+  if (spec_.qkv_bias) {
+    for (const char* name : {"q_proj.bias", "k_proj.bias", "v_proj.bias"}) {
+      const std::vector<float> b = FloatsOrEmpty(weights, name);
+      bqkv.insert(bqkv.end(), b.begin(), b.end());
+    }
+  }
+  if (absl::Status s = qkv_proj_.Init(wqkv, bqkv, qkv_width_, spec_.d_model, activation_);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          o_proj_.Init(weights.at("o_proj.weight").ToFloats(),
+                       spec_.o_bias ? FloatsOrEmpty(weights, "o_proj.bias") : std::vector<float>(),
+                       spec_.d_model, q_width_, activation_);
+      !s.ok()) {
+    return s;
+  }
+  const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
+  if (rotary > 0) {
+    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64. Its cos/sin factor
+    // has no place in the kernel: CudaBackend::CreateLayer refuses specs where it is not 1.
+    const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
+    if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),
+                   cudaMemcpyHostToDevice),
+        "uploading RoPE frequencies");
+  }
+  return absl::OkStatus();
+}
+
+SequenceId CudaGqaLayer::CreateSequence() {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Create();
+}
+
+absl::Status CudaGqaLayer::ReleaseSequence(SequenceId sequence) {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Release(sequence);
+}
+
+absl::StatusOr<int64_t> CudaGqaLayer::SequenceLength(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Length(sequence);
+}
+
+KvPoolUsage CudaGqaLayer::PoolUsage() const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.Usage();
+}
+
+absl::StatusOr<int64_t> CudaGqaLayer::SequenceKvBytes(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytes(sequence);
+}
+
+int64_t CudaGqaLayer::KvBytesAtLength(int64_t num_tokens) const {
+  absl::MutexLock lock(&mu_);
+  return sequences_.HeldBytesAtLength(num_tokens);
+}
+
+int64_t CudaGqaLayer::ParameterBytes() const {
+  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
+                                             const Tensor& hidden,
+                                             absl::Span<const int64_t> positions) {
+  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> counts;
+  for (const PrefillChunk& chunk : chunks) {
+    ids.push_back(chunk.sequence);
+    counts.push_back(chunk.num_tokens);
+  }
+  return Run(hidden, ids, counts, positions, /*decode=*/false);
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Decode(absl::Span<const SequenceId> sequences,
+                                            const Tensor& hidden,
+                                            absl::Span<const int64_t> positions) {
+  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
+  const std::vector<int64_t> ones(sequences.size(), 1);
+  return Run(hidden, sequences, ones, positions, /*decode=*/true);
+}
+
+absl::Status CudaGqaLayer::CommitPages(absl::Span<const int32_t> pages) {
+  if (absl::Status s = store_.Commit(pages); !s.ok()) return s;
+  if (!context_.pool->poison()) return absl::OkStatus();
+  for (int32_t page : pages) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(static_cast<char*>(store_.pool_base()) + store_.PageOffset(page), 0xFF,
+                        static_cast<size_t>(store_.page_bytes()), stream_),
+        "poisoning new KV pages");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
+                                         absl::Span<const int64_t> counts,
+                                         absl::Span<const int64_t> positions, bool decode) {
+  int64_t rows = 0;
+  for (int64_t count : counts) rows += count;
+  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  // An earlier failed call may have left a non-sticky error behind, which this call's launch
+  // checks (cudaGetLastError) would report as their own: clear it. A sticky error (a kernel
+  // fault) cannot be cleared and fails every later call, as it must.
+  (void)cudaGetLastError();
+  std::vector<BatchSequence> batch;
+  if (absl::Status s = sequences_.Reserve(
+          ids, counts, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
+          batch);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Tensor> out = Compute(hidden, batch, positions, decode);
+  if (out.ok()) {
+    if (absl::Status s = CheckOutputFinite(*out); !s.ok()) out = s;
+  }
+  if (!out.ok()) {
+    sequences_.Rollback(batch);
+    return out.status();
+  }
+  for (const BatchSequence& seq : batch) sequences_.EvictOutsideWindow(*seq.table);
+  return out;
+}
+
+// Where one call's buffers sit. The workspace starts with the upload region (the input and the
+// plan, copied from the pinned staging buffer in one go), then the activations and the split-KV
+// partials; the staging buffer holds the upload region and then the downloaded output.
+struct CudaGqaLayer::CallLayout {
+  // Upload region.
+  Section x, positions, row_sequence, sequences, pages, items, item_begin;
+  size_t upload_bytes = 0;
+  // Device only.
+  Section qkv, attn, attn16, out, partial_max, partial_sum, partial_acc;
+  size_t device_bytes = 0;
+};
+
+absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
+                                             const std::vector<BatchSequence>& batch,
+                                             absl::Span<const int64_t> positions, bool decode) {
+  const int64_t rows = hidden.dim(0);
+  if (rows > INT_MAX / std::max(qkv_width_, spec_.d_model)) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
+  }
+  const absl::StatusOr<BatchPlan> plan =
+      PlanBatch(batch, rows, positions, decode, PlanShape(),
+                [this](int32_t page) { return store_.PageOffset(page); });
+  if (!plan.ok()) return plan.status();
+  const CallLayout layout = LayOut(*plan, rows, decode);
+  if (absl::Status s = Stage(hidden, *plan, layout); !s.ok()) return s;
+  absl::StatusOr<Tensor> out = Launch(*plan, layout, rows, decode);
+  if (!out.ok()) return out.status();
+  return out->CastTo(hidden.dtype());
+}
+
+BatchPlanShape CudaGqaLayer::PlanShape() const {
+  BatchPlanShape shape;
+  shape.group = spec_.num_heads / spec_.num_kv_heads;
+  shape.num_kv_heads = spec_.num_kv_heads;
+  shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element);
+  shape.multiprocessors = context_.multiprocessors;
+  shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
+  return shape;
+}
+
+CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t rows,
+                                              bool decode) const {
+  CallLayout l;
+  SectionLayout up;
+  const size_t activation_bytes = DTypeSize(activation_);
+  l.x = up.Add(activation_bytes * rows * spec_.d_model);
+  l.positions = up.Add(sizeof(int64_t) * rows);
+  l.row_sequence = up.Add(sizeof(int) * rows);
+  l.sequences = up.Add(sizeof(SequenceDesc) * plan.sequences.size());
+  l.pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, plan.page_offsets.size()));
+  l.items = up.Add(sizeof(WorkItem) * plan.items.size());
+  l.item_begin = up.Add(sizeof(int) * plan.item_begin.size());
+  l.upload_bytes = up.total();
+  SectionLayout dev = up;
+  l.qkv = dev.Add(sizeof(float) * rows * qkv_width_);
+  l.attn = dev.Add(sizeof(float) * rows * q_width_);
+  // The attention output in the activation dtype, when the output projection reads 16-bit.
+  l.attn16 = dev.Add(activation_ == DType::kF32 ? 0 : activation_bytes * rows * q_width_);
+  l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
+  const int64_t partial_rows =
+      decode ? static_cast<int64_t>(plan.items.size()) * spec_.num_heads : 0;
+  l.partial_max = dev.Add(sizeof(float) * partial_rows);
+  l.partial_sum = dev.Add(sizeof(float) * partial_rows);
+  l.partial_acc = dev.Add(sizeof(float) * partial_rows * spec_.head_dim);
+  l.device_bytes = dev.total();
+  return l;
+}
+
+absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& l) {
+  if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
+  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.out.bytes)); !s.ok()) {
+    return s;
+  }
+  std::byte* host = staging_.data();
+  auto put = [&](const Section& section, const void* src) {
+    if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
+  };
+  if (hidden.dtype() == activation_) {
+    put(l.x, hidden.data());
+  } else {
+    const Tensor x = hidden.CastTo(activation_);
+    put(l.x, x.data());
+  }
+  put(l.positions, plan.positions.data());
+  put(l.row_sequence, plan.row_sequence.data());
+  put(l.sequences, plan.sequences.data());
+  if (!plan.page_offsets.empty()) put(l.pages, plan.page_offsets.data());
+  put(l.items, plan.items.data());
+  put(l.item_begin, plan.item_begin.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLayout& l,
+                                            int64_t rows, bool decode) {
+  const int heads = spec_.num_heads, head_dim = spec_.head_dim;
+  const BatchPlanShape shape = PlanShape();
+  std::byte* host = staging_.data();
+  auto* device = static_cast<std::byte*>(workspace_.data());
+  auto dptr = [&](const Section& section) { return device + section.offset; };
+  auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
+
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, host, l.upload_bytes, cudaMemcpyHostToDevice, stream_),
+      "uploading the batch");
+  if (context_.pool->poison()) {
+    const size_t begin = l.qkv.offset, end = l.device_bytes;
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
+                                   "poisoning the workspace");
+  }
+  // qkv[rows, q | k | v] = x . [Wq; Wk; Wv]^T (+ bias)
+  const int m_rows = static_cast<int>(rows);
+  if (absl::Status s =
+          qkv_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.x), m_rows, fptr(l.qkv));
+      !s.ok()) {
+    return s;
+  }
+  PagedKv kv;
+  kv.pool = store_.pool_base();
+  kv.page_offsets = reinterpret_cast<const int64_t*>(dptr(l.pages));
+  kv.page_size = kv_config_.page_size;
+  kv.num_kv_heads = spec_.num_kv_heads;
+  kv.head_dim = head_dim;
+  const auto* d_descs = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
+
+  // RoPE(q, k) at the plan's positions; k, v -> pages.
+  RopeAppendParams rope;
+  rope.qkv = fptr(l.qkv);
+  rope.qkv_stride = qkv_width_;
+  rope.positions = reinterpret_cast<const int64_t*>(dptr(l.positions));
+  rope.row_sequence = reinterpret_cast<const int*>(dptr(l.row_sequence));
+  rope.sequences = d_descs;
+  rope.inv_freq = static_cast<const double*>(inv_freq_.data());
+  rope.rows = m_rows;
+  rope.num_heads = heads;
+  rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
+  rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
+  rope.kv_type = ToKvType(kv_config_.storage.element);
+  rope.kv = kv;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
+
+  // attn[rows, heads * head_dim]: one block per work item of the plan.
+  AttentionParams attn;
+  attn.q = fptr(l.qkv);
+  attn.q_stride = qkv_width_;
+  attn.out = fptr(l.attn);
+  attn.num_heads = heads;
+  attn.group = shape.group;
+  attn.scale = EffectiveSoftmaxScale(spec_);
+  attn.mask = shape.mask;
+  attn.kv = kv;
+  attn.sequences = d_descs;
+  attn.batch = static_cast<int>(plan.sequences.size());
+  attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
+  attn.num_items = static_cast<int>(plan.items.size());
+  if (decode) {
+    attn.partial_max = fptr(l.partial_max);
+    attn.partial_sum = fptr(l.partial_sum);
+    attn.partial_acc = fptr(l.partial_acc);
+    attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
+    if (absl::Status s = RunDecodeAttention(kv_config_.storage.element, head_dim, attn,
+                                            shape.decode_row_blocks, stream_);
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s =
+                 RunPrefillAttention(kv_config_.storage.element, head_dim, attn, stream_);
+             !s.ok()) {
+    return s;
+  }
+
+  // out[rows, d_model] = attn . Wo^T (+ bias)
+  const void* attn_in = fptr(l.attn);
+  if (activation_ != DType::kF32) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(l.attn), ToKvType(activation_), dptr(l.attn16),
+                            int64_t{rows} * q_width_, stream_),
+        "attention output to the activation dtype");
+    attn_in = dptr(l.attn16);
+  }
+  if (absl::Status s =
+          o_proj_.Run(*context_.cublas, cublas_, stream_, attn_in, m_rows, fptr(l.out));
+      !s.ok()) {
+    return s;
+  }
+  std::byte* host_out = host + l.upload_bytes;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_out, dptr(l.out), l.out.bytes, cudaMemcpyDeviceToHost, stream_),
+      "downloading the output");
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "running the batch");
+
+  Tensor out(DType::kF32, {rows, spec_.d_model});
+  std::memcpy(out.data(), host_out, l.out.bytes);
+  return out;
+}
+
+}  // namespace attnserve::cuda

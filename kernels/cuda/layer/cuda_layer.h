@@ -1,0 +1,114 @@
+// An MHA/MQA/GQA layer on the GPU. Per call: validate and reserve pages (KvSequenceTable, shared
+// with the CPU backend), plan the batch on the host (page table, work items, split-KV plan) into
+// one pinned buffer, upload it with one copy, then run on the layer's stream:
+//   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS (Projection: sgemm, or GemmEx for 16-bit)
+//   RoPE(q, k); k, v -> pages              RopeAppendKernel
+//   attention                              prefill: MmaPrefillKernel (f16/bf16 pages, tensor
+//                                          cores) or PrefillKernel (f32 pages); decode:
+//                                          PagedDecodeKernel + combine
+//   out = attn . Wo^T (+ bias)             cuBLAS (Projection)
+// and copy the output back. The activation dtype (projections) is chosen from the KV storage
+// format once, at creation: f32 pages compute in fp32; f16/bf16 pages run the projections and the
+// prefill attention on tensor cores with 16-bit inputs and fp32 accumulation (decode reads the
+// pages and accumulates in fp32). A failure after
+// the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
+#ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_H_
+#define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/attention/batch_plan.h"
+#include "kernels/cuda/runtime/cublas_api.h"
+#include "kernels/cuda/runtime/device_memory.h"
+#include "kernels/cuda/layer/projection.h"
+#include "kernels/kv/sequence_table.h"
+
+namespace attnserve::cuda {
+
+struct CudaContext {
+  int device = 0;
+  int multiprocessors = 0;
+  const CublasApi* cublas = nullptr;
+  std::shared_ptr<DeviceSlabPool> pool;
+};
+
+class CudaGqaLayer : public AttentionLayer {
+ public:
+  // Spec, weights and config must be validated (the backend does); uploads the weights.
+  static absl::StatusOr<std::unique_ptr<AttentionLayer>> Create(const LayerSpec& spec,
+                                                                const LayerWeights& weights,
+                                                                const KvCacheConfig& kv_config,
+                                                                const CudaContext& context);
+  ~CudaGqaLayer() override;
+
+  const LayerSpec& spec() const override { return spec_; }
+  const KvCacheConfig& kv_config() const override { return kv_config_; }
+  SequenceId CreateSequence() override;
+  absl::Status ReleaseSequence(SequenceId sequence) override;
+  absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const override;
+  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
+                                 absl::Span<const int64_t> positions) override;
+  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
+                                absl::Span<const int64_t> positions) override;
+  KvPoolUsage PoolUsage() const override;
+  absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
+  int64_t KvBytesAtLength(int64_t num_tokens) const override;
+  // The projections' device weights: 16-bit for f16/bf16 layers, biases fp32.
+  int64_t ParameterBytes() const override;
+
+ private:
+  CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
+               int64_t page_bytes);
+  absl::Status Init(const LayerWeights& weights);
+  absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
+                             absl::Span<const int64_t> counts, absl::Span<const int64_t> positions,
+                             bool decode);
+  // Plans and runs one reserved batch; on error the caller rolls the reservation back. In three
+  // steps: the host plan (PlanBatch, attention/batch_plan.h), staging it with the input in pinned
+  // memory, and the launch sequence on the layer's stream.
+  absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
+                                 absl::Span<const int64_t> positions, bool decode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
+  BatchPlanShape PlanShape() const;
+  CallLayout LayOut(const BatchPlan& plan, int64_t rows, bool decode) const;
+  // Sizes the workspace and staging buffers and writes the input and the plan into staging.
+  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& layout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Upload, qkv projection, RoPE + KV append, attention, output projection, download and
+  // synchronise; returns the fp32 output [rows, d_model].
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const CallLayout& layout, int64_t rows,
+                                bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitPages(absl::Span<const int32_t> pages);
+
+  const LayerSpec spec_;
+  const KvCacheConfig kv_config_;
+  const CudaContext context_;
+  const int q_width_;    // num_heads * head_dim
+  const int kv_width_;   // num_kv_heads * head_dim
+  const int qkv_width_;  // q_width_ + 2 * kv_width_
+  // The projections' dtype (weights, inputs): f32, or the 16-bit page type. Not the page format
+  // itself, which kernels read from kv_config_.storage.
+  const DType activation_;
+
+  mutable absl::Mutex mu_;  // One call at a time per layer.
+  KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);
+  DevicePageStore store_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Projection qkv_proj_;  // [Wq; Wk; Wv] stacked: q, k and v side by side in each row.
+  Projection o_proj_;
+  DeviceBuffer inv_freq_;   // RoPE frequencies (fp64).
+  DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
+  PinnedBuffer staging_;    // Host side of the upload and of the output.
+};
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_H_

@@ -1,0 +1,137 @@
+#include "kernels/cuda/runtime/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/cuda/runtime/cublas_api.h"
+#include "kernels/cuda/runtime/cuda_device.h"
+#include "kernels/cuda/layer/cuda_layer.h"
+#include "kernels/cuda/runtime/cuda_status.h"
+#include "kernels/kv/cache_config.h"
+#include "kernels/kv/quantization.h"
+#include "kernels/spec/rope_frequencies.h"
+
+namespace attnserve {
+
+namespace {
+
+// INVALID_ARGUMENT naming the first spec feature the CUDA kernels do not compute yet, rather than
+// serving the layer without it.
+absl::Status RefuseCpuOnlyVariations(const LayerSpec& spec) {
+  const auto refuse = [](absl::string_view feature) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend does not implement ", feature, " yet; use the CPU backend"));
+  };
+  if (spec.qk_norm != QkNorm::kNone) {
+    return refuse(absl::StrCat("qk_norm (", QkNormName(spec.qk_norm), ")"));
+  }
+  if (spec.rotary_dim != 0 && spec.rotary_dim != spec.head_dim) {
+    return refuse(absl::StrCat("rotary_dim (", spec.rotary_dim, " of head_dim ", spec.head_dim,
+                               ", partial rotary)"));
+  }
+  if (spec.attn_logit_softcapping != 0.0f) {
+    return refuse(absl::StrCat("attn_logit_softcapping (", spec.attn_logit_softcapping, ")"));
+  }
+  if (spec.attention_sinks) return refuse("attention_sinks");
+  return absl::OkStatus();
+}
+
+class CudaBackend : public AttentionBackend {
+ public:
+  CudaBackend(cuda::CudaContext context, CudaDeviceInfo device)
+      : context_(std::move(context)), device_(std::move(device)) {}
+
+  absl::string_view name() const override { return "cuda"; }
+
+  std::string device_description() const override {
+    return absl::StrFormat("%s (sm_%d, %d SMs, %.1f GiB), KV pool %.2f GiB, %s", device_.name,
+                           device_.compute_capability, device_.multiprocessors,
+                           device_.total_memory_bytes / double(1 << 30),
+                           context_.pool->capacity_bytes() / double(1 << 30),
+                           context_.cublas->library);
+  }
+
+  int64_t kv_device_pool_bytes() const override { return context_.pool->capacity_bytes(); }
+
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
+      const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
+    if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+    if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+    if (spec.variant == AttentionVariant::kMLA) {
+      return absl::UnimplementedError(
+          "the CUDA backend does not serve MLA yet (CUDA part 2); use --backend=cpu for MLA");
+    }
+    // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
+    if (absl::Status s = RefuseCpuOnlyVariations(spec); !s.ok()) return s;
+    // The RoPE kernel takes per-pair frequencies (so linear, llama3 and yarn frequencies apply)
+    // but does not multiply cos and sin: YaRN's attention factor (without mscale == mscale_all_dim)
+    // would be dropped, so such a spec is refused rather than computed differently.
+    if (const double factor = RopeAttentionFactor(spec); factor != 1.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rope_scaling: yarn attention factor ", factor,
+          " (from factor, mscale and mscale_all_dim) is not implemented on the CUDA backend; use "
+          "--backend=cpu, or a spec whose mscale equals mscale_all_dim"));
+    }
+    KvCacheConfig config = kv_config;
+    if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
+    if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
+    if (config.storage.quantized()) {
+      return absl::UnimplementedError(
+          absl::StrCat("kv_cache_quantization = ", KvQuantizationName(config.storage.quantization),
+                       ": fp8/int8 KV pages are CPU-only for now; use --backend=cpu"));
+    }
+    if (absl::Status s = cuda::CheckAttentionSupported(config.storage.element, spec.head_dim);
+        !s.ok()) {
+      return s;
+    }
+    return cuda::CudaGqaLayer::Create(spec, weights, config, context_);
+  }
+
+ private:
+  cuda::CudaContext context_;
+  CudaDeviceInfo device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
+    const CudaBackendOptions& options) {
+  absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
+  if (!devices.ok()) return devices.status();
+  if (options.device < 0 || options.device >= static_cast<int>(devices->size())) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, ": ",
+                                                   devices->size(), " device(s) are visible"));
+  }
+  const CudaDeviceInfo& device = (*devices)[options.device];
+  if (device.compute_capability < 80) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " (", device.name, ") has compute capability ",
+                     device.compute_capability, "; the kernels are built for sm_80 and sm_90"));
+  }
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
+  absl::StatusOr<const cuda::CublasApi*> cublas = cuda::LoadCublas();
+  if (!cublas.ok()) return cublas.status();
+  int64_t pool_bytes = options.kv_pool_bytes;
+  if (pool_bytes <= 0) {
+    if (!(options.kv_pool_fraction > 0.0 && options.kv_pool_fraction <= 0.95)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_pool_fraction = ", options.kv_pool_fraction, ": must be in (0, 0.95]"));
+    }
+    size_t free_bytes = 0, total_bytes = 0;
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    pool_bytes = static_cast<int64_t>(static_cast<double>(free_bytes) * options.kv_pool_fraction);
+  }
+  absl::StatusOr<std::unique_ptr<cuda::DeviceSlabPool>> pool =
+      cuda::DeviceSlabPool::Create(pool_bytes, options.slab_bytes, options.poison_for_testing);
+  if (!pool.ok()) return pool.status();
+  cuda::CudaContext context;
+  context.device = options.device;
+  context.multiprocessors = device.multiprocessors;
+  context.cublas = *cublas;
+  context.pool = std::shared_ptr<cuda::DeviceSlabPool>(std::move(*pool));
+  return std::make_unique<CudaBackend>(std::move(context), device);
+}
+
+}  // namespace attnserve

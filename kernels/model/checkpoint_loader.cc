@@ -1,0 +1,404 @@
+#include "kernels/model/checkpoint_loader.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "kernels/base/clip_for_message.h"
+#include "kernels/base/path_confinement.h"
+#include "kernels/base/regular_file.h"
+#include "kernels/model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kSingleFileName[] = "model.safetensors";
+constexpr char kIndexFileName[] = "model.safetensors.index.json";
+
+// Where each tensor of the checkpoint lives. Only names under the layer's prefix are kept.
+struct CheckpointLayout {
+  std::string description;                      // The file or index named in error messages.
+  std::map<std::string, std::string> location;  // Full tensor name -> safetensors file path.
+};
+
+const char* BoolName(bool value) { return value ? "true" : "false"; }
+
+// The spec's sizes that determine weight shapes, for error messages:
+// "gqa, d_model=512, num_heads=8, num_kv_heads=2, head_dim=64".
+std::string SpecShapeFields(const LayerSpec& spec) {
+  if (spec.variant == AttentionVariant::kMLA) {
+    const MlaDims& m = spec.mla;
+    return absl::StrCat("mla, d_model=", spec.d_model, ", num_heads=", spec.num_heads,
+                        ", q_lora_rank=", m.q_lora_rank, ", kv_lora_rank=", m.kv_lora_rank,
+                        ", qk_nope_head_dim=", m.qk_nope_head_dim,
+                        ", qk_rope_head_dim=", m.qk_rope_head_dim, ", v_head_dim=", m.v_head_dim);
+  }
+  return absl::StrCat(VariantName(spec.variant), ", d_model=", spec.d_model,
+                      ", num_heads=", spec.num_heads, ", num_kv_heads=", spec.num_kv_heads,
+                      ", head_dim=", spec.head_dim, ", qkv_bias=", BoolName(spec.qkv_bias),
+                      ", o_bias=", BoolName(spec.o_bias));
+}
+
+// The spec field that makes `short_name` (a name without the layer prefix) expected or not.
+std::string GoverningField(const LayerSpec& spec, absl::string_view short_name) {
+  if (absl::EndsWith(short_name, ".bias")) {
+    return absl::StartsWith(short_name, "o_proj")
+               ? absl::StrCat("o_bias=", BoolName(spec.o_bias))
+               : absl::StrCat("qkv_bias=", BoolName(spec.qkv_bias));
+  }
+  if (short_name == "sinks") {
+    return absl::StrCat("attention_sinks=", BoolName(spec.attention_sinks));
+  }
+  if (short_name == "q_norm.weight" || short_name == "k_norm.weight") {
+    return absl::StrCat("qk_norm=", QkNormName(spec.qk_norm));
+  }
+  if (spec.variant == AttentionVariant::kMLA &&
+      (absl::StartsWith(short_name, "q_proj") || absl::StartsWith(short_name, "q_a_") ||
+       absl::StartsWith(short_name, "q_b_"))) {
+    return absl::StrCat("mla.q_lora_rank=", spec.mla.q_lora_rank);
+  }
+  return absl::StrCat("variant=", VariantName(spec.variant));
+}
+
+// A learned parameter (".weight" or ".bias"), as opposed to buffers such as rotary_emb.inv_freq
+// that old transformers versions saved, or FP8 scales (".weight_scale_inv"), which have their own
+// weight next to them.
+bool IsParameterName(absl::string_view name) {
+  return absl::EndsWith(name, ".weight") || absl::EndsWith(name, ".bias") ||
+         absl::EndsWith(name, ".sinks");  // gpt-oss: a bare nn.Parameter.
+}
+
+// Phi-3 stores q, k and v as one "qkv_proj" with their rows stacked in that order.
+constexpr absl::string_view kFusedQkv = "qkv_proj";
+constexpr absl::string_view kSplitQkv[] = {"q_proj", "k_proj", "v_proj"};
+
+// True when `layout` holds the fused projection; then `expected` has q/k/v_proj.{weight,bias}
+// replaced by qkv_proj.{weight,bias} with their rows stacked. INVALID_ARGUMENT when the
+// checkpoint has the fused and a separate projection both.
+absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& layout,
+                                 const std::string& prefix, std::vector<WeightShape>* expected) {
+  const std::string fused_weight = absl::StrCat(prefix, kFusedQkv, ".weight");
+  if (spec.variant == AttentionVariant::kMLA || !layout.location.contains(fused_weight)) {
+    return false;
+  }
+  for (absl::string_view part : kSplitQkv) {
+    const std::string separate = absl::StrCat(prefix, part, ".weight");
+    if (layout.location.contains(separate)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(layout.description, " has both ", fused_weight, " and ", separate,
+                       "; a checkpoint holds either the fused projection or the separate ones"));
+    }
+  }
+  std::vector<WeightShape> fused;
+  int64_t rows = 0, bias_rows = 0;
+  int64_t in_features = 0;
+  for (const WeightShape& shape : *expected) {
+    const absl::string_view name = shape.name;
+    bool split_part = false;
+    for (absl::string_view part : kSplitQkv) {
+      split_part = split_part || absl::StartsWith(name, part);
+    }
+    if (!split_part) {
+      fused.push_back(shape);
+    } else if (shape.is_bias) {
+      bias_rows += shape.shape[0];
+    } else {
+      rows += shape.shape[0];
+      in_features = shape.shape[1];
+    }
+  }
+  fused.push_back({absl::StrCat(kFusedQkv, ".weight"), {rows, in_features}});
+  if (bias_rows > 0) {
+    fused.push_back({absl::StrCat(kFusedQkv, ".bias"), {bias_rows}, false, true});
+  }
+  *expected = std::move(fused);
+  return true;
+}
+
+// Splits the fused qkv_proj tensors of `weights` into q_proj, k_proj and v_proj (row slices, the
+// dtype kept), removing the fused ones.
+void SplitFusedQkv(const LayerSpec& spec, LayerWeights* weights) {
+  const int64_t q_rows = int64_t{spec.num_heads} * spec.head_dim;
+  const int64_t kv_rows = int64_t{spec.num_kv_heads} * spec.head_dim;
+  const int64_t part_rows[] = {q_rows, kv_rows, kv_rows};
+  for (absl::string_view suffix : {".weight", ".bias"}) {
+    auto it = weights->find(absl::StrCat(kFusedQkv, suffix));
+    if (it == weights->end()) continue;
+    const Tensor fused = std::move(it->second);
+    weights->erase(it);
+    const int64_t row_elements = fused.rank() == 2 ? fused.dim(1) : 1;
+    const size_t row_bytes = static_cast<size_t>(row_elements) * DTypeSize(fused.dtype());
+    int64_t first_row = 0;
+    for (int part = 0; part < 3; ++part) {
+      std::vector<int64_t> shape = fused.shape();
+      shape[0] = part_rows[part];
+      Tensor slice(fused.dtype(), shape);
+      std::memcpy(slice.data(), fused.data() + first_row * row_bytes, part_rows[part] * row_bytes);
+      weights->emplace(absl::StrCat(kSplitQkv[part], suffix), std::move(slice));
+      first_row += part_rows[part];
+    }
+  }
+}
+
+// Where the loader may read files: anywhere (empty root), or only inside `root`.
+struct FileAccess {
+  std::string root;
+
+  // The path to open for `path`: `path` itself without a root; with one, its realpath when that
+  // lies inside the root (opened then with O_NOFOLLOW), else NOT_FOUND saying no more than that,
+  // whether the path is missing, unreadable or outside the root (path_confinement.h).
+  absl::StatusOr<std::string> PathToOpen(const std::string& path) const {
+    if (root.empty()) return path;
+    std::optional<std::string> resolved = ResolveInsideRoot(root, path);
+    if (!resolved.has_value()) {
+      return absl::NotFoundError(absl::StrCat(
+          "'", ClipForMessage(path), "' is not a readable file under the checkpoint root"));
+    }
+    return *std::move(resolved);
+  }
+  FinalSymlink final_symlink() const {
+    return root.empty() ? FinalSymlink::kFollow : FinalSymlink::kRefuse;
+  }
+
+  absl::StatusOr<SafetensorsFile> OpenSafetensors(const std::string& path) const {
+    absl::StatusOr<std::string> to_open = PathToOpen(path);
+    if (!to_open.ok()) return to_open.status();
+    return SafetensorsFile::Open(*to_open, final_symlink());
+  }
+};
+
+// The whole of a small regular file (the index), read without blocking on FIFOs or devices.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const FileAccess& access) {
+  absl::StatusOr<std::string> to_open = access.PathToOpen(path);
+  if (!to_open.ok()) return to_open.status();
+  absl::StatusOr<OpenedFile> file = OpenRegularFile(*to_open, access.final_symlink());
+  if (!file.ok()) return file.status();
+  const uint64_t size = file->size;
+  if (size > kMaxSafetensorsHeaderBytes) {
+    close(file->fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(ClipForMessage(path), " is ", size, " bytes; an index over ",
+                     kMaxSafetensorsHeaderBytes, " bytes is not plausible"));
+  }
+  std::string text(size, '\0');
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = pread(file->fd, text.data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(file->fd);
+  if (done != size) {
+    return absl::DataLossError(
+        absl::StrCat("reading ", ClipForMessage(path), ": ended early (changed while read?)"));
+  }
+  return text;
+}
+
+// Reads model.safetensors.index.json's weight_map, keeping the entries under `prefix`.
+absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::path& index_path,
+                                                 const std::string& prefix,
+                                                 const FileAccess& access) {
+  const std::string index = index_path.string();
+  absl::StatusOr<std::string> text = ReadSmallFile(index, access);
+  if (!text.ok()) return text.status();
+  const std::string shown = ClipForMessage(index);
+  const json root = json::parse(*text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(shown, " is not a JSON object"));
+  }
+  const auto map_it = root.find("weight_map");
+  if (map_it == root.end() || !map_it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, " has no \"weight_map\" object (tensor name -> shard file)"));
+  }
+  CheckpointLayout layout{shown, {}};
+  for (const auto& [name, shard] : map_it->items()) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    if (!shard.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shown, ": weight_map entry for '", ClipForMessage(name), "' is not a string file name"));
+    }
+    const fs::path shard_path(shard.get<std::string>());
+    // Shards live in the checkpoint directory; refusing absolute paths and ".." keeps a
+    // downloaded index from pointing the loader at arbitrary files.
+    bool escapes = shard_path.is_absolute() || shard_path.empty();
+    for (const fs::path& part : shard_path) escapes = escapes || part == "..";
+    if (escapes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(shown, ": weight_map entry for '", ClipForMessage(name), "' names shard '",
+                       ClipForMessage(shard_path.string()),
+                       "', which is not a relative path inside ", ClipForMessage(dir.string())));
+    }
+    layout.location.emplace(name, (dir / shard_path).string());
+  }
+  return layout;
+}
+
+absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const std::string& prefix,
+                                               const FileAccess& access,
+                                               std::map<std::string, SafetensorsFile>& open_files) {
+  std::error_code error;
+  absl::StatusOr<std::string> confined = access.PathToOpen(path);
+  if (!confined.ok()) return confined.status();
+  const fs::file_status status = fs::status(*confined, error);
+  if (error || !fs::exists(status)) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint path ", ClipForMessage(path), " does not exist"));
+  }
+  std::string file_path = path;
+  if (fs::is_directory(status)) {
+    const fs::path dir(path);
+    const fs::path index = dir / kIndexFileName;
+    // symlink_status: an entry that is a symlink counts as present wherever it points, so that
+    // whether a link's target outside the root exists never changes the answer.
+    if (fs::exists(fs::symlink_status(index, error))) {
+      return LayoutFromIndex(dir, index, prefix, access);
+    }
+    file_path = (dir / kSingleFileName).string();
+    if (!fs::exists(fs::symlink_status(file_path, error))) {
+      return absl::NotFoundError(absl::StrCat("checkpoint directory ", ClipForMessage(path),
+                                              " has neither ", kSingleFileName, " nor ",
+                                              kIndexFileName));
+    }
+  }
+  absl::StatusOr<SafetensorsFile> file = access.OpenSafetensors(file_path);
+  if (!file.ok()) return file.status();
+  CheckpointLayout layout{ClipForMessage(file_path), {}};
+  for (const std::string& name : file->names()) {
+    if (absl::StartsWith(name, prefix)) layout.location.emplace(name, file_path);
+  }
+  open_files.emplace(file_path, *std::move(file));
+  return layout;
+}
+
+// What the checkpoint has under the prefix, for messages about a missing tensor.
+std::string DescribePresent(const CheckpointLayout& layout, const std::string& prefix) {
+  if (layout.location.empty()) {
+    return absl::StrCat(layout.description, " has no tensors under ", prefix,
+                        " at all (layer index past the model's num_hidden_layers, or not "
+                        "Hugging Face Llama/Mistral/Qwen2/DeepSeek names?)");
+  }
+  std::vector<std::string> short_names;
+  for (const auto& [name, file] : layout.location)
+    short_names.push_back(name.substr(prefix.size()));
+  return absl::StrCat("under ", prefix, " it has: ", absl::StrJoin(short_names, ", "));
+}
+
+}  // namespace
+
+std::string HfAttentionPrefix(int layer_index) {
+  return absl::StrCat("model.layers.", layer_index, ".self_attn.");
+}
+
+absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& path,
+                                                             const LayerSpec& spec, int layer_index,
+                                                             const std::string& checkpoint_root) {
+  if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+  if (layer_index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer_index is ", layer_index, "; it must be >= 0"));
+  }
+  const std::string prefix = HfAttentionPrefix(layer_index);
+  std::map<std::string, SafetensorsFile> open_files;  // Path -> file, each shard opened once.
+  const FileAccess access{checkpoint_root};
+  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, prefix, access, open_files);
+  if (!layout.ok()) return layout.status();
+
+  // Names first, so that a spec/checkpoint mismatch is reported before any shard is opened.
+  std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
+  absl::StatusOr<bool> fused_qkv = UseFusedQkv(spec, *layout, prefix, &expected);
+  if (!fused_qkv.ok()) return fused_qkv.status();
+  std::set<std::string> expected_names;
+  for (const WeightShape& weight : expected) {
+    const std::string full_name = prefix + weight.name;
+    expected_names.insert(full_name);
+    if (layout->location.contains(full_name)) continue;
+    return absl::NotFoundError(absl::StrCat(
+        full_name, " is not in ", layout->description, ", but the spec (", SpecShapeFields(spec),
+        ") requires it with shape ", ShapeString(weight.shape), " (",
+        GoverningField(spec, weight.name), "); ", DescribePresent(*layout, prefix)));
+  }
+  for (const auto& [full_name, file] : layout->location) {
+    if (expected_names.contains(full_name) || !IsParameterName(full_name)) continue;
+    const std::string short_name = full_name.substr(prefix.size());
+    // Biases, sinks and q/k norms each have a spec field that turns them on.
+    const bool is_bias = absl::EndsWith(short_name, ".bias") || short_name == "sinks" ||
+                         short_name == "q_norm.weight" || short_name == "k_norm.weight";
+    return absl::InvalidArgumentError(absl::StrCat(
+        full_name, " is in ", ClipForMessage(file), " but the spec (", SpecShapeFields(spec),
+        ") does not use it",
+        is_bias ? absl::StrCat(" (the spec has ", GoverningField(spec, short_name),
+                               "; set it for this checkpoint)")
+                : "",
+        "; loading without it would compute a different layer than the checkpoint's",
+        is_bias ? "" : " (the checkpoint's attention is another variant or architecture)"));
+  }
+
+  // Shapes and dtypes from the headers, before reading any data.
+  std::vector<std::pair<const WeightShape*, SafetensorsFile*>> plan;
+  for (const WeightShape& weight : expected) {
+    const std::string full_name = prefix + weight.name;
+    const std::string& file_path = layout->location.at(full_name);
+    auto file_it = open_files.find(file_path);
+    if (file_it == open_files.end()) {
+      absl::StatusOr<SafetensorsFile> file = access.OpenSafetensors(file_path);
+      if (!file.ok()) {
+        return absl::Status(file.status().code(),
+                            absl::StrCat(file.status().message(), " (the shard that ",
+                                         layout->description, " names for ", full_name, ")"));
+      }
+      file_it = open_files.emplace(file_path, *std::move(file)).first;
+    }
+    const SafetensorsFile& file = file_it->second;
+    absl::StatusOr<SafetensorsTensorInfo> info = file.info(full_name);
+    if (!info.ok()) {
+      return absl::NotFoundError(absl::StrCat(full_name, " is not in ", ClipForMessage(file_path),
+                                              ", although ", layout->description, " says it is"));
+    }
+    if (info->shape != weight.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          full_name, " in ", ClipForMessage(file_path), " has shape ", ShapeString(info->shape),
+          " but the spec (", SpecShapeFields(spec), ") requires ", ShapeString(weight.shape)));
+    }
+    if (!info->dtype.has_value()) {
+      const bool fp8_scaled = file.contains(full_name + "_scale_inv");
+      return absl::UnimplementedError(absl::StrCat(
+          full_name, " in ", ClipForMessage(file_path), " is stored as ", info->dtype_name,
+          "; only F32, F16 and BF16 weights can be loaded",
+          fp8_scaled ? " (this is a block-quantized FP8 checkpoint: dequantize it to BF16 first)"
+                     : ""));
+    }
+    plan.emplace_back(&weight, &file_it->second);
+  }
+
+  LayerWeights weights;
+  for (const auto& [weight, file] : plan) {
+    absl::StatusOr<Tensor> tensor = file->Read(prefix + weight->name);
+    if (!tensor.ok()) return tensor.status();
+    weights.emplace(weight->name, *std::move(tensor));
+  }
+  if (*fused_qkv) SplitFusedQkv(spec, &weights);
+  if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+  return weights;
+}
+
+}  // namespace attnserve

@@ -1,0 +1,598 @@
+#include "kernels/model/hf_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "kernels/spec/layer_spec_json.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr absl::string_view kSupportedModelTypes[] = {
+    "llama",   "mistral",     "mixtral", "qwen2",       "qwen3",      "qwen3_moe",
+    "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3"};
+
+// Keys of PretrainedConfig itself (generation defaults, labels, export switches) and keys of the
+// supported families that concern other parts of the model than one attention layer: the
+// vocabulary and embeddings, the MLP or MoE block, layer norms outside attention, dropout (zero
+// at inference), the logits. Skipped without a word.
+const absl::flat_hash_set<std::string>& KeysOutsideAttention() {
+  static const auto* const keys = new absl::flat_hash_set<std::string>{
+      // PretrainedConfig.
+      "_name_or_path", "architectures", "bad_words_ids", "begin_suppress_tokens", "bos_token_id",
+      "chunk_size_feed_forward", "cross_attention_hidden_size", "decoder_start_token_id",
+      "diversity_penalty", "do_sample", "dtype", "torch_dtype", "early_stopping",
+      "encoder_no_repeat_ngram_size", "eos_token_id", "exponential_decay_length_penalty",
+      "finetuning_task", "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder",
+      "label2id", "length_penalty", "max_length", "min_length", "no_repeat_ngram_size",
+      "num_beam_groups", "num_beams", "num_return_sequences", "output_attentions",
+      "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
+      "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
+      "sep_token_id", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss",
+      "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class", "top_k", "top_p",
+      "torchscript", "transformers_version", "typical_p", "use_bfloat16", "auto_map",
+      "cache_implementation", "use_cache",
+      // Embeddings, MLP, norms outside attention, dropout, logits.
+      "vocab_size", "intermediate_size", "hidden_act", "hidden_activation", "initializer_range",
+      "mlp_bias", "pretraining_tp", "attention_dropout", "embd_pdrop", "resid_pdrop",
+      "final_logit_softcapping", "rms_norm_eps", "max_position_embeddings",
+      // Mixture of experts.
+      "num_experts", "num_local_experts", "num_experts_per_tok", "experts_per_token",
+      "moe_intermediate_size", "shared_expert_intermediate_size", "n_routed_experts",
+      "n_shared_experts", "routed_scaling_factor", "topk_method", "n_group", "topk_group",
+      "norm_topk_prob", "first_k_dense_replace", "moe_layer_freq", "scoring_func", "aux_loss_alpha",
+      "seq_aux", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+      "decoder_sparse_step", "mlp_only_layers", "ep_size", "num_nextn_predict_layers",
+      "swiglu_limit", "initial_context_length"};
+  return *keys;
+}
+
+absl::Status KeyError(absl::string_view key, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", key, ": ", why));
+}
+
+// Reads keys of one config object, remembering which it read so that the rest can be checked.
+// A key that is absent or JSON null counts as unset (transformers' None).
+class ConfigReader {
+ public:
+  explicit ConfigReader(const Json& object) : object_(object) {}
+
+  bool Has(const std::string& key) {
+    used_.insert(key);
+    auto it = object_.find(key);
+    return it != object_.end() && !it->is_null();
+  }
+
+  // Present in the file, even as null (Has() is false for null).
+  bool Contains(const std::string& key) const { return object_.contains(key); }
+
+  const Json& Raw(const std::string& key) {
+    used_.insert(key);
+    return object_.at(key);
+  }
+
+  absl::StatusOr<int64_t> Int(const std::string& key, std::optional<int64_t> fallback) {
+    if (!Has(key)) {
+      if (fallback.has_value()) return *fallback;
+      return KeyError(key, "required");
+    }
+    const Json& value = object_.at(key);
+    if (value.is_number_integer()) return value.get<int64_t>();
+    if (value.is_number_float()) {
+      const double d = value.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9e15) {
+        return static_cast<int64_t>(d);
+      }
+    }
+    return KeyError(key, absl::StrCat("expected an integer, got ", value.dump()));
+  }
+
+  absl::StatusOr<int> SmallInt(const std::string& key, std::optional<int64_t> fallback) {
+    absl::StatusOr<int64_t> value = Int(key, fallback);
+    if (!value.ok()) return value.status();
+    if (*value < 0 || *value > std::numeric_limits<int>::max()) {
+      return KeyError(key, absl::StrCat(*value, " is out of range"));
+    }
+    return static_cast<int>(*value);
+  }
+
+  absl::StatusOr<double> Number(const std::string& key, std::optional<double> fallback) {
+    if (!Has(key)) {
+      if (fallback.has_value()) return *fallback;
+      return KeyError(key, "required");
+    }
+    const Json& value = object_.at(key);
+    if (!value.is_number()) {
+      return KeyError(key, absl::StrCat("expected a number, got ", value.dump()));
+    }
+    return value.get<double>();
+  }
+
+  absl::StatusOr<bool> Bool(const std::string& key, bool fallback) {
+    if (!Has(key)) return fallback;
+    const Json& value = object_.at(key);
+    if (!value.is_boolean()) {
+      return KeyError(key, absl::StrCat("expected true or false, got ", value.dump()));
+    }
+    return value.get<bool>();
+  }
+
+  // Every key not read by the mapping and not known to lie outside attention is refused.
+  absl::Status CheckAllKeysKnown(absl::string_view model_type) const {
+    for (const auto& [key, value] : object_.items()) {
+      if (used_.contains(key) || KeysOutsideAttention().contains(key)) continue;
+      return KeyError(key, absl::StrCat(
+                               "not known to attnserve's ", model_type,
+                               " mapping (kernels/model/hf_config.cc); refused rather than ignored, as "
+                               "it may change what attention computes"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Json& object_;
+  absl::flat_hash_set<std::string> used_;
+};
+
+// Keys that, when set, describe something attnserve does not compute; refused whatever the family.
+// Whether a quantization_config leaves the attention layers unquantized (gpt-oss quantizes only
+// its experts to mxfp4 and lists "model.layers.*.self_attn" in modules_to_not_convert).
+bool AttentionLeftUnquantized(const Json& quantization) {
+  if (!quantization.is_object() || !quantization.contains("modules_to_not_convert")) return false;
+  const Json& modules = quantization.at("modules_to_not_convert");
+  if (!modules.is_array()) return false;
+  for (const Json& module : modules) {
+    if (module == "model.layers.*.self_attn" || module == "self_attn") return true;
+  }
+  return false;
+}
+
+absl::Status RefuseUnimplemented(ConfigReader& config) {
+  if (config.Has("quantization_config") &&
+      !AttentionLeftUnquantized(config.Raw("quantization_config"))) {
+    return KeyError("quantization_config",
+                    "the attention weights are quantized (fp8, gptq, ...), which is not "
+                    "supported; the loader reads F32, F16 and BF16 tensors");
+  }
+  for (const char* key : {"is_encoder_decoder", "add_cross_attention"}) {
+    absl::StatusOr<bool> set = config.Bool(key, false);
+    if (!set.ok()) return set.status();
+    if (*set) return KeyError(key, "encoder-decoder and cross attention are not supported");
+  }
+  if (config.Has("pruned_heads") && !config.Raw("pruned_heads").empty()) {
+    return KeyError("pruned_heads", "pruned attention heads are not supported");
+  }
+  absl::StatusOr<bool> mrope = config.Bool("use_mrope", false);
+  if (!mrope.ok()) return mrope.status();
+  if (*mrope) return KeyError("use_mrope", "multimodal RoPE (M-RoPE) is not supported");
+  return absl::OkStatus();
+}
+
+// config.rope_scaling as the spec's RopeScaling (modeling_rope_utils.py's reading of it).
+absl::StatusOr<RopeScaling> ParseRopeScaling(ConfigReader& config) {
+  RopeScaling scaling;
+  if (!config.Has("rope_scaling")) return scaling;
+  const Json& object = config.Raw("rope_scaling");
+  if (!object.is_object()) {
+    return KeyError("rope_scaling", absl::StrCat("expected an object, got ", object.dump()));
+  }
+  ConfigReader rs(object);
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (!rs.Has(key)) continue;
+    const Json& value = rs.Raw(key);
+    if (!value.is_string()) {
+      return KeyError(absl::StrCat("rope_scaling.", key), "expected a string");
+    }
+    if (type.empty()) type = value.get<std::string>();
+  }
+  auto sub = [](absl::string_view key) { return absl::StrCat("rope_scaling.", key); };
+  auto number = [&](const char* key, std::optional<double> fallback) -> absl::StatusOr<double> {
+    absl::StatusOr<double> value = rs.Number(key, fallback);
+    if (!value.ok()) return KeyError(sub(key), value.status().message());
+    return value;
+  };
+  if (type.empty()) return KeyError("rope_scaling.rope_type", "required");
+  if (type == "default") {
+    // Nothing to read.
+  } else if (type == "linear") {
+    scaling.type = RopeScalingType::kLinear;
+    absl::StatusOr<double> factor = number("factor", std::nullopt);
+    if (!factor.ok()) return factor.status();
+    scaling.factor = *factor;
+  } else if (type == "llama3") {
+    scaling.type = RopeScalingType::kLlama3;
+    absl::StatusOr<double> factor = number("factor", std::nullopt);
+    absl::StatusOr<double> low = number("low_freq_factor", std::nullopt);
+    absl::StatusOr<double> high = number("high_freq_factor", std::nullopt);
+    absl::StatusOr<double> original = number("original_max_position_embeddings", std::nullopt);
+    for (const auto* s : {&factor, &low, &high, &original}) {
+      if (!s->ok()) return s->status();
+    }
+    scaling.factor = *factor;
+    scaling.low_freq_factor = *low;
+    scaling.high_freq_factor = *high;
+    scaling.original_max_position_embeddings = static_cast<int>(*original);
+  } else if (type == "yarn") {
+    scaling.type = RopeScalingType::kYarn;
+    if (rs.Has("attention_factor")) {
+      return KeyError("rope_scaling.attention_factor",
+                      "an explicit YaRN attention factor is not supported (only the one derived "
+                      "from factor, mscale and mscale_all_dim)");
+    }
+    absl::StatusOr<bool> truncate = rs.Bool("truncate", true);
+    if (!truncate.ok()) return KeyError(sub("truncate"), truncate.status().message());
+    scaling.truncate = *truncate;
+    absl::StatusOr<double> factor = number("factor", std::nullopt);
+    if (!factor.ok()) return factor.status();
+    scaling.factor = *factor;
+    // The `or` fallbacks of _compute_yarn_parameters: absent, null or 0 take the default.
+    absl::StatusOr<double> original = number("original_max_position_embeddings", 0.0);
+    if (!original.ok()) return original.status();
+    if (*original == 0) {
+      absl::StatusOr<int64_t> max_positions = config.Int("max_position_embeddings", std::nullopt);
+      if (!max_positions.ok()) return max_positions.status();
+      *original = static_cast<double>(*max_positions);
+    }
+    scaling.original_max_position_embeddings = static_cast<int>(*original);
+    absl::StatusOr<double> beta_fast = number("beta_fast", 0.0);
+    absl::StatusOr<double> beta_slow = number("beta_slow", 0.0);
+    absl::StatusOr<double> mscale = number("mscale", 0.0);
+    absl::StatusOr<double> mscale_all_dim = number("mscale_all_dim", 0.0);
+    for (const auto* s : {&beta_fast, &beta_slow, &mscale, &mscale_all_dim}) {
+      if (!s->ok()) return s->status();
+    }
+    scaling.beta_fast = *beta_fast != 0 ? *beta_fast : 32.0;
+    scaling.beta_slow = *beta_slow != 0 ? *beta_slow : 1.0;
+    scaling.mscale = *mscale;
+    scaling.mscale_all_dim = *mscale_all_dim;
+  } else if (type == "dynamic" || type == "longrope") {
+    return KeyError("rope_scaling.rope_type",
+                    absl::StrCat("'", type,
+                                 "' is not supported: transformers recomputes its frequencies from "
+                                 "the length of each call, so outputs would depend on how a "
+                                 "sequence is split into calls"));
+  } else {
+    return KeyError("rope_scaling.rope_type", absl::StrCat("'", type, "' is not supported"));
+  }
+  // Keys the chosen type does not read would be ignored: refuse them.
+  if (absl::Status s = rs.CheckAllKeysKnown("rope_scaling"); !s.ok()) {
+    return KeyError("rope_scaling", s.message());
+  }
+  return scaling;
+}
+
+// Whether layer `layer_index` is a sliding-window layer according to config.layer_types, or, when
+// that is unset, `default_slides(layer_index)` (each family's own rule).
+template <typename DefaultRule>
+absl::StatusOr<bool> LayerSlides(ConfigReader& config, int layer_index, int num_layers,
+                                 DefaultRule default_slides) {
+  if (!config.Has("layer_types")) return default_slides(layer_index);
+  const Json& types = config.Raw("layer_types");
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != num_layers) {
+    return KeyError("layer_types",
+                    absl::StrCat("expected a list of num_hidden_layers = ", num_layers, " strings"));
+  }
+  const Json& entry = types[layer_index];
+  const std::string key = absl::StrCat("layer_types[", layer_index, "]");
+  if (!entry.is_string()) return KeyError(key, "expected a string");
+  const std::string type = entry.get<std::string>();
+  if (type == "sliding_attention") return true;
+  if (type == "full_attention") return false;
+  return KeyError(key, absl::StrCat("'", type,
+                                    "' is not supported (only sliding_attention and "
+                                    "full_attention)"));
+}
+
+// transformers' `scale == head_dim**-0.5` test, as the spec's 0 stands for that default.
+float ScaleOrDefault(double scale, int qk_head_dim) {
+  const double fallback = 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
+  return std::abs(scale - fallback) <= 1e-12 * fallback ? 0.0f : static_cast<float>(scale);
+}
+
+absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& config,
+                                  int layer_index, int num_layers) {
+  LayerSpec spec;
+  absl::StatusOr<int> d_model = config.SmallInt("hidden_size", std::nullopt);
+  absl::StatusOr<int> heads = config.SmallInt("num_attention_heads", std::nullopt);
+  if (!d_model.ok()) return d_model.status();
+  if (!heads.ok()) return heads.status();
+  if (*heads == 0) return KeyError("num_attention_heads", "must be > 0");
+  const bool kv_default = model_type == "llama" || model_type == "phi3";
+  absl::StatusOr<int> kv_heads = config.SmallInt(
+      "num_key_value_heads", kv_default ? std::optional<int64_t>(*heads) : std::nullopt);
+  if (!kv_heads.ok()) return kv_heads.status();
+  spec.d_model = *d_model;
+  spec.num_heads = *heads;
+  spec.num_kv_heads = *kv_heads;
+  const int derived_head_dim = *d_model / *heads;
+  // Gemma's config classes default head_dim to 256, not to the derived width: require it there.
+  const bool gemma = model_type == "gemma2" || model_type == "gemma3_text";
+  absl::StatusOr<int> head_dim = config.SmallInt(
+      "head_dim", gemma ? std::nullopt : std::optional<int64_t>(derived_head_dim));
+  if (!head_dim.ok()) return head_dim.status();
+  if (model_type == "phi3" && *head_dim != derived_head_dim) {
+    return KeyError("head_dim", absl::StrCat("Phi-3 attention uses hidden_size / "
+                                             "num_attention_heads = ",
+                                             derived_head_dim, "; ", *head_dim, " contradicts it"));
+  }
+  spec.head_dim = *head_dim;
+  spec.variant = spec.num_kv_heads == spec.num_heads ? AttentionVariant::kMHA
+                 : spec.num_kv_heads == 1            ? AttentionVariant::kMQA
+                                                     : AttentionVariant::kGQA;
+
+  // Biases: which projections carry one is each family's own choice.
+  if (model_type == "qwen2") {
+    spec.qkv_bias = true;
+  } else if (model_type == "phi3") {
+    // Some Phi-3 configs carry attention_bias: false; Phi3Attention has no biases at all.
+    absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
+    if (!bias.ok()) return bias.status();
+    if (*bias) return KeyError("attention_bias", "true, but Phi-3 attention has no biases");
+  } else if (model_type == "gpt_oss") {
+    spec.qkv_bias = spec.o_bias = true;
+    config.Has("attention_bias");  // Forced to True by GptOssConfig whatever the file says.
+  } else if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe" ||
+             model_type == "gemma2" || model_type == "gemma3_text") {
+    absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
+    if (!bias.ok()) return bias.status();
+    spec.qkv_bias = spec.o_bias = *bias;
+  }
+
+  spec.rope = RopeLayout::kHalf;
+  absl::StatusOr<double> theta = config.Number("rope_theta", std::nullopt);
+  if (!theta.ok()) return theta.status();
+  spec.rope_theta = *theta;
+  absl::StatusOr<RopeScaling> scaling = ParseRopeScaling(config);
+  if (!scaling.ok()) return scaling.status();
+  spec.rope_scaling = *scaling;
+  if (model_type == "phi3") {
+    absl::StatusOr<double> partial = config.Number("partial_rotary_factor", 1.0);
+    if (!partial.ok()) return partial.status();
+    const int rotary = static_cast<int>(spec.head_dim * *partial);
+    spec.rotary_dim = rotary == spec.head_dim ? 0 : rotary;
+    // Phi-3 keeps original_max_position_embeddings at the top level for LongRoPE, refused above.
+    config.Has("original_max_position_embeddings");
+  }
+  spec.causal = true;
+
+  // Sliding windows, per layer.
+  int window = 0;
+  if (model_type == "mistral" || model_type == "mixtral" || model_type == "phi3") {
+    // MistralConfig's sliding_window defaults to 4096 when the key is absent; JSON null is none.
+    const bool absent_means_4096 = model_type == "mistral" && !config.Contains("sliding_window");
+    absl::StatusOr<int> w = config.SmallInt("sliding_window", absent_means_4096 ? 4096 : 0);
+    if (!w.ok()) return w.status();
+    window = *w;  // Every layer.
+  } else if (model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen3_moe") {
+    absl::StatusOr<bool> use = config.Bool("use_sliding_window", false);
+    if (!use.ok()) return use.status();
+    absl::StatusOr<int> w =
+        config.SmallInt("sliding_window", config.Contains("sliding_window") ? 0 : 4096);
+    if (!w.ok()) return w.status();
+    const int configured = *use ? *w : 0;
+    if (model_type == "qwen3_moe") {
+      // Qwen3-MoE masks every layer with the window; max_window_layers is a leftover there.
+      if (*use && config.Has("max_window_layers")) {
+        return KeyError("max_window_layers",
+                        "with use_sliding_window, transformers' qwen3_moe slides every layer and "
+                        "ignores max_window_layers; refused as ambiguous");
+      }
+      config.Has("max_window_layers");
+      window = configured;
+    } else {
+      absl::StatusOr<int> max_window_layers = config.SmallInt("max_window_layers", 28);
+      if (!max_window_layers.ok()) return max_window_layers.status();
+      absl::StatusOr<bool> slides =
+          LayerSlides(config, layer_index, num_layers,
+                      [&](int i) { return configured != 0 && i >= *max_window_layers; });
+      if (!slides.ok()) return slides.status();
+      if (*slides && configured == 0) {
+        return KeyError(absl::StrCat("layer_types[", layer_index, "]"),
+                        "sliding_attention, but use_sliding_window is false or sliding_window "
+                        "unset: the layer would have no window");
+      }
+      window = *slides ? configured : 0;
+    }
+  } else if (model_type == "gemma2" || model_type == "gemma3_text" || model_type == "gpt_oss") {
+    // Class defaults when the key is absent: Gemma 4096, gpt-oss 128.
+    absl::StatusOr<int> w = config.SmallInt(
+        "sliding_window",
+        config.Contains("sliding_window") ? 0 : (model_type == "gpt_oss" ? 128 : 4096));
+    if (!w.ok()) return w.status();
+    int pattern = 2;  // Gemma 2 and gpt-oss alternate sliding (even layers) and full.
+    if (model_type == "gemma3_text") {
+      absl::StatusOr<int> legacy = config.SmallInt("sliding_window_pattern", 6);
+      if (!legacy.ok()) return legacy.status();
+      absl::StatusOr<int> saved = config.SmallInt("_sliding_window_pattern", *legacy);
+      if (!saved.ok()) return saved.status();
+      pattern = *saved;
+      if (pattern <= 0) return KeyError("sliding_window_pattern", "must be > 0");
+    }
+    absl::StatusOr<bool> slides = LayerSlides(config, layer_index, num_layers,
+                                              [&](int i) { return ((i + 1) % pattern) != 0; });
+    if (!slides.ok()) return slides.status();
+    window = *slides ? *w : 0;
+    if (model_type == "gemma2" && config.Has("sliding_window_size")) {
+      // An early Gemma 2 alias that transformers no longer reads; harmless only when it agrees.
+      absl::StatusOr<int> alias = config.SmallInt("sliding_window_size", 0);
+      if (!alias.ok()) return alias.status();
+      if (*alias != *w) {
+        return KeyError("sliding_window_size",
+                        absl::StrCat(*alias, " disagrees with sliding_window = ", *w));
+      }
+    }
+    if (model_type == "gemma3_text" && *slides) {
+      // Gemma 3's sliding layers use their own RoPE: base rope_local_base_freq, no scaling.
+      absl::StatusOr<double> local = config.Number("rope_local_base_freq", 10000.0);
+      if (!local.ok()) return local.status();
+      spec.rope_theta = *local;
+      spec.rope_scaling = RopeScaling();
+    } else if (model_type == "gemma3_text") {
+      config.Has("rope_local_base_freq");
+    }
+  }
+  spec.sliding_window = window;
+
+  // Softmax scale, soft-capping, norms, sinks.
+  if (model_type == "gemma2" || model_type == "gemma3_text") {
+    absl::StatusOr<double> scalar = config.Number("query_pre_attn_scalar", std::nullopt);
+    if (!scalar.ok()) return scalar.status();
+    if (*scalar <= 0) return KeyError("query_pre_attn_scalar", "must be > 0");
+    spec.softmax_scale = ScaleOrDefault(std::pow(*scalar, -0.5), spec.head_dim);
+    absl::StatusOr<double> softcap = config.Number("attn_logit_softcapping", 0.0);
+    if (!softcap.ok()) return softcap.status();
+    spec.attn_logit_softcapping = static_cast<float>(*softcap);
+  }
+  if (model_type == "gemma3_text") {
+    absl::StatusOr<bool> bidirectional = config.Bool("use_bidirectional_attention", false);
+    if (!bidirectional.ok()) return bidirectional.status();
+    if (*bidirectional) {
+      return KeyError("use_bidirectional_attention",
+                      "true (Gemma 3 as a bidirectional encoder) is not supported");
+    }
+  }
+  if (model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text") {
+    spec.qk_norm = model_type == "gemma3_text" ? QkNorm::kRmsUnitOffset : QkNorm::kRms;
+    absl::StatusOr<double> eps = config.Number("rms_norm_eps", 1e-6);
+    if (!eps.ok()) return eps.status();
+    spec.qk_norm_eps = static_cast<float>(*eps);
+  }
+  if (model_type == "gpt_oss") spec.attention_sinks = true;
+  return spec;
+}
+
+absl::StatusOr<LayerSpec> MlaSpec(const std::string& model_type, ConfigReader& config) {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kMLA;
+  absl::StatusOr<int> d_model = config.SmallInt("hidden_size", std::nullopt);
+  absl::StatusOr<int> heads = config.SmallInt("num_attention_heads", std::nullopt);
+  absl::StatusOr<int> q_lora = config.SmallInt("q_lora_rank", 0);
+  absl::StatusOr<int> kv_lora = config.SmallInt("kv_lora_rank", std::nullopt);
+  absl::StatusOr<int> nope = config.SmallInt("qk_nope_head_dim", std::nullopt);
+  absl::StatusOr<int> rope = config.SmallInt("qk_rope_head_dim", std::nullopt);
+  absl::StatusOr<int> v = config.SmallInt("v_head_dim", std::nullopt);
+  for (const auto* s : {&d_model, &heads, &q_lora, &kv_lora, &nope, &rope, &v}) {
+    if (!s->ok()) return s->status();
+  }
+  spec.d_model = *d_model;
+  spec.num_heads = *heads;
+  spec.mla.q_lora_rank = *q_lora;
+  spec.mla.kv_lora_rank = *kv_lora;
+  spec.mla.qk_nope_head_dim = *nope;
+  spec.mla.qk_rope_head_dim = *rope;
+  spec.mla.v_head_dim = *v;
+  // DeepseekV2/V3Attention build q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not
+  // config.rms_norm_eps (that one is for the decoder layer's norms).
+  spec.mla.rms_norm_eps = 1e-6f;
+  absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
+  if (!bias.ok()) return bias.status();
+  if (*bias) {
+    return KeyError("attention_bias", "true (biases on q_a_proj, kv_a_proj_with_mqa and o_proj) "
+                                      "is not supported for MLA");
+  }
+  // Derived or unused by MLA attention: the per-head widths above say it all.
+  for (const char* key : {"num_key_value_heads", "head_dim", "qk_head_dim"}) config.Has(key);
+  bool interleaved = true;  // DeepSeek-V2 rotates (2i, 2i + 1) pairs (view_as_complex).
+  if (model_type == "deepseek_v3") {
+    absl::StatusOr<bool> interleave = config.Bool("rope_interleave", true);
+    if (!interleave.ok()) return interleave.status();
+    interleaved = *interleave;
+  }
+  spec.rope = interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf;
+  absl::StatusOr<double> theta = config.Number("rope_theta", std::nullopt);
+  if (!theta.ok()) return theta.status();
+  spec.rope_theta = *theta;
+  absl::StatusOr<RopeScaling> scaling = ParseRopeScaling(config);
+  if (!scaling.ok()) return scaling.status();
+  spec.rope_scaling = *scaling;
+  spec.causal = true;
+  return spec;
+}
+
+// One difference between two JSON values, as "path: a vs b"; empty when equal.
+std::string JsonDifference(const Json& a, const Json& b, const std::string& path) {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      const std::string child = path.empty() ? key : absl::StrCat(path, ".", key);
+      if (!b.contains(key)) return absl::StrCat(child, ": ", value.dump(), " vs absent");
+      std::string difference = JsonDifference(value, b.at(key), child);
+      if (!difference.empty()) return difference;
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (!a.contains(key)) {
+        return absl::StrCat(path.empty() ? key : absl::StrCat(path, ".", key), ": absent vs ",
+                            value.dump());
+      }
+    }
+    return "";
+  }
+  if (a == b) return "";
+  return absl::StrCat(path, ": ", a.dump(), " vs ", b.dump());
+}
+
+}  // namespace
+
+absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, int layer_index) {
+  const Json root = Json::parse(config_json.begin(), config_json.end(), /*cb=*/nullptr,
+                                /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
+  if (!root.is_object()) return absl::InvalidArgumentError("config.json: expected an object");
+  ConfigReader config(root);
+  if (!config.Has("model_type") || !config.Raw("model_type").is_string()) {
+    return KeyError("model_type", "required (a string)");
+  }
+  const std::string model_type = config.Raw("model_type").get<std::string>();
+  bool supported = false;
+  for (absl::string_view known : kSupportedModelTypes) supported = supported || known == model_type;
+  if (!supported) {
+    std::string hint;
+    if (model_type == "gemma3") {
+      hint = " (the multimodal Gemma 3; its text model's config is text_config, model_type "
+             "gemma3_text)";
+    }
+    return KeyError("model_type",
+                    absl::StrCat("'", model_type, "' is not supported", hint,
+                                 "; supported: ", absl::StrJoin(kSupportedModelTypes, ", ")));
+  }
+  if (absl::Status s = RefuseUnimplemented(config); !s.ok()) return s;
+  absl::StatusOr<int> num_layers = config.SmallInt("num_hidden_layers", std::nullopt);
+  if (!num_layers.ok()) return num_layers.status();
+  if (layer_index < 0 || layer_index >= *num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer index ", layer_index, " is outside the model's num_hidden_layers = ",
+                     *num_layers));
+  }
+  const bool mla = model_type == "deepseek_v2" || model_type == "deepseek_v3";
+  absl::StatusOr<LayerSpec> spec = mla ? MlaSpec(model_type, config)
+                                       : GqaSpec(model_type, config, layer_index, *num_layers);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status s = config.CheckAllKeysKnown(model_type); !s.ok()) return s;
+  if (absl::Status s = ValidateLayerSpec(*spec); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json (", model_type, ", layer ", layer_index, ") maps to a spec that is not "
+        "valid: ", s.message()));
+  }
+  return spec;
+}
+
+std::string LayerSpecDifference(const LayerSpec& a, const LayerSpec& b) {
+  const Json ja = Json::parse(LayerSpecToJson(a), nullptr, false);
+  const Json jb = Json::parse(LayerSpecToJson(b), nullptr, false);
+  return JsonDifference(ja, jb, "");
+}
+
+}  // namespace attnserve

@@ -1,0 +1,45 @@
+// The LayerSpec that a Hugging Face checkpoint's config.json describes for one of its layers.
+//
+// The semantics are those of `transformers` (the version pinned in tests/peer/requirements.txt):
+// each supported model_type maps its config keys the way its attention module reads them,
+// including per-layer differences (which layers slide; Gemma 3's local RoPE base on sliding
+// layers). Supported model_type values:
+//   llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gpt_oss,
+//   deepseek_v2, deepseek_v3.
+//
+// Nothing is ignored silently. Every key of config.json is one of
+//   - mapped into the spec (hidden_size, num_key_value_heads, rope_scaling, layer_types, ...);
+//   - known not to change what one attention layer computes (vocabulary, MLP, MoE routing,
+//     generation defaults, dropout), and skipped;
+//   - refused with INVALID_ARGUMENT naming the key and why (quantization_config, LongRoPE,
+//     bidirectional Gemma 3, a layer type other than sliding/full attention, ...). A key this
+//     file does not know is refused too: a newer transformers may give it a meaning here.
+//
+// DeepSeek-V2 note: transformers' DeepseekV2Attention keeps 1/sqrt(qk_head_dim) as its softmax
+// scale, while DeepSeek's own modeling code (and vLLM/SGLang) multiply it by
+// mscale(factor, mscale_all_dim)^2 under YaRN. The spec follows DeepSeek (softmax_scale 0, whose
+// default for MLA includes that factor), as the released checkpoints were trained that way.
+#ifndef ATTNSERVE_KERNELS_MODEL_HF_CONFIG_H_
+#define ATTNSERVE_KERNELS_MODEL_HF_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/spec/layer_spec.h"
+
+namespace attnserve {
+
+// The spec of layer `layer_index` (0-based, < num_hidden_layers) of the model `config_json`
+// describes, validated (ValidateLayerSpec). INVALID_ARGUMENT names the key at fault, as
+// "config.json: <key>: ...".
+absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, int layer_index);
+
+// Empty when `a` and `b` describe the same layer; else the first field where they differ and both
+// values, e.g. "sliding_window: 4096 vs 0" (field names as in the spec's JSON form,
+// layer_spec_json.h, nested fields dotted: "rope_scaling.factor").
+std::string LayerSpecDifference(const LayerSpec& a, const LayerSpec& b);
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_MODEL_HF_CONFIG_H_

@@ -1,0 +1,44 @@
+#include "kernels/spec/layer_input_checks.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+absl::Status CheckHiddenShape(const LayerSpec& spec, const Tensor& hidden, int64_t rows) {
+  if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
+                                                   ", expected [", rows, ", ", spec.d_model, "]"));
+  }
+  if (hidden.num_bytes() != static_cast<size_t>(rows * spec.d_model) * DTypeSize(hidden.dtype())) {
+    return absl::InvalidArgumentError("hidden: byte count does not match its shape and dtype");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
+  if (positions.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(positions.size()) != rows) {
+    return absl::InvalidArgumentError(absl::StrCat("positions has ", positions.size(),
+                                                   " entries, expected one per token (", rows,
+                                                   ") or none"));
+  }
+  for (size_t i = 0; i < positions.size(); ++i) {
+    if (positions[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("positions[", i, "] = ", positions[i], ", must be >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOutputFinite(const Tensor& output) {
+  const int64_t bad = FirstNonFiniteElement(output);
+  if (bad < 0) return absl::OkStatus();
+  const int64_t width = output.rank() == 2 ? output.dim(1) : 1;
+  return absl::InvalidArgumentError(
+      absl::StrCat("the layer's output is not finite (row ", bad / width, ", column ", bad % width,
+                   " of ", ShapeString(output.shape()), ", ", DTypeName(output.dtype()),
+                   "): the inputs overflow this layer; nothing was appended"));
+}
+
+}  // namespace attnserve

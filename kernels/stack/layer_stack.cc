@@ -1,0 +1,369 @@
+#include "kernels/stack/layer_stack.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/kv/page_table.h"
+
+namespace attnserve {
+
+std::string LayerKind(const LayerSpec& spec) {
+  if (spec.variant == AttentionVariant::kMLA) return "mla";
+  if (spec.causal && spec.sliding_window > 0) {
+    return absl::StrCat("sliding_window:", spec.sliding_window);
+  }
+  return "global";
+}
+
+absl::StatusOr<std::unique_ptr<LayerStack>> LayerStack::Create(
+    AttentionBackend& backend, absl::Span<const LayerSpec> specs,
+    absl::Span<const LayerWeights> weights, const KvCacheConfig& kv_config) {
+  if (specs.empty()) {
+    return absl::InvalidArgumentError("stack.layers: a stack must hold at least one layer");
+  }
+  if (specs.size() > static_cast<size_t>(kMaxStackLayers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stack.layers: ", specs.size(), " layers, at most ", kMaxStackLayers));
+  }
+  if (weights.size() != specs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("stack: ", specs.size(), " layer specs but ",
+                                                   weights.size(), " sets of weights"));
+  }
+  // The layers hold no budget: the stack charges it for all of them, ahead of each batch.
+  KvCacheConfig own = kv_config;
+  own.budget = nullptr;
+  std::vector<std::unique_ptr<AttentionLayer>> layers;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string field = absl::StrCat("stack.layers[", i, "]");
+    if (specs[i].d_model != specs[0].d_model) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".d_model = ", specs[i].d_model, ", must equal stack.layers[0].d_model = ",
+          specs[0].d_model, " (the width of the residual stream)"));
+    }
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        backend.CreateLayer(specs[i], weights[i], own);
+    if (!layer.ok()) {
+      return absl::Status(layer.status().code(),
+                          absl::StrCat(field, ": ", layer.status().message()));
+    }
+    const KvPoolUsage usage = (*layer)->PoolUsage();
+    if (i > 0 && (usage.page_size != layers[0]->PoolUsage().page_size ||
+                  usage.page_bytes != layers[0]->PoolUsage().page_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": KV pages of ", usage.page_size, " tokens and ", usage.page_bytes,
+          " bytes, unlike stack.layers[0]'s (", layers[0]->PoolUsage().page_size, " tokens, ",
+          layers[0]->PoolUsage().page_bytes,
+          " bytes); the layers of a stack share one page layout (same KV heads and head dims)"));
+    }
+    layers.push_back(*std::move(layer));
+  }
+  KvCacheConfig stack_config = layers[0]->kv_config();
+  stack_config.budget = kv_config.budget;
+  return std::unique_ptr<LayerStack>(new LayerStack(std::move(layers), std::move(stack_config)));
+}
+
+LayerStack::LayerStack(std::vector<std::unique_ptr<AttentionLayer>> layers, KvCacheConfig kv_config)
+    : layers_(std::move(layers)), spec_(layers_[0]->spec()), kv_config_(std::move(kv_config)) {
+  for (const auto& layer : layers_) {
+    spec_.causal = spec_.causal && layer->spec().causal;
+    const std::string kind = LayerKind(layer->spec());
+    auto it = std::find_if(kinds_.begin(), kinds_.end(),
+                           [&](const LayerKindKv& k) { return k.kind == kind; });
+    if (it == kinds_.end()) it = kinds_.insert(kinds_.end(), LayerKindKv{kind, 0, 0});
+    ++it->layers;
+    kind_of_.push_back(static_cast<size_t>(it - kinds_.begin()));
+  }
+  kv_usage_->Set(kinds_);
+}
+
+LayerStack::~LayerStack() {
+  layers_.clear();
+  if (kv_config_.budget != nullptr && charged_ > 0) kv_config_.budget->Release(charged_);
+  kv_usage_->Set(kinds_);  // Nothing held any more.
+}
+
+absl::StatusOr<const std::vector<SequenceId>*> LayerStack::Find(SequenceId sequence) const {
+  auto it = sequences_.find(sequence);
+  if (it != sequences_.end()) return &it->second;
+  auto dropped = dropped_.find(sequence);
+  if (dropped != dropped_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("sequence ", sequence, " was dropped from the stack: ", dropped->second));
+  }
+  return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+}
+
+int64_t LayerStack::UsedBytes() const {
+  int64_t bytes = 0;
+  for (const auto& layer : layers_) {
+    const KvPoolUsage usage = layer->PoolUsage();
+    bytes += usage.used_pages * usage.page_bytes;
+  }
+  return bytes;
+}
+
+void LayerStack::Settle() {
+  const int64_t used = UsedBytes();
+  KvMemoryBudget* budget = kv_config_.budget.get();
+  if (budget == nullptr) {
+    charged_ = used;
+  } else if (used < charged_) {
+    budget->Release(charged_ - used);
+    charged_ = used;
+  } else if (used > charged_ && budget->TryCharge(used - charged_)) {
+    charged_ = used;  // Not reached: every growth is charged before it happens.
+  }
+  std::vector<LayerKindKv> kinds = kinds_;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    const KvPoolUsage usage = layers_[k]->PoolUsage();
+    kinds[kind_of_[k]].kv_bytes += usage.used_pages * usage.page_bytes;
+  }
+  kv_usage_->Set(std::move(kinds));
+}
+
+SequenceId LayerStack::CreateSequence() {
+  std::vector<SequenceId> ids;
+  ids.reserve(layers_.size());
+  for (const auto& layer : layers_) ids.push_back(layer->CreateSequence());
+  const SequenceId id = next_id_++;
+  sequences_.emplace(id, std::move(ids));
+  return id;
+}
+
+absl::Status LayerStack::ReleaseSequence(SequenceId sequence) {
+  if (dropped_.erase(sequence) > 0) return absl::OkStatus();  // Its pages went when it dropped.
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    layers_[k]->ReleaseSequence(it->second[k]).IgnoreError();  // Created with the stack's.
+  }
+  sequences_.erase(it);
+  Settle();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> LayerStack::SequenceLength(SequenceId sequence) const {
+  absl::StatusOr<const std::vector<SequenceId>*> ids = Find(sequence);
+  if (!ids.ok()) return ids.status();
+  return layers_[0]->SequenceLength((**ids)[0]);
+}
+
+absl::StatusOr<std::vector<SequenceId>> LayerStack::ForkSequence(SequenceId source, int count) {
+  absl::StatusOr<const std::vector<SequenceId>*> found = Find(source);
+  if (!found.ok()) return found.status();
+  const std::vector<SequenceId> source_ids = **found;
+  std::vector<std::vector<SequenceId>> forks;  // [layer][fork]
+  const auto undo = [&] {
+    for (size_t k = 0; k < forks.size(); ++k) {
+      for (SequenceId id : forks[k]) layers_[k]->ReleaseSequence(id).IgnoreError();
+    }
+    Settle();
+  };
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    absl::StatusOr<std::vector<SequenceId>> layer_forks =
+        layers_[k]->ForkSequence(source_ids[k], count);
+    if (!layer_forks.ok()) {
+      undo();
+      return layer_forks.status();
+    }
+    forks.push_back(*std::move(layer_forks));
+  }
+  // The copies of partial last pages, charged after the fact (their count is the layers' own).
+  const int64_t grown = UsedBytes() - charged_;
+  KvMemoryBudget* budget = kv_config_.budget.get();
+  if (budget != nullptr && grown > 0) {
+    if (!budget->TryCharge(grown)) {
+      const KvPoolUsage usage = PoolUsage();
+      absl::Status refused =
+          KvBudgetExhaustedError(*budget, grown, grown / usage.page_bytes, usage.page_size,
+                                 absl::StrCat("this fork (", layers_.size(), " stacked layers)"));
+      undo();
+      return refused;
+    }
+    charged_ += grown;
+  }
+  std::vector<SequenceId> ids;
+  for (int j = 0; j < count; ++j) {
+    std::vector<SequenceId> per_layer;
+    for (size_t k = 0; k < layers_.size(); ++k) per_layer.push_back(forks[k][j]);
+    ids.push_back(next_id_);
+    sequences_.emplace(next_id_++, std::move(per_layer));
+  }
+  Settle();
+  return ids;
+}
+
+absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) const {
+  (void)sequence;
+  return absl::UnimplementedError(
+      "ExportRequest: a session holding a stack of layers cannot export requests yet (one layer "
+      "per session only)");
+}
+
+absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& exported) {
+  (void)exported;
+  return absl::UnimplementedError(
+      "ImportRequest: a session holding a stack of layers cannot import requests yet (one layer "
+      "per session only)");
+}
+
+void LayerStack::Drop(absl::Span<const SequenceId> ids, const std::string& reason) {
+  for (SequenceId id : ids) {
+    auto it = sequences_.find(id);
+    if (it == sequences_.end()) continue;
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      layers_[k]->ReleaseSequence(it->second[k]).IgnoreError();
+    }
+    sequences_.erase(it);
+    dropped_.emplace(id, reason);
+  }
+}
+
+template <typename Call>
+absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
+                                       absl::Span<const int64_t> rows, const Tensor& hidden,
+                                       const Call& call) {
+  // Known and distinct ids: checked here too, since the pages are charged before layer 0 runs.
+  std::vector<const std::vector<SequenceId>*> found;
+  absl::flat_hash_set<SequenceId> seen;
+  for (SequenceId id : ids) {
+    absl::StatusOr<const std::vector<SequenceId>*> layer_ids = Find(id);
+    if (!layer_ids.ok()) return layer_ids.status();
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", id, " appears more than once in one batch"));
+    }
+    found.push_back(*layer_ids);
+  }
+  // The pages every layer will allocate (a layer allocates for the whole batch before it evicts
+  // what its window no longer sees): refused up front, nothing changed, if any pool or the budget
+  // cannot hold them.
+  int64_t bytes = 0;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    const KvPoolUsage usage = layers_[k]->PoolUsage();
+    int64_t pages = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t length = layers_[k]->SequenceLength((*found[i])[k]).value_or(0);
+      pages += std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0),
+                                                   static_cast<int>(usage.page_size)) -
+                                        PagesForTokens(length, static_cast<int>(usage.page_size)));
+    }
+    if (pages > usage.capacity_pages - usage.used_pages) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache pool exhausted: this batch needs ", pages, " more pages of ", usage.page_size,
+          " tokens in stack layer ", k, ", ", usage.capacity_pages - usage.used_pages, " of ",
+          usage.capacity_pages, " pages of that layer are free"));
+    }
+    bytes += pages * usage.page_bytes;
+  }
+  KvMemoryBudget* budget = kv_config_.budget.get();
+  if (budget != nullptr && bytes > 0) {
+    if (!budget->TryCharge(bytes)) {
+      const KvPoolUsage usage = layers_[0]->PoolUsage();
+      return KvBudgetExhaustedError(
+          *budget, bytes, bytes / usage.page_bytes, usage.page_size,
+          absl::StrCat("this batch (", layers_.size(), " stacked layers)"));
+    }
+    charged_ += bytes;
+  }
+
+  // The residual stream in f32; layer k reads h and its output is added to h.
+  Tensor h = hidden.CastTo(DType::kF32);
+  std::vector<SequenceId> layer_ids(ids.size());
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    for (size_t i = 0; i < ids.size(); ++i) layer_ids[i] = (*found[i])[k];
+    absl::StatusOr<Tensor> out = call(*layers_[k], absl::MakeConstSpan(layer_ids), h);
+    if (!out.ok()) {
+      if (k > 0) {
+        const std::string reason =
+            absl::StrCat("stack layer ", k, " failed after layers 0..", k - 1,
+                         " had appended the batch's tokens: ", out.status().message());
+        Drop(ids, reason);
+        Settle();
+        return absl::Status(out.status().code(),
+                            absl::StrCat(reason, " (the batch's ", ids.size(),
+                                         " sequence(s) were dropped from every layer)"));
+      }
+      Settle();
+      return out.status();
+    }
+    float* stream = h.f32();
+    const float* add = out->f32();
+    const int64_t n = h.num_elements();
+    for (int64_t j = 0; j < n; ++j) stream[j] += add[j];
+  }
+  Settle();
+  return hidden.dtype() == DType::kF32 ? std::move(h) : h.CastTo(hidden.dtype());
+}
+
+absl::StatusOr<Tensor> LayerStack::Prefill(absl::Span<const PrefillChunk> chunks,
+                                           const Tensor& hidden,
+                                           absl::Span<const int64_t> positions) {
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> rows;
+  for (const PrefillChunk& chunk : chunks) {
+    ids.push_back(chunk.sequence);
+    rows.push_back(chunk.num_tokens);
+  }
+  std::vector<PrefillChunk> layer_chunks(chunks.begin(), chunks.end());
+  return Run(ids, rows, hidden,
+             [&](AttentionLayer& layer, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
+               for (size_t i = 0; i < layer_chunks.size(); ++i) {
+                 layer_chunks[i].sequence = layer_ids[i];
+               }
+               return layer.Prefill(layer_chunks, h, positions);
+             });
+}
+
+absl::StatusOr<Tensor> LayerStack::Decode(absl::Span<const SequenceId> sequences,
+                                          const Tensor& hidden,
+                                          absl::Span<const int64_t> positions) {
+  const std::vector<int64_t> rows(sequences.size(), 1);
+  return Run(sequences, rows, hidden,
+             [&](AttentionLayer& layer, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
+               return layer.Decode(layer_ids, h, positions);
+             });
+}
+
+KvPoolUsage LayerStack::PoolUsage() const {
+  KvPoolUsage total = layers_[0]->PoolUsage();
+  total.capacity_pages = 0;
+  total.used_pages = 0;
+  for (const auto& layer : layers_) {
+    const KvPoolUsage usage = layer->PoolUsage();
+    total.capacity_pages += usage.capacity_pages;
+    total.used_pages += usage.used_pages;
+  }
+  return total;
+}
+
+absl::StatusOr<int64_t> LayerStack::SequenceKvBytes(SequenceId sequence) const {
+  absl::StatusOr<const std::vector<SequenceId>*> ids = Find(sequence);
+  if (!ids.ok()) return ids.status();
+  int64_t bytes = 0;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    absl::StatusOr<int64_t> layer_bytes = layers_[k]->SequenceKvBytes((**ids)[k]);
+    if (!layer_bytes.ok()) return layer_bytes.status();
+    bytes += *layer_bytes;
+  }
+  return bytes;
+}
+
+int64_t LayerStack::KvBytesAtLength(int64_t num_tokens) const {
+  int64_t bytes = 0;
+  for (const auto& layer : layers_) bytes += layer->KvBytesAtLength(num_tokens);
+  return bytes;
+}
+
+int64_t LayerStack::ParameterBytes() const {
+  int64_t bytes = 0;
+  for (const auto& layer : layers_) bytes += layer->ParameterBytes();
+  return bytes;
+}
+
+}  // namespace attnserve

@@ -1,0 +1,186 @@
+// The attnserve.v1.AttentionService implementation over the gRPC callback API.
+//
+// Handlers run on gRPC's threads and never block: they validate what is cheap, look the session
+// up, and hand the rest to the session's scheduler (server/session/scheduler.h): decode steps of
+// Decode and DecodeStream join the session's next batch; Forward and Release run as ordered ops
+// on the session's SerialQueue. Configure runs on the Executor. The task finishes the call.
+// GetSession, ListSessions and GetServerInfo only read counters under short mutexes and answer
+// inline.
+#ifndef ATTNSERVE_SERVER_RPC_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_RPC_ATTENTION_SERVICE_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "attnserve/v1/attention_service.grpc.pb.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "server/security/auth.h"
+#include "server/runtime/executor.h"
+#include "server/session/kv_pool.h"
+#include "server/observability/metrics.h"
+#include "server/session/parameter_budget.h"
+#include "server/rpc/request_transfer.h"
+#include "server/server_options.h"
+#include "server/session/registry.h"
+#include "server/runtime/timer_queue.h"
+#include "server/rpc/wire_call.h"
+
+namespace attnserve::server {
+
+// Every method is a raw one: the wire layer (server/rpc/wire_call.h) parses each request itself, so
+// malformed bytes get INVALID_ARGUMENT, and serializes each response.
+using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configure<
+    v1::AttentionService::WithRawCallbackMethod_Forward<
+        v1::AttentionService::WithRawCallbackMethod_Decode<
+            v1::AttentionService::WithRawCallbackMethod_DecodeStream<
+                v1::AttentionService::WithRawCallbackMethod_Release<
+                    v1::AttentionService::WithRawCallbackMethod_GetSession<
+                        v1::AttentionService::WithRawCallbackMethod_ListSessions<
+                            v1::AttentionService::WithRawCallbackMethod_GetServerInfo<
+                                v1::AttentionService::WithRawCallbackMethod_Fork<
+                                    v1::AttentionService::WithRawCallbackMethod_ExportRequest<
+                                        v1::AttentionService::WithRawCallbackMethod_ImportRequest<
+                                            v1::AttentionService::Service>>>>>>>>>>>;
+
+class AttentionServiceImpl final : public RawAttentionService {
+ public:
+  // `backend`, `executor`, `pool`, `registry`, `metrics` and `authenticator` must outlive the
+  // service and its calls. Every call is reported to `metrics` as it finishes (see
+  // docs/metrics.md). Every call is authenticated first (UNAUTHENTICATED ends it); a null
+  // `authenticator` means authentication off (every caller is the admin).
+  AttentionServiceImpl(AttentionBackend* backend, Executor* executor, KvPool* pool,
+                       ParameterBudget* parameters, SessionRegistry* registry, Metrics* metrics,
+                       const ServerLimits& limits, const SchedulerOptions& scheduler = {},
+                       const Authenticator* authenticator = nullptr);
+
+  // The wire: each parses its request (INVALID_ARGUMENT when it does not parse) and hands it to
+  // the typed handler below of the same name.
+  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  // Moving a request between replicas (server/rpc/request_transfer.h).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportRequest(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* ImportRequest(grpc::CallbackServerContext* context,
+                                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+
+  // The name Configure and GetServerInfo report as `replica` (--replica_id, or host:port once the
+  // port is bound; docs/deploy.md). Empty until set.
+  void SetReplica(std::string replica) ABSL_LOCKS_EXCLUDED(replica_mu_);
+
+  // --drain_to (server/fleet/drain.h). Before serving: every session keeps its Configure request
+  // (inline weights included) so that a drain can re-create it on a peer. On SIGTERM:
+  // StartDraining makes every call that would change a session (Configure, Forward, Decode,
+  // DecodeStream, Fork, Release, ExportRequest, ImportRequest) UNAVAILABLE, naming `peer`.
+  void KeepConfigureRequestsForDrain() { keep_configure_requests_ = true; }
+  void StartDraining(std::string peer) ABSL_LOCKS_EXCLUDED(replica_mu_);
+  std::string replica() const ABSL_LOCKS_EXCLUDED(replica_mu_);
+
+ private:
+  class DecodeStreamReactor;
+
+  // A typed handler: finishes `call` exactly once (now or from a task). `caller` is who is calling
+  // (authenticated by Serve): the registry shows it only its own sessions.
+  template <typename Request, typename Response>
+  using Handler = void (AttentionServiceImpl::*)(grpc::CallbackServerContext*,
+                                                 const Principal& caller, const Request&, Response&,
+                                                 UnaryCall*);
+  // Authenticates the caller (UNAUTHENTICATED ends the call), parses `wire_request` and runs
+  // `handler`, or finishes with INVALID_ARGUMENT.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Serve(Rpc rpc, Handler<Request, Response> handler,
+                                  grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* wire_request,
+                                  grpc::ByteBuffer* wire_response);
+
+  void HandleConfigure(grpc::CallbackServerContext* context, const Principal& caller,
+                       const v1::ConfigureRequest& request, v1::ConfigureResponse& response,
+                       UnaryCall* call);
+  void HandleForward(grpc::CallbackServerContext* context, const Principal& caller,
+                     const v1::ForwardRequest& request, v1::ForwardResponse& response,
+                     UnaryCall* call);
+  void HandleDecode(grpc::CallbackServerContext* context, const Principal& caller,
+                    const v1::DecodeRequest& request, v1::DecodeResponse& response,
+                    UnaryCall* call);
+  void HandleRelease(grpc::CallbackServerContext* context, const Principal& caller,
+                     const v1::ReleaseRequest& request, v1::ReleaseResponse& response,
+                     UnaryCall* call);
+  void HandleFork(grpc::CallbackServerContext* context, const Principal& caller,
+                  const v1::ForkRequest& request, v1::ForkResponse& response, UnaryCall* call);
+  void HandleGetSession(grpc::CallbackServerContext* context, const Principal& caller,
+                        const v1::GetSessionRequest& request, v1::GetSessionResponse& response,
+                        UnaryCall* call);
+  void HandleListSessions(grpc::CallbackServerContext* context, const Principal& caller,
+                          const v1::ListSessionsRequest& request,
+                          v1::ListSessionsResponse& response, UnaryCall* call);
+  void HandleGetServerInfo(grpc::CallbackServerContext* context, const Principal& caller,
+                           const v1::GetServerInfoRequest& request,
+                           v1::GetServerInfoResponse& response, UnaryCall* call);
+
+  // Runs on the executor: validates, charges the parameter budget, builds the layer, registers
+  // the session. `variant` receives the spec's metrics label once the spec is valid. Polls
+  // `cancelled` between stages (and while drawing seeded weights): a cancelled call or an expired
+  // deadline abandons the layer and frees what it had taken.
+  // The session belongs to `owner`, within its tenant quotas, and is named `session_id`
+  // (server/fleet/session_affinity.h).
+  absl::Status DoConfigure(const v1::ConfigureRequest& request, v1::ConfigureResponse* response,
+                           std::string* variant, const std::function<bool()>& cancelled,
+                           const Principal& owner, const std::string& session_id);
+  // UNAVAILABLE "replica ... is draining" once StartDraining ran, else OK.
+  grpc::Status DrainingStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
+  // Who is calling (server/security/auth.h).
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
+    return authenticator_ == nullptr ? Principal::Unauthenticated()
+                                     : authenticator_->Authenticate(context);
+  }
+
+  AttentionBackend* const backend_;
+  Executor* const executor_;
+  KvPool* const pool_;
+  ParameterBudget* const parameters_;
+  SessionRegistry* const registry_;
+  Metrics* const metrics_;
+  const ServerLimits limits_;
+  const SchedulerOptions scheduler_options_;
+  const Authenticator* const authenticator_;
+  bool keep_configure_requests_ = false;
+  std::atomic<bool> draining_{false};
+  // What ExportRequest and ImportRequest use of the above.
+  const TransferContext transfer_;
+  mutable absl::Mutex replica_mu_;
+  std::string replica_ ABSL_GUARDED_BY(replica_mu_);
+  std::string drain_peer_ ABSL_GUARDED_BY(replica_mu_);
+  // Wakes sessions whose decode batch waits for max_queue_delay. Declared last: destroyed first,
+  // after the executor has been shut down (server.cc), so no batch task can still arm it.
+  TimerQueue timer_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_RPC_ATTENTION_SERVICE_H_

@@ -1,0 +1,397 @@
+#include "server/rpc/request_transfer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "attnserve/v1/attention_service.pb.h"
+#include "kernels/kv/quantization.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/kv/page_table.h"
+#include "server/session/layer_fingerprint.h"
+#include "server/observability/logging.h"
+#include "server/session/session.h"
+#include "server/rpc/step_codec.h"
+#include "server/rpc/wire_call.h"
+
+namespace attnserve::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Session ids are 32 hex digits; longer ones are refused before they are looked up or echoed.
+constexpr size_t kMaxSessionIdBytes = 64;
+// Room left under the message limit for the framing around one chunk's bytes.
+constexpr int64_t kChunkHeadroomBytes = 1024;
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status CheckId(const std::string& id, absl::string_view field, size_t max_bytes) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+  if (id.size() <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": has ", id.size(), " bytes, at most ", max_bytes, " allowed"));
+}
+
+// Reports one finished transfer call to metrics (and a refusal for KV memory).
+void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
+             Clock::time_point arrival, int64_t compute_ns) {
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  RpcTiming timing;
+  timing.computed = compute_ns > 0;
+  timing.compute_seconds = static_cast<double>(compute_ns) * 1e-9;
+  timing.total_seconds = std::chrono::duration<double>(Clock::now() - arrival).count();
+  metrics.ObserveRpc(rpc, variant, code, timing);
+  if (code == absl::StatusCode::kResourceExhausted &&
+      IsKvExhaustion(absl::Status(code, status.error_message()))) {
+    metrics.CountKvRejection(variant);
+  }
+}
+
+}  // namespace
+
+v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestExport& exported) {
+  v1::ExportedRequest header;
+  header.set_fingerprint(session.fingerprint());
+  header.set_kv_format(KvStorageFormatName(session.kv_storage()));
+  header.set_page_size(static_cast<int32_t>(session.page_size()));
+  header.set_page_bytes(exported.kv.page_bytes);
+  header.set_sequence_length(exported.kv.num_tokens);
+  header.set_last_position(exported.last_position);
+  header.set_first_held_page(exported.kv.first_held_page);
+  header.set_held_pages(exported.kv.page_bytes == 0
+                            ? 0
+                            : static_cast<int64_t>(exported.kv.pages.size()) /
+                                  exported.kv.page_bytes);
+  return header;
+}
+
+namespace {
+
+// FAILED_PRECONDITION naming every way `header` does not fit `session`, or OK.
+absl::Status CheckSameLayer(const v1::ExportedRequest& header, const Session& session) {
+  std::string differs;
+  const auto note = [&differs](absl::string_view what) {
+    absl::StrAppend(&differs, differs.empty() ? "" : "; ", what);
+  };
+  if (header.fingerprint() != session.fingerprint()) {
+    note(absl::StrCat("fingerprint ", HexBytes(header.fingerprint()), " != this session's ",
+                      HexBytes(session.fingerprint()),
+                      " (another layer spec, KV format, page size or weights)"));
+  }
+  const std::string format = KvStorageFormatName(session.kv_storage());
+  if (header.kv_format() != format) {
+    note(absl::StrCat("kv_format '", header.kv_format(), "' != this session's '", format, "'"));
+  }
+  if (header.page_size() != session.page_size()) {
+    note(
+        absl::StrCat("page_size ", header.page_size(), " != this session's ", session.page_size()));
+  }
+  if (header.page_bytes() != session.page_bytes()) {
+    note(absl::StrCat("page_bytes ", header.page_bytes(), " != this session's ",
+                      session.page_bytes()));
+  }
+  if (differs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the request was exported from a session unlike session '", session.id(), "': ", differs));
+}
+
+// ---- ExportRequest -----------------------------------------------------------------------------
+
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
+                const grpc::ByteBuffer* wire_request)
+      : context_(context) {
+    Start(call, wire_request);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Done(grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"));
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Checks the call and posts the copy on the session's queue, or finishes the call.
+  void Start(grpc::CallbackServerContext* call, const grpc::ByteBuffer* wire_request) {
+    if (grpc::Status draining = context_.draining(); !draining.ok()) return Done(draining);
+    absl::StatusOr<Principal> caller = context_.authenticate(*call);
+    if (!caller.ok()) return Done(ToGrpc(caller.status()));
+    if (!ParseMessage(*wire_request, &request_)) {
+      return Done(UnparseableMessage(request_, wire_request->Length()));
+    }
+    absl::Status checked = CheckId(request_.session_id(), "session_id", kMaxSessionIdBytes);
+    if (checked.ok()) checked = CheckId(request_.request_id(), "request_id", kMaxRequestIdBytes);
+    if (!checked.ok()) return Done(ToGrpc(checked));
+    if (request_.max_chunk_bytes() < 0) {
+      return Done(ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+          "max_chunk_bytes = ", request_.max_chunk_bytes(), ", must be >= 0 (0 = server limit)"))));
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        context_.registry->Find(request_.session_id(), *caller);
+    if (!session.ok()) return Done(ToGrpc(session.status()));
+    session_ = *std::move(session);
+    variant_ = VariantLabel(session_->spec());
+    chunk_bytes_ = std::max<int64_t>(1, context_.max_message_bytes - kChunkHeadroomBytes);
+    if (request_.max_chunk_bytes() > 0) {
+      chunk_bytes_ = std::min(chunk_bytes_, request_.max_chunk_bytes());
+    }
+    // In the request's turn on the session's queue: after its earlier steps, before later ones.
+    const bool queued = session_->scheduler().PostOp({request_.request_id()}, [this] {
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<RequestExport> exported =
+          session_->ExportRequest(request_.request_id(), request_.release_after_export());
+      compute_ns_ =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      if (!exported.ok()) return Done(ToGrpc(exported.status()));
+      exported_ = *std::move(exported);
+      SERVER_LOG(INFO, "request %s of session %s exported: %d tokens, %d page bytes%s",
+                 request_.request_id(), session_->id(), exported_.kv.num_tokens,
+                 exported_.kv.pages.size(), request_.release_after_export() ? ", released" : "");
+      WriteNext();
+    });
+    if (!queued) Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+  }
+
+  // The header first, then the page bytes in chunks; OK after the last.
+  void WriteNext() {
+    v1::ExportRequestResponse message;
+    if (!header_sent_) {
+      *message.mutable_header() = ExportedRequestHeader(*session_, exported_);
+      header_sent_ = true;
+    } else if (offset_ < exported_.kv.pages.size()) {
+      const size_t n =
+          std::min(exported_.kv.pages.size() - offset_, static_cast<size_t>(chunk_bytes_));
+      message.mutable_pages()->set_data(exported_.kv.pages.substr(offset_, n));
+      offset_ += n;
+    } else {
+      return Done(grpc::Status::OK);
+    }
+    grpc::Status serialized = SerializeMessage(message, context_.max_message_bytes, &wire_);
+    if (!serialized.ok()) return Done(std::move(serialized));
+    StartWrite(&wire_);
+  }
+
+  void Done(grpc::Status status) {
+    Observe(*context_.metrics, Rpc::kExportRequest, variant_, status, arrival_, compute_ns_);
+    Finish(std::move(status));
+  }
+
+  const TransferContext& context_;
+  const Clock::time_point arrival_ = Clock::now();
+  int64_t compute_ns_ = 0;
+  std::string variant_ = kNoVariant;
+  v1::ExportRequestRequest request_;
+  std::shared_ptr<Session> session_;
+  int64_t chunk_bytes_ = 0;
+  RequestExport exported_;
+  bool header_sent_ = false;
+  size_t offset_ = 0;
+  grpc::ByteBuffer wire_;
+};
+
+// ---- ImportRequest -----------------------------------------------------------------------------
+
+class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ImportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
+                grpc::ByteBuffer* wire_response)
+      : context_(context), call_(call), wire_response_(wire_response) {
+    if (grpc::Status draining = context_.draining(); !draining.ok()) {
+      Done(std::move(draining));
+      return;
+    }
+    absl::StatusOr<Principal> caller = context_.authenticate(*call);
+    if (!caller.ok()) {
+      Done(ToGrpc(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
+    StartRead(&wire_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed (all bytes sent) or the call broke.
+      if (call_->IsCancelled()) {
+        return Done(grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled"));
+      }
+      if (session_ == nullptr) {
+        return Done(ToGrpc(absl::InvalidArgumentError(
+            "the stream ended before its header (the first ImportRequestRequest)")));
+      }
+      if (static_cast<int64_t>(exported_.kv.pages.size()) != expected_bytes_) {
+        return Done(ToGrpc(absl::InvalidArgumentError(
+            absl::StrCat("pages: received ", exported_.kv.pages.size(), " bytes, expected ",
+                         expected_bytes_, " (held_pages * page_bytes)"))));
+      }
+      return Commit();
+    }
+    v1::ImportRequestRequest message;
+    if (!ParseMessage(wire_, &message)) return Done(UnparseableMessage(message, wire_.Length()));
+    wire_.Clear();
+    if (session_ == nullptr) {
+      if (!message.has_header()) {
+        return Done(ToGrpc(absl::InvalidArgumentError(
+            "the first ImportRequestRequest must carry the header, not page bytes")));
+      }
+      if (absl::Status s = TakeHeader(message.header()); !s.ok()) return Done(ToGrpc(s));
+    } else {
+      if (!message.has_pages()) {
+        return Done(ToGrpc(absl::InvalidArgumentError(
+            "after the header, every ImportRequestRequest must carry page bytes")));
+      }
+      const std::string& data = message.pages().data();
+      if (static_cast<int64_t>(exported_.kv.pages.size() + data.size()) > expected_bytes_) {
+        return Done(ToGrpc(absl::InvalidArgumentError(
+            absl::StrCat("pages: more than the ", expected_bytes_,
+                         " bytes the header announced (held_pages * page_bytes)"))));
+      }
+      exported_.kv.pages.append(data);
+    }
+    StartRead(&wire_);
+  }
+
+  void OnDone() override {
+    ReleaseReservation();  // Whatever ended the call.
+    delete this;
+  }
+
+ private:
+  // Checks the header against the target session and reserves the pool bytes of its pages.
+  absl::Status TakeHeader(const v1::ImportRequestHeader& header) {
+    if (absl::Status s = CheckId(header.session_id(), "header.session_id", kMaxSessionIdBytes);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckId(header.request_id(), "header.request_id", kMaxRequestIdBytes);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        context_.registry->Find(header.session_id(), caller_);
+    if (!session.ok()) return session.status();
+    const v1::ExportedRequest& request = header.request();
+    if (absl::Status s = CheckSameLayer(request, **session); !s.ok()) return s;
+    const int64_t length = request.sequence_length();
+    if (length < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.request.sequence_length = ", length, ", must be >= 1"));
+    }
+    if (length > (*session)->limits().max_sequence_length) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "header.request.sequence_length = ", length, " passes session '", (*session)->id(),
+          "''s max_sequence_length (", (*session)->limits().max_sequence_length, ")"));
+    }
+    const int64_t pages = PagesForTokens(length, static_cast<int>(request.page_size()));
+    if (request.first_held_page() < 0 || request.first_held_page() > pages ||
+        request.held_pages() != pages - request.first_held_page()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.request: first_held_page = ", request.first_held_page(), " and held_pages = ",
+          request.held_pages(), " do not fit ", length, " tokens in pages of ", request.page_size(),
+          " (", pages, " pages: held_pages = pages - first_held_page)"));
+    }
+    if ((*session)->HasRequest(header.request_id())) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("header.request_id: request '", header.request_id(),
+                       "' already exists in session '", (*session)->id(), "'"));
+    }
+    const int64_t bytes = request.held_pages() * request.page_bytes();
+    KvMemoryBudget* budget = (*session)->kv_budget().get();
+    if (budget != nullptr && bytes > 0) {
+      if (!budget->TryCharge(bytes)) {
+        return KvBudgetExhaustedError(*budget, bytes, request.held_pages(), request.page_size(),
+                                      "this import");
+      }
+      reserved_bytes_ = bytes;
+    }
+    session_ = *std::move(session);
+    variant_ = VariantLabel(session_->spec());
+    request_id_ = header.request_id();
+    expected_bytes_ = bytes;
+    exported_.kv.num_tokens = length;
+    exported_.kv.first_held_page = request.first_held_page();
+    exported_.kv.page_bytes = request.page_bytes();
+    exported_.kv.pages.reserve(static_cast<size_t>(bytes));
+    exported_.last_position = request.last_position();
+    return absl::OkStatus();
+  }
+
+  // Every byte is here: create the request in its turn on the session's queue.
+  void Commit() {
+    const bool queued = session_->scheduler().PostOp({request_id_}, [this] {
+      const Clock::time_point start = Clock::now();
+      // Handed from the reservation to the layer, which charges the same bytes for its pages.
+      ReleaseReservation();
+      absl::StatusOr<ImportOutcome> imported = session_->ImportRequest(request_id_, exported_);
+      compute_ns_ =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      if (!imported.ok()) return Done(ToGrpc(imported.status()));
+      v1::ImportRequestResponse response;
+      response.set_request_id(request_id_);
+      response.set_sequence_length(imported->sequence_length);
+      response.set_kv_bytes_added(imported->kv_bytes_added);
+      v1::Timing* timing = response.mutable_timing();
+      timing->set_compute_ns(compute_ns_);
+      timing->set_queue_ns(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(start - arrival_).count());
+      timing->set_total_ns(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - arrival_).count());
+      SERVER_LOG(INFO, "request %s imported into session %s: %d tokens, %d page bytes", request_id_,
+                 session_->id(), imported->sequence_length, expected_bytes_);
+      exported_ = RequestExport();  // The layer holds its own copy now.
+      Done(SerializeMessage(response, context_.max_message_bytes, wire_response_));
+    });
+    if (!queued) Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+  }
+
+  void ReleaseReservation() {
+    if (reserved_bytes_ > 0) session_->kv_budget()->Release(reserved_bytes_);
+    reserved_bytes_ = 0;
+  }
+
+  void Done(grpc::Status status) {
+    ReleaseReservation();
+    Observe(*context_.metrics, Rpc::kImportRequest, variant_, status, arrival_, compute_ns_);
+    Finish(std::move(status));
+  }
+
+  const TransferContext& context_;
+  grpc::CallbackServerContext* const call_;
+  grpc::ByteBuffer* const wire_response_;
+  const Clock::time_point arrival_ = Clock::now();
+  int64_t compute_ns_ = 0;
+  Principal caller_;
+  std::string variant_ = kNoVariant;
+  grpc::ByteBuffer wire_;
+  std::shared_ptr<Session> session_;  // Set by the header.
+  std::string request_id_;
+  int64_t expected_bytes_ = 0;
+  int64_t reserved_bytes_ = 0;  // Pool bytes held for the pages while they arrive.
+  RequestExport exported_;      // The header's numbers, and the page bytes as they arrive.
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartExportRequest(const TransferContext& context,
+                                                               grpc::CallbackServerContext* call,
+                                                               const grpc::ByteBuffer* request) {
+  return new ExportReactor(context, call, request);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* StartImportRequest(const TransferContext& context,
+                                                              grpc::CallbackServerContext* call,
+                                                              grpc::ByteBuffer* response) {
+  return new ImportReactor(context, call, response);
+}
+
+}  // namespace attnserve::server

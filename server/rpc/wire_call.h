@@ -1,0 +1,75 @@
+// The bytes edge of every RPC: requests arrive as raw gRPC ByteBuffers and responses leave as
+// ones, so that the service, not gRPC's generated code, decides what a malformed message means.
+//
+// gRPC's typed handlers answer a request that does not parse with UNIMPLEMENTED or INTERNAL
+// ("Message deserialization failed"), and a stream whose next message does not parse simply ends,
+// with OK. Parsing here turns both into INVALID_ARGUMENT naming the message type, as docs/api.md
+// promises, and lets a response be size-checked before it is sent.
+#ifndef ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
+#define ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+
+namespace attnserve::server {
+
+// Parses `buffer` into `message` (cleared first). False when the bytes are not a valid encoding
+// of the message's type (including invalid UTF-8 in a string field).
+bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message);
+
+// INVALID_ARGUMENT: "request is not a valid attnserve.v1.X (N bytes could not be parsed)".
+grpc::Status UnparseableMessage(const google::protobuf::Message& message, size_t num_bytes);
+
+// Serializes `message` into `buffer`. RESOURCE_EXHAUSTED (and `buffer` untouched) when it is
+// larger than `max_bytes`.
+grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t max_bytes,
+                              grpc::ByteBuffer* buffer);
+
+// How the typed handlers finish a unary call, whatever carries it.
+class UnaryCall {
+ public:
+  virtual ~UnaryCall() = default;
+  // Ends the call with `status`; on OK the response is sent first. Called exactly once; the call
+  // (and its request and response) may be gone when it returns.
+  virtual void Finish(grpc::Status status) = 0;
+};
+
+// One unary call carried as bytes: owns the typed request and response for the call's life.
+// Created per call; deletes itself in Finish.
+template <typename Request, typename Response>
+class UnaryExchange final : public UnaryCall {
+ public:
+  UnaryExchange(grpc::CallbackServerContext* context, grpc::ByteBuffer* wire_response,
+                int64_t max_message_bytes)
+      : reactor_(context->DefaultReactor()),
+        wire_response_(wire_response),
+        max_message_bytes_(max_message_bytes) {}
+
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  Request& request() { return request_; }
+  Response& response() { return response_; }
+
+  void Finish(grpc::Status status) override {
+    if (status.ok()) status = SerializeMessage(response_, max_message_bytes_, wire_response_);
+    grpc::ServerUnaryReactor* reactor = reactor_;
+    delete this;
+    reactor->Finish(std::move(status));
+  }
+
+ private:
+  grpc::ServerUnaryReactor* const reactor_;
+  grpc::ByteBuffer* const wire_response_;
+  const int64_t max_message_bytes_;
+  Request request_;
+  Response response_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_RPC_WIRE_CALL_H_

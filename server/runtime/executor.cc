@@ -1,0 +1,52 @@
+#include "server/runtime/executor.h"
+
+#include <utility>
+
+namespace attnserve::server {
+
+Executor::Executor(int num_threads) {
+  if (num_threads < 1) num_threads = 1;
+  threads_.reserve(static_cast<size_t>(num_threads));
+  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+Executor::~Executor() { Shutdown(); }
+
+bool Executor::Submit(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  tasks_.push_back(std::move(task));
+  return true;
+}
+
+void Executor::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ && threads_.empty()) return;
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+void Executor::WorkerLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](Executor* e)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu_) { return e->stopping_ || !e->tasks_.empty(); },
+          this));
+      // Drain before exiting: a queued task may be the one that finishes a gRPC call.
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,69 @@
+// Bearer-token authentication: maps the `authorization: Bearer <token>` metadata of a call to the
+// tenant that owns the token, from a file of token hashes (--auth_tokens).
+//
+// The token file holds one token per line:
+//
+//   # comment lines and blank lines are ignored
+//   <sha256 of the token, 64 hex digits> <tenant> [admin]
+//
+// e.g. the line for token "s3cret" of tenant "alice" is the output of
+//   printf %s s3cret | sha256sum | sed 's/ .*/ alice/'
+// Tenant names are 1-64 characters of [A-Za-z0-9_.-]; one tenant may have several tokens (all
+// with the same admin marking). The third column `admin` marks a token whose holder sees every
+// tenant's sessions and is exempt from the tenant quotas.
+//
+// Only hashes are stored, so the file (or a memory dump) does not reveal usable tokens. A presented
+// token is hashed with SHA-256 and compared against every entry in constant time (no early exit,
+// CRYPTO_memcmp), so the time taken does not reveal how much of a guess matched, or which entry.
+#ifndef ATTNSERVE_SERVER_SECURITY_AUTH_H_
+#define ATTNSERVE_SERVER_SECURITY_AUTH_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/server_context.h"
+#include "server/security/principal.h"
+
+namespace attnserve::server {
+
+class Authenticator {
+ public:
+  // Authentication off: every call is Principal::Unauthenticated().
+  Authenticator() = default;
+
+  // Reads a token file (format above). INVALID_ARGUMENT naming --auth_tokens, the file and the
+  // line for an unreadable file, a malformed line, a duplicate hash, conflicting admin markings of
+  // one tenant, or a file without tokens (all configuration errors, reported at startup).
+  static absl::StatusOr<Authenticator> FromFile(const std::string& path);
+  // The same from the file's contents; `source` names it in errors.
+  static absl::StatusOr<Authenticator> FromText(absl::string_view text, absl::string_view source);
+
+  bool enabled() const { return enabled_; }
+  // Number of tokens in the table.
+  int size() const { return static_cast<int>(entries_.size()); }
+
+  // The caller of a call, from its `authorization` metadata. UNAUTHENTICATED (the same message
+  // whether the token is unknown or malformed, and never echoing it) when authentication is on and
+  // the metadata is missing, not "Bearer <token>", or the token is not in the table.
+  absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const;
+  // The same for a token itself (the part after "Bearer ").
+  absl::StatusOr<Principal> AuthenticateToken(absl::string_view token) const;
+
+ private:
+  using Sha256 = std::array<uint8_t, 32>;
+  struct Entry {
+    Sha256 hash;
+    Principal principal;
+  };
+
+  bool enabled_ = false;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SECURITY_AUTH_H_

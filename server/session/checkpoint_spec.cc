@@ -1,0 +1,102 @@
+#include "server/session/checkpoint_spec.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/base/clip_for_message.h"
+#include "kernels/model/hf_config.h"
+#include "kernels/base/path_confinement.h"
+#include "kernels/base/regular_file.h"
+#include "proto/codec/spec_codec.h"
+
+namespace attnserve::server {
+namespace {
+
+// Real configs are a few KiB; anything far larger is not one.
+constexpr uint64_t kMaxConfigBytes = 1 << 20;
+
+// The text of the checkpoint's config.json; nullopt when there is none to read: no checkpoint, no
+// root, a path that does not resolve inside the root (the weights loader gives that its one
+// NOT_FOUND answer), or no config.json beside the weights.
+absl::StatusOr<std::optional<std::string>> ReadCheckpointConfig(
+    const v1::WeightSource& weights, const std::string& checkpoint_root) {
+  if (weights.source_case() != v1::WeightSource::kCheckpoint || checkpoint_root.empty()) {
+    return std::nullopt;
+  }
+  const std::optional<std::string> resolved =
+      ResolveInsideRoot(checkpoint_root, weights.checkpoint().path());
+  if (!resolved.has_value()) return std::nullopt;
+  struct stat info;
+  if (stat(resolved->c_str(), &info) != 0) return std::nullopt;
+  const std::string directory = S_ISDIR(info.st_mode)
+                                    ? *resolved
+                                    : resolved->substr(0, resolved->find_last_of('/') + 1);
+  const std::string candidate = absl::StrCat(directory, "/config.json");
+  if (stat(candidate.c_str(), &info) != 0 && errno == ENOENT) return std::nullopt;
+  // It exists: from here on every failure is an error, never a silent fallback.
+  const std::optional<std::string> config_path = ResolveInsideRoot(checkpoint_root, candidate);
+  const absl::Status unreadable = absl::NotFoundError(
+      absl::StrCat("weights.checkpoint: the checkpoint's config.json ('",
+                   ClipForMessage(weights.checkpoint().path()),
+                   "'/config.json) is not a readable file under the server's checkpoint root"));
+  if (!config_path.has_value()) return unreadable;
+  absl::StatusOr<OpenedFile> file = OpenRegularFile(*config_path, FinalSymlink::kRefuse);
+  if (!file.ok()) return unreadable;
+  if (file->size > kMaxConfigBytes) {
+    close(file->fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights.checkpoint: config.json has ", file->size, " bytes, more than a config (at most ",
+        kMaxConfigBytes, ")"));
+  }
+  std::string text(file->size, '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = read(file->fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  close(file->fd);
+  if (done != text.size()) return unreadable;
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
+                                               const std::string& checkpoint_root) {
+  absl::StatusOr<std::optional<std::string>> config =
+      ReadCheckpointConfig(request.weights(), checkpoint_root);
+  if (!config.ok()) return config.status();
+  if (!config->has_value()) {
+    if (!request.has_spec()) {
+      return absl::InvalidArgumentError(
+          "spec: required (only a checkpoint directory with a config.json can supply it)");
+    }
+    return LayerSpecFromProto(request.spec());
+  }
+  const int layer_index = request.weights().checkpoint().layer_index();
+  absl::StatusOr<LayerSpec> from_config = LayerSpecFromHfConfig(**config, layer_index);
+  if (!from_config.ok()) {
+    return absl::Status(from_config.status().code(),
+                        absl::StrCat("weights.checkpoint: ", from_config.status().message()));
+  }
+  if (!request.has_spec()) return from_config;
+  absl::StatusOr<LayerSpec> stated = LayerSpecFromProto(request.spec());
+  if (!stated.ok()) return stated.status();
+  if (const std::string difference = LayerSpecDifference(*stated, *from_config);
+      !difference.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec contradicts the checkpoint's config.json for layer ", layer_index, ": ", difference,
+        " (spec vs config.json); leave spec unset to take it from config.json"));
+  }
+  return stated;
+}
+
+}  // namespace attnserve::server

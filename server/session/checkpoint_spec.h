@@ -1,0 +1,32 @@
+// The layer spec of a Configure request: the one it states, the one its checkpoint's config.json
+// states, or both when they agree.
+//
+// A Hugging Face checkpoint directory carries config.json beside its weights; that file, read by
+// kernels/model/hf_config.h for the requested layer, is the authority on what the layer computes:
+//   - spec unset, checkpoint with config.json:  the spec is read from config.json;
+//   - spec set, checkpoint with config.json:    both must describe the same layer, else
+//                                               INVALID_ARGUMENT naming the first field that
+//                                               differs ("sliding_window: 4096 vs 0");
+//   - spec set, no config.json (a bare .safetensors file, or no checkpoint): the spec as stated;
+//   - spec unset, no config.json:               INVALID_ARGUMENT (spec required).
+// config.json is looked up in the checkpoint directory, or beside a checkpoint file, and read
+// under the same confinement as the weights (--checkpoint_root, symlinks resolved, regular files
+// only). A config.json that cannot be read or is refused by hf_config.h fails the Configure: its
+// contents are never skipped.
+#ifndef ATTNSERVE_SERVER_SESSION_CHECKPOINT_SPEC_H_
+#define ATTNSERVE_SERVER_SESSION_CHECKPOINT_SPEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention_service.pb.h"
+#include "kernels/spec/layer_spec.h"
+
+namespace attnserve::server {
+
+absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
+                                               const std::string& checkpoint_root);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SESSION_CHECKPOINT_SPEC_H_

@@ -1,0 +1,384 @@
+#include "server/session/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "server/session/session.h"
+
+namespace attnserve::server {
+
+namespace {
+
+int64_t NanosBetween(SchedulerClock::time_point from, SchedulerClock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
+}
+
+absl::Status ShuttingDownError() { return absl::UnavailableError("the server is shutting down"); }
+
+void RaiseMax(std::atomic<int64_t>& max, int64_t value) {
+  int64_t seen = max.load(std::memory_order_relaxed);
+  while (value > seen && !max.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+SessionScheduler::SessionScheduler(Session* session, SchedulerContext context)
+    : session_(session), context_(std::move(context)) {}
+
+void SessionScheduler::Complete(std::vector<Completion>& completions) {
+  for (auto& [call, status] : completions) call->done(status, StepTiming{});
+  completions.clear();
+}
+
+void SessionScheduler::SubmitDecode(std::unique_ptr<DecodeCall> call) {
+  std::vector<Completion> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back({next_ticket_++, std::move(call)});
+    if (state_ == State::kIdle) {
+      state_ = State::kPosted;
+      PostBatchTaskLocked(&failed);
+    } else if (state_ == State::kWaiting) {
+      // Waiting for more steps: launch now once as many wait as the batch would take anyway.
+      const int64_t enough =
+          std::min<int64_t>(context_.options.max_batch_size, std::max<int64_t>(1, expected_steps_));
+      if (static_cast<int64_t>(pending_.size()) >= enough) {
+        state_ = State::kPosted;
+        ++timer_generation_;  // The armed timer finds itself stale.
+        PostBatchTaskLocked(&failed);
+      }
+    }
+  }
+  Complete(failed);
+}
+
+void SessionScheduler::PostBatchTaskLocked(std::vector<Completion>* failed) {
+  std::shared_ptr<Session> keep = session_->shared_from_this();
+  if (session_->queue().Post([this, keep] { BatchTask(); })) return;
+  state_ = State::kIdle;
+  for (Pending& p : pending_) failed->emplace_back(std::move(p.call), ShuttingDownError());
+  pending_.clear();
+}
+
+bool SessionScheduler::PostOp(std::vector<std::string> request_ids, std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ticket = next_ticket_++;
+  ops_.emplace(ticket, std::move(request_ids));
+  std::shared_ptr<Session> keep = session_->shared_from_this();
+  const bool posted = session_->queue().Post([this, keep, ticket, task = std::move(task)] {
+    FlushBefore(ticket);
+    task();
+    std::vector<Completion> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      ops_.erase(ticket);
+      // Steps this op held back may run now.
+      if (state_ == State::kIdle && !pending_.empty()) {
+        state_ = State::kPosted;
+        PostBatchTaskLocked(&failed);
+      }
+    }
+    Complete(failed);
+  });
+  if (!posted) ops_.erase(ticket);
+  return posted;
+}
+
+bool SessionScheduler::BlockedByOpLocked(const std::string& request_id, uint64_t ticket) const {
+  for (const auto& [op_ticket, ids] : ops_) {
+    if (op_ticket >= ticket) break;
+    if (ids.empty() || std::find(ids.begin(), ids.end(), request_id) != ids.end()) return true;
+  }
+  return false;
+}
+
+SessionScheduler::Selection SessionScheduler::SelectLocked(uint64_t before,
+                                                           std::vector<Completion>* cancelled) {
+  Selection s;
+  absl::flat_hash_set<std::string> in_batch;
+  absl::flat_hash_set<std::string> held;  // Requests with an earlier step not in this batch.
+  bool have_dtype = false;
+  DType dtype = DType::kF32;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    if (p.ticket >= before) break;
+    if (p.call == nullptr) continue;
+    if (p.call->is_cancelled && p.call->is_cancelled()) {
+      cancelled->emplace_back(std::move(p.call), absl::CancelledError("call cancelled"));
+      continue;
+    }
+    const std::vector<StepInput>& inputs = p.call->inputs;
+    bool blocked = have_dtype && inputs[0].hidden.dtype() != dtype;
+    for (const StepInput& in : inputs) {
+      blocked = blocked || in_batch.contains(in.request_id) || held.contains(in.request_id) ||
+                BlockedByOpLocked(in.request_id, p.ticket);
+    }
+    int64_t context = 0;
+    for (const StepInput& in : inputs) context += session_->RequestLength(in.request_id) + 1;
+    const int64_t steps = static_cast<int64_t>(inputs.size());
+    if (!blocked && !s.taken.empty() &&
+        (s.steps + steps > context_.options.max_batch_size ||
+         s.context_tokens + context > context_.options.max_batch_tokens)) {
+      s.full = true;
+      blocked = true;
+    }
+    if (blocked) {
+      for (const StepInput& in : inputs) held.insert(in.request_id);
+      if (s.full) break;  // First come, first served: nothing overtakes a call left out for room.
+      continue;
+    }
+    if (s.taken.empty()) {
+      s.oldest = p.call->arrival;
+      dtype = inputs[0].hidden.dtype();
+      have_dtype = true;
+    }
+    s.oldest = std::min(s.oldest, p.call->arrival);
+    s.taken.push_back(i);
+    s.steps += steps;
+    s.context_tokens += context;
+    for (const StepInput& in : inputs) in_batch.insert(in.request_id);
+  }
+  // Drop the entries cancelled calls left behind (after the loop: indexes stay valid).
+  if (!cancelled->empty()) {
+    std::deque<Pending> kept;
+    std::vector<size_t> taken;
+    for (size_t i = 0, t = 0; i < pending_.size(); ++i) {
+      const bool is_taken = t < s.taken.size() && s.taken[t] == i;
+      if (is_taken) ++t;
+      if (pending_[i].call == nullptr) continue;
+      if (is_taken) taken.push_back(kept.size());
+      kept.push_back(std::move(pending_[i]));
+    }
+    pending_ = std::move(kept);
+    s.taken = std::move(taken);
+  }
+  return s;
+}
+
+std::vector<std::unique_ptr<DecodeCall>> SessionScheduler::TakeLocked(const Selection& selection) {
+  std::vector<std::unique_ptr<DecodeCall>> calls;
+  for (size_t i : selection.taken) calls.push_back(std::move(pending_[i].call));
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [](const Pending& p) { return p.call == nullptr; }),
+                 pending_.end());
+  return calls;
+}
+
+void SessionScheduler::BatchTask() {
+  std::vector<Completion> done;
+  std::vector<std::unique_ptr<DecodeCall>> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    Selection s = SelectLocked(UINT64_MAX, &done);
+    if (s.taken.empty()) {
+      // Nothing may run now (or everything was cancelled): the op holding steps back reposts.
+      state_ = State::kIdle;
+    } else {
+      const SchedulerClock::time_point now = SchedulerClock::now();
+      const SchedulerOptions& o = context_.options;
+      const bool ready = s.full || s.steps >= o.max_batch_size ||
+                         s.context_tokens >= o.max_batch_tokens || s.steps >= expected_steps_ ||
+                         now - s.oldest >= absl::ToChronoNanoseconds(o.max_queue_delay) ||
+                         context_.timer == nullptr;
+      if (!ready) {
+        state_ = State::kWaiting;
+        const uint64_t generation = ++timer_generation_;
+        const absl::Time deadline =
+            absl::Now() + absl::Nanoseconds(NanosBetween(now, s.oldest)) + o.max_queue_delay;
+        std::shared_ptr<Session> keep = session_->shared_from_this();
+        context_.timer->Schedule(deadline, [this, keep, generation] { OnTimer(generation); });
+      } else {
+        batch = TakeLocked(s);
+        expected_steps_ = s.steps;
+      }
+    }
+  }
+  Complete(done);
+  if (batch.empty()) return;
+  Execute(std::move(batch));
+  std::vector<Completion> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_.empty()) {
+      state_ = State::kIdle;
+    } else {
+      // Another turn on the queue (state stays kPosted): other work of the session and other
+      // sessions get the executor in between.
+      PostBatchTaskLocked(&failed);
+    }
+  }
+  Complete(failed);
+}
+
+void SessionScheduler::OnTimer(uint64_t generation) {
+  std::vector<Completion> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kWaiting || generation != timer_generation_) return;
+    state_ = State::kPosted;
+    PostBatchTaskLocked(&failed);
+  }
+  Complete(failed);
+}
+
+void SessionScheduler::RunBatchNow() {
+  std::vector<Completion> done;
+  std::vector<std::unique_ptr<DecodeCall>> batch;
+  {
+    absl::MutexLock lock(&mu_);
+    batch = TakeLocked(SelectLocked(UINT64_MAX, &done));
+  }
+  Complete(done);
+  if (!batch.empty()) Execute(std::move(batch));
+}
+
+void SessionScheduler::FlushBefore(uint64_t ticket) {
+  while (true) {
+    std::vector<Completion> done;
+    std::vector<std::unique_ptr<DecodeCall>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      batch = TakeLocked(SelectLocked(ticket, &done));
+    }
+    Complete(done);
+    if (batch.empty()) return;
+    Execute(std::move(batch));
+  }
+}
+
+void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
+  const SchedulerClock::time_point start = SchedulerClock::now();
+  BatchStats stats;
+  stats.decode = true;
+  // Plan each call against the requests' state; an invalid call fails alone.
+  std::vector<StepPlan> plans;
+  std::vector<std::unique_ptr<DecodeCall>> planned;
+  plans.reserve(calls.size());
+  for (std::unique_ptr<DecodeCall>& call : calls) {
+    stats.queue_wait_ns.push_back(NanosBetween(call->arrival, start));
+    for (const StepInput& in : call->inputs) {
+      stats.context_tokens += session_->RequestLength(in.request_id) + 1;
+    }
+    absl::StatusOr<StepPlan> plan =
+        session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id);
+    if (!plan.ok()) {
+      call->done(plan.status(), StepTiming{NanosBetween(call->arrival, start), 0, 0});
+      continue;
+    }
+    if (plan->replay) {  // A retry of a call already applied: answered, nothing runs.
+      call->done(std::move(plan->replayed), StepTiming{NanosBetween(call->arrival, start), 0, 0});
+      continue;
+    }
+    plans.push_back(*std::move(plan));
+    planned.push_back(std::move(call));
+  }
+  if (planned.empty()) return;
+
+  std::vector<StepPlan*> pointers;
+  int64_t steps = 0;
+  for (StepPlan& plan : plans) {
+    pointers.push_back(&plan);
+    steps += static_cast<int64_t>(plan.inputs.size());
+  }
+  std::vector<std::vector<StepOutput>> outputs;
+  int64_t compute_ns = 0;
+  absl::Status status = session_->RunDecode(pointers, &compute_ns, &outputs);
+  stats.size = stats.tokens = steps;
+  stats.calls = static_cast<int64_t>(planned.size());
+  stats.compute_ns = compute_ns;
+  if (status.ok()) {
+    for (size_t i = 0; i < planned.size(); ++i) {
+      planned[i]->done(std::move(outputs[i]), StepTiming{NanosBetween(planned[i]->arrival, start),
+                                                         compute_ns, static_cast<int>(steps)});
+    }
+  } else if (planned.size() == 1) {
+    planned[0]->done(status, StepTiming{NanosBetween(planned[0]->arrival, start), compute_ns,
+                                        static_cast<int>(steps)});
+  } else {
+    // The engine is all-or-nothing, so nothing changed: run each call alone and let only the
+    // calls that cannot run (e.g. whose pages do not fit) fail.
+    stats.retried_alone = true;
+    retried_alone_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < planned.size(); ++i) {
+      const SchedulerClock::time_point retry = SchedulerClock::now();
+      StepPlan* one[] = {&plans[i]};
+      int64_t one_ns = 0;
+      absl::Status s = session_->RunDecode(one, &one_ns, &outputs);
+      stats.compute_ns += one_ns;
+      const StepTiming timing{NanosBetween(planned[i]->arrival, retry), one_ns,
+                              static_cast<int>(plans[i].inputs.size())};
+      if (s.ok()) {
+        planned[i]->done(std::move(outputs[0]), timing);
+      } else {
+        planned[i]->done(s, timing);
+      }
+    }
+  }
+  decode_batches_.fetch_add(1, std::memory_order_relaxed);
+  decode_steps_.fetch_add(steps, std::memory_order_relaxed);
+  RaiseMax(max_decode_batch_, steps);
+  if (context_.observer) context_.observer(*session_, stats);
+}
+
+void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
+  // Shared: PostOp takes a copyable task.
+  std::shared_ptr<ForwardCall> forward = std::move(call);
+  std::vector<std::string> request_ids = forward->request_ids;
+  if (!PostOp(std::move(request_ids), [this, forward] { RunForward(*forward); })) {
+    StepTiming never;
+    never.reached_turn = false;
+    forward->done(ShuttingDownError(), never);
+  }
+}
+
+void SessionScheduler::RunForward(ForwardCall& call) {
+  // A call cancelled while queued is dropped before it changes any request.
+  if (call.is_cancelled && call.is_cancelled()) {
+    StepTiming never;
+    never.reached_turn = false;
+    call.done(absl::CancelledError("call cancelled"), never);
+    return;
+  }
+  StepTiming timing;
+  timing.queue_ns = NanosBetween(call.arrival, SchedulerClock::now());
+  absl::StatusOr<std::vector<StepInput>> inputs = call.read_inputs();
+  if (!inputs.ok()) return call.done(inputs.status(), timing);
+  BatchStats stats;
+  stats.decode = false;
+  stats.size = stats.calls = static_cast<int64_t>(inputs->size());
+  for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
+  timing.batch_size = static_cast<int>(stats.size);
+  absl::StatusOr<StepPlan> plan =
+      session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
+  if (!plan.ok()) return call.done(plan.status(), timing);
+  if (plan->replay) return call.done(std::move(plan->replayed), timing);  // Already applied.
+  // Long prompts run in chunks; one batch of the session's waiting decode steps runs between two
+  // chunks, so neither starves the other.
+  int chunks = 0;
+  absl::StatusOr<std::vector<StepOutput>> outputs =
+      session_->RunPrefill(*std::move(plan), context_.options.prefill_chunk_tokens,
+                           [this] { RunBatchNow(); }, &timing.compute_ns, &chunks);
+  if (outputs.ok()) {
+    stats.chunks = chunks;
+    stats.compute_ns = timing.compute_ns;
+    prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
+    if (context_.observer) context_.observer(*session_, stats);
+  }
+  call.done(std::move(outputs), timing);
+}
+
+SchedulerCounters SessionScheduler::counters() const {
+  SchedulerCounters c;
+  c.decode_batches = decode_batches_.load(std::memory_order_relaxed);
+  c.decode_steps = decode_steps_.load(std::memory_order_relaxed);
+  c.max_decode_batch = max_decode_batch_.load(std::memory_order_relaxed);
+  c.prefill_chunks = prefill_chunks_.load(std::memory_order_relaxed);
+  c.batches_retried_alone = retried_alone_.load(std::memory_order_relaxed);
+  return c;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,204 @@
+// The per-session scheduler: continuous batching of decode steps and ordering against the other
+// work of the session (Forward with chunked prefill, Release).
+//
+// Every decode step of a session, whatever call or stream it came from, waits in one list here.
+// A batch (one engine Decode call) takes waiting calls in arrival order, at most one step per
+// request (a request's next step waits for the next batch, so its order is kept) and a multi-item
+// Decode call whole (it stays all-or-nothing). A batch launches on the session's SerialQueue when
+//   - it is full: max_batch_size steps, or max_batch_tokens context tokens; or
+//   - its oldest step has waited max_queue_delay; or
+//   - as many steps wait as the previous batch held (the streams of that batch are all back, and
+//     a lone client never waits).
+// Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Both roads into the engine start
+// here: SubmitDecode for decode steps, SubmitForward for a Forward. A Forward, like the session's
+// other work (Release), is an op (PostOp): it runs after every step that arrived before it (they
+// are flushed first), and steps of its requests that arrive after it wait until it is done. It
+// runs as engine Prefill calls of at most prefill_chunk_tokens rows with one decode batch
+// (RunBatchNow) between two chunks, so decodes and prefill alternate.
+//
+// Failures stay with the calls they concern: a call whose plan is invalid (unknown request,
+// position, length) fails alone before the batch runs; a cancelled call leaves the list before it
+// runs; and when the engine rejects a batch of several calls (e.g. RESOURCE_EXHAUSTED: the batch's
+// new pages do not fit), each call is retried alone, so only those that cannot run fail.
+//
+// Metrics hook (BatchObserver): called on the session's queue after every decode batch and every
+// Forward, with the facts a histogram needs (see BatchStats). Keep it cheap: it runs on the
+// compute path.
+#ifndef ATTNSERVE_SERVER_SESSION_SCHEDULER_H_
+#define ATTNSERVE_SERVER_SESSION_SCHEDULER_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/server_options.h"
+#include "server/runtime/timer_queue.h"
+
+namespace attnserve::server {
+
+class Session;
+struct StepInput;
+struct StepOutput;
+
+using SchedulerClock = std::chrono::steady_clock;
+
+// How one call's steps were served.
+struct StepTiming {
+  int64_t queue_ns = 0;    // Arrival until its batch's compute started (a Forward: its turn).
+  int64_t compute_ns = 0;  // Engine time of the batch that ran it (a Forward: of all its chunks).
+  int batch_size = 0;      // Steps in that engine call (1 = ran alone); a Forward: its items.
+  // False when a Forward ended before its turn came (cancelled while queued, or shutting down):
+  // it was never started, and the other fields are 0.
+  bool reached_turn = true;
+};
+
+// One Decode call (or one DecodeStream message): 1..n steps on distinct requests.
+struct DecodeCall {
+  std::vector<StepInput> inputs;  // Validated by the codec.
+  std::string call_id;            // Idempotency key (DecodeRequest.call_id); empty = none.
+  SchedulerClock::time_point arrival = SchedulerClock::now();
+  std::function<bool()> is_cancelled;  // Optional; checked before the call joins a batch.
+  // Called exactly once, on an executor thread: the outputs in item order, or the call's error.
+  std::function<void(absl::StatusOr<std::vector<StepOutput>>, const StepTiming&)> done;
+};
+
+// One Forward call: 1..n requests (new ones are created) each appended a chunk of tokens, all or
+// nothing.
+struct ForwardCall {
+  // The requests it appends to: decode steps on them that arrive later wait until it finished.
+  std::vector<std::string> request_ids;
+  std::string call_id;  // Idempotency key (ForwardRequest.call_id); empty = none.
+  SchedulerClock::time_point arrival = SchedulerClock::now();
+  std::function<bool()> is_cancelled;  // Optional; checked when its turn comes.
+  // Called once, on the session's queue, when its turn comes: the call's inputs, validated, or its
+  // error. Decoding a long prompt is compute, so it runs there rather than on a gRPC thread.
+  std::function<absl::StatusOr<std::vector<StepInput>>()> read_inputs;
+  // Called exactly once: the outputs in item order, or the call's error.
+  std::function<void(absl::StatusOr<std::vector<StepOutput>>, const StepTiming&)> done;
+};
+
+// What one engine call did, for metrics.
+struct BatchStats {
+  bool decode = true;          // false: a Forward (all its prefill chunks).
+  int64_t size = 0;            // Sequences: decode steps, or Forward items.
+  int64_t tokens = 0;          // New tokens (rows): = size for decode.
+  int64_t context_tokens = 0;  // Decode: sum of each step's context length (new token included).
+  int64_t calls = 0;           // Calls (or stream messages) served.
+  int64_t chunks = 1;          // Forward: engine Prefill calls (> 1 when chunked).
+  int64_t compute_ns = 0;      // Engine time.
+  // Decode: for each call, arrival until the batch launched (the step's queue wait).
+  std::vector<int64_t> queue_wait_ns;
+  bool retried_alone = false;  // The engine rejected the batch; its calls were retried one by one.
+};
+using BatchObserver = std::function<void(const Session&, const BatchStats&)>;
+
+// What a session's scheduler needs from the server.
+struct SchedulerContext {
+  SchedulerOptions options;
+  TimerQueue* timer = nullptr;  // Must outlive every session.
+  BatchObserver observer;       // Optional.
+};
+
+// Counters shown by GetSession (SessionInfo.batching).
+struct SchedulerCounters {
+  int64_t decode_batches = 0;
+  int64_t decode_steps = 0;
+  int64_t max_decode_batch = 0;
+  int64_t prefill_chunks = 0;
+  int64_t batches_retried_alone = 0;
+};
+
+class SessionScheduler {
+ public:
+  // `session` owns this scheduler.
+  SessionScheduler(Session* session, SchedulerContext context);
+
+  const SchedulerOptions& options() const { return context_.options; }
+
+  // Any thread. Queues the call's steps for the next batch that can take them.
+  void SubmitDecode(std::unique_ptr<DecodeCall> call);
+
+  // Any thread. Runs the Forward as an op (see PostOp) on request_ids: plans it against the
+  // requests, answers a retry of an applied call_id from what it left, else prefills in chunks
+  // with decode batches between them. An UNAVAILABLE `done` when the server is shutting down.
+  void SubmitForward(std::unique_ptr<ForwardCall> call);
+
+  // Any thread. Posts `task` on the session's queue to run after every decode step that arrived
+  // before it; steps on `request_ids` (empty = every request) that arrive later wait until it
+  // finished. False when the executor refused it (shutting down): `task` was dropped.
+  bool PostOp(std::vector<std::string> request_ids, std::function<void()> task);
+
+  SchedulerCounters counters() const;
+
+ private:
+  enum class State {
+    kIdle,     // Nothing posted: the next SubmitDecode posts a batch task.
+    kPosted,   // A batch task is queued on (or running in) the session's queue.
+    kWaiting,  // A timer will post the batch task when the oldest step's delay is over.
+  };
+  struct Pending {
+    uint64_t ticket = 0;
+    std::unique_ptr<DecodeCall> call;
+  };
+  struct Selection {
+    std::vector<size_t> taken;  // Indexes into pending_.
+    int64_t steps = 0;
+    int64_t context_tokens = 0;
+    bool full = false;  // A call was left out for lack of room.
+    SchedulerClock::time_point oldest;
+  };
+  using Completion = std::pair<std::unique_ptr<DecodeCall>, absl::Status>;
+
+  // Chooses the next batch among pending calls with ticket < `before`; moves cancelled calls
+  // to `cancelled`.
+  Selection SelectLocked(uint64_t before, std::vector<Completion>* cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::unique_ptr<DecodeCall>> TakeLocked(const Selection& selection)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BlockedByOpLocked(const std::string& request_id, uint64_t ticket) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts the batch task; on refusal (shutdown) fails every pending call into `failed`.
+  void PostBatchTaskLocked(std::vector<Completion>* failed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BatchTask();
+  void OnTimer(uint64_t generation);
+  // Runs the batch's calls in one engine call (retrying them alone if it fails) and answers them.
+  void Execute(std::vector<std::unique_ptr<DecodeCall>> calls);
+  // Runs batches of every step that arrived before `ticket`.
+  void FlushBefore(uint64_t ticket);
+  // On the session's queue, inside an op: runs one batch of the decode steps that may run now,
+  // whatever their wait (a Forward runs this between prefill chunks).
+  void RunBatchNow();
+  // A Forward's turn, on the queue.
+  void RunForward(ForwardCall& call);
+  static void Complete(std::vector<Completion>& completions);
+
+  Session* const session_;
+  const SchedulerContext context_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Ops posted and not finished, by ticket: the requests they touch (empty = all).
+  std::map<uint64_t, std::vector<std::string>> ops_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
+  uint64_t timer_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t expected_steps_ ABSL_GUARDED_BY(mu_) = 0;  // Steps of the previous batch.
+
+  std::atomic<int64_t> decode_batches_{0};
+  std::atomic<int64_t> decode_steps_{0};
+  std::atomic<int64_t> max_decode_batch_{0};
+  std::atomic<int64_t> prefill_chunks_{0};
+  std::atomic<int64_t> retried_alone_{0};
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SESSION_SCHEDULER_H_

@@ -1,0 +1,549 @@
+#include "server/session/session.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/base/clip_for_message.h"
+
+namespace attnserve::server {
+
+namespace {
+
+absl::Status SessionClosedError(const std::string& id) {
+  return absl::NotFoundError(absl::StrCat("session '", id, "' was released or expired"));
+}
+
+}  // namespace
+
+Session::Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
+                 SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
+                 Executor* executor, SchedulerContext scheduler)
+    : id_(std::move(id)),
+      label_(std::move(label)),
+      spec_(spec),
+      kv_dtype_(kv_dtype),
+      limits_(limits),
+      cost_(std::move(cost)),
+      page_size_(layer->PoolUsage().page_size),
+      page_bytes_(layer->PoolUsage().page_bytes),
+      kv_storage_(layer->kv_config().storage),
+      kv_budget_(layer->kv_config().budget),
+      queue_(SerialQueue::Create(executor)),
+      layer_(std::move(layer)),
+      scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
+      last_used_(absl::Now()) {}
+
+void Session::RefreshKvBytes() {
+  const KvPoolUsage usage = layer_ != nullptr ? layer_->PoolUsage() : KvPoolUsage{};
+  kv_bytes_used_.store(usage.used_pages * usage.page_bytes, std::memory_order_relaxed);
+}
+
+absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepPlan& plan) {
+  std::vector<const RequestState*> states;
+  const std::string* applied = nullptr;
+  const std::string* not_applied = nullptr;
+  for (const StepInput& in : plan.inputs) {
+    auto it = requests_.find(in.request_id);
+    const bool was_applied = it != requests_.end() && it->second.last_call_id == call_id;
+    (was_applied ? applied : not_applied) = &in.request_id;
+    if (was_applied) states.push_back(&it->second);
+  }
+  if (applied == nullptr) return false;
+  if (not_applied != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "call_id '", ClipForMessage(call_id), "' was the last call applied to request '",
+        ClipForMessage(*applied), "' but not to request '", ClipForMessage(*not_applied),
+        "': a call_id names one call, so reuse it only to retry that call with the same items"));
+  }
+  plan.replay = true;
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    plan.replayed.push_back(
+        StepOutput{plan.inputs[i].request_id, states[i]->last_output, states[i]->length});
+  }
+  return true;
+}
+
+absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
+                                       const std::string& call_id) {
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
+  StepPlan plan;
+  plan.decode = decode;
+  plan.call_id = call_id;
+  plan.requests.resize(inputs.size());
+  absl::MutexLock lock(&mu_);
+  last_used_ = absl::Now();
+  if (!call_id.empty()) {
+    // A retry of a call that was applied (its answer lost to a deadline, a cancellation or the
+    // network) is answered from what that call left, before any check that its inputs, now
+    // stale against the request's state, would fail.
+    plan.inputs = std::move(inputs);
+    absl::StatusOr<bool> replay = FillReplayLocked(call_id, plan);
+    if (!replay.ok()) return replay.status();
+    if (*replay) return plan;
+    inputs = std::move(plan.inputs);
+    plan.inputs.clear();
+  }
+  int new_requests = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const StepInput& in = inputs[i];
+    const int64_t rows = in.hidden.dim(0);
+    int64_t length = 0;
+    int64_t last_position = -1;
+    auto it = requests_.find(in.request_id);
+    if (it == requests_.end()) {
+      if (decode) {
+        return absl::NotFoundError(absl::StrCat(
+            "items[", i, "].request_id: request '", in.request_id, "' not found in session '", id_,
+            "' (create it with Forward; it may have been released or expired)"));
+      }
+      plan.requests[i].is_new = true;
+      ++new_requests;
+    } else {
+      plan.requests[i].sequence = it->second.sequence;
+      length = it->second.length;
+      last_position = it->second.last_position;
+    }
+    plan.requests[i].length = length;
+    if (!in.positions.empty()) {
+      if (static_cast<int64_t>(in.positions.size()) != rows) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].positions: has ", in.positions.size(),
+                         " entries, expected one per token (", rows, ") or none"));
+      }
+      for (size_t t = 0; t < in.positions.size(); ++t) {
+        if (in.positions[t] < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "items[", i, "].positions[", t, "] = ", in.positions[t], ", must be >= 0"));
+        }
+        if (t > 0 && in.positions[t] <= in.positions[t - 1]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "items[", i, "].positions[", t, "] = ", in.positions[t],
+              ", must be greater than positions[", t - 1, "] = ", in.positions[t - 1]));
+        }
+      }
+      if (in.positions[0] <= last_position) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("items[", i, "].positions[0] = ", in.positions[0],
+                         ", must be after the last position (", last_position, ") of request '",
+                         in.request_id, "'"));
+      }
+    } else if (length <= last_position) {
+      // Earlier explicit positions ran ahead of the length; implicit ones would go backwards.
+      return absl::InvalidArgumentError(
+          absl::StrCat("items[", i, "].positions: empty means positions from the request's length ",
+                       length, ", which is not after the last position (", last_position,
+                       ") of request '", in.request_id, "'; give positions explicitly"));
+    }
+    if (length + rows > limits_.max_sequence_length) {
+      return absl::OutOfRangeError(
+          absl::StrCat("items[", i, "]: request '", in.request_id, "' would hold ", length + rows,
+                       " tokens, over max_sequence_length = ", limits_.max_sequence_length));
+    }
+    if (i > 0 && in.hidden.dtype() != inputs[0].hidden.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].hidden: dtype ", DTypeName(in.hidden.dtype()), " differs from items[0] (",
+          DTypeName(inputs[0].hidden.dtype()), "); one call takes one dtype"));
+    }
+  }
+  if (new_requests > 0 &&
+      static_cast<int64_t>(requests_.size()) + new_requests > limits_.max_requests) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session '", id_, "' has ", requests_.size(), " requests; ", new_requests,
+                     " more would pass max_requests = ", limits_.max_requests,
+                     " (release requests or raise the limit)"));
+  }
+  // RoPE positions are resolved here, once: an input without positions continues from its
+  // request's length. Every engine call then gets each row's position and resolves nothing.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<int64_t>& positions = inputs[i].positions;
+    if (!positions.empty()) continue;
+    positions.resize(static_cast<size_t>(inputs[i].hidden.dim(0)));
+    for (size_t t = 0; t < positions.size(); ++t) {
+      positions[t] = plan.requests[i].length + static_cast<int64_t>(t);
+    }
+  }
+  plan.inputs = std::move(inputs);
+  return plan;
+}
+
+absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
+                                 std::vector<int64_t>* positions) {
+  std::byte* dst = hidden->data();
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    const Tensor& h = plan.inputs[i].hidden;
+    if (h.dtype() != hidden->dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden: dtype ", DTypeName(h.dtype()),
+                                                     " differs from the batch's (",
+                                                     DTypeName(hidden->dtype()), ")"));
+    }
+    std::memcpy(dst, h.data(), h.num_bytes());
+    dst += h.num_bytes();
+    positions->insert(positions->end(), plan.inputs[i].positions.begin(),
+                      plan.inputs[i].positions.end());
+  }
+  return absl::OkStatus();
+}
+
+std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
+                                        absl::Time now) {
+  std::vector<StepOutput> results(plan.inputs.size());
+  // The layer owns the accounting: each request's bytes as its pages now hold them.
+  std::vector<int64_t> kv_bytes(plan.inputs.size(), 0);
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    kv_bytes[i] = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+  }
+  absl::MutexLock lock(&mu_);
+  last_used_ = now;
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(out.dtype());
+  const std::byte* src = out.data() + static_cast<size_t>(first_row) * row_bytes;
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    const int64_t rows = plan.inputs[i].hidden.dim(0);
+    RequestState& state = requests_[plan.inputs[i].request_id];
+    state.sequence = plan.requests[i].sequence;
+    state.length = plan.requests[i].length + rows;
+    state.last_position = plan.inputs[i].positions.back();
+    state.kv_bytes = kv_bytes[i];
+    state.last_used = now;
+    StepOutput& r = results[i];
+    r.request_id = std::move(plan.inputs[i].request_id);
+    r.output = Tensor(out.dtype(), {rows, spec_.d_model});
+    std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
+    src += static_cast<size_t>(rows) * row_bytes;
+    r.sequence_length = state.length;
+    state.last_call_id = plan.call_id;
+    state.last_output = plan.call_id.empty() ? Tensor() : r.output;
+  }
+  return results;
+}
+
+absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* compute_ns,
+                                std::vector<std::vector<StepOutput>>* outputs) {
+  *compute_ns = 0;
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (plans.empty()) return absl::OkStatus();
+  int64_t total_rows = 0;
+  for (StepPlan* plan : plans) total_rows += static_cast<int64_t>(plan->inputs.size());
+  // One engine call takes one dtype; the scheduler batches only calls of one dtype together.
+  Tensor hidden(plans[0]->inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
+  std::vector<int64_t> positions;
+  std::vector<SequenceId> ids;
+  ids.reserve(static_cast<size_t>(total_rows));
+  {
+    std::byte* dst = hidden.data();
+    const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
+    for (StepPlan* plan : plans) {
+      Tensor part(hidden.dtype(), {static_cast<int64_t>(plan->inputs.size()), spec_.d_model});
+      if (absl::Status s = GatherRows(*plan, &part, &positions); !s.ok()) {
+        return s;
+      }
+      std::memcpy(dst, part.data(), part.num_bytes());
+      dst += plan->inputs.size() * row_bytes;
+      for (const StepPlan::Request& r : plan->requests) ids.push_back(r.sequence);
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<Tensor> out = layer_->Decode(ids, hidden, positions);
+  *compute_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  RefreshKvBytes();
+  if (!out.ok()) return out.status();
+  const absl::Time now = absl::Now();
+  outputs->clear();
+  int64_t row = 0;
+  for (StepPlan* plan : plans) {
+    outputs->push_back(Commit(*plan, *out, row, now));
+    row += static_cast<int64_t>(outputs->back().size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
+    StepPlan plan, int64_t chunk_tokens, const std::function<void()>& between_chunks,
+    int64_t* compute_ns, int* chunks) {
+  *compute_ns = 0;
+  *chunks = 0;
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  int64_t total_rows = 0;
+  for (const StepInput& in : plan.inputs) total_rows += in.hidden.dim(0);
+  Tensor hidden(plan.inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
+  std::vector<int64_t> positions;
+  if (absl::Status s = GatherRows(plan, &hidden, &positions); !s.ok()) {
+    return s;
+  }
+  if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = total_rows;
+
+  // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
+  // back just before the engine charges it.
+  int64_t reserved = 0;
+  KvMemoryBudget* budget = layer_->kv_config().budget.get();
+  const bool chunked = chunk_tokens < total_rows;
+  std::vector<int64_t> reserve_per_input(plan.inputs.size(), 0);
+  if (chunked && budget != nullptr) {
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      const int64_t before = plan.requests[i].length;
+      reserve_per_input[i] = std::max<int64_t>(
+          0, layer_->KvBytesAtLength(before + plan.inputs[i].hidden.dim(0)) -
+                 layer_->KvBytesAtLength(before));
+      reserved += reserve_per_input[i];
+    }
+    if (!budget->TryCharge(reserved)) {
+      return KvBudgetExhaustedError(*budget, reserved, reserved / page_bytes_, page_size_,
+                                    "this Forward");
+    }
+  }
+
+  for (StepPlan::Request& r : plan.requests) {
+    if (r.is_new) r.sequence = layer_->CreateSequence();
+  }
+  const auto undo = [&](const absl::Status& status) {
+    if (budget != nullptr && reserved > 0) budget->Release(reserved);
+    for (const StepPlan::Request& r : plan.requests) {
+      if (r.is_new) layer_->ReleaseSequence(r.sequence).IgnoreError();
+    }
+    RefreshKvBytes();
+    return status;
+  };
+
+  // Rows [begin, end) of the concatenation, as (sequence, rows) pieces.
+  std::vector<int64_t> row_start(plan.inputs.size() + 1, 0);
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    row_start[i + 1] = row_start[i] + plan.inputs[i].hidden.dim(0);
+  }
+  Tensor out(hidden.dtype(), {total_rows, spec_.d_model});
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
+  for (int64_t begin = 0; begin < total_rows; begin += chunk_tokens) {
+    const int64_t end = std::min(total_rows, begin + chunk_tokens);
+    std::vector<PrefillChunk> pieces;
+    int64_t chunk_bytes = 0;
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      const int64_t lo = std::max(begin, row_start[i]);
+      const int64_t hi = std::min(end, row_start[i + 1]);
+      if (lo >= hi) continue;
+      pieces.push_back({plan.requests[i].sequence, hi - lo});
+      if (reserved > 0) {
+        // This chunk's share of the reservation: the pages its rows newly need.
+        const int64_t done = plan.requests[i].length + (lo - row_start[i]);
+        const int64_t share = std::clamp<int64_t>(
+            layer_->KvBytesAtLength(done + hi - lo) - layer_->KvBytesAtLength(done), 0,
+            reserve_per_input[i]);
+        reserve_per_input[i] -= share;
+        chunk_bytes += share;
+      }
+    }
+    if (chunk_bytes > 0) {
+      budget->Release(chunk_bytes);
+      reserved -= chunk_bytes;
+    }
+    Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
+    std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
+                static_cast<size_t>(end - begin) * row_bytes);
+    const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(positions).subspan(
+        static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<Tensor> chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    *compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+    ++*chunks;
+    if (!chunk_out.ok()) {
+      if (begin > 0) {
+        // Only a sliding window's eviction arithmetic can get here (the reservation covers the
+        // rest): earlier chunks stand, so record them before failing.
+        for (size_t i = 0; i < plan.inputs.size(); ++i) {
+          if (plan.requests[i].is_new || row_start[i] >= begin) continue;
+          const int64_t kv_bytes =
+              layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+          absl::MutexLock lock(&mu_);
+          RequestState& state = requests_[plan.inputs[i].request_id];
+          // Partly applied: a retry under the same call_id must not look like a replay.
+          state.last_call_id.clear();
+          state.last_output = Tensor();
+          state.kv_bytes = kv_bytes;
+          state.length =
+              plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
+          state.last_position =
+              plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
+        }
+      }
+      return undo(chunk_out.status());
+    }
+    std::memcpy(out.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
+                static_cast<size_t>(end - begin) * row_bytes);
+    RefreshKvBytes();
+    if (end < total_rows && between_chunks) between_chunks();
+    if (layer_ == nullptr || closed()) return undo(SessionClosedError(id_));
+  }
+  if (budget != nullptr && reserved > 0) budget->Release(reserved);
+  return Commit(plan, out, 0, absl::Now());
+}
+
+int64_t Session::RequestLength(const std::string& request_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  return it == requests_.end() ? 0 : it->second.length;
+}
+
+absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
+                                          const std::vector<std::string>& new_ids) {
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (new_ids.empty()) {
+    return absl::InvalidArgumentError("new_request_ids: must name at least one new request");
+  }
+  RequestState original;
+  {
+    absl::MutexLock lock(&mu_);
+    last_used_ = absl::Now();
+    auto it = requests_.find(source);
+    if (it == requests_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("request_id: request '", source, "' not found in session '", id_, "'"));
+    }
+    original = it->second;
+    absl::flat_hash_set<std::string> seen;
+    for (size_t i = 0; i < new_ids.size(); ++i) {
+      const std::string field = absl::StrCat("new_request_ids[", i, "]");
+      if (new_ids[i].empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+      }
+      if (!seen.insert(new_ids[i]).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": '", new_ids[i], "' appears more than once"));
+      }
+      if (requests_.contains(new_ids[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": request '", new_ids[i],
+                                                       "' already exists in session '", id_, "'"));
+      }
+    }
+    if (static_cast<int64_t>(requests_.size()) + static_cast<int64_t>(new_ids.size()) >
+        limits_.max_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session '", id_, "' has ", requests_.size(), " requests; ", new_ids.size(),
+                       " forks would pass max_requests = ", limits_.max_requests,
+                       " (release requests or raise the limit)"));
+    }
+  }
+  const int64_t before = kv_bytes_used();
+  absl::StatusOr<std::vector<SequenceId>> forks =
+      layer_->ForkSequence(original.sequence, static_cast<int>(new_ids.size()));
+  if (!forks.ok()) return forks.status();
+  RefreshKvBytes();
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < new_ids.size(); ++i) {
+    RequestState state = original;
+    state.sequence = (*forks)[i];
+    state.last_used = now;
+    state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
+    state.last_output = Tensor();
+    requests_.emplace(new_ids[i], std::move(state));
+  }
+  return ForkOutcome{original.length, kv_bytes_used() - before};
+}
+
+absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
+  if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  SequenceId sequence;
+  {
+    absl::MutexLock lock(&mu_);
+    last_used_ = absl::Now();
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("request_id: request '", request_id, "' not found in session '", id_, "'"));
+    }
+    sequence = it->second.sequence;
+    requests_.erase(it);
+  }
+  const int64_t before = kv_bytes_used();
+  if (absl::Status s = layer_->ReleaseSequence(sequence); !s.ok()) return s;
+  RefreshKvBytes();
+  return before - kv_bytes_used();
+}
+
+int64_t Session::Close() {
+  MarkClosing();
+  if (layer_ == nullptr) return 0;
+  RefreshKvBytes();
+  const int64_t freed = kv_bytes_used();
+  {
+    absl::MutexLock lock(&mu_);
+    requests_.clear();
+  }
+  layer_.reset();  // Credits every page still held back to the pool.
+  parameters_ = ParameterCharge();
+  kv_bytes_used_.store(0, std::memory_order_relaxed);
+  // A layer's weights and KV slabs are many blocks of a MiB or so, below glibc's (adaptive) mmap
+  // threshold: freed, they stay in malloc's arenas and the process's resident memory never comes
+  // down. Hand the free pages back now, so RSS tracks what the sessions hold (a session's release
+  // is rare next to its steps, and the trim costs ~a millisecond).
+  malloc_trim(0);
+  return freed;
+}
+
+int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
+  if (layer_ == nullptr) return 0;
+  std::vector<SequenceId> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = requests_.begin(); it != requests_.end();) {
+      if (now - it->second.last_used > ttl) {
+        expired.push_back(it->second.sequence);
+        requests_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (SequenceId s : expired) layer_->ReleaseSequence(s).IgnoreError();
+  if (!expired.empty()) RefreshKvBytes();
+  return static_cast<int>(expired.size());
+}
+
+SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
+  SessionSnapshot snapshot;
+  snapshot.id = id_;
+  snapshot.label = label_;
+  snapshot.spec = spec_;
+  snapshot.kv_dtype = kv_dtype_;
+  snapshot.kv_quantization = kv_storage_.quantization;
+  snapshot.page_size = page_size_;
+  snapshot.cost = cost_;
+  snapshot.kv_bytes_used = kv_bytes_used();
+  snapshot.batching = scheduler_->counters();
+  snapshot.fingerprint = fingerprint_;
+  snapshot.num_layers = num_layers_;
+  if (stack_kv_ != nullptr) snapshot.kv_by_layer_kind = stack_kv_->Get();
+  absl::MutexLock lock(&mu_);
+  snapshot.idle = now - last_used_;
+  if (!with_requests) return snapshot;
+  for (const auto& [request_id, state] : requests_) {
+    snapshot.requests.push_back({request_id, state.length, state.kv_bytes, now - state.last_used});
+  }
+  std::sort(snapshot.requests.begin(), snapshot.requests.end(),
+            [](const RequestSnapshot& a, const RequestSnapshot& b) {
+              return a.request_id < b.request_id;
+            });
+  return snapshot;
+}
+
+absl::Duration Session::IdleTime(absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  return now - last_used_;
+}
+
+int Session::num_requests() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(requests_.size());
+}
+
+}  // namespace attnserve::server

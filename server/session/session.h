@@ -1,0 +1,295 @@
+// A session: one attention layer (spec, weights, KV cache config) and the requests it serves.
+// It is state, not policy: its SessionScheduler decides when and in which batches its methods run
+// (both roads, Decode and Forward, go through the scheduler), and the gRPC service turns its
+// plain results into messages.
+//
+// Threading: the compute methods (Plan, RunDecode, RunPrefill, ReleaseRequest, Close,
+// ExpireRequests) run only on the session's SerialQueue, one at a time, so the engine layer is
+// never entered concurrently and one request's steps apply in the order they arrived. The
+// read-only methods (Snapshot, idle time, kv_bytes_used) may run on any thread; they take `mu_`
+// only briefly and never wait on compute, so gRPC handlers can call them.
+#ifndef ATTNSERVE_SERVER_SESSION_SESSION_H_
+#define ATTNSERVE_SERVER_SESSION_SESSION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/kv/memory_budget.h"
+#include "kernels/kv/storage_format.h"
+#include "kernels/spec/layer_spec.h"
+#include "kernels/stack/layer_stack.h"
+#include "kernels/core/tensor.h"
+#include "server/session/parameter_budget.h"
+#include "server/runtime/serial_queue.h"
+#include "server/session/scheduler.h"
+
+namespace attnserve::server {
+
+struct SessionLimits {
+  int max_requests = 0;
+  int64_t max_sequence_length = 0;
+};
+
+// What a session's layer costs, as Configure reports it (SessionCost in the API).
+struct SessionCost {
+  int64_t parameter_count = 0;
+  int64_t parameter_bytes = 0;     // As the layer holds them (AttentionLayer::ParameterBytes).
+  int64_t kv_bytes_per_token = 0;  // Per request.
+  int64_t page_bytes = 0;
+  int64_t max_context_tokens = 0;  // The largest single context the free pool held at Configure.
+};
+
+// A session's state at one moment, for GetSession and ListSessions (server/rpc/session_info_codec.h
+// turns it into a SessionInfo).
+struct RequestSnapshot {
+  std::string request_id;
+  int64_t sequence_length = 0;  // Tokens cached.
+  int64_t kv_bytes = 0;         // What its pages hold, as the layer reported.
+  absl::Duration idle;
+};
+struct SessionSnapshot {
+  std::string id;
+  std::string label;
+  LayerSpec spec;
+  DType kv_dtype = DType::kF32;
+  KvQuantization kv_quantization = KvQuantization::kNone;  // 8-bit pages (kv_dtype unused).
+  int64_t page_size = 0;
+  SessionCost cost;
+  int64_t kv_bytes_used = 0;
+  SchedulerCounters batching;
+  absl::Duration idle;
+  std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
+  std::string fingerprint;                // server/session/layer_fingerprint.h; empty if never set.
+  int num_layers = 1;                      // A hybrid stack's layers (kernels/stack/layer_stack.h).
+  std::vector<LayerKindKv> kv_by_layer_kind;  // A stack's KV by layer kind; empty for one layer.
+};
+
+// One request's share of a Forward or Decode call, already validated by the codec.
+struct StepInput {
+  std::string request_id;
+  Tensor hidden;                   // [num_tokens, d_model]; num_tokens == 1 for Decode.
+  std::vector<int64_t> positions;  // One per token, or empty = continue from the length.
+};
+
+struct StepOutput {
+  std::string request_id;
+  Tensor output;  // [num_tokens, d_model], dtype of the input.
+  int64_t sequence_length = 0;
+};
+
+// What Session::Fork did: the length every fork starts with and the pool bytes the forks took.
+struct ForkOutcome {
+  int64_t sequence_length = 0;
+  int64_t kv_bytes_added = 0;
+};
+
+// A request as ExportRequest sends it (Session::ExportRequest): its pages and where its RoPE
+// positions stand.
+struct RequestExport {
+  SequenceExport kv;
+  int64_t last_position = -1;  // RoPE position of its last cached token (-1: none).
+};
+
+// What Session::ImportRequest did.
+struct ImportOutcome {
+  int64_t sequence_length = 0;
+  int64_t kv_bytes_added = 0;
+};
+
+// One call's inputs checked against the session's requests (Session::Plan): what the engine call
+// needs and what to record once it succeeded.
+struct StepPlan {
+  struct Request {
+    SequenceId sequence = 0;  // 0 until created, for a new request.
+    bool is_new = false;
+    int64_t length = 0;  // Tokens cached before this step.
+  };
+  bool decode = false;
+  // Each input's positions are resolved: one per token (given, or continuing from the length).
+  std::vector<StepInput> inputs;
+  std::vector<Request> requests;  // One per input.
+  // The call's idempotency key (empty = none); recorded on every request the call applies to.
+  std::string call_id;
+  // True when `call_id` was already applied to every request of the call: nothing must run, and
+  // `replayed` (one per input) answers the call from that call's retained results.
+  bool replay = false;
+  std::vector<StepOutput> replayed;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
+          SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
+          Executor* executor, SchedulerContext scheduler = {});
+
+  const std::string& id() const { return id_; }
+  const LayerSpec& spec() const { return spec_; }
+  SerialQueue& queue() { return *queue_; }
+  // Continuous batching of decode steps and ordering of the session's other work.
+  SessionScheduler& scheduler() { return *scheduler_; }
+
+  // ---- On the session's queue only -----------------------------------------------------------
+
+  // Checks one call's inputs against the requests' state (existence, positions, limits) and
+  // resolves their sequences, changing nothing. The plan stays valid until a step or release
+  // touches one of its requests.
+  // A non-empty `call_id` that was the last call applied to every input's request makes a replay
+  // plan (see StepPlan::replay); one applied to some of them is FAILED_PRECONDITION.
+  absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode,
+                                const std::string& call_id = "");
+
+  // One engine Decode call for several decode plans whose requests are all distinct (continuous
+  // batching). All-or-nothing over every plan: on error no request changes. On success
+  // `outputs[i]` answers plans[i]. `compute_ns` receives the engine time.
+  absl::Status RunDecode(absl::Span<StepPlan* const> plans, int64_t* compute_ns,
+                         std::vector<std::vector<StepOutput>>* outputs);
+
+  // Runs a Forward plan as engine Prefill calls of at most `chunk_tokens` rows (0 = one call;
+  // non-causal layers always run in one call, since a chunk could not see the rows after it),
+  // calling `between_chunks` after every chunk but the last. The KV bytes of the whole plan are
+  // reserved from the pool before the first chunk, so a chunked Forward stays all-or-nothing
+  // against the pool even while other work runs between its chunks. `compute_ns` receives the
+  // engine time of all chunks, `chunks` their count.
+  absl::StatusOr<std::vector<StepOutput>> RunPrefill(StepPlan plan, int64_t chunk_tokens,
+                                                     const std::function<void()>& between_chunks,
+                                                     int64_t* compute_ns, int* chunks);
+
+  // Whether `request_id` exists now. Any thread.
+  bool HasRequest(const std::string& request_id) const;
+  // Tokens cached by `request_id` now; 0 if unknown. Any thread.
+  int64_t RequestLength(const std::string& request_id) const;
+
+  // Creates `new_ids` as forks of `source` (AttentionLayer::ForkSequence: its cached tokens shared
+  // copy-on-write, positions continuing from its last one). NOT_FOUND for an unknown source;
+  // INVALID_ARGUMENT for no new ids, an empty, repeated or existing one; RESOURCE_EXHAUSTED past
+  // max_requests or when the pool cannot hold the partial-page copies. All or nothing.
+  absl::StatusOr<ForkOutcome> Fork(const std::string& source,
+                                   const std::vector<std::string>& new_ids);
+
+  // Moving a request (server/session/session_transfer.cc). ExportRequest copies `request_id`'s pages and
+  // positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same step.
+  // NOT_FOUND for an unknown request.
+  absl::StatusOr<RequestExport> ExportRequest(const std::string& request_id, bool release);
+  // Creates `request_id` from an export of a session with this one's fingerprint. ALREADY_EXISTS
+  // for an existing id; RESOURCE_EXHAUSTED past max_requests or when the pool cannot hold the
+  // pages; OUT_OF_RANGE past max_sequence_length; INVALID_ARGUMENT when the bytes do not fit the
+  // layer. All or nothing.
+  absl::StatusOr<ImportOutcome> ImportRequest(const std::string& request_id,
+                                              const RequestExport& exported);
+
+  // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
+  absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
+
+  // Frees every request and the layer (and returns its parameter charge); later steps get
+  // NOT_FOUND. Returns the KV bytes freed.
+  int64_t Close();
+
+  // Keeps the layer's charge against the server's parameter budget until the layer is freed.
+  void HoldParameters(ParameterCharge charge) { parameters_ = std::move(charge); }
+
+  // Releases requests idle for longer than `ttl`; returns how many.
+  int ExpireRequests(absl::Time now, absl::Duration ttl);
+
+  // ---- Any thread ----------------------------------------------------------------------------
+
+  // The session's state now; its requests too when `with_requests`.
+  SessionSnapshot Snapshot(absl::Time now, bool with_requests) const;
+  absl::Duration IdleTime(absl::Time now) const;
+  int64_t kv_bytes_used() const { return kv_bytes_used_.load(std::memory_order_relaxed); }
+  // Bytes of one KV page of this session's layer, and what Configure reported (for metrics).
+  int64_t page_bytes() const { return page_bytes_; }
+  const SessionCost& cost() const { return cost_; }
+  const SessionLimits& limits() const { return limits_; }
+  int64_t page_size() const { return page_size_; }  // Tokens per KV page.
+  // How the layer stores KV pages, and the budget its pages are charged to (null: none).
+  const KvStorageFormat& kv_storage() const { return kv_storage_; }
+  const std::shared_ptr<KvMemoryBudget>& kv_budget() const { return kv_budget_; }
+  // server/session/layer_fingerprint.h. Set once by Configure, before the session is shared.
+  void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
+  const std::string& fingerprint() const { return fingerprint_; }
+  // The serialized v1::ConfigureRequest that re-creates this session on a peer (--drain_to; empty
+  // when the server keeps none). Set once by Configure, before the session is shared.
+  void SetConfigureRequest(std::string bytes) { configure_request_ = std::move(bytes); }
+  const std::string& configure_request() const { return configure_request_; }
+  // Taken over from a draining replica (server/fleet/session_rebalancer.h). Any thread.
+  void MarkAdopted() { adopted_.store(true, std::memory_order_relaxed); }
+  bool adopted() const { return adopted_.load(std::memory_order_relaxed); }
+  // A hybrid stack's KV bytes by layer kind (LayerStack::kv_usage) and its depth. Set once by
+  // Configure, before the session is shared; null for one layer.
+  void SetStack(std::shared_ptr<const StackKvUsage> kv_usage, int num_layers) {
+    stack_kv_ = std::move(kv_usage);
+    num_layers_ = num_layers;
+  }
+  const std::shared_ptr<const StackKvUsage>& stack_kv() const { return stack_kv_; }
+  int num_requests() const;
+  // True once Close ran or was scheduled.
+  bool closed() const { return closed_.load(std::memory_order_relaxed); }
+  void MarkClosing() { closed_.store(true, std::memory_order_relaxed); }
+
+ private:
+  struct RequestState {
+    SequenceId sequence = 0;
+    int64_t length = 0;          // Tokens cached.
+    int64_t last_position = -1;  // RoPE position of the last cached token.
+    int64_t kv_bytes = 0;        // Its pages' bytes, as the layer reported after its last call.
+    absl::Time last_used;
+    // The call_id of the last call applied to this request and its output for this request,
+    // retained so that a retry of that call is answered without appending twice. Empty (and no
+    // output held) when the last call carried no call_id.
+    std::string last_call_id;
+    Tensor last_output;
+  };
+  // Fills plan.replay and plan.replayed when `call_id` was the last call applied to every
+  // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some.
+  absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void RefreshKvBytes();
+  // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
+  absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
+  // Records a successful engine call: lengths, positions, last use; slices `out` per input.
+  std::vector<StepOutput> Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
+                                 absl::Time now);
+
+  const std::string id_;
+  const std::string label_;
+  const LayerSpec spec_;
+  const DType kv_dtype_;
+  const SessionLimits limits_;
+  const SessionCost cost_;
+  const int64_t page_size_;
+  const int64_t page_bytes_;
+  const KvStorageFormat kv_storage_;
+  const std::shared_ptr<KvMemoryBudget> kv_budget_;
+  std::string fingerprint_;
+  std::string configure_request_;
+  std::atomic<bool> adopted_{false};
+  std::shared_ptr<const StackKvUsage> stack_kv_;
+  int num_layers_ = 1;
+  std::shared_ptr<SerialQueue> queue_;
+  std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
+  ParameterCharge parameters_;             // Returned by Close, with the layer.
+  std::unique_ptr<SessionScheduler> scheduler_;
+  std::atomic<int64_t> kv_bytes_used_{0};
+  std::atomic<bool> closed_{false};
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, RequestState> requests_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_used_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SESSION_SESSION_H_

@@ -1,0 +1,88 @@
+// Session's side of moving a request between replicas (ExportRequest / ImportRequest): the
+// request's bookkeeping (length, positions) travels with its pages (AttentionLayer::ExportSequence
+// and ImportSequence). Both run on the session's queue, ordered with its steps like Fork.
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/session/session.h"
+
+namespace attnserve::server {
+
+bool Session::HasRequest(const std::string& request_id) const {
+  absl::MutexLock lock(&mu_);
+  return requests_.contains(request_id);
+}
+
+absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_id, bool release) {
+  if (layer_ == nullptr || closed()) {
+    return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
+  }
+  RequestState state;
+  {
+    absl::MutexLock lock(&mu_);
+    last_used_ = absl::Now();
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("request_id: request '", request_id, "' not found in session '", id_, "'"));
+    }
+    state = it->second;
+  }
+  absl::StatusOr<SequenceExport> kv = layer_->ExportSequence(state.sequence);
+  if (!kv.ok()) return kv.status();
+  if (release) {
+    // In the same queue step as the copy: no step can land on the source after it was copied.
+    {
+      absl::MutexLock lock(&mu_);
+      requests_.erase(request_id);
+    }
+    layer_->ReleaseSequence(state.sequence).IgnoreError();
+    RefreshKvBytes();
+  }
+  return RequestExport{*std::move(kv), state.last_position};
+}
+
+absl::StatusOr<ImportOutcome> Session::ImportRequest(const std::string& request_id,
+                                                     const RequestExport& exported) {
+  if (layer_ == nullptr || closed()) {
+    return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
+  }
+  const int64_t length = exported.kv.num_tokens;
+  if (length > limits_.max_sequence_length) {
+    return absl::OutOfRangeError(absl::StrCat("sequence_length = ", length,
+                                              " passes this session's max_sequence_length (",
+                                              limits_.max_sequence_length, ")"));
+  }
+  if (exported.last_position < -1 || (length > 0 && exported.last_position < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("last_position = ", exported.last_position,
+                                                   ", must be >= ", length > 0 ? 0 : -1,
+                                                   " for a request of ", length, " tokens"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    last_used_ = absl::Now();
+    if (requests_.contains(request_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("request_id: request '", request_id,
+                                                   "' already exists in session '", id_, "'"));
+    }
+    if (static_cast<int64_t>(requests_.size()) >= limits_.max_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session '", id_, "' has ", requests_.size(),
+                       " requests, its max_requests (release requests or raise the limit)"));
+    }
+  }
+  const int64_t before = kv_bytes_used();
+  absl::StatusOr<SequenceId> sequence = layer_->ImportSequence(exported.kv);
+  if (!sequence.ok()) return sequence.status();
+  RefreshKvBytes();
+  RequestState state;
+  state.sequence = *sequence;
+  state.length = length;
+  state.last_position = exported.last_position;
+  state.kv_bytes = layer_->SequenceKvBytes(*sequence).value_or(0);
+  state.last_used = absl::Now();
+  absl::MutexLock lock(&mu_);
+  requests_.emplace(request_id, std::move(state));
+  return ImportOutcome{length, kv_bytes_used() - before};
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# ctest (label server): attnbench against the real server binary on 127.0.0.1.
+#   - 4 concurrent DecodeStream streams x 20 steps x 2 variants (mha, mla) finish, report no
+#     errors, exit 0, and the --json output parses with every stream's steps counted;
+#   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
+#     GetSession counters): a mean between 1 and 4 per variant;
+#   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
+#
+# Usage: tests/client/attnbench_test.sh BUILD_DIR [PYTHON]   (BUILD_DIR holds server/attnserve_server and
+# client/attnbench; PYTHON defaults to python3, only the standard library is used)
+set -euo pipefail
+
+readonly BUILD="${1:?usage: $0 BUILD_DIR [PYTHON]}"
+PYTHON="${2:-python3}"
+[[ -x "${PYTHON}" ]] || PYTHON=python3
+readonly SERVER="${BUILD}/server/attnserve_server"
+readonly ATTNBENCH="${BUILD}/client/attnbench"
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+readonly TEST_NAME=attnbench_test
+# shellcheck source=../support/server_test.sh
+source "${ROOT}/tests/support/server_test.sh"
+require_executables "${SERVER}" "${ATTNBENCH}"
+show_failure_context() {
+  [[ -s "${workdir}/bench.err" ]] || return 0
+  echo "--- bench.err ---" >&2
+  tail -n 40 "${workdir}/bench.err" >&2
+}
+
+server_start "${SERVER}" "${workdir}" --with_metrics || fail "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
+readonly METRICS="${SERVER_METRICS}"
+
+status=0
+timeout 240 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha,mla --concurrency=4 --steps=20 \
+  --context=64 --step_timeout=30s --timeout_s=60 --metrics="${METRICS}" --json >"${workdir}/bench.json" \
+  2>"${workdir}/bench.err" || status=$?
+[[ "${status}" -eq 0 ]] || fail "attnbench exited ${status}"
+
+"${PYTHON}" - "${workdir}/bench.json" <<'PY' || fail "the JSON output does not hold what it should"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["errors"] == 0, d["errors"]
+rows = d["results"]
+assert [r["variant"] for r in rows] == ["mha", "mla"], [r["variant"] for r in rows]
+for r in rows:
+    assert r["concurrency"] == 4 and r["context"] == 64, r
+    assert r["errors"] == 0 and not r["error_messages"], r
+    assert r["steps"] == 80, r["steps"]              # 4 streams x 20 steps, all answered
+    assert r["tokens_per_s"] > 0 and r["seconds"] > 0, r
+    lat = r["step_latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"], lat
+    assert r["server_ms_per_step"]["compute"] > 0, r["server_ms_per_step"]
+    b = r["batch_size"]
+    assert b["available"] and b["mean"] is not None, b
+    assert 1 <= b["mean"] <= 4 + 1e-9, b             # never more than the 4 streams
+print("attnbench_test: %s" % ", ".join(
+    "%s %.0f tok/s p50 %.3f ms batch %s" % (r["label"], r["tokens_per_s"], r["step_latency_ms"]["p50"],
+                                          r["batch_size"]["mean"]) for r in rows))
+PY
+
+# Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
+server_kill
+status=0
+timeout 60 "${ATTNBENCH}" --server="${ADDRESS}" --variants=mha --concurrency=2 --steps=5 \
+  --timeout_s=3 >"${workdir}/dead.out" 2>&1 || status=$?
+[[ "${status}" -eq 1 ]] || fail "attnbench against a dead server exited ${status}, expected 1: $(cat "${workdir}/dead.out")"
+grep -q UNAVAILABLE "${workdir}/dead.out" || fail "no UNAVAILABLE in: $(cat "${workdir}/dead.out")"
+echo "attnbench_test: OK"

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# ctest: attnctl against the real server binary on 127.0.0.1, and deploy/run_demo.sh.
+#   - health, info, configure (flags, --spec_file and --stack), list, get, release, demo --json;
+#   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
+#     what the Python client gets for the same input on another request of the same session;
+#   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
+#   - fork (attnctl and the Python client): forks decode exactly as an unforked twin; refusals;
+#   - errors: the exit code (1 for an RPC error, 2 for bad flags) and the status code name;
+#   - deploy/run_demo.sh runs the demo against its own server and stops it.
+#
+# Usage: tests/client/attnctl_test.sh BUILD_DIR PYTHON   (BUILD_DIR holds server/attnserve_server and
+# client/attnctl)
+set -euo pipefail
+
+readonly BUILD="${1:?usage: $0 BUILD_DIR PYTHON}"
+readonly PYTHON="${2:?usage: $0 BUILD_DIR PYTHON}"
+readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+readonly SERVER="${BUILD}/server/attnserve_server"
+readonly ATTNCTL="${BUILD}/client/attnctl"
+
+readonly TEST_NAME=attnctl_test
+# shellcheck source=../support/server_test.sh
+source "${ROOT}/tests/support/server_test.sh"
+require_executables "${SERVER}" "${ATTNCTL}"
+require_python_modules "${PYTHON}" grpc grpc_tools numpy
+
+server_start "${SERVER}" "${workdir}" || fail "the server did not start"
+readonly ADDRESS="${SERVER_ADDRESS}"
+ctl() { "${ATTNCTL}" --server="${ADDRESS}" "$@"; }
+json() { "${PYTHON}" -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
+
+# expect_exit CODE STATUS_NAME_OR_EMPTY -- attnctl args...
+expect_exit() {
+  local want="$1" name="$2" status=0
+  shift 3
+  ctl "$@" >"${workdir}/err.out" 2>&1 || status=$?
+  [[ "${status}" -eq "${want}" ]] || fail "attnctl $* exited ${status}, expected ${want}: $(cat "${workdir}/err.out")"
+  [[ -z "${name}" ]] || grep -q "${name}" "${workdir}/err.out" || fail "attnctl $* did not print ${name}: $(cat "${workdir}/err.out")"
+}
+
+[[ "$(ctl health)" == SERVING ]] || fail "health is not SERVING"
+[[ "$(ctl --json info | json 'd["backend"]')" == cpu ]] || fail "info: backend is not cpu"
+
+cat >"${workdir}/spec.json" <<'SPEC'
+{"variant": "gqa", "d_model": 128, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "rope": "half"}
+SPEC
+session="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --label=attnctl_test |
+           json 'd["session_id"]')"
+[[ "${#session}" -eq 32 ]] || fail "configure: session id '${session}' is not 32 hex digits"
+
+# forward: .npy in and out, compared with the Python client on another request.
+"${PYTHON}" - "${workdir}" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(1)
+np.save(f"{sys.argv[1]}/x32.npy", rng.standard_normal((9, 128), dtype=np.float32))
+np.save(f"{sys.argv[1]}/x16.npy", rng.standard_normal((4, 128)).astype(np.float16))
+PY
+ctl forward --session="${session}" --request=a --input="${workdir}/x32.npy" --output="${workdir}/a.npy" >/dev/null
+ctl forward --session="${session}" --request=h --input="${workdir}/x16.npy" --output="${workdir}/h.npy" >/dev/null
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${session}" "${workdir}" <<'PY'
+import sys, numpy as np
+from attnserve_client import AttnServeClient
+address, session, work = sys.argv[1:]
+with AttnServeClient(address) as client:
+    for rid, name in (("p32", "x32"), ("p16", "x16")):
+        x = np.load(f"{work}/{name}.npy")
+        out = client.forward(session, {rid: x}).outputs[rid]
+        ctl = np.load(f"{work}/{'a' if name == 'x32' else 'h'}.npy")
+        assert out.dtype == x.dtype == ctl.dtype and out.shape == ctl.shape == x.shape, (out.dtype, ctl.dtype, out.shape, ctl.shape)
+        assert np.array_equal(out.view(np.uint8), ctl.view(np.uint8)), f"{name}: attnctl and Python outputs differ"
+print("forward: attnctl (.npy) and Python client agree bit for bit")
+PY
+
+# decode: unary vs stream, same seeded inputs on two requests with the same prompt.
+ctl forward --session="${session}" --request=u --tokens=20 --seed=3 >/dev/null
+ctl forward --session="${session}" --request=s --tokens=20 --seed=3 >/dev/null
+unary="$(ctl --json decode --session="${session}" --request=u --steps=3 --seed=9 |
+         json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+stream="$(ctl --json decode --session="${session}" --request=s --steps=3 --seed=9 --stream |
+          json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+[[ "${unary}" == "${stream}" ]] || fail "decode: unary ${unary} != stream ${stream}"
+[[ "$(ctl --json get --session="${session}" | json 'len(d["session"]["requests"])')" == 6 ]] ||
+  fail "get: expected 6 requests"
+[[ "$(ctl --json list | json 'len(d["sessions"])')" -ge 1 ]] || fail "list: no sessions"
+
+# fork: u and s hold the same 23 tokens (same prompt, same decode inputs). Forks of u (attnctl and
+# the Python client) continue exactly as s does: the same seeded step gives the same output.
+ctl fork --session="${session}" --request=u --forks=f1,f2 | grep -q "forked f2 from u: 23 tokens" ||
+  fail "fork: attnctl did not report f2 with 23 tokens"
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${session}" <<'PY' || fail "fork: the Python client"
+import sys
+from attnserve_client import AttnServeClient
+address, session = sys.argv[1:]
+with AttnServeClient(address) as client:
+    assert client.fork(session, "u", ["f3"]) == {"f3": 23}
+PY
+twin="$(ctl --json decode --session="${session}" --request=s --steps=2 --seed=11 |
+        json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+for fork in f1 f2 f3; do
+  got="$(ctl --json decode --session="${session}" --request="${fork}" --steps=2 --seed=11 |
+         json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
+  [[ "${got}" == "${twin}" ]] || fail "fork: ${fork} decodes ${got}, its twin s ${twin}"
+done
+expect_exit 1 "INVALID_ARGUMENT.*already exists" -- fork --session="${session}" --request=u --forks=f1
+expect_exit 1 NOT_FOUND -- fork --session="${session}" --request=nope --forks=g1
+expect_exit 2 "" -- fork --session="${session}" --request=u
+
+# errors
+expect_exit 1 NOT_FOUND -- forward --session=0123 --request=a
+expect_exit 1 NOT_FOUND -- decode --session="${session}" --request=nope
+expect_exit 1 INVALID_ARGUMENT -- forward --session="${session}" --request=a --tokens=2 --positions=1,0
+expect_exit 2 "" -- forward --session="${session}" --request=a --input="${workdir}/missing.npy"
+expect_exit 2 "num_kv_heads" -- configure --variant=gqa --d_model=128 --num_heads=4
+expect_exit 2 "" -- no_such_command
+
+# --kv_quant: 8-bit KV pages (docs/kv_quantization.md); page bytes count the codes and the four
+# float32 scales (K and V of 2 KV heads): 2 * 2 * 32 * 16 + 16 = 2064, 129 bytes per token.
+quant="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --kv_quant=int8)"
+[[ "$(json 'd["cost"]["page_bytes"]' <<<"${quant}")" == 2064 ]] || fail "--kv_quant=int8: ${quant}"
+[[ "$(json 'd["cost"]["kv_bytes_per_token"]' <<<"${quant}")" == 129 ]] || fail "--kv_quant: ${quant}"
+quant_session="$(json 'd["session_id"]' <<<"${quant}")"
+[[ "$(ctl --json get --session="${quant_session}" | json 'd["session"]["kv_cache_quantization"]')" \
+   == KV_CACHE_QUANTIZATION_INT8 ]] || fail "get: kv_cache_quantization is not INT8"
+ctl release --session="${quant_session}" >/dev/null
+expect_exit 2 "kv_quant" -- configure --spec_file="${workdir}/spec.json" --kv_quant=int4
+
+# --stack: a hybrid stack (docs/hybrid_stacks.md). 40 tokens in pages of 16 (2 KV heads x 32, f32:
+# 8192-byte pages): the global layer holds 3 pages, each window-16 layer the 2 its next token sees.
+stack="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --stack=sw:16x2,global)"
+[[ "$(json 'len(d["stack"])' <<<"${stack}")" == 3 ]] || fail "--stack: ${stack}"
+stack_session="$(json 'd["session_id"]' <<<"${stack}")"
+ctl forward --session="${stack_session}" --request=s --tokens=40 >/dev/null
+kinds="$(ctl --json get --session="${stack_session}" |
+         json '" ".join("%s=%s:%s" % (k["kind"], k["layers"], k["kv_bytes"]) for k in d["session"]["kv_by_layer_kind"])')"
+[[ "${kinds}" == "sliding_window:16=2:32768 global=1:24576" ]] || fail "get: KV by kind '${kinds}'"
+ctl get --session="${stack_session}" | grep -q "stack of 3 layers" || fail "get: no stack line"
+ctl release --session="${stack_session}" >/dev/null
+# The Python client's stack= builds the same stack (layer i from seed + i): the same output.
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${workdir}" <<'PY' || fail "Python stack="
+import json, sys
+from attnserve_client import AttnServeClient
+spec = json.load(open(f"{sys.argv[2]}/spec.json"))
+with AttnServeClient(sys.argv[1]) as client:
+    windowed = dict(spec, sliding_window=16)
+    result = client.configure(None, seed=5, stack=[windowed, windowed, spec])
+    info = client.get_session(result.session_id)
+    assert info.num_layers == 3, info
+    assert [(k.kind, k.layers) for k in info.kv_by_layer_kind] == [("sliding_window:16", 2),
+                                                                  ("global", 1)], info
+    try:
+        client.configure(spec, seed=5, stack=[spec])
+        raise SystemExit("spec and stack together were accepted")
+    except ValueError:
+        pass
+    client.release(result.session_id)
+PY
+expect_exit 2 "is not a layer kind" -- configure --spec_file="${workdir}/spec.json" --stack=sw:0
+
+ctl release --session="${session}" --request=a >/dev/null
+ctl release --session="${session}" >/dev/null
+expect_exit 1 NOT_FOUND -- get --session="${session}"
+[[ "$(ctl --json info | json 'd["kv_pool_used_bytes"]')" == 0 ]] || fail "KV pool not empty after release"
+
+variants="$(ctl --json demo --tokens=16 --steps=2 --batch=2 | json '" ".join(v["variant"] for v in d["variants"])')"
+[[ "${variants}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo: variants '${variants}'"
+# A variant the server refuses is reported and the demo goes on with the next (here every one is
+# refused: the CPU backend keeps no f16 KV cache); the exit status is 1, and the server is intact.
+if demo_out="$(ctl --json demo --tokens=8 --steps=1 --batch=1 --kv_dtype=f16 2>/dev/null)"; then
+  fail "demo with an f16 KV cache on the CPU backend exited 0"
+fi
+failed="$(printf '%s' "${demo_out}" | json '" ".join(v["variant"] for v in d["failed"])')"
+[[ "${failed}" == "MHA GQA-4 MQA MLA-256" ]] || fail "demo f16: failed variants '${failed}'"
+[[ "$(ctl --json info | json 'd["sessions"]')" == 0 ]] || fail "demo f16 left sessions behind"
+
+status=0
+server_stop || status=$?
+[[ "${status}" -eq 0 ]] || fail "the server exited with status ${status} after SIGTERM"
+
+ATTNSERVE_BUILD_DIR="${BUILD}" "${ROOT}/deploy/run_demo.sh" --tokens=16 --steps=2 >"${workdir}/demo.out" 2>&1 ||
+  { cat "${workdir}/demo.out"; fail "deploy/run_demo.sh failed"; }
+grep -q "^MLA-256 " "${workdir}/demo.out" || { cat "${workdir}/demo.out"; fail "run_demo.sh printed no MLA row"; }
+grep -q "server stopped (exit status 0)" "${workdir}/demo.out" || fail "run_demo.sh did not stop its server cleanly"
+echo "attnctl_test: PASS"

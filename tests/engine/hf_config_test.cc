@@ -1,0 +1,367 @@
+// kernels/model/hf_config.h: config.json -> LayerSpec on the configs of released checkpoints (as
+// published on the Hugging Face Hub, trimmed of nothing), per-layer differences, and refusals.
+// tests/engine/hf_config_peer_test.cc checks the same mapping against every peer case's config.json.
+#include "kernels/model/hf_config.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/spec/layer_spec.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+LayerSpec SpecOrDie(const std::string& json, int layer) {
+  absl::StatusOr<LayerSpec> spec = LayerSpecFromHfConfig(json, layer);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : LayerSpec();
+}
+
+void ExpectRefused(const std::string& json, int layer, const std::string& key) {
+  absl::StatusOr<LayerSpec> spec = LayerSpecFromHfConfig(json, layer);
+  ASSERT_FALSE(spec.ok()) << "accepted: " << LayerSpecSummary(*spec);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr(key));
+}
+
+// meta-llama/Llama-3.1-8B config.json.
+constexpr char kLlama31[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+TEST(HfConfigTest, Llama31) {
+  const LayerSpec spec = SpecOrDie(kLlama31, 31);
+  EXPECT_EQ(spec.variant, AttentionVariant::kGQA);
+  EXPECT_EQ(spec.d_model, 4096);
+  EXPECT_EQ(spec.num_heads, 32);
+  EXPECT_EQ(spec.num_kv_heads, 8);
+  EXPECT_EQ(spec.head_dim, 128);
+  EXPECT_FALSE(spec.qkv_bias);
+  EXPECT_EQ(spec.rope, RopeLayout::kHalf);
+  EXPECT_EQ(spec.rope_theta, 500000.0);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(spec.rope_scaling.factor, 8.0);
+  EXPECT_EQ(spec.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(spec.sliding_window, 0);
+  EXPECT_EQ(spec.softmax_scale, 0.0f);
+  EXPECT_TRUE(spec.causal);
+}
+
+// mistralai/Mistral-7B-v0.1: one window for every layer.
+constexpr char kMistral[] = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
+  "use_cache": true, "vocab_size": 32000})";
+
+TEST(HfConfigTest, MistralSlidesEveryLayer) {
+  EXPECT_EQ(SpecOrDie(kMistral, 0).sliding_window, 4096);
+  EXPECT_EQ(SpecOrDie(kMistral, 31).sliding_window, 4096);
+}
+
+// Qwen/Qwen2.5-7B-Instruct: q/k/v biases, no o bias; sliding_window present but unused.
+constexpr char kQwen25[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+  "intermediate_size": 18944, "max_position_embeddings": 32768, "max_window_layers": 28,
+  "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+  "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 152064})";
+
+TEST(HfConfigTest, Qwen25) {
+  const LayerSpec spec = SpecOrDie(kQwen25, 27);
+  EXPECT_TRUE(spec.qkv_bias);
+  EXPECT_FALSE(spec.o_bias);
+  EXPECT_EQ(spec.head_dim, 128);
+  EXPECT_EQ(spec.num_kv_heads, 4);
+  EXPECT_EQ(spec.sliding_window, 0);
+  EXPECT_EQ(spec.qk_norm, QkNorm::kNone);
+}
+
+TEST(HfConfigTest, Qwen2SlidesFromMaxWindowLayers) {
+  std::string config = kQwen25;
+  config.replace(config.find("\"use_sliding_window\": false"), 27, "\"use_sliding_window\": true");
+  config.replace(config.find("\"sliding_window\": 131072"), 24, "\"sliding_window\": 4096");
+  config.replace(config.find("\"max_window_layers\": 28"), 23, "\"max_window_layers\": 20");
+  EXPECT_EQ(SpecOrDie(config, 19).sliding_window, 0);  // The first 20 layers: full attention.
+  EXPECT_EQ(SpecOrDie(config, 20).sliding_window, 4096);
+}
+
+// Qwen/Qwen3-8B: per-head RMSNorm of q and k.
+constexpr char kQwen3[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+  "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+  "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(HfConfigTest, Qwen3) {
+  const LayerSpec spec = SpecOrDie(kQwen3, 0);
+  EXPECT_EQ(spec.qk_norm, QkNorm::kRms);
+  EXPECT_FLOAT_EQ(spec.qk_norm_eps, 1e-6f);
+  EXPECT_EQ(spec.rope_theta, 1e6);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(spec.sliding_window, 0);
+}
+
+// google/gemma-2-9b: soft-capping, query_pre_attn_scalar, even layers slide.
+constexpr char kGemma2[] = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+  "num_hidden_layers": 42, "num_key_value_heads": 8, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "sliding_window": 4096, "sliding_window_size": 4096, "torch_dtype": "float32",
+  "transformers_version": "4.42.0.dev0", "use_cache": true, "vocab_size": 256000})";
+
+TEST(HfConfigTest, Gemma2) {
+  const LayerSpec even = SpecOrDie(kGemma2, 0);
+  const LayerSpec odd = SpecOrDie(kGemma2, 1);
+  EXPECT_EQ(even.sliding_window, 4096);
+  EXPECT_EQ(odd.sliding_window, 0);
+  EXPECT_EQ(even.attn_logit_softcapping, 50.0f);
+  EXPECT_EQ(even.head_dim, 256);
+  EXPECT_EQ(even.softmax_scale, 0.0f);  // query_pre_attn_scalar == head_dim: the default.
+
+  std::string scaled = kGemma2;  // gemma-2-27b: 4608 / 32 heads = 144, scalar 144.
+  scaled.replace(scaled.find("\"query_pre_attn_scalar\": 256"), 28,
+                 "\"query_pre_attn_scalar\": 144");
+  EXPECT_FLOAT_EQ(SpecOrDie(scaled, 0).softmax_scale, 1.0f / 12.0f);
+
+  std::string disagreeing = kGemma2;
+  disagreeing.replace(disagreeing.find("\"sliding_window_size\": 4096"), 27,
+                      "\"sliding_window_size\": 2048");
+  ExpectRefused(disagreeing, 0, "sliding_window_size");
+}
+
+// google/gemma-3-1b-it: 5 local : 1 global, local RoPE base on sliding layers, qk-norm (1 + w).
+constexpr char kGemma3[] = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+  "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+  "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true,
+  "vocab_size": 262144})";
+
+TEST(HfConfigTest, Gemma3LocalAndGlobalLayers) {
+  const LayerSpec local = SpecOrDie(kGemma3, 4);
+  const LayerSpec global = SpecOrDie(kGemma3, 5);
+  EXPECT_EQ(local.variant, AttentionVariant::kMQA);
+  EXPECT_EQ(local.sliding_window, 512);
+  EXPECT_EQ(local.rope_theta, 10000.0);
+  EXPECT_EQ(local.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(global.sliding_window, 0);
+  EXPECT_EQ(global.rope_theta, 1e6);
+  EXPECT_EQ(global.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_EQ(global.rope_scaling.factor, 8.0);
+  EXPECT_EQ(global.qk_norm, QkNorm::kRmsUnitOffset);
+  EXPECT_EQ(global.attn_logit_softcapping, 0.0f);
+  EXPECT_EQ(SpecOrDie(kGemma3, 11).sliding_window, 0);
+  EXPECT_EQ(SpecOrDie(kGemma3, 12).sliding_window, 512);
+}
+
+TEST(HfConfigTest, ExplicitLayerTypesWin) {
+  std::string config = kGemma3;
+  std::string types = "\"layer_types\": [";
+  for (int i = 0; i < 26; ++i) types += i == 0 ? "\"full_attention\"" : ", \"sliding_attention\"";
+  types += "], ";
+  config.insert(config.find("\"max_position_embeddings\""), types);
+  EXPECT_EQ(SpecOrDie(config, 0).sliding_window, 0);
+  EXPECT_EQ(SpecOrDie(config, 5).sliding_window, 512);
+
+  std::string chunked = config;
+  chunked.replace(chunked.find("\"full_attention\""), 16, "\"chunked_attention\"");
+  ExpectRefused(chunked, 0, "layer_types[0]");
+  std::string short_list = kGemma3;
+  short_list.insert(short_list.find("\"max_position_embeddings\""),
+                    "\"layer_types\": [\"full_attention\"], ");
+  ExpectRefused(short_list, 0, "layer_types");
+}
+
+// microsoft/Phi-3-mini-4k-instruct (auto_map trimmed to one entry).
+constexpr char kPhi3[] = R"({
+  "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0,
+  "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config"}, "bos_token_id": 1,
+  "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+  "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 4096,
+  "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+  "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+  "sliding_window": 2047, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.2", "use_cache": true, "vocab_size": 32064})";
+
+TEST(HfConfigTest, Phi3) {
+  const LayerSpec spec = SpecOrDie(kPhi3, 3);
+  EXPECT_EQ(spec.variant, AttentionVariant::kMHA);
+  EXPECT_EQ(spec.head_dim, 96);
+  EXPECT_EQ(spec.sliding_window, 2047);
+  EXPECT_EQ(spec.rotary_dim, 0);
+
+  std::string partial = kPhi3;  // Phi-4-mini style.
+  partial.insert(partial.find("\"pad_token_id\""), "\"partial_rotary_factor\": 0.75, ");
+  EXPECT_EQ(SpecOrDie(partial, 0).rotary_dim, 72);
+
+  std::string longrope = kPhi3;  // Phi-3-mini-128k.
+  longrope.replace(longrope.find("\"rope_scaling\": null"), 20,
+                   R"("rope_scaling": {"type": "longrope", "long_factor": [1.0],)"
+                   R"( "short_factor": [1.0]})");
+  ExpectRefused(longrope, 0, "longrope");
+}
+
+// A DeepSeek-V3-shaped config in bf16 (the released one is fp8, refused below).
+constexpr char kDeepseekV3[] = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+  "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+  "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+  "model_type": "deepseek_v3", "moe_intermediate_size": 2048, "moe_layer_freq": 1,
+  "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": true,
+  "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+  "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+  "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
+                   "type": "yarn"},
+  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+  "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+  "v_head_dim": 128, "vocab_size": 129280})";
+
+TEST(HfConfigTest, DeepseekV3) {
+  const LayerSpec spec = SpecOrDie(kDeepseekV3, 60);
+  EXPECT_EQ(spec.variant, AttentionVariant::kMLA);
+  EXPECT_EQ(spec.num_heads, 128);
+  EXPECT_EQ(spec.mla.q_lora_rank, 1536);
+  EXPECT_EQ(spec.mla.kv_lora_rank, 512);
+  EXPECT_EQ(spec.mla.qk_rope_head_dim, 64);
+  EXPECT_EQ(spec.rope, RopeLayout::kInterleaved);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_EQ(spec.rope_scaling.factor, 40.0);
+  EXPECT_EQ(spec.rope_scaling.mscale_all_dim, 1.0);
+  EXPECT_EQ(spec.softmax_scale, 0.0f);  // The MLA default, mscale^2 included.
+  EXPECT_EQ(KvScalarsPerToken(spec), 576);
+
+  std::string fp8 = kDeepseekV3;
+  fp8.insert(fp8.find("\"rope_scaling\""),
+             R"("quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",)"
+             R"( "quant_method": "fp8", "weight_block_size": [128, 128]}, )");
+  ExpectRefused(fp8, 0, "quantization_config");
+}
+
+TEST(HfConfigTest, Refusals) {
+  ExpectRefused(kLlama31, 32, "num_hidden_layers = 32");
+  ExpectRefused(kLlama31, -1, "layer index");
+  std::string unknown = kLlama31;
+  unknown.insert(unknown.find("\"vocab_size\""), "\"use_qk_norm\": true, ");
+  ExpectRefused(unknown, 0, "use_qk_norm");
+  std::string dynamic = kLlama31;
+  dynamic.replace(dynamic.find("\"rope_type\": \"llama3\""), 21, "\"rope_type\": \"dynamic\"");
+  ExpectRefused(dynamic, 0, "dynamic");
+  std::string extra_rope_key = kLlama31;
+  extra_rope_key.replace(extra_rope_key.find("\"rope_type\": \"llama3\""), 21,
+                         "\"rope_type\": \"llama3\", \"beta_fast\": 4");
+  ExpectRefused(extra_rope_key, 0, "beta_fast");
+  std::string other = kLlama31;
+  other.replace(other.find("\"model_type\": \"llama\""), 21, "\"model_type\": \"falcon\"");
+  ExpectRefused(other, 0, "falcon");
+  std::string bidirectional = kGemma3;
+  bidirectional.insert(bidirectional.find("\"vocab_size\""),
+                       "\"use_bidirectional_attention\": true, ");
+  ExpectRefused(bidirectional, 0, "use_bidirectional_attention");
+  std::string wrong_type = kLlama31;
+  wrong_type.replace(wrong_type.find("\"num_key_value_heads\": 8"), 24,
+                     "\"num_key_value_heads\": \"8\"");
+  ExpectRefused(wrong_type, 0, "num_key_value_heads");
+  ExpectRefused("{not json", 0, "not valid JSON");
+  ExpectRefused("[]", 0, "expected an object");
+}
+
+// openai/gpt-oss-20b: sinks, biases everywhere, alternating windows of 128, untruncated YaRN; the
+// experts are mxfp4 but attention is left unquantized (modules_to_not_convert).
+std::string GptOss20b() {
+  std::string types;
+  for (int i = 0; i < 24; ++i) {
+    types += absl::StrCat(i == 0 ? "" : ", ", i % 2 == 0 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  return absl::StrCat(R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880, "layer_types": [)", types, R"(],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+  "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+      "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                   "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                   "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0",
+  "use_cache": true, "vocab_size": 201088})");
+}
+
+TEST(HfConfigTest, GptOss) {
+  const LayerSpec sliding = SpecOrDie(GptOss20b(), 0);
+  const LayerSpec full = SpecOrDie(GptOss20b(), 23);
+  EXPECT_EQ(sliding.sliding_window, 128);
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_TRUE(full.attention_sinks);
+  EXPECT_TRUE(full.qkv_bias);
+  EXPECT_TRUE(full.o_bias);
+  EXPECT_EQ(full.num_heads, 64);
+  EXPECT_EQ(full.num_kv_heads, 8);
+  EXPECT_EQ(full.head_dim, 64);
+  EXPECT_EQ(full.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_FALSE(full.rope_scaling.truncate);
+  EXPECT_EQ(full.rope_scaling.factor, 32.0);
+
+  std::string quantized_attention = GptOss20b();
+  quantized_attention.replace(quantized_attention.find("\"model.layers.*.self_attn\","), 27, "");
+  ExpectRefused(quantized_attention, 0, "quantization_config");
+}
+
+TEST(HfConfigTest, DifferenceNamesTheField) {
+  const LayerSpec a = SpecOrDie(kGemma3, 4);
+  EXPECT_EQ(LayerSpecDifference(a, a), "");
+  const LayerSpec b = SpecOrDie(kGemma3, 5);
+  EXPECT_THAT(LayerSpecDifference(a, b), HasSubstr("rope_theta"));
+  LayerSpec c = a;
+  c.rope_scaling.type = RopeScalingType::kLinear;
+  c.rope_scaling.factor = 2;
+  EXPECT_THAT(LayerSpecDifference(a, c), HasSubstr("rope_scaling"));
+}
+
+}  // namespace
+}  // namespace attnserve

@@ -1,0 +1,268 @@
+// Hybrid stacks (kernels/stack/layer_stack.h): a stack computes exactly what its layers compute when run
+// by hand on the residual stream (bit for bit, prefill then decode, in f32); a sliding-window
+// layer's KV stays within its window while a global layer's grows with the context; forks decode
+// as their source; a batch the budget cannot hold is refused with nothing changed, and a failure
+// in a layer above the first drops the batch's sequences from every layer without leaking a page.
+#include "kernels/stack/layer_stack.h"
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/kv/memory_budget.h"
+#include "kernels/kv/page_table.h"
+#include "tests/reference/attention_reference.h"
+#include "tests/reference/test_cases.h"
+
+namespace attnserve::reference {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWindow = 20;  // Tokens; pages of 16, so a window layer holds at most 3 pages.
+
+// Two sliding-window layers and a global one, GQA 4:2 with head dim 16 (d_model 64).
+std::vector<LayerSpec> FiveToOneLikeSpecs() {
+  std::vector<LayerSpec> specs(3, StandardSpec(4, 2, 16, RopeLayout::kHalf));
+  specs[0].sliding_window = kWindow;
+  specs[1].sliding_window = kWindow;
+  specs[1].rope_theta = 10000.0 * 3;  // Per-layer RoPE bases, as Gemma 3's local layers.
+  return specs;
+}
+
+std::vector<LayerWeights> WeightsFor(const std::vector<LayerSpec>& specs) {
+  std::vector<LayerWeights> weights;
+  for (size_t i = 0; i < specs.size(); ++i) weights.push_back(TestWeights(specs[i], 100 + i));
+  return weights;
+}
+
+KvCacheConfig Pool(int64_t max_pages, std::shared_ptr<KvMemoryBudget> budget = nullptr) {
+  KvCacheConfig config;
+  config.storage = DType::kF32;
+  config.page_size = 16;
+  config.max_pages = max_pages;
+  config.budget = std::move(budget);
+  return config;
+}
+
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(), a.num_bytes()) == 0;
+}
+
+void AddInto(Tensor& stream, const Tensor& out) {
+  for (int64_t j = 0; j < stream.num_elements(); ++j) stream.f32()[j] += out.f32()[j];
+}
+
+int64_t KindBytes(const LayerStack& stack, const std::string& kind) {
+  for (const LayerKindKv& k : stack.kv_usage()->Get()) {
+    if (k.kind == kind) return k.kv_bytes;
+  }
+  return -1;
+}
+
+TEST(LayerStackTest, EqualsTheLayersRunByHandAndWindowLayersStayWithinTheirWindow) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  const std::vector<LayerWeights> weights = WeightsFor(specs);
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, weights, Pool(256, budget));
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  std::vector<std::unique_ptr<AttentionLayer>> by_hand;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        (*backend)->CreateLayer(specs[k], weights[k], Pool(256));
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    by_hand.push_back(*std::move(layer));
+  }
+  EXPECT_EQ((*stack)->num_layers(), 3);
+  EXPECT_EQ(LayerKind(specs[0]), "sliding_window:20");
+  EXPECT_EQ(LayerKind(specs[2]), "global");
+
+  // Two sequences of 37 and 21 tokens (pages of 16: crossing page and window boundaries).
+  const int64_t lengths[2] = {37, 21};
+  std::mt19937_64 rng(7);
+  const int d = specs[0].d_model;
+  const Tensor prompt = ToTensor(RandomHidden(58, d, rng), {58, d}, DType::kF32);
+  std::vector<SequenceId> s_ids = {(*stack)->CreateSequence(), (*stack)->CreateSequence()};
+  std::vector<std::vector<SequenceId>> h_ids(3);
+  for (size_t k = 0; k < 3; ++k) {
+    h_ids[k] = {by_hand[k]->CreateSequence(), by_hand[k]->CreateSequence()};
+  }
+  const PrefillChunk chunks[2] = {{s_ids[0], lengths[0]}, {s_ids[1], lengths[1]}};
+  absl::StatusOr<Tensor> stacked = (*stack)->Prefill(chunks, prompt, {});
+  ASSERT_TRUE(stacked.ok()) << stacked.status();
+  Tensor stream = prompt;
+  for (size_t k = 0; k < 3; ++k) {
+    const PrefillChunk layer_chunks[2] = {{h_ids[k][0], lengths[0]}, {h_ids[k][1], lengths[1]}};
+    absl::StatusOr<Tensor> out = by_hand[k]->Prefill(layer_chunks, stream, {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    AddInto(stream, *out);
+  }
+  ASSERT_TRUE(SameBits(*stacked, stream)) << "prefill differs from the layers run by hand";
+
+  // Decode 40 steps: the window layers' pages stop growing, the global layer's keep growing.
+  const int64_t page_bytes = (*stack)->PoolUsage().page_bytes;
+  for (int step = 0; step < 40; ++step) {
+    const Tensor x = ToTensor(RandomHidden(2, d, rng), {2, d}, DType::kF32);
+    absl::StatusOr<Tensor> s_out = (*stack)->Decode(s_ids, x, {});
+    ASSERT_TRUE(s_out.ok()) << s_out.status();
+    Tensor h = x;
+    for (size_t k = 0; k < 3; ++k) {
+      absl::StatusOr<Tensor> out = by_hand[k]->Decode(h_ids[k], h, {});
+      ASSERT_TRUE(out.ok()) << out.status();
+      AddInto(h, *out);
+    }
+    ASSERT_TRUE(SameBits(*s_out, h)) << "decode step " << step << " differs";
+    // A window of 20 tokens spans at most 3 pages of 16 (2 window layers x 2 sequences).
+    EXPECT_LE(KindBytes(**stack, "sliding_window:20"), 2 * 2 * 3 * page_bytes);
+  }
+  const int64_t global_pages =
+      PagesForTokens(lengths[0] + 40, 16) + PagesForTokens(lengths[1] + 40, 16);
+  EXPECT_EQ(KindBytes(**stack, "global"), global_pages * page_bytes);
+  EXPECT_EQ((*stack)->PoolUsage().used_pages * page_bytes, budget->used_bytes())
+      << "the stack charges exactly the pages its layers hold";
+  EXPECT_EQ((*stack)->SequenceKvBytes(s_ids[0]).value_or(-1),
+            (*stack)->KvBytesAtLength(lengths[0] + 40));
+
+  // bf16 in, bf16 out: the residual stream is f32 inside.
+  const Tensor x16 = ToTensor(RandomHidden(2, d, rng), {2, d}, DType::kBF16);
+  absl::StatusOr<Tensor> out16 = (*stack)->Decode(s_ids, x16, {});
+  ASSERT_TRUE(out16.ok()) << out16.status();
+  EXPECT_EQ(out16->dtype(), DType::kBF16);
+
+  for (SequenceId id : s_ids) ASSERT_TRUE((*stack)->ReleaseSequence(id).ok());
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, 0);
+  EXPECT_EQ(budget->used_bytes(), 0);
+  EXPECT_EQ(KindBytes(**stack, "global"), 0);
+}
+
+TEST(LayerStackTest, ForksDecodeAsTheirSource) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, WeightsFor(specs), Pool(256, budget));
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  std::mt19937_64 rng(11);
+  const int d = specs[0].d_model;
+  const SequenceId source = (*stack)->CreateSequence();
+  const PrefillChunk chunk{source, 37};
+  ASSERT_TRUE(
+      (*stack)
+          ->Prefill({&chunk, 1}, ToTensor(RandomHidden(37, d, rng), {37, d}, DType::kF32), {})
+          .ok());
+  const int64_t before = budget->used_bytes();
+  absl::StatusOr<std::vector<SequenceId>> forks = (*stack)->ForkSequence(source, 2);
+  ASSERT_TRUE(forks.ok()) << forks.status();
+  // Each fork copies the partial last page in each of the 3 layers.
+  EXPECT_EQ(budget->used_bytes(), before + 2 * 3 * (*stack)->PoolUsage().page_bytes);
+  for (int step = 0; step < 24; ++step) {
+    const std::vector<double> row = RandomHidden(1, d, rng);
+    std::vector<double> rows;
+    for (int i = 0; i < 3; ++i) rows.insert(rows.end(), row.begin(), row.end());
+    const std::vector<SequenceId> ids = {source, (*forks)[0], (*forks)[1]};
+    absl::StatusOr<Tensor> out = (*stack)->Decode(ids, ToTensor(rows, {3, d}, DType::kF32), {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    for (int i = 1; i < 3; ++i) {
+      ASSERT_EQ(std::memcmp(out->data(), out->data() + i * d * 4, d * 4), 0)
+          << "fork " << i << " decoded differently from its source at step " << step;
+    }
+  }
+  ASSERT_TRUE((*stack)->ReleaseSequence(source).ok());
+  for (SequenceId f : *forks) ASSERT_TRUE((*stack)->ReleaseSequence(f).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+}
+
+TEST(LayerStackTest, BudgetExhaustionIsRefusedBeforeAnyLayerChanges) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  // Room for 8 pages in all: a 37-token prompt needs 3 pages in each of 3 layers (9).
+  absl::StatusOr<std::unique_ptr<LayerStack>> probe =
+      LayerStack::Create(**backend, specs, WeightsFor(specs), Pool(256));
+  ASSERT_TRUE(probe.ok());
+  const int64_t page_bytes = (*probe)->PoolUsage().page_bytes;
+  auto budget = std::make_shared<KvMemoryBudget>(8 * page_bytes);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, WeightsFor(specs), Pool(256, budget));
+  ASSERT_TRUE(stack.ok());
+  std::mt19937_64 rng(5);
+  const int d = specs[0].d_model;
+  const SequenceId id = (*stack)->CreateSequence();
+  const PrefillChunk chunk{id, 37};
+  absl::StatusOr<Tensor> out =
+      (*stack)->Prefill({&chunk, 1}, ToTensor(RandomHidden(37, d, rng), {37, d}, DType::kF32), {});
+  ASSERT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
+  EXPECT_THAT(out.status().message(), HasSubstr("3 stacked layers"));
+  EXPECT_EQ(budget->used_bytes(), 0);
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, 0);
+  EXPECT_EQ((*stack)->SequenceLength(id).value_or(-1), 0);
+  const PrefillChunk fits{id, 32};  // 2 pages x 3 layers.
+  EXPECT_TRUE(
+      (*stack)
+          ->Prefill({&fits, 1}, ToTensor(RandomHidden(32, d, rng), {32, d}, DType::kF32), {})
+          .ok());
+  EXPECT_EQ(budget->used_bytes(), 6 * page_bytes);
+}
+
+TEST(LayerStackTest, FailureAboveTheFirstLayerDropsTheBatchWithoutLeaking) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  std::vector<LayerWeights> weights = WeightsFor(specs);
+  // Layer 1's V and O projections scaled so far that its output overflows to infinity: layer 0
+  // has appended the batch by then, and layer 1 rolls only its own call back.
+  for (const char* name : {"v_proj.weight", "o_proj.weight"}) {
+    Tensor& w = weights[1].at(name);
+    for (int64_t j = 0; j < w.num_elements(); ++j) w.f32()[j] *= 1e20f;
+  }
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, weights, Pool(256, budget));
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  std::mt19937_64 rng(9);
+  const int d = specs[0].d_model;
+  const SequenceId id = (*stack)->CreateSequence();
+  const PrefillChunk chunk{id, 21};
+  absl::StatusOr<Tensor> out =
+      (*stack)->Prefill({&chunk, 1}, ToTensor(RandomHidden(21, d, rng), {21, d}, DType::kF32), {});
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(out.status().message(), HasSubstr("stack layer 1 failed"));
+  EXPECT_THAT(out.status().message(), HasSubstr("dropped"));
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, 0) << "layer 0's pages went back";
+  EXPECT_EQ(budget->used_bytes(), 0);
+  absl::StatusOr<int64_t> length = (*stack)->SequenceLength(id);
+  EXPECT_EQ(length.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(length.status().message(), HasSubstr("was dropped"));
+  EXPECT_TRUE((*stack)->ReleaseSequence(id).ok());
+}
+
+TEST(LayerStackTest, RefusesMismatchedLayersByName) {
+  std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  std::vector<LayerSpec> wide = specs;
+  wide[2].d_model = 128;
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, wide, WeightsFor(wide), Pool(16));
+  ASSERT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stack.status().message(), HasSubstr("stack.layers[2].d_model = 128"));
+  std::vector<LayerSpec> heads = specs;
+  heads[1] = StandardSpec(4, 4, 16, RopeLayout::kHalf);  // 4 KV heads: twice the page bytes.
+  stack = LayerStack::Create(**backend, heads, WeightsFor(heads), Pool(16));
+  ASSERT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stack.status().message(), HasSubstr("stack.layers[1]: KV pages"));
+  stack = LayerStack::Create(**backend, {}, {}, Pool(16));
+  EXPECT_EQ(stack.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attnserve::reference
