@@ -38,7 +38,7 @@ ABSL_DECLARE_FLAG(std::string, kv_quant);
 
 ABSL_FLAG(std::string, base, "",
           "compare: JSON spec of the MHA layer to compare from (default: d_model 512, 8 heads of "
-          "64, RoPE, as seed 000).");
+          "64, RoPE, causal).");
 ABSL_FLAG(std::string, lengths, "128,256,512,1024,2048",
           "compare: prompt lengths, comma separated.");
 ABSL_FLAG(int, repeats, 5, "compare: measured prefill+decode rounds per variant and length.");

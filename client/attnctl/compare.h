@@ -1,6 +1,6 @@
-// `attnctl compare`: seed 000's variant comparison, measured on a running server.
+// `attnctl compare`: the variant comparison of docs/comparison.md, measured on a running server.
 //
-// From one MHA layer (--base, default seed 000's d_model 512, 8 heads of 64, RoPE) it configures
+// From one MHA layer (--base, default d_model 512, 8 heads of 64, RoPE) it configures
 //   MHA                 the base layer, weights from --seed;
 //   GQA-n ... MQA       the same MHA weights with K/V heads mean-pooled (WeightSource.convert_from,
 //                       kernels/model/kv_head_pooling.h): n = num_heads / 2, num_heads / 4, and 1;
@@ -49,7 +49,7 @@ struct CompareOptions {
   std::string plot_script;     // client/python/plot_compare.py
 };
 
-// Seed 000's base layer: mha, d_model 512, 8 heads, head_dim 64, RoPE (half), causal.
+// The default base layer: mha, d_model 512, 8 heads, head_dim 64, RoPE (half), causal.
 LayerSpec DefaultCompareBase();
 
 struct CompareVariant {

@@ -24,7 +24,8 @@
 //              --request [--to_session --new_request --release_source] (client/attnctl/move.h)
 //   health     grpc.health.v1 Check [--service]; --wait_s=S retries until SERVING
 //   demo       configure each demo variant, forward, decode, release; print the per-variant table
-//   compare    seed 000's variant comparison measured on the server (client/attnctl/compare.h)
+//   compare    the variant comparison (docs/comparison.md) measured on the server
+//              (client/attnctl/compare.h)
 //   convert    MHA -> GQA/MQA by mean-pooling K/V heads, to a safetensors file (offline;
 //              client/attnctl/convert.h)
 //

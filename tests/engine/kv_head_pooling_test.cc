@@ -177,9 +177,10 @@ TEST(KvHeadPoolingTest, MhaSourceSpecIsTheTargetWithEveryHeadItsOwnKvHead) {
   EXPECT_EQ(mha->head_dim, 16);
 }
 
-// Seed 000's setting (d_model 512, 8 heads of 64): the converted layers' outputs against the MHA
-// layer's on random inputs the weights never saw. Pooling loses information, so the error is
-// positive and grows as heads are merged; it must be finite. The numbers are recorded.
+// The comparison's setting (docs/comparison.md: d_model 512, 8 heads of 64): the converted
+// layers' outputs against the MHA layer's on random inputs the weights never saw. Pooling loses
+// information, so the error is positive and grows as heads are merged; it must be finite. The
+// numbers are recorded.
 TEST(KvHeadPoolingTest, ConvertedLayerOutputErrorAgainstMhaIsFiniteAndReported) {
   const LayerSpec mha = MhaSpec(512, 8, 64, /*biases=*/false);
   const LayerWeights weights = TestWeights(mha, 2024);
