@@ -1,8 +1,9 @@
 // Moving one request between replicas from the client's side: ExportRequest from the source is
 // piped into ImportRequest on the target message by message (the header, then each chunk of page
-// bytes as it arrives), so no more than one chunk is held here. Used by `attnctl move` and by the
-// server's drain (server/fleet/drain.h). Both streams carry x-attnserve-session
-// (client/common/session_routing.h), so either end may be a balancer.
+// bytes as it arrives), so no more than one chunk is held here. Used by `attnctl move`; the
+// server's drain (server/fleet/drain.h) exports on its own session's queue and sends the
+// ImportRequest itself. Both streams carry x-attnserve-session (client/common/session_routing.h),
+// so either end may be a balancer.
 #ifndef ATTNSERVE_CLIENT_COMMON_REQUEST_MOVER_H_
 #define ATTNSERVE_CLIENT_COMMON_REQUEST_MOVER_H_
 

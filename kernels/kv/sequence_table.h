@@ -42,7 +42,8 @@ struct BatchSequence {
 
 // Each row's RoPE position for a reserved batch of `rows` rows: positions[row] when `positions` is
 // given (one per row), else the row's index in its sequence (each sequence continues from its
-// length). Every backend resolves positions here, once per call.
+// length). Every backend resolves positions here, once per call (the server has already filled in
+// positions for every row it sends; they are copied through).
 std::vector<int64_t> ResolvePositions(absl::Span<const BatchSequence> batch,
                                       absl::Span<const int64_t> positions, int64_t rows);
 

@@ -109,8 +109,10 @@ class Metrics {
                   const RpcTiming& timing);
   // One backend call: `size` sequences, `tokens` rows, `seconds` of engine time. Decode calls also
   // count decode tokens and feed attnserve_decode_step_seconds; prefill calls count prefill
-  // tokens. The scheduler's BatchObserver (session_scheduler.h) maps onto this one to one:
-  // ObserveBatch(VariantLabel(session.spec()), s.decode, s.size, s.tokens, s.compute_ns * 1e-9).
+  // tokens. The scheduler's BatchObserver (server/session/scheduler.h) forwards four fields of
+  // BatchStats here (server/rpc/attention_service.cc, at Configure):
+  // ObserveBatch(variant, s.decode, s.size, s.tokens, s.compute_ns * 1e-9); the others (context
+  // tokens, calls, chunks, queue waits, retried_alone) reach no metric.
   void ObserveBatch(const std::string& variant, bool decode, int64_t size, int64_t tokens,
                     double seconds);
   // A step refused with RESOURCE_EXHAUSTED for KV memory.

@@ -161,8 +161,9 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
                      " more would pass max_requests = ", limits_.max_requests,
                      " (release requests or raise the limit)"));
   }
-  // RoPE positions are resolved here, once: an input without positions continues from its
-  // request's length. Every engine call then gets each row's position and resolves nothing.
+  // RoPE positions: an input without positions continues from its request's length, so every
+  // engine call gets one position per row. The backend resolves them again per call
+  // (ResolvePositions, kernels/kv/sequence_table.h), which copies given positions through.
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<int64_t>& positions = inputs[i].positions;
     if (!positions.empty()) continue;

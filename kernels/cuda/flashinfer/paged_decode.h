@@ -1,10 +1,11 @@
 // FlashInfer's batch decode kernel (BatchDecodeWithPagedKVCacheDispatched, FlashInfer 0.5.3, the
 // headers of the pinned `flashinfer-python` wheel) over attnserve's own device KV pages.
 //
-// Groundwork for the GPU issue: FlashInfer measured 6x our decode kernel on an H100 at batch 32 x
-// 8192 (docs/gpu_benchmarks.md). This is the adapter and its instances only; the layer does not
-// call it yet. tests/gpu/flashinfer_decode_test.cc checks it against float64 on a GPU (and skips
-// without one), so the session that next holds a GPU can check it and switch the dispatch over.
+// A candidate replacement for our own split-KV decode kernel; no measurement of either against
+// the other exists yet (docs/gpu_benchmarks.md). This is the adapter and its instances only; the
+// layer does not call it. tests/gpu/flashinfer_decode_test.cc checks it against float64 on a GPU
+// (and skips without one); it has not run on a GPU yet. Switching the layer's decode dispatch to
+// it waits for that check and a benchmark on a device.
 //
 // Our page layout is [K|V][num_kv_heads][page_size][head_dim] (PagedKv). FlashInfer's paged_kv_t
 // takes K and V base pointers, page indices and strides, so one pool serves both: K of page p at

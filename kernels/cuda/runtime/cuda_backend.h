@@ -1,7 +1,7 @@
 // The CUDA backend: MHA/MQA/GQA layers on one GPU. Projections through cuBLAS (fp32, loaded at
 // run time), our own kernels for RoPE + KV append, prefill and split-KV paged decode. KV pages
-// live in one device pool allocated when the backend is created. MLA is CUDA part 2 and is
-// refused with UNIMPLEMENTED.
+// live in one device pool allocated when the backend is created. MLA has no CUDA kernels yet and
+// is refused with UNIMPLEMENTED.
 #ifndef ATTNSERVE_KERNELS_CUDA_RUNTIME_CUDA_BACKEND_H_
 #define ATTNSERVE_KERNELS_CUDA_RUNTIME_CUDA_BACKEND_H_
 

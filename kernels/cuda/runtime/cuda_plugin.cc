@@ -1,9 +1,9 @@
 // The CUDA backend as a loadable module (libattnserve_cuda.so), opened with dlopen by
-// kernels/backend_factory.cc. Why not link it into the server: the static CUDA runtime brings a
-// 4 KiB, 4 KiB-aligned static TLS block, which glibc carves out of EVERY thread's stack; the
-// metrics server's civetweb workers run on ~100 KiB stacks and overflowed (SIGSEGV in mg_printf).
-// A dlopen'ed module's TLS is allocated on first use instead, so binaries that only may use CUDA
-// keep their stacks, and still need no CUDA library to start.
+// kernels/backend_factory.cc, and only when --backend is cuda or auto. Why not link it into the
+// server: the static CUDA runtime brings a 4 KiB, 4 KiB-aligned static TLS block, which glibc
+// carves out of every thread's stack in every binary that links it, whether it uses CUDA or not;
+// on threads with fixed small stacks that has overflowed them. A dlopen'ed module's TLS is
+// allocated on first use instead, so the server's threads keep their stacks on the CPU backend.
 #include <cstdio>
 #include <memory>
 
