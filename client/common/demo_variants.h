@@ -1,5 +1,5 @@
-// The four layer variants the demo and benchmarks compare, at the seed documents' scale
-// (d_model = 512, 8 query heads, head_dim 64).
+// The four layer variants the demo and benchmarks compare, at the comparison's scale
+// (docs/comparison.md: d_model = 512, 8 query heads, head_dim 64).
 #ifndef ATTNSERVE_CLIENT_COMMON_DEMO_VARIANTS_H_
 #define ATTNSERVE_CLIENT_COMMON_DEMO_VARIANTS_H_
 
