@@ -17,8 +17,8 @@ struct ServerLimits {
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
-  // Configure's checkpoint paths must resolve inside this directory (server/session/weight_source.h);
-  // empty = checkpoints by path are refused.
+  // Configure's checkpoint paths must resolve inside this directory
+  // (server/session/weight_source.h); empty = checkpoints by path are refused.
   std::string checkpoint_root;
 };
 
@@ -39,8 +39,9 @@ struct SchedulerOptions {
   int64_t prefill_chunk_tokens = 512;
 };
 
-// Per-tenant caps (see server/security/auth.h and server/session/registry.h), applied to every tenant of
-// the --auth_tokens file except admins; 0 = unlimited. They apply only when authentication is on.
+// Per-tenant caps (see server/security/auth.h and server/session/registry.h), applied to every
+// tenant of the --auth_tokens file except admins; 0 = unlimited. They apply only when
+// authentication is on.
 struct TenantQuotas {
   int max_sessions = 0;             // Live sessions of one tenant.
   int64_t max_kv_bytes = 0;         // KV cache bytes held by one tenant's sessions together.
@@ -61,8 +62,8 @@ struct ServerOptions {
   // 0 = chosen by backend: kDefaultCpuKvPoolBytes on the CPU backend, kDefaultCudaKvPoolFraction
   // of the free device memory on the CUDA backend (as vLLM's gpu_memory_utilization).
   int64_t kv_pool_bytes = 0;
-  // Weight bytes all sessions may hold together (server/session/parameter_budget.h); 0 = half of the
-  // machine's physical memory.
+  // Weight bytes all sessions may hold together (server/session/parameter_budget.h); 0 = half of
+  // the machine's physical memory.
   int64_t max_parameter_bytes = 0;
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
   // the device memory free at startup, instead of kv_pool_bytes.

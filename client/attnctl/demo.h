@@ -1,8 +1,8 @@
 // `attnctl demo`: the client-side demo of README command (1). For each of the four demo variants
-// (client/common/demo_variants.h) it configures a session on the server, prefills a batch of requests,
-// decodes a number of steps for all of them, reads the session's KV use, releases the session and
-// prints one table row: parameters, KV bytes per token, KV MiB in use, prefill and decode times as
-// the client measured them and as the server reports its compute time.
+// (client/common/demo_variants.h) it configures a session on the server, prefills a batch of
+// requests, decodes a number of steps for all of them, reads the session's KV use, releases the
+// session and prints one table row: parameters, KV bytes per token, KV MiB in use, prefill and
+// decode times as the client measured them and as the server reports its compute time.
 #ifndef ATTNSERVE_CLIENT_ATTNCTL_DEMO_H_
 #define ATTNSERVE_CLIENT_ATTNCTL_DEMO_H_
 

@@ -2,8 +2,8 @@
 // attnserve.v1.AttentionService carries the id of the session it concerns as the gRPC metadata
 // `x-attnserve-session`, which a load balancer in front of several replicas hashes on, so all calls
 // of a session reach the replica that holds its KV cache. A Configure carries a fresh random id
-// that the client draws and the server adopts as the new session's id (server/fleet/session_affinity.h),
-// so Configure lands where the session's later calls will.
+// that the client draws and the server adopts as the new session's id
+// (server/fleet/session_affinity.h), so Configure lands where the session's later calls will.
 //
 // An interceptor on the channel (installed by CreateSecureChannel) tags unary calls by reading the
 // request's `session_id` field; streams send their metadata before any message, so their callers

@@ -68,8 +68,9 @@ class SafetensorsFile {
  public:
   // Opens `path` and validates its header. The file stays open (one descriptor) until this object
   // and all its moved-to copies are destroyed. Only a regular file is opened, without blocking
-  // (a FIFO or a device is refused with NOT_FOUND, kernels/base/regular_file.h); kRefuse also refuses
-  // a symlink as the last component (for paths already resolved, kernels/base/path_confinement.h).
+  // (a FIFO or a device is refused with NOT_FOUND, kernels/base/regular_file.h); kRefuse also
+  // refuses a symlink as the last component (for paths already resolved,
+  // kernels/base/path_confinement.h).
   static absl::StatusOr<SafetensorsFile> Open(const std::string& path,
                                               FinalSymlink final_symlink = FinalSymlink::kFollow);
 

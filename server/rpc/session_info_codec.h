@@ -1,5 +1,5 @@
-// A session's plain state (server/session/session.h) as the API's messages: SessionCost for Configure,
-// SessionInfo for GetSession and ListSessions. The session itself holds no proto types.
+// A session's plain state (server/session/session.h) as the API's messages: SessionCost for
+// Configure, SessionInfo for GetSession and ListSessions. The session itself holds no proto types.
 #ifndef ATTNSERVE_SERVER_RPC_SESSION_INFO_CODEC_H_
 #define ATTNSERVE_SERVER_RPC_SESSION_INFO_CODEC_H_
 

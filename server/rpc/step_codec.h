@@ -2,9 +2,9 @@
 //
 // Everything about an item that does not depend on the request's state is checked here: the
 // request id (non-empty, at most 256 bytes, distinct within the call), the hidden tensor (see
-// tensor_codec.h; rank, d_model, finite values of magnitude <= kMaxAbsHiddenValue) and the positions' count. Position order against
-// the request's history is the session's to check. Errors are INVALID_ARGUMENT naming
-// "items[i].<field>".
+// tensor_codec.h; rank, d_model, finite values of magnitude <= kMaxAbsHiddenValue) and the
+// positions' count. Position order against the request's history is the session's to check. Errors
+// are INVALID_ARGUMENT naming "items[i].<field>".
 #ifndef ATTNSERVE_SERVER_RPC_STEP_CODEC_H_
 #define ATTNSERVE_SERVER_RPC_STEP_CODEC_H_
 

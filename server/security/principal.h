@@ -1,5 +1,5 @@
-// Who is calling: the tenant a bearer token maps to (server/security/auth.h), and whether it may act on
-// every tenant's sessions. Sessions are owned by the tenant that configured them
+// Who is calling: the tenant a bearer token maps to (server/security/auth.h), and whether it may
+// act on every tenant's sessions. Sessions are owned by the tenant that configured them
 // (server/session/registry.h); per-tenant quotas apply to every non-admin tenant.
 #ifndef ATTNSERVE_SERVER_SECURITY_PRINCIPAL_H_
 #define ATTNSERVE_SERVER_SECURITY_PRINCIPAL_H_

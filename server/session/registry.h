@@ -1,9 +1,10 @@
 // The live sessions by id, with the max_sessions limit and KV accounting by session and variant.
 //
-// Each session belongs to the tenant that configured it (server/security/principal.h). Lookups on behalf of
-// a caller see only the caller's own sessions (an admin sees all): another tenant's session id is
-// answered exactly as an unknown id, so ids neither leak nor work across tenants. The registry
-// also enforces the per-tenant session and parameter-byte quotas (TenantQuotas) of non-admins.
+// Each session belongs to the tenant that configured it (server/security/principal.h). Lookups on
+// behalf of a caller see only the caller's own sessions (an admin sees all): another tenant's
+// session id is answered exactly as an unknown id, so ids neither leak nor work across tenants. The
+// registry also enforces the per-tenant session and parameter-byte quotas (TenantQuotas) of
+// non-admins.
 //
 // All methods are thread-safe and quick (a map under a mutex), so gRPC handlers may call them.
 #ifndef ATTNSERVE_SERVER_SESSION_REGISTRY_H_

@@ -178,9 +178,9 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::StatusOr<ForkOutcome> Fork(const std::string& source,
                                    const std::vector<std::string>& new_ids);
 
-  // Moving a request (server/session/session_transfer.cc). ExportRequest copies `request_id`'s pages and
-  // positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same step.
-  // NOT_FOUND for an unknown request.
+  // Moving a request (server/session/session_transfer.cc). ExportRequest copies `request_id`'s
+  // pages and positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same
+  // step. NOT_FOUND for an unknown request.
   absl::StatusOr<RequestExport> ExportRequest(const std::string& request_id, bool release);
   // Creates `request_id` from an export of a session with this one's fingerprint. ALREADY_EXISTS
   // for an existing id; RESOURCE_EXHAUSTED past max_requests or when the pool cannot hold the

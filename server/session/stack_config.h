@@ -47,8 +47,8 @@ int64_t MaxContextTokens(const AttentionLayer& layer, int64_t free_bytes);
 
 // Draws or loads every layer's weights (seed: layer i from seed + i; checkpoint: layer
 // layer_index + i) and builds the stack on `backend` (LayerStack::Create). `fingerprint` receives
-// a SHA-256 over the layers' fingerprints (server/session/layer_fingerprint.h) in order, `kv_usage` the
-// stack's KV bytes by layer kind (LayerStack::kv_usage). CANCELLED when `cancelled` says so
+// a SHA-256 over the layers' fingerprints (server/session/layer_fingerprint.h) in order, `kv_usage`
+// the stack's KV bytes by layer kind (LayerStack::kv_usage). CANCELLED when `cancelled` says so
 // between layers.
 absl::StatusOr<std::unique_ptr<AttentionLayer>> BuildStack(
     const v1::ConfigureRequest& request, const std::vector<LayerSpec>& stack,

@@ -88,8 +88,8 @@ absl::StatusOr<LayerWeights> FromInline(const v1::InlineWeights& inline_weights,
 }
 
 // The MHA layer's weights from `conversion`, their K/V heads pooled to spec.num_kv_heads
-// (kernels/model/kv_head_pooling.h). The MHA weights are read for MhaSourceSpec(spec), so a checkpoint
-// or inline tensors of another shape are refused as they would be for that spec.
+// (kernels/model/kv_head_pooling.h). The MHA weights are read for MhaSourceSpec(spec), so a
+// checkpoint or inline tensors of another shape are refused as they would be for that spec.
 absl::StatusOr<LayerWeights> FromConversion(const v1::ConvertFrom& conversion,
                                             const LayerSpec& spec,
                                             const WeightSourceOptions& options) {

@@ -6,8 +6,9 @@
 #     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
 #
-# Usage: tests/client/attnbench_test.sh BUILD_DIR [PYTHON]   (BUILD_DIR holds server/attnserve_server and
-# client/attnbench; PYTHON defaults to python3, only the standard library is used)
+# Usage: tests/client/attnbench_test.sh BUILD_DIR [PYTHON]   (BUILD_DIR holds
+# server/attnserve_server and client/attnbench; PYTHON defaults to python3, only the standard
+# library is used)
 set -euo pipefail
 
 readonly BUILD="${1:?usage: $0 BUILD_DIR [PYTHON]}"

@@ -4,7 +4,8 @@
 #     (2 x kv_heads x head_dim x 4 for f32; MLA (latent + rope) x 4); KV bytes held = batch x whole
 #     pages (windowed form: at most its window plus a page, per request); the windowed form equals
 #     MHA exactly below its window and not past it; every converted form's error finite and > 0;
-#     MQA < GQA-2 < GQA-4 < MHA in KV memory and parameters; latencies positive; --csv has a row per variant and length; --plot writes a PNG.
+#     MQA < GQA-2 < GQA-4 < MHA in KV memory and parameters; latencies positive; --csv has a row per
+#     variant and length; --plot writes a PNG.
 #   - convert: `attnctl convert` of the seeded MHA layer to GQA-2, loaded by Configure from the
 #     file, answers bit for bit what Configure with weights.convert_from {seed} answers.
 #   - errors: convert of an MLA spec or to 3 of 8 heads exits 2 naming the rule; Configure with

@@ -8,8 +8,8 @@
 #   - errors: the exit code (1 for an RPC error, 2 for bad flags) and the status code name;
 #   - deploy/run_demo.sh runs the demo against its own server and stops it.
 #
-# Usage: tests/client/attnctl_test.sh BUILD_DIR PYTHON   (BUILD_DIR holds server/attnserve_server and
-# client/attnctl)
+# Usage: tests/client/attnctl_test.sh BUILD_DIR PYTHON   (BUILD_DIR holds server/attnserve_server
+# and client/attnctl)
 set -euo pipefail
 
 readonly BUILD="${1:?usage: $0 BUILD_DIR PYTHON}"

@@ -1,5 +1,5 @@
-// attnctl's --stack pattern (client/attnctl/stack_pattern.h): runs and kinds expand in order over the base
-// spec, and every malformed entry is refused naming --stack and the entry.
+// attnctl's --stack pattern (client/attnctl/stack_pattern.h): runs and kinds expand in order over
+// the base spec, and every malformed entry is refused naming --stack and the entry.
 #include "client/attnctl/stack_pattern.h"
 
 #include "gmock/gmock.h"

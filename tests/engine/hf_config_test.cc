@@ -1,6 +1,7 @@
 // kernels/model/hf_config.h: config.json -> LayerSpec on the configs of released checkpoints (as
 // published on the Hugging Face Hub, trimmed of nothing), per-layer differences, and refusals.
-// tests/engine/hf_config_peer_test.cc checks the same mapping against every peer case's config.json.
+// tests/engine/hf_config_peer_test.cc checks the same mapping against every peer case's
+// config.json.
 #include "kernels/model/hf_config.h"
 
 #include <string>

@@ -1,7 +1,7 @@
-// MHA -> GQA/MQA conversion by mean-pooling K/V heads (kernels/model/kv_head_pooling.h): identity at the
-// same head count, the pooled values against a float64 computation written out here, the grouping
-// against the engine's head-to-group mapping, refusals, and the converted layer's output error
-// against the MHA layer on fresh random inputs (recorded as test properties).
+// MHA -> GQA/MQA conversion by mean-pooling K/V heads (kernels/model/kv_head_pooling.h): identity
+// at the same head count, the pooled values against a float64 computation written out here, the
+// grouping against the engine's head-to-group mapping, refusals, and the converted layer's output
+// error against the MHA layer on fresh random inputs (recorded as test properties).
 #include "kernels/model/kv_head_pooling.h"
 
 #include <cmath>

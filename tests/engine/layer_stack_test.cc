@@ -1,8 +1,9 @@
-// Hybrid stacks (kernels/stack/layer_stack.h): a stack computes exactly what its layers compute when run
-// by hand on the residual stream (bit for bit, prefill then decode, in f32); a sliding-window
-// layer's KV stays within its window while a global layer's grows with the context; forks decode
-// as their source; a batch the budget cannot hold is refused with nothing changed, and a failure
-// in a layer above the first drops the batch's sequences from every layer without leaking a page.
+// Hybrid stacks (kernels/stack/layer_stack.h): a stack computes exactly what its layers compute
+// when run by hand on the residual stream (bit for bit, prefill then decode, in f32); a
+// sliding-window layer's KV stays within its window while a global layer's grows with the context;
+// forks decode as their source; a batch the budget cannot hold is refused with nothing changed, and
+// a failure in a layer above the first drops the batch's sequences from every layer without leaking
+// a page.
 #include "kernels/stack/layer_stack.h"
 
 #include <cstring>

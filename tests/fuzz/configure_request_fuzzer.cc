@@ -1,10 +1,10 @@
 // Fuzzes the validation of a Configure request, as far as it runs without a server: the input is an
 // attnserve.v1.ConfigureRequest, and the target takes it through the steps AttentionServiceImpl::
 // DoConfigure takes before it creates a layer: LayerSpecFromProto (ValidateLayerSpec), the KV cache
-// dtype, the page size, the KV pool's per-page check (server/session/kv_pool.h, a 1 GiB pool), the sizes
-// the session reports (parameter count, KV bytes per token) and, for inline weights,
-// WeightsFromProto (server/session/weight_source.h: every tensor decoded, names distinct, shapes checked
-// against the spec).
+// dtype, the page size, the KV pool's per-page check (server/session/kv_pool.h, a 1 GiB pool), the
+// sizes the session reports (parameter count, KV bytes per token) and, for inline weights,
+// WeightsFromProto (server/session/weight_source.h: every tensor decoded, names distinct, shapes
+// checked against the spec).
 //
 // Not fuzzed here, on purpose: weights from a seed (they are allocated at the spec's size, up to
 // gigabytes, which is the budget check's job, not a parser's) and from a checkpoint path (that

@@ -2,9 +2,9 @@
 // family (MHA with RoPE, GQA with biases and a sliding window, MLA with a query LoRA), every size
 // tiny so that any tensor a fuzz input can describe stays small.
 //
-// Request validation (server/rpc/step_codec.h) and checkpoint loading (kernels/model/checkpoint_loader.h)
-// take a session's spec as given; the spec itself is fuzzed by spec_codec_fuzzer and
-// configure_request_fuzzer.
+// Request validation (server/rpc/step_codec.h) and checkpoint loading
+// (kernels/model/checkpoint_loader.h) take a session's spec as given; the spec itself is fuzzed by
+// spec_codec_fuzzer and configure_request_fuzzer.
 #ifndef ATTNSERVE_TESTS_FUZZ_FUZZ_SPECS_H_
 #define ATTNSERVE_TESTS_FUZZ_FUZZ_SPECS_H_
 

@@ -1,5 +1,5 @@
-// Fuzzes the JSON layer-spec reader (kernels/spec/layer_spec_json.h) that attnctl, attnbench and the
-// peer test read spec files with: the input is the file's text.
+// Fuzzes the JSON layer-spec reader (kernels/spec/layer_spec_json.h) that attnctl, attnbench and
+// the peer test read spec files with: the input is the file's text.
 //
 // Properties: LayerSpecFromJson returns a validated spec or INVALID_ARGUMENT (never throws or
 // crashes, whatever the JSON nesting, types or numbers); an accepted spec survives

@@ -1,7 +1,7 @@
-// Fuzzes the Forward and Decode request validators (server/rpc/step_codec.h): the input is parsed as an
-// attnserve.v1.ForwardRequest and, separately, as a DecodeRequest (the two share their field
-// numbers, so one corpus exercises both), and each is validated against every spec of
-// fuzz_specs.h, as the server does before a request reaches its session.
+// Fuzzes the Forward and Decode request validators (server/rpc/step_codec.h): the input is parsed
+// as an attnserve.v1.ForwardRequest and, separately, as a DecodeRequest (the two share their field
+// numbers, so one corpus exercises both), and each is validated against every spec of fuzz_specs.h,
+// as the server does before a request reaches its session.
 //
 // Properties: each validator returns step inputs or INVALID_ARGUMENT (never crashes); accepted
 // inputs are what the session relies on: one per item, in order, with the item's request id, a

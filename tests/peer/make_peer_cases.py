@@ -617,8 +617,9 @@ def torch_mha_case(out_dir, causal: bool, seq_len: int):
 # ---- self-check: our reading of spec.json, in float64 numpy ------------------------------------
 #
 # Recomputes each case from model.safetensors + spec.json with the semantics documented in
-# kernels/spec/layer_spec.h. Agreement proves that spec.json describes what transformers/torch computed,
-# so when the C++ engine disagrees with "expected" the engine (not this mapping) is at fault.
+# kernels/spec/layer_spec.h. Agreement proves that spec.json describes what transformers/torch
+# computed, so when the C++ engine disagrees with "expected" the engine (not this mapping) is at
+# fault.
 
 def _yarn_mscale(scale, mscale):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0

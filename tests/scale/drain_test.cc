@@ -1,11 +1,12 @@
-// A rolling restart that loses nothing (--drain_to, server/fleet/drain.h), with the real balancer: three
-// replicas behind HAProxy, each started with --drain_to=<the balancer>; 12 sessions configured
-// through the balancer, with decode traffic from 4 client threads; one replica is sent SIGTERM.
-// It re-creates its sessions through the balancer (which, once its health checks see NOT_SERVING,
-// hashes their ids onto the other replicas), moves every request, and exits 0. Every session
-// keeps decoding through the balancer — its calls during the drain are UNAVAILABLE or, on the new
-// replica before the import, NOT_FOUND, and are retried — and every output stays bit-exact against
-// a twin session (same seed and inputs) configured directly on a replica that is not drained.
+// A rolling restart that loses nothing (--drain_to, server/fleet/drain.h), with the real balancer:
+// three replicas behind HAProxy, each started with --drain_to=<the balancer>; 12 sessions
+// configured through the balancer, with decode traffic from 4 client threads; one replica is sent
+// SIGTERM. It re-creates its sessions through the balancer (which, once its health checks see
+// NOT_SERVING, hashes their ids onto the other replicas), moves every request, and exits 0. Every
+// session keeps decoding through the balancer — its calls during the drain are UNAVAILABLE or, on
+// the new replica before the import, NOT_FOUND, and are retried — and every output stays bit-exact
+// against a twin session (same seed and inputs) configured directly on a replica that is not
+// drained.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,9 +1,9 @@
-// Configure with the spec taken from a checkpoint's config.json (server/session/checkpoint_spec.h), end to
-// end: the server's --checkpoint_root is the peer cases' directory (tests/peer/make_peer_cases.py,
-// tiny random transformers models saved with save_pretrained), each case is configured from its
-// directory alone - no spec in the request - and its recorded transformers output must come back
-// from Forward. Also: a stated spec that contradicts config.json, a config.json with a key we do
-// not implement, and a request with neither.
+// Configure with the spec taken from a checkpoint's config.json (server/session/checkpoint_spec.h),
+// end to end: the server's --checkpoint_root is the peer cases' directory
+// (tests/peer/make_peer_cases.py, tiny random transformers models saved with save_pretrained), each
+// case is configured from its directory alone - no spec in the request - and its recorded
+// transformers output must come back from Forward. Also: a stated spec that contradicts
+// config.json, a config.json with a key we do not implement, and a request with neither.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -45,7 +45,8 @@ fs::path PeerCasesDir() {
   return env != nullptr && *env ? fs::path(env) : fs::path(ATTNSERVE_PEER_CASES_DIR);
 }
 
-// Cases with a config.json (the transformers ones; the torch.nn.MultiheadAttention cases have none).
+// Cases with a config.json (the transformers ones; the torch.nn.MultiheadAttention cases have
+// none).
 std::vector<std::string> ConfigCases() {
   std::vector<std::string> names;
   std::error_code ec;
