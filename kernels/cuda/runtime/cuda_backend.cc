@@ -61,7 +61,7 @@ class CudaBackend : public AttentionBackend {
     if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
     if (spec.variant == AttentionVariant::kMLA) {
       return absl::UnimplementedError(
-          "the CUDA backend does not serve MLA yet (it has no MLA kernels); use --backend=cpu for MLA");
+          "the CUDA backend has no MLA kernels yet; use --backend=cpu for MLA");
     }
     // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
     if (absl::Status s = RefuseCpuOnlyVariations(spec); !s.ok()) return s;
