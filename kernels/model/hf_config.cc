@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "kernels/spec/layer_spec_json.h"
@@ -25,39 +26,156 @@ constexpr absl::string_view kSupportedModelTypes[] = {
     "llama",   "mistral",     "mixtral", "qwen2",       "qwen3",      "qwen3_moe",
     "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3"};
 
-// Keys of PretrainedConfig itself (generation defaults, labels, export switches) and keys of the
-// supported families that concern other parts of the model than one attention layer: the
-// vocabulary and embeddings, the MLP or MoE block, layer norms outside attention, dropout (zero
-// at inference), the logits. Skipped without a word.
+// THE LIST OF ACCEPTED KEYS: keys that cannot change what one attention layer computes, skipped
+// without a word wherever they appear at the top level of config.json, whatever their value. Any
+// other key is either read by the mapping below (and then its value is checked or used) or refused
+// by name. Keys starting with "_" are accepted too (see IsAcceptedKey): transformers keeps private
+// state and file metadata under them (_name_or_path, _commit_hash, _attn_implementation, which
+// picks a kernel for the same math; Gemma 3's _sliding_window_pattern, which Gemma3TextConfig
+// overwrites from sliding_window_pattern on load).
 const absl::flat_hash_set<std::string>& KeysOutsideAttention() {
   static const auto* const keys = new absl::flat_hash_set<std::string>{
-      // PretrainedConfig.
-      "_name_or_path", "architectures", "bad_words_ids", "begin_suppress_tokens", "bos_token_id",
-      "chunk_size_feed_forward", "cross_attention_hidden_size", "decoder_start_token_id",
-      "diversity_penalty", "do_sample", "dtype", "torch_dtype", "early_stopping",
-      "encoder_no_repeat_ngram_size", "eos_token_id", "exponential_decay_length_penalty",
-      "finetuning_task", "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder",
-      "label2id", "length_penalty", "max_length", "min_length", "no_repeat_ngram_size",
-      "num_beam_groups", "num_beams", "num_return_sequences", "output_attentions",
-      "output_hidden_states", "output_scores", "pad_token_id", "prefix", "problem_type",
-      "remove_invalid_values", "repetition_penalty", "return_dict", "return_dict_in_generate",
-      "sep_token_id", "suppress_tokens", "task_specific_params", "temperature", "tf_legacy_loss",
-      "tie_encoder_decoder", "tie_word_embeddings", "tokenizer_class", "top_k", "top_p",
-      "torchscript", "transformers_version", "typical_p", "use_bfloat16", "auto_map",
-      "cache_implementation", "use_cache",
-      // Embeddings, MLP, norms outside attention, dropout, logits.
-      "vocab_size", "intermediate_size", "hidden_act", "hidden_activation", "initializer_range",
-      "mlp_bias", "pretraining_tp", "attention_dropout", "embd_pdrop", "resid_pdrop",
-      "final_logit_softcapping", "rms_norm_eps", "max_position_embeddings",
-      // Mixture of experts.
+      // Names and metadata: which classes and tools wrote the file, the weights' storage dtype
+      // (the loader reads the tensors' own dtypes).
+      "architectures", "auto_map", "transformers_version", "transformers.js_config", "dtype",
+      "torch_dtype", "use_bfloat16", "is_llama_config", "tokenizer_class", "finetuning_task",
+      "problem_type", "id2label", "label2id", "task_specific_params", "prefix",
+      // Token ids: the tokenizer's and the generation loop's business.
+      "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
+      "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id",
+      "begin_suppress_tokens", "suppress_tokens", "bad_words_ids",
+      // Generation settings (sampling, beams, lengths, penalties, the KV cache implementation).
+      "do_sample", "temperature", "top_k", "top_p", "typical_p", "num_beams", "num_beam_groups",
+      "diversity_penalty", "num_return_sequences", "max_length", "min_length", "early_stopping",
+      "length_penalty", "repetition_penalty", "no_repeat_ngram_size",
+      "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty",
+      "remove_invalid_values", "use_cache", "cache_implementation",
+      // What a forward call returns, export and training switches of PretrainedConfig.
+      "output_attentions", "output_hidden_states", "output_scores", "return_dict",
+      "return_dict_in_generate", "torchscript", "tf_legacy_loss", "chunk_size_feed_forward",
+      "is_decoder", "tie_encoder_decoder", "cross_attention_hidden_size", "initializer_range",
+      // Embeddings and logits: the vocabulary, tied embeddings, the final soft-cap (Gemma's
+      // final_logit_softcapping applies to the logits, not to attention scores).
+      "vocab_size", "tie_word_embeddings", "final_logit_softcapping",
+      // The MLP: width, activation, biases. pretraining_tp: Llama-2's tensor-parallel slicing of
+      // the projections, which transformers 4.57 no longer reads (any value computes the same).
+      "intermediate_size", "hidden_act", "hidden_activation", "mlp_bias", "pretraining_tp",
+      // The block's input/post-attention norms and the final norm (rms_norm_eps; read where it is
+      // also the q/k norms' eps: Qwen3, Gemma 3). MLA's q_a/kv_a norms use a fixed 1e-6.
+      "rms_norm_eps",
+      // Dropout: zero at inference.
+      "attention_dropout", "embd_pdrop", "resid_pdrop",
+      // The longest context the model was trained for; read only as YaRN's fallback for
+      // original_max_position_embeddings. attnserve's own limits are the serving configuration's.
+      "max_position_embeddings",
+      // Mixture of experts: routing, expert counts and sizes, auxiliary losses, which layers are
+      // dense, multi-token-prediction layers, gpt-oss's clamp of the expert activations.
       "num_experts", "num_local_experts", "num_experts_per_tok", "experts_per_token",
       "moe_intermediate_size", "shared_expert_intermediate_size", "n_routed_experts",
       "n_shared_experts", "routed_scaling_factor", "topk_method", "n_group", "topk_group",
       "norm_topk_prob", "first_k_dense_replace", "moe_layer_freq", "scoring_func", "aux_loss_alpha",
       "seq_aux", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
       "decoder_sparse_step", "mlp_only_layers", "ep_size", "num_nextn_predict_layers",
-      "swiglu_limit", "initial_context_length"};
+      "swiglu_limit",
+      // gpt-oss: the context length of pretraining (documentation; the YaRN parameters are in
+      // rope_scaling).
+      "initial_context_length"};
   return *keys;
+}
+
+// Whether config.json may carry `key` at its top level without the mapping reading it.
+bool IsAcceptedKey(absl::string_view key) {
+  return absl::StartsWith(key, "_") || KeysOutsideAttention().contains(std::string(key));
+}
+
+// The defaults of each family's config class (transformers' models/<family>/configuration_<family>.py
+// at the pinned version) for the keys the mapping reads: a key absent from config.json takes this
+// value, exactly as from_pretrained does. JSON null in the file is not absent: it is Python's None,
+// which the mapping reads as each class does (num_key_value_heads: null means num_attention_heads,
+// sliding_window: null means no window, ...). tests/engine/hf_config_defaults_test.cc checks every
+// entry against transformers by deleting each key in turn.
+Json ClassDefaults(const std::string& model_type) {
+  if (model_type == "llama") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": null, "head_dim": null,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "rope_scaling": null,
+        "attention_bias": false})");
+  }
+  if (model_type == "mistral") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": null,
+        "max_position_embeddings": 131072, "rope_theta": 10000.0, "sliding_window": 4096})");
+  }
+  if (model_type == "mixtral") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": null,
+        "max_position_embeddings": 131072, "rope_theta": 1000000.0, "sliding_window": null})");
+  }
+  if (model_type == "qwen2") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "max_position_embeddings": 32768,
+        "rope_theta": 10000.0, "rope_scaling": null, "use_sliding_window": false,
+        "sliding_window": 4096, "max_window_layers": 28, "layer_types": null})");
+  }
+  if (model_type == "qwen3") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "head_dim": 128,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "rope_scaling": null, "attention_bias": false, "use_sliding_window": false,
+        "sliding_window": 4096, "max_window_layers": 28, "layer_types": null})");
+  }
+  if (model_type == "qwen3_moe") {
+    return Json::parse(R"({"hidden_size": 2048, "num_attention_heads": 32,
+        "num_hidden_layers": 24, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
+        "attention_bias": false, "use_sliding_window": false, "sliding_window": 4096})");
+  }
+  if (model_type == "phi3") {
+    return Json::parse(R"({"hidden_size": 3072, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": null, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rope_theta": 10000.0, "rope_scaling": null,
+        "partial_rotary_factor": 1.0, "sliding_window": null})");
+  }
+  if (model_type == "gemma2") {
+    return Json::parse(R"({"hidden_size": 2304, "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "head_dim": 256,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "attention_bias": false,
+        "query_pre_attn_scalar": 256, "sliding_window": 4096, "layer_types": null,
+        "attn_logit_softcapping": 50.0})");
+  }
+  if (model_type == "gemma3_text") {
+    return Json::parse(R"({"hidden_size": 2304, "num_attention_heads": 8,
+        "num_hidden_layers": 26, "num_key_value_heads": 4, "head_dim": 256,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "layer_types": null, "attn_logit_softcapping": null, "rope_scaling": null,
+        "rope_local_base_freq": 10000.0, "use_bidirectional_attention": false,
+        "sliding_window_pattern": 6})");
+  }
+  if (model_type == "gpt_oss") {
+    return Json::parse(R"({"num_hidden_layers": 36, "hidden_size": 2880, "head_dim": 64,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "sliding_window": 128,
+        "rope_theta": 150000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": false,
+                         "original_max_position_embeddings": 4096},
+        "layer_types": null})");
+  }
+  if (model_type == "deepseek_v2") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": null, "max_position_embeddings": 2048,
+        "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128})");
+  }
+  if (model_type == "deepseek_v3") {
+    return Json::parse(R"({"hidden_size": 7168, "num_attention_heads": 128,
+        "num_hidden_layers": 61, "num_key_value_heads": 128, "kv_lora_rank": 512,
+        "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "max_position_embeddings": 4096, "rope_theta": 10000.0,
+        "rope_scaling": null, "rope_interleave": true, "attention_bias": false})");
+  }
+  return Json::object();
 }
 
 absl::Status KeyError(absl::string_view key, absl::string_view why) {
@@ -68,7 +186,10 @@ absl::Status KeyError(absl::string_view key, absl::string_view why) {
 // A key that is absent or JSON null counts as unset (transformers' None).
 class ConfigReader {
  public:
-  explicit ConfigReader(const Json& object) : object_(object) {}
+  // `top_level`: config.json itself, where the accepted keys (IsAcceptedKey) may appear; in a
+  // nested object (rope_scaling) every key must be read.
+  explicit ConfigReader(const Json& object, bool top_level = false)
+      : object_(object), top_level_(top_level) {}
 
   bool Has(const std::string& key) {
     used_.insert(key);
@@ -87,7 +208,7 @@ class ConfigReader {
   absl::StatusOr<int64_t> Int(const std::string& key, std::optional<int64_t> fallback) {
     if (!Has(key)) {
       if (fallback.has_value()) return *fallback;
-      return KeyError(key, "required");
+      return Missing(key);
     }
     const Json& value = object_.at(key);
     if (value.is_number_integer()) return value.get<int64_t>();
@@ -112,7 +233,7 @@ class ConfigReader {
   absl::StatusOr<double> Number(const std::string& key, std::optional<double> fallback) {
     if (!Has(key)) {
       if (fallback.has_value()) return *fallback;
-      return KeyError(key, "required");
+      return Missing(key);
     }
     const Json& value = object_.at(key);
     if (!value.is_number()) {
@@ -130,10 +251,15 @@ class ConfigReader {
     return value.get<bool>();
   }
 
+  // A key the mapping needs is null (absent keys took the class default before reading).
+  absl::Status Missing(const std::string& key) const {
+    return KeyError(key, Contains(key) ? "null, which transformers cannot use here" : "required");
+  }
+
   // Every key not read by the mapping and not known to lie outside attention is refused.
   absl::Status CheckAllKeysKnown(absl::string_view model_type) const {
     for (const auto& [key, value] : object_.items()) {
-      if (used_.contains(key) || KeysOutsideAttention().contains(key)) continue;
+      if (used_.contains(key) || (top_level_ && IsAcceptedKey(key))) continue;
       return KeyError(key, absl::StrCat(
                                "not known to attnserve's ", model_type,
                                " mapping (kernels/model/hf_config.cc); refused rather than ignored, as "
@@ -144,6 +270,7 @@ class ConfigReader {
 
  private:
   const Json& object_;
+  const bool top_level_;
   absl::flat_hash_set<std::string> used_;
 };
 
@@ -174,6 +301,14 @@ absl::Status RefuseUnimplemented(ConfigReader& config) {
   }
   if (config.Has("pruned_heads") && !config.Raw("pruned_heads").empty()) {
     return KeyError("pruned_heads", "pruned attention heads are not supported");
+  }
+  // rope_interleaved (nanotron's exports, e.g. SmolLM2): whether the checkpoint rotates (2i, 2i + 1)
+  // pairs. transformers' Llama ignores it and rotates halves, which is right only for false.
+  absl::StatusOr<bool> interleaved = config.Bool("rope_interleaved", false);
+  if (!interleaved.ok()) return interleaved.status();
+  if (*interleaved) {
+    return KeyError("rope_interleaved",
+                    "true (interleaved RoPE pairs in a half-rotation family) is not supported");
   }
   absl::StatusOr<bool> mrope = config.Bool("use_mrope", false);
   if (!mrope.ok()) return mrope.status();
@@ -297,6 +432,24 @@ absl::StatusOr<bool> LayerSlides(ConfigReader& config, int layer_index, int num_
                                     "full_attention)"));
 }
 
+// A refusal when some layer slides by config.layer_types (or by `default_slides` without it)
+// while the window is unset.
+template <typename DefaultRule>
+absl::Status RefuseSlidingWithoutWindow(ConfigReader& config, int num_layers,
+                                        DefaultRule default_slides, absl::string_view why) {
+  for (int i = 0; i < num_layers; ++i) {
+    absl::StatusOr<bool> slides = LayerSlides(config, i, num_layers, default_slides);
+    if (!slides.ok()) return slides.status();
+    if (*slides) {
+      return KeyError(absl::StrCat("layer_types[", i, "]"),
+                      absl::StrCat("sliding_attention, but ", why,
+                                   ": transformers has no window for it (its sliding mask "
+                                   "raises)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // transformers' `scale == head_dim**-0.5` test, as the spec's 0 stands for that default.
 float ScaleOrDefault(double scale, int qk_head_dim) {
   const double fallback = 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
@@ -311,18 +464,27 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   if (!d_model.ok()) return d_model.status();
   if (!heads.ok()) return heads.status();
   if (*heads == 0) return KeyError("num_attention_heads", "must be > 0");
-  const bool kv_default = model_type == "llama" || model_type == "phi3";
+  // num_key_value_heads: null means num_attention_heads ("for backward compatibility" in most
+  // config classes); Qwen3-MoE and Gemma keep None, which their attention cannot use.
+  const bool gemma = model_type == "gemma2" || model_type == "gemma3_text";
+  const bool kv_null_is_mha = !gemma && model_type != "qwen3_moe";
   absl::StatusOr<int> kv_heads = config.SmallInt(
-      "num_key_value_heads", kv_default ? std::optional<int64_t>(*heads) : std::nullopt);
+      "num_key_value_heads", kv_null_is_mha ? std::optional<int64_t>(*heads) : std::nullopt);
   if (!kv_heads.ok()) return kv_heads.status();
   spec.d_model = *d_model;
   spec.num_heads = *heads;
   spec.num_kv_heads = *kv_heads;
   const int derived_head_dim = *d_model / *heads;
-  // Gemma's config classes default head_dim to 256, not to the derived width: require it there.
-  const bool gemma = model_type == "gemma2" || model_type == "gemma3_text";
+  // head_dim: absent, the class default (ClassDefaults: Qwen3 128, Gemma 256, gpt-oss 64) or,
+  // where the class has none, hidden_size / num_attention_heads (the attention modules'
+  // getattr(config, "head_dim", ...)). null: the derived width where the class or module maps
+  // None to it (Llama, Mistral, Mixtral, gpt-oss); elsewhere None reaches the module, refused.
+  const bool head_dim_null_derived = model_type == "llama" || model_type == "mistral" ||
+                                     model_type == "mixtral" || model_type == "gpt_oss";
   absl::StatusOr<int> head_dim = config.SmallInt(
-      "head_dim", gemma ? std::nullopt : std::optional<int64_t>(derived_head_dim));
+      "head_dim", head_dim_null_derived || !config.Contains("head_dim")
+                      ? std::optional<int64_t>(derived_head_dim)
+                      : std::nullopt);
   if (!head_dim.ok()) return head_dim.status();
   if (model_type == "phi3" && *head_dim != derived_head_dim) {
     return KeyError("head_dim", absl::StrCat("Phi-3 attention uses hidden_size / "
@@ -372,18 +534,16 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   // Sliding windows, per layer.
   int window = 0;
   if (model_type == "mistral" || model_type == "mixtral" || model_type == "phi3") {
-    // MistralConfig's sliding_window defaults to 4096 when the key is absent; JSON null is none.
-    const bool absent_means_4096 = model_type == "mistral" && !config.Contains("sliding_window");
-    absl::StatusOr<int> w = config.SmallInt("sliding_window", absent_means_4096 ? 4096 : 0);
+    // The model masks every layer with config.sliding_window; null is none.
+    absl::StatusOr<int> w = config.SmallInt("sliding_window", 0);
     if (!w.ok()) return w.status();
     window = *w;  // Every layer.
   } else if (model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen3_moe") {
     absl::StatusOr<bool> use = config.Bool("use_sliding_window", false);
     if (!use.ok()) return use.status();
-    absl::StatusOr<int> w =
-        config.SmallInt("sliding_window", config.Contains("sliding_window") ? 0 : 4096);
+    absl::StatusOr<int> w = config.SmallInt("sliding_window", 0);
     if (!w.ok()) return w.status();
-    const int configured = *use ? *w : 0;
+    const int configured = *use ? *w : 0;  // The config class sets None without use_sliding_window.
     if (model_type == "qwen3_moe") {
       // Qwen3-MoE masks every layer with the window; max_window_layers is a leftover there.
       if (*use && config.Has("max_window_layers")) {
@@ -396,35 +556,43 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     } else {
       absl::StatusOr<int> max_window_layers = config.SmallInt("max_window_layers", 28);
       if (!max_window_layers.ok()) return max_window_layers.status();
-      absl::StatusOr<bool> slides =
-          LayerSlides(config, layer_index, num_layers,
-                      [&](int i) { return configured != 0 && i >= *max_window_layers; });
+      auto rule = [&](int i) { return configured != 0 && i >= *max_window_layers; };
+      absl::StatusOr<bool> slides = LayerSlides(config, layer_index, num_layers, rule);
       if (!slides.ok()) return slides.status();
-      if (*slides && configured == 0) {
-        return KeyError(absl::StrCat("layer_types[", layer_index, "]"),
-                        "sliding_attention, but use_sliding_window is false or sliding_window "
-                        "unset: the layer would have no window");
+      if (configured == 0) {
+        // transformers builds the sliding mask of the whole model from config.sliding_window
+        // and raises when it is None: any sliding layer makes every layer unusable.
+        if (absl::Status s = RefuseSlidingWithoutWindow(config, num_layers, rule,
+                                                        "use_sliding_window is false or "
+                                                        "sliding_window null");
+            !s.ok()) {
+          return s;
+        }
       }
       window = *slides ? configured : 0;
     }
   } else if (model_type == "gemma2" || model_type == "gemma3_text" || model_type == "gpt_oss") {
-    // Class defaults when the key is absent: Gemma 4096, gpt-oss 128.
-    absl::StatusOr<int> w = config.SmallInt(
-        "sliding_window",
-        config.Contains("sliding_window") ? 0 : (model_type == "gpt_oss" ? 128 : 4096));
+    absl::StatusOr<int> w = config.SmallInt("sliding_window", 0);  // Absent: the class default.
     if (!w.ok()) return w.status();
     int pattern = 2;  // Gemma 2 and gpt-oss alternate sliding (even layers) and full.
     if (model_type == "gemma3_text") {
-      absl::StatusOr<int> legacy = config.SmallInt("sliding_window_pattern", 6);
+      // Gemma3TextConfig takes the pattern from sliding_window_pattern (default 6) and overwrites
+      // any _sliding_window_pattern of the file with it.
+      absl::StatusOr<int> legacy = config.SmallInt("sliding_window_pattern", std::nullopt);
       if (!legacy.ok()) return legacy.status();
-      absl::StatusOr<int> saved = config.SmallInt("_sliding_window_pattern", *legacy);
-      if (!saved.ok()) return saved.status();
-      pattern = *saved;
+      pattern = *legacy;
       if (pattern <= 0) return KeyError("sliding_window_pattern", "must be > 0");
     }
-    absl::StatusOr<bool> slides = LayerSlides(config, layer_index, num_layers,
-                                              [&](int i) { return ((i + 1) % pattern) != 0; });
+    auto rule = [&](int i) { return ((i + 1) % pattern) != 0; };
+    absl::StatusOr<bool> slides = LayerSlides(config, layer_index, num_layers, rule);
     if (!slides.ok()) return slides.status();
+    if (*w == 0) {
+      if (absl::Status s = RefuseSlidingWithoutWindow(config, num_layers, rule,
+                                                      "sliding_window is null");
+          !s.ok()) {
+        return s;
+      }
+    }
     window = *slides ? *w : 0;
     if (model_type == "gemma2" && config.Has("sliding_window_size")) {
       // An early Gemma 2 alias that transformers no longer reads; harmless only when it agrees.
@@ -437,7 +605,7 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     }
     if (model_type == "gemma3_text" && *slides) {
       // Gemma 3's sliding layers use their own RoPE: base rope_local_base_freq, no scaling.
-      absl::StatusOr<double> local = config.Number("rope_local_base_freq", 10000.0);
+      absl::StatusOr<double> local = config.Number("rope_local_base_freq", std::nullopt);
       if (!local.ok()) return local.status();
       spec.rope_theta = *local;
       spec.rope_scaling = RopeScaling();
@@ -453,6 +621,7 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     if (!scalar.ok()) return scalar.status();
     if (*scalar <= 0) return KeyError("query_pre_attn_scalar", "must be > 0");
     spec.softmax_scale = ScaleOrDefault(std::pow(*scalar, -0.5), spec.head_dim);
+    // Absent: the class default (Gemma 2: 50, Gemma 3: none); null: none.
     absl::StatusOr<double> softcap = config.Number("attn_logit_softcapping", 0.0);
     if (!softcap.ok()) return softcap.status();
     spec.attn_logit_softcapping = static_cast<float>(*softcap);
@@ -505,7 +674,21 @@ absl::StatusOr<LayerSpec> MlaSpec(const std::string& model_type, ConfigReader& c
                                       "is not supported for MLA");
   }
   // Derived or unused by MLA attention: the per-head widths above say it all.
-  for (const char* key : {"num_key_value_heads", "head_dim", "qk_head_dim"}) config.Has(key);
+  for (const char* key : {"num_key_value_heads", "head_dim"}) config.Has(key);
+  // DeepseekV3Config derives qk_head_dim, but a saved value overrides the derived one and sets
+  // the module's projection width and softmax scale: it must be the sum. (DeepseekV2Attention
+  // computes the sum itself.)
+  if (model_type == "deepseek_v2") {
+    config.Has("qk_head_dim");
+  } else if (config.Has("qk_head_dim")) {
+    absl::StatusOr<int> qk_head_dim = config.SmallInt("qk_head_dim", std::nullopt);
+    if (!qk_head_dim.ok()) return qk_head_dim.status();
+    if (*qk_head_dim != *nope + *rope) {
+      return KeyError("qk_head_dim",
+                      absl::StrCat(*qk_head_dim, " is not qk_nope_head_dim + qk_rope_head_dim = ",
+                                   *nope + *rope));
+    }
+  }
   bool interleaved = true;  // DeepSeek-V2 rotates (2i, 2i + 1) pairs (view_as_complex).
   if (model_type == "deepseek_v3") {
     absl::StatusOr<bool> interleave = config.Bool("rope_interleave", true);
@@ -551,11 +734,18 @@ absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, i
                                 /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
   if (!root.is_object()) return absl::InvalidArgumentError("config.json: expected an object");
-  ConfigReader config(root);
-  if (!config.Has("model_type") || !config.Raw("model_type").is_string()) {
+  if (!root.contains("model_type") || !root.at("model_type").is_string()) {
     return KeyError("model_type", "required (a string)");
   }
-  const std::string model_type = config.Raw("model_type").get<std::string>();
+  const std::string model_type = root.at("model_type").get<std::string>();
+  // Absent keys take the config class's defaults; present ones (null included) stay as written.
+  Json with_defaults = root;
+  const Json defaults = ClassDefaults(model_type);
+  for (const auto& [key, value] : defaults.items()) {
+    if (!with_defaults.contains(key)) with_defaults[key] = value;
+  }
+  ConfigReader config(with_defaults, /*top_level=*/true);
+  config.Has("model_type");
   bool supported = false;
   for (absl::string_view known : kSupportedModelTypes) supported = supported || known == model_type;
   if (!supported) {

@@ -9,11 +9,15 @@
 //
 // Nothing is ignored silently. Every key of config.json is one of
 //   - mapped into the spec (hidden_size, num_key_value_heads, rope_scaling, layer_types, ...);
-//   - known not to change what one attention layer computes (vocabulary, MLP, MoE routing,
-//     generation defaults, dropout), and skipped;
+//   - known not to change what one attention layer computes (names and metadata, "_"-prefixed
+//     keys, token ids, generation settings, vocabulary, MLP, MoE routing, the block's norms,
+//     dropout: the one list is KeysOutsideAttention in hf_config.cc), and skipped;
 //   - refused with INVALID_ARGUMENT naming the key and why (quantization_config, LongRoPE,
 //     bidirectional Gemma 3, a layer type other than sliding/full attention, ...). A key this
 //     file does not know is refused too: a newer transformers may give it a meaning here.
+// A key that is absent means what the family's config class defaults it to (Gemma 2's
+// attn_logit_softcapping 50, gpt-oss's YaRN rope_scaling, Qwen3's head_dim 128, ...); JSON null
+// is Python's None, read as the class and attention module read it.
 //
 // DeepSeek-V2 note: transformers' DeepseekV2Attention keeps 1/sqrt(qk_head_dim) as its softmax
 // scale, while DeepSeek's own modeling code (and vLLM/SGLang) multiply it by

@@ -353,6 +353,127 @@ TEST(HfConfigTest, GptOss) {
   ExpectRefused(quantized_attention, 0, "quantization_config");
 }
 
+// HuggingFaceTB/SmolLM2-135M-Instruct: a nanotron export with keys transformers' LlamaConfig does
+// not declare (is_llama_config, rope_interleaved, transformers.js_config) next to its own.
+constexpr char kSmolLm2[] = R"({
+  "_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct", "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+  "intermediate_size": 1536, "is_llama_config": true, "max_position_embeddings": 8192,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+  "num_key_value_heads": 3, "pad_token_id": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_interleaved": false, "rope_scaling": null, "rope_theta": 100000,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}},
+  "transformers_version": "4.42.3", "unk_token_id": 0, "use_cache": true, "vocab_size": 49152})";
+
+TEST(HfConfigTest, SmolLm2Loads) {
+  const LayerSpec spec = SpecOrDie(kSmolLm2, 29);
+  EXPECT_EQ(spec.variant, AttentionVariant::kGQA);
+  EXPECT_EQ(spec.d_model, 576);
+  EXPECT_EQ(spec.num_heads, 9);
+  EXPECT_EQ(spec.num_kv_heads, 3);
+  EXPECT_EQ(spec.head_dim, 64);
+  EXPECT_EQ(spec.rope, RopeLayout::kHalf);
+  EXPECT_EQ(spec.rope_theta, 100000.0);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(spec.sliding_window, 0);
+  EXPECT_FALSE(spec.qkv_bias);
+
+  std::string interleaved = kSmolLm2;  // Pairs (2i, 2i + 1): not what transformers' Llama does.
+  interleaved.replace(interleaved.find("\"rope_interleaved\": false"), 25,
+                      "\"rope_interleaved\": true");
+  ExpectRefused(interleaved, 0, "rope_interleaved");
+  std::string tp = kSmolLm2;  // Llama-2's slicing: transformers 4.57 no longer reads it.
+  tp.replace(tp.find("\"pretraining_tp\": 1"), 19, "\"pretraining_tp\": 2");
+  EXPECT_EQ(LayerSpecDifference(SpecOrDie(tp, 0), SpecOrDie(kSmolLm2, 0)), "");
+}
+
+std::string WithKey(const std::string& config, const std::string& key_and_value) {
+  std::string out = config;
+  out.insert(out.find("\"vocab_size\""), key_and_value + ", ");
+  return out;
+}
+
+TEST(HfConfigTest, HarmlessKeysAcceptedAttentionKeysRefusedByName) {
+  const LayerSpec plain = SpecOrDie(kLlama31, 0);
+  for (const char* harmless :
+       {R"("_foo": {"anything": 1})", R"("_commit_hash": "abc")", R"("unk_token_id": 0)",
+        R"("sep_token_id": 3)", R"("attention_dropout": 0.1)", R"("mlp_bias": true)",
+        R"("initializer_range": 0.5)", R"("cache_implementation": "static")",
+        R"("final_logit_softcapping": 30.0)"}) {
+    SCOPED_TRACE(harmless);
+    const std::string config = WithKey(std::string(kLlama31), harmless);
+    EXPECT_EQ(LayerSpecDifference(SpecOrDie(config, 0), plain), "");
+  }
+  // Keys Llama does not read but that would change attention somewhere: refused by name.
+  ExpectRefused(WithKey(kLlama31, R"("attn_logit_softcapping": 50.0)"), 0,
+                "attn_logit_softcapping");
+  ExpectRefused(WithKey(kLlama31, R"("attention_multiplier": 0.015625)"), 0,
+                "attention_multiplier");
+  ExpectRefused(WithKey(kLlama31, R"("query_pre_attn_scalar": 144)"), 0, "query_pre_attn_scalar");
+  ExpectRefused(WithKey(kLlama31, R"("sliding_window": 4096)"), 0, "sliding_window");
+  // Inside rope_scaling every key must be read: the accepted list is for the top level only.
+  std::string nested = kLlama31;
+  nested.replace(nested.find("\"rope_type\": \"llama3\""), 21,
+                 "\"rope_type\": \"llama3\", \"bos_token_id\": 1");
+  ExpectRefused(nested, 0, "bos_token_id");
+}
+
+// Absent keys are the config class's defaults (tests/engine/hf_config_defaults_test.cc checks
+// every key of every family against transformers; these are the ones that were wrong before).
+TEST(HfConfigTest, AbsentKeysTakeTheConfigClassDefaults) {
+  auto without = [](std::string config, const std::string& key_and_value) {
+    const size_t at = config.find(key_and_value);
+    EXPECT_NE(at, std::string::npos) << key_and_value;
+    config.erase(at, key_and_value.size());
+    return config;
+  };
+  // Gemma2Config: attn_logit_softcapping 50; null is none.
+  std::string gemma2 = kGemma2;
+  gemma2.replace(gemma2.find("\"attn_logit_softcapping\": 50.0"), 30,
+                 "\"attn_logit_softcapping\": 20.0");
+  EXPECT_EQ(SpecOrDie(gemma2, 0).attn_logit_softcapping, 20.0f);
+  EXPECT_EQ(SpecOrDie(without(gemma2, "\"attn_logit_softcapping\": 20.0,"), 0)
+                .attn_logit_softcapping, 50.0f);
+  gemma2.replace(gemma2.find("\"attn_logit_softcapping\": 20.0"), 30,
+                 "\"attn_logit_softcapping\": null");
+  EXPECT_EQ(SpecOrDie(gemma2, 0).attn_logit_softcapping, 0.0f);
+  // query_pre_attn_scalar 256 and rope_theta 10000 (Gemma 2).
+  const LayerSpec no_scalar =
+      SpecOrDie(without(kGemma2, "\"query_pre_attn_scalar\": 256,"), 0);
+  EXPECT_EQ(no_scalar.softmax_scale, 0.0f);
+  EXPECT_EQ(SpecOrDie(without(kGemma2, "\"rope_theta\": 10000.0,"), 0).rope_theta, 10000.0);
+  // Llama: rope_theta 10000.
+  EXPECT_EQ(SpecOrDie(without(kLlama31, "\"rope_theta\": 500000.0,"), 0).rope_theta, 10000.0);
+  // GptOssConfig: YaRN factor 32 over 4096 positions, untruncated; null is plain RoPE.
+  std::string gpt_oss = GptOss20b();
+  const size_t from = gpt_oss.find("\"rope_scaling\"");
+  const size_t to = gpt_oss.find("\"rope_theta\"");
+  gpt_oss.erase(from, to - from);
+  const LayerSpec defaulted = SpecOrDie(gpt_oss, 1);
+  EXPECT_EQ(defaulted.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_EQ(defaulted.rope_scaling.factor, 32.0);
+  EXPECT_EQ(defaulted.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(defaulted.rope_scaling.truncate);
+  EXPECT_EQ(LayerSpecDifference(defaulted, SpecOrDie(GptOss20b(), 1)), "");
+  gpt_oss.insert(gpt_oss.find("\"rope_theta\""), "\"rope_scaling\": null, ");
+  EXPECT_EQ(SpecOrDie(gpt_oss, 1).rope_scaling.type, RopeScalingType::kNone);
+  // Qwen3Config: head_dim 128, whatever hidden_size / num_attention_heads is.
+  std::string qwen3 = kQwen3;
+  qwen3.replace(qwen3.find("\"hidden_size\": 4096"), 19, "\"hidden_size\": 2048");
+  EXPECT_EQ(SpecOrDie(without(qwen3, "\"head_dim\": 128,"), 0).head_dim, 128);
+  // DeepSeek: q_lora_rank 1536 when absent, none when null.
+  EXPECT_EQ(SpecOrDie(without(kDeepseekV3, "\"q_lora_rank\": 1536,"), 0).mla.q_lora_rank, 1536);
+  std::string no_q_lora = kDeepseekV3;
+  no_q_lora.replace(no_q_lora.find("\"q_lora_rank\": 1536"), 19, "\"q_lora_rank\": null");
+  EXPECT_EQ(SpecOrDie(no_q_lora, 0).mla.q_lora_rank, 0);
+  // null where transformers cannot use None: refused, naming the key.
+  std::string null_theta = kLlama31;
+  null_theta.replace(null_theta.find("\"rope_theta\": 500000.0"), 22, "\"rope_theta\": null");
+  ExpectRefused(null_theta, 0, "rope_theta: null");
+}
+
 TEST(HfConfigTest, DifferenceNamesTheField) {
   const LayerSpec a = SpecOrDie(kGemma3, 4);
   EXPECT_EQ(LayerSpecDifference(a, a), "");
