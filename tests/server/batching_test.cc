@@ -214,6 +214,8 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
                              ServerProcess& server, PrefillRun* run) {
   constexpr int kStreams = 4;
   constexpr int64_t kPromptTokens = 8192;
+  // A bound on each wait for the streams below, so a broken server fails the test, not hangs it.
+  constexpr std::chrono::seconds kWaitLimit{60};
   const LayerSpec spec = SmallGqa();
   v1::ConfigureResponse configured;
   grpc::Status status = Configure(stub, SeedConfigure(spec, 9), &configured);
@@ -238,6 +240,8 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
   };
   std::vector<std::vector<Step>> steps(kStreams);
   std::vector<std::string> failures(kStreams);
+  // Every stream's first answered steps: the decode is in steady state once each stream has 3.
+  std::vector<std::atomic<int>> answered(kStreams);
   const Clock::time_point t0 = Clock::now();
   const auto now_ns = [t0] {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
@@ -258,13 +262,19 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
         const int64_t begin = now_ns();
         if (!stream->Write(request) || !stream->Read(&response)) break;
         steps[s].push_back({begin, now_ns()});
+        answered[s].fetch_add(1);
       }
       stream->WritesDone();
       grpc::Status end = stream->Finish();
       if (!end.ok()) failures[s] = Describe(end);
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // Decodes in steady state.
+  // Decodes in steady state: wait until every stream has had 3 steps answered (or has ended).
+  for (int s = 0; s < kStreams; ++s) {
+    while (answered[s].load() < 3 && Clock::now() < t0 + kWaitLimit) {
+      std::this_thread::yield();
+    }
+  }
   v1::ForwardRequest forward;
   forward.set_session_id(session);
   *forward.add_items() = MakeForwardItem("long", RandomHidden(kPromptTokens, 64, rng));
@@ -272,7 +282,14 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
   forward_begin_ns = now_ns();
   status = Forward(stub, forward, &long_response);
   forward_end_ns = now_ns();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Two more steps of every stream after the Forward, so the decodes around its end are measured.
+  for (int s = 0; s < kStreams; ++s) {
+    const int target = answered[s].load() + 2;
+    const Clock::time_point waited = Clock::now();
+    while (answered[s].load() < target && Clock::now() < waited + kWaitLimit) {
+      std::this_thread::yield();
+    }
+  }
   stop = true;
   for (std::thread& t : threads) t.join();
   ASSERT_TRUE(status.ok()) << Describe(status);

@@ -90,7 +90,7 @@ class ShutdownTest : public ServerTest {
 
 TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
   // A slow Forward: 6144 tokens of a 16-head layer (about 80 GFLOP of attention: ~1.5 s on 2
-  // cores here). It must still be computing when SIGTERM arrives 300 ms in; the test checks that.
+  // cores here). It must still be computing when SIGTERM arrives; the test checks that.
   LayerSpec spec = reference::FindSpec("mha_half_bias").spec;
   spec.d_model = 128;
   spec.num_heads = 16;
@@ -118,8 +118,18 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
     outcome.finished = Clock::now();
     return outcome;
   });
-  // Give the call time to arrive and start computing, then signal.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Signal once the server holds KV for the call: it has arrived and is computing (the first
+  // prefill chunk charged the pool), and it has chunks left. Waiting on the server's own counter
+  // instead of a fixed sleep keeps the order under load.
+  const Clock::time_point sent = Clock::now();
+  for (;;) {
+    absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
+    ASSERT_TRUE(info.ok()) << info.status();
+    if (info->kv_pool_used_bytes() > 0) break;
+    ASSERT_NE(call.wait_for(std::chrono::milliseconds(2)), std::future_status::ready)
+        << "the Forward finished before the server reported its KV";
+    ASSERT_LT(Clock::now(), sent + std::chrono::seconds(30)) << "the Forward never started";
+  }
   const Clock::time_point signalled = Clock::now();
   server().Signal(SIGTERM);
 
