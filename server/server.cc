@@ -121,6 +121,12 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   return CreateBackend(backend);
 }
 
+// The port part of host:port as written, for messages ("" when there is none).
+std::string ListenPortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? std::string() : address.substr(colon + 1);
+}
+
 // Writes the port to `path` via a rename, so a reader never sees a partial file.
 absl::Status WritePortFile(const std::string& path, int port, const char* flag = "--port_file") {
   const std::string tmp = absl::StrCat(path, ".tmp");
@@ -219,13 +225,18 @@ absl::Status RunServer(const ServerOptions& options) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address, *credentials, &port);
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would bind it too and
+  // silently take half of the connections. Off, the second one fails to start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--listen: cannot listen on '", options.listen_address, "'"));
+    return absl::UnavailableError(absl::StrCat(
+        "--listen: cannot listen on '", options.listen_address, "': port ",
+        ListenPortOf(options.listen_address),
+        " is in use by another process, or the host is not an address of this machine"));
   }
   service.SetReplica(options.replica_id.empty() ? DefaultReplicaId(port) : options.replica_id);
   if (!options.drain_to.empty()) service.KeepConfigureRequestsForDrain();

@@ -177,5 +177,22 @@ TEST(ServerFlagsTest, KvPoolFractionIsRefusedOffTheCudaBackendAndOutOfRange) {
               ::testing::HasSubstr("--kv_pool_fraction = 1.5, must be 0 (unused) or in (0, 0.95]"));
 }
 
+// Two servers on one port: with gRPC's default SO_REUSEPORT the second would bind it too and take
+// half of the connections. It must fail to start instead, exiting non-zero and naming the port.
+TEST_F(ServerTest, SecondServerOnATakenPortExitsNamingThePort) {
+  const std::string port = std::to_string(server().port());
+  absl::StatusOr<std::unique_ptr<ServerProcess>> second = ServerProcess::Start(
+      {"--listen=127.0.0.1:" + port, "--threads=1"}, std::chrono::seconds(30));
+  ASSERT_FALSE(second.ok()) << "a second server started on the taken port " << port;
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("exited with code 1"));
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("cannot listen on '127.0.0.1:" + port + "': port " + port));
+  // The first server still answers.
+  absl::StatusOr<int> health = HealthCheck(*channel_, "", kHealthTimeout);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1);
+}
+
 }  // namespace
 }  // namespace attnserve::server_test
