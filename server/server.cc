@@ -15,6 +15,7 @@
 #include "server/rpc/attention_service.h"
 #include "server/security/auth.h"
 #include "server/fleet/drain.h"
+#include "server/listen_address.h"
 #include "server/runtime/executor.h"
 #include "server/session/kv_pool.h"
 #include "server/observability/library_logging.h"
@@ -121,12 +122,6 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   return CreateBackend(backend);
 }
 
-// The port part of host:port as written, for messages ("" when there is none).
-std::string ListenPortOf(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  return colon == std::string::npos ? std::string() : address.substr(colon + 1);
-}
-
 // Writes the port to `path` via a rename, so a reader never sees a partial file.
 absl::Status WritePortFile(const std::string& path, int port, const char* flag = "--port_file") {
   const std::string tmp = absl::StrCat(path, ".tmp");
@@ -154,6 +149,8 @@ absl::Status RunServer(const ServerOptions& options) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  absl::StatusOr<ListenAddress> listen = ParseListenAddress(options.listen_address);
+  if (!listen.ok()) return listen.status();
   RateLimitProtobufLogging();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options);
@@ -234,9 +231,12 @@ absl::Status RunServer(const ServerOptions& options) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
-        "--listen: cannot listen on '", options.listen_address, "': port ",
-        ListenPortOf(options.listen_address),
-        " is in use by another process, or the host is not an address of this machine"));
+        "--listen: cannot listen on '", options.listen_address, "': ",
+        listen->unix_socket
+            ? std::string("the socket path is in use or not writable")
+            : absl::StrCat("port ", listen->port,
+                           " is in use by another process, or the host is not an address of "
+                           "this machine")));
   }
   service.SetReplica(options.replica_id.empty() ? DefaultReplicaId(port) : options.replica_id);
   if (!options.drain_to.empty()) service.KeepConfigureRequestsForDrain();

@@ -194,5 +194,35 @@ TEST_F(ServerTest, SecondServerOnATakenPortExitsNamingThePort) {
   EXPECT_EQ(*health, 1);
 }
 
+// --listen is checked before gRPC sees it: without a port gRPC listened on 443, and with a port
+// past 65535 on whatever port the kernel picked. Each is a startup error naming --listen.
+TEST(ServerFlagsTest, ListenWithoutAValidPortIsAStartupError) {
+  for (const std::string bad : {"127.0.0.1", "127.0.0.1:", "localhost:99999", "localhost:65536",
+                                "127.0.0.1:http", "127.0.0.1:-1", "127.0.0.1: 80", "::1:0",
+                                "[::1]", "[::1]0"}) {
+    SCOPED_TRACE(bad);
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+        ServerProcess::Start({"--listen=" + bad, "--threads=1"}, std::chrono::seconds(10));
+    ASSERT_FALSE(started.ok()) << "the server started with --listen=" << bad;
+    EXPECT_THAT(std::string(started.status().message()), ::testing::HasSubstr("exited with code 1"));
+    EXPECT_THAT(std::string(started.status().message()),
+                ::testing::HasSubstr("--listen = '" + bad + "'"));
+  }
+}
+
+// An IPv6 address in brackets still listens, and serves.
+TEST(ServerFlagsTest, ListenOnIpv6LoopbackServes) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+      ServerProcess::Start({"--threads=1"}, std::chrono::seconds(30), nullptr, "[::1]");
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ((*started)->address(), "[::1]:" + std::to_string((*started)->port()));
+  absl::StatusOr<int> health = HealthCheck(*(*started)->NewChannel(), "", kHealthTimeout);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, 1);
+  absl::StatusOr<ExitState> ended = (*started)->Terminate(std::chrono::seconds(20));
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
+}
+
 }  // namespace
 }  // namespace attnserve::server_test

@@ -78,8 +78,9 @@ std::string ExitState::ToString() const {
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    std::shared_ptr<grpc::ChannelCredentials> credentials, const std::string& host) {
   std::unique_ptr<ServerProcess> process(new ServerProcess());
+  process->host_ = host;
   process->credentials_ = std::move(credentials);
   std::string dir_template =
       (std::filesystem::temp_directory_path() / "attnserve_server_test.XXXXXX").string();
@@ -90,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   process->log_path_ = process->temp_dir_ + "/server.log";
   const std::string port_file = process->temp_dir_ + "/port";
 
-  std::vector<std::string> args = {ServerBinaryPath(), "--listen=127.0.0.1:0",
+  std::vector<std::string> args = {ServerBinaryPath(), "--listen=" + host + ":0",
                                    "--port_file=" + port_file};
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;

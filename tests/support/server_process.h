@@ -37,11 +37,13 @@ class ServerProcess {
   // most `startup_timeout`) for the port file and for grpc.health.v1 Check("") == SERVING.
   // The server's stdout and stderr go to a log file whose tail LogTail() returns.
   // `credentials` (plaintext when null) are those of the health check and of NewChannel(), for a
-  // server started with TLS flags.
+  // server started with TLS flags. `host` replaces 127.0.0.1 in --listen and address() (an IPv6
+  // one in brackets: "[::1]").
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::vector<std::string>& flags,
       std::chrono::milliseconds startup_timeout = std::chrono::seconds(30),
-      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+      const std::string& host = "127.0.0.1");
 
   // SIGKILLs the process if it is still running and removes the temporary directory.
   ~ServerProcess();
@@ -51,7 +53,7 @@ class ServerProcess {
 
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return host_ + ":" + std::to_string(port_); }
   // A directory the test may use for its own files; removed with the process object.
   const std::string& temp_dir() const { return temp_dir_; }
 
@@ -80,6 +82,7 @@ class ServerProcess {
   bool reaped_ = false;
   ExitState exit_state_;
   int port_ = 0;
+  std::string host_ = "127.0.0.1";
   std::string temp_dir_;
   std::string log_path_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
