@@ -6,6 +6,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
+#include "kernels/base/command_line_usage.h"
 #include "server/observability/logging.h"
 #include "server/server.h"
 #include "server/server_options.h"
@@ -105,7 +106,9 @@ ABSL_FLAG(int64_t, tenant_max_parameter_bytes, kDefaults.tenant_quotas.max_param
           "0 = unlimited.");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Serves attnserve.v1.AttentionService over gRPC.");
+  attnserve::SetCommandLineUsage("attnserve_server",
+                                 "Serves attnserve.v1.AttentionService over gRPC.",
+                                 {"server/main.cc"});
   absl::ParseCommandLine(argc, argv);
   attnserve::server::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);

@@ -31,6 +31,7 @@
 #include "client/common/client.h"
 #include "client/common/status_names.h"
 #include "client/common/demo_variants.h"
+#include "kernels/base/command_line_usage.h"
 #include "kernels/spec/layer_spec.h"
 #include "nlohmann/json.hpp"
 
@@ -368,9 +369,11 @@ int Main() {
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  attnserve::SetCommandLineUsage(
+      "attnbench",
       "attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512] "
-      "[--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT] [--json]");
+      "[--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT] [--json]",
+      {"client/attnbench/", "client/common/"});
   absl::ParseCommandLine(argc, argv);
   return attnserve::Main();
 }

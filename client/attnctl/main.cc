@@ -60,6 +60,7 @@
 #include "client/common/session_routing.h"
 #include "client/attnctl/stack_pattern.h"
 #include "google/protobuf/util/json_util.h"
+#include "kernels/base/command_line_usage.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_spec_json.h"
 #include "kernels/stack/layer_stack.h"
@@ -826,14 +827,15 @@ constexpr char kUsage[] =
     "  attnctl convert --from=mha.json --seed=1 --kv_heads=2 --out=gqa.safetensors\n"
     "A server with TLS / tokens: --tls_ca=CA.pem [--tls_cert=C.pem --tls_key=K.pem] --token=T\n"
     "(or ATTNSERVE_TLS_CA, ATTNSERVE_TOKEN in the environment).\n"
-    "Run `attnctl --helpfull` for every flag.";
+    "Run `attnctl --help` for attnctl's flags (`--helpfull`: every library's too).";
 
 }  // namespace
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
   using namespace attnserve;
-  absl::SetProgramUsageMessage(kUsage);
+  // --help lists attnctl's flags and the TLS/token flags of client/common.
+  SetCommandLineUsage("attnctl", kUsage, {"client/attnctl/", "client/common/"});
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::fprintf(stderr, "%s\n", kUsage);
