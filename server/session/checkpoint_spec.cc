@@ -13,6 +13,7 @@
 #include "kernels/model/hf_config.h"
 #include "kernels/base/path_confinement.h"
 #include "kernels/base/regular_file.h"
+#include "server/session/weight_source.h"
 #include "proto/codec/spec_codec.h"
 
 namespace attnserve::server {
@@ -21,22 +22,16 @@ namespace {
 // Real configs are a few KiB; anything far larger is not one.
 constexpr uint64_t kMaxConfigBytes = 1 << 20;
 
-// The text of the checkpoint's config.json; nullopt when there is none to read: no checkpoint, no
-// root, a path that does not resolve inside the root (the weights loader gives that its one
-// NOT_FOUND answer), or no config.json beside the weights.
+// The text of the config.json of the checkpoint at `resolved` (ResolveCheckpointPath); nullopt
+// when there is none beside the weights.
 absl::StatusOr<std::optional<std::string>> ReadCheckpointConfig(
-    const v1::WeightSource& weights, const std::string& checkpoint_root) {
-  if (weights.source_case() != v1::WeightSource::kCheckpoint || checkpoint_root.empty()) {
-    return std::nullopt;
-  }
-  const std::optional<std::string> resolved =
-      ResolveInsideRoot(checkpoint_root, weights.checkpoint().path());
-  if (!resolved.has_value()) return std::nullopt;
+    const v1::WeightSource& weights, const std::string& resolved,
+    const std::string& checkpoint_root) {
   struct stat info;
-  if (stat(resolved->c_str(), &info) != 0) return std::nullopt;
+  if (stat(resolved.c_str(), &info) != 0) return std::nullopt;
   const std::string directory = S_ISDIR(info.st_mode)
-                                    ? *resolved
-                                    : resolved->substr(0, resolved->find_last_of('/') + 1);
+                                    ? resolved
+                                    : resolved.substr(0, resolved.find_last_of('/') + 1);
   const std::string candidate = absl::StrCat(directory, "/config.json");
   if (stat(candidate.c_str(), &info) != 0 && errno == ENOENT) return std::nullopt;
   // It exists: from here on every failure is an error, never a silent fallback.
@@ -71,8 +66,25 @@ absl::StatusOr<std::optional<std::string>> ReadCheckpointConfig(
 
 absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
                                                const std::string& checkpoint_root) {
-  absl::StatusOr<std::optional<std::string>> config =
-      ReadCheckpointConfig(request.weights(), checkpoint_root);
+  // The path first: a typo, a path outside the root or no root at all is answered as such, not as
+  // the missing spec that a checkpoint which cannot be read would leave.
+  const v1::WeightSource& weights = request.weights();
+  if (weights.has_convert_from() && weights.convert_from().has_checkpoint()) {
+    if (absl::StatusOr<std::string> resolved =
+            ResolveCheckpointPath(weights.convert_from().checkpoint(), checkpoint_root);
+        !resolved.ok()) {
+      // As weight_source.cc's conversion names it.
+      return absl::Status(resolved.status().code(),
+                          absl::StrCat("weights.convert_from (MHA): ", resolved.status().message()));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> config = std::nullopt;
+  if (weights.has_checkpoint()) {
+    absl::StatusOr<std::string> resolved =
+        ResolveCheckpointPath(weights.checkpoint(), checkpoint_root);
+    if (!resolved.ok()) return resolved.status();
+    config = ReadCheckpointConfig(weights, *resolved, checkpoint_root);
+  }
   if (!config.ok()) return config.status();
   if (!config->has_value()) {
     if (!request.has_spec()) {

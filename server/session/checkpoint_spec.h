@@ -9,6 +9,9 @@
 //                                               differs ("sliding_window: 4096 vs 0");
 //   - spec set, no config.json (a bare .safetensors file, or no checkpoint): the spec as stated;
 //   - spec unset, no config.json:               INVALID_ARGUMENT (spec required).
+// The checkpoint's path is checked before any of that (ResolveCheckpointPath in weight_source.h):
+// a path that cannot be used gets its own answer (NOT_FOUND, or FAILED_PRECONDITION without
+// --checkpoint_root), with or without a spec.
 // config.json is looked up in the checkpoint directory, or beside a checkpoint file, and read
 // under the same confinement as the weights (--checkpoint_root, symlinks resolved, regular files
 // only). A config.json that cannot be read or is refused by hf_config.h fails the Configure: its

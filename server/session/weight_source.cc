@@ -35,29 +35,9 @@ absl::Status NotAReadableCheckpoint(const std::string& path) {
 absl::StatusOr<LayerWeights> FromCheckpoint(const v1::CheckpointWeights& checkpoint,
                                             const LayerSpec& spec,
                                             const WeightSourceOptions& options) {
-  const std::string& path = checkpoint.path();
-  if (options.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "weights.checkpoint: this server loads no checkpoints by path; start it with "
-        "--checkpoint_root");
-  }
-  if (path.empty()) {
-    return absl::InvalidArgumentError("weights.checkpoint.path: must not be empty");
-  }
-  if (checkpoint.layer_index() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weights.checkpoint.layer_index = ", checkpoint.layer_index(), ", must be >= 0"));
-  }
-  const std::optional<std::string> resolved = ResolveInsideRoot(options.checkpoint_root, path);
-  if (!resolved.has_value()) return NotAReadableCheckpoint(path);
-  // stat, not open: the loader opens files itself, without blocking (regular_file.h).
-  struct stat info;
-  if (stat(resolved->c_str(), &info) != 0) return NotAReadableCheckpoint(path);
-  const bool is_directory = S_ISDIR(info.st_mode);
-  if (!is_directory && !S_ISREG(info.st_mode)) return NotAReadableCheckpoint(path);
-  if (access(resolved->c_str(), is_directory ? (R_OK | X_OK) : R_OK) != 0) {
-    return NotAReadableCheckpoint(path);
-  }
+  absl::StatusOr<std::string> resolved =
+      ResolveCheckpointPath(checkpoint, options.checkpoint_root);
+  if (!resolved.ok()) return resolved.status();
   absl::StatusOr<LayerWeights> weights = LoadLayerWeightsFromSafetensors(
       *resolved, spec, checkpoint.layer_index(), options.checkpoint_root);
   if (!weights.ok()) return WithField(weights.status(), "weights.checkpoint");
@@ -127,6 +107,34 @@ absl::Status CheckCheckpointRoot(const std::string& root) {
         absl::StrCat("--checkpoint_root: '", root, "' is not an existing directory"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveCheckpointPath(const v1::CheckpointWeights& checkpoint,
+                                                  const std::string& checkpoint_root) {
+  const std::string& path = checkpoint.path();
+  if (checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "weights.checkpoint: this server loads no checkpoints by path; start it with "
+        "--checkpoint_root");
+  }
+  if (path.empty()) {
+    return absl::InvalidArgumentError("weights.checkpoint.path: must not be empty");
+  }
+  if (checkpoint.layer_index() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights.checkpoint.layer_index = ", checkpoint.layer_index(), ", must be >= 0"));
+  }
+  const std::optional<std::string> resolved = ResolveInsideRoot(checkpoint_root, path);
+  if (!resolved.has_value()) return NotAReadableCheckpoint(path);
+  // stat, not open: the loader opens files itself, without blocking (regular_file.h).
+  struct stat info;
+  if (stat(resolved->c_str(), &info) != 0) return NotAReadableCheckpoint(path);
+  const bool is_directory = S_ISDIR(info.st_mode);
+  if (!is_directory && !S_ISREG(info.st_mode)) return NotAReadableCheckpoint(path);
+  if (access(resolved->c_str(), is_directory ? (R_OK | X_OK) : R_OK) != 0) {
+    return NotAReadableCheckpoint(path);
+  }
+  return *resolved;
 }
 
 absl::StatusOr<LayerWeights> WeightsFromProto(const v1::WeightSource& source, const LayerSpec& spec,

@@ -21,6 +21,14 @@ struct WeightSourceOptions {
 // INVALID_ARGUMENT naming --checkpoint_root, for the server to refuse to start.
 absl::Status CheckCheckpointRoot(const std::string& root);
 
+// The checkpoint's path resolved inside checkpoint_root (kernels/base/path_confinement.h), with
+// the errors of a checkpoint source that do not depend on the spec: FAILED_PRECONDITION when the
+// server has no root, INVALID_ARGUMENT for an empty path or a negative layer_index, and the one
+// NOT_FOUND below for a path that cannot be used. Configure checks it before it asks for a spec,
+// so that a typo in the path is answered as such, not as a missing spec.
+absl::StatusOr<std::string> ResolveCheckpointPath(const v1::CheckpointWeights& checkpoint,
+                                                  const std::string& checkpoint_root);
+
 // seed:           RandomLayerWeights(spec, seed).
 // checkpoint:     LoadLayerWeightsFromSafetensors confined to options.checkpoint_root. A path
 //                 that does not exist, cannot be read, is neither a regular file nor a directory

@@ -21,6 +21,7 @@
 #include "kernels/model/checkpoint_loader.h"
 #include "kernels/model/layer_weights.h"
 #include "kernels/model/safetensors.h"
+#include "proto/codec/spec_codec.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/server_fixture.h"
 
@@ -240,6 +241,40 @@ TEST_F(CheckpointHardeningTest, NonFiniteWeightsAreRefused) {
   ExpectServing();
 }
 
+// A path that cannot be used is answered as such whether or not a spec is sent: it used to be
+// "spec: required (only a checkpoint directory with a config.json can supply it)" without one.
+TEST_F(CheckpointHardeningTest, AnUnusablePathIsAnsweredBeforeTheMissingSpec) {
+  WriteCheckpoint(dirs_.root() + "/model.safetensors");
+  for (const std::string& path : {dirs_.root() + "/modle.safetensors", std::string("/etc"),
+                                  std::string("../port"), dirs_.outside()}) {
+    for (const bool with_spec : {false, true}) {
+      v1::ConfigureRequest request;
+      if (with_spec) *request.mutable_spec() = LayerSpecToProto(TestSpec());
+      request.mutable_weights()->mutable_checkpoint()->set_path(path);
+      v1::ConfigureResponse response;
+      const grpc::Status status = Configure(stub(), request, &response);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+          << path << (with_spec ? " with" : " without") << " a spec: " << Describe(status);
+      EXPECT_EQ(status.error_message(), Unusable(path));
+    }
+  }
+  // The same for the MHA checkpoint of a conversion.
+  v1::ConfigureRequest conversion;
+  conversion.mutable_weights()->mutable_convert_from()->mutable_checkpoint()->set_path("/etc");
+  v1::ConfigureResponse response;
+  grpc::Status status = Configure(stub(), conversion, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  EXPECT_EQ(status.error_message(), "weights.convert_from (MHA): " + Unusable("/etc"));
+  // A bad layer index too is named before the spec is asked for.
+  v1::ConfigureRequest negative;
+  negative.mutable_weights()->mutable_checkpoint()->set_path("model.safetensors");
+  negative.mutable_weights()->mutable_checkpoint()->set_layer_index(-1);
+  status = Configure(stub(), negative, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("weights.checkpoint.layer_index = -1"));
+  ExpectServing();
+}
+
 // Without --checkpoint_root, no path is loaded at all.
 class NoCheckpointRootTest : public ServerTest {};
 
@@ -251,6 +286,12 @@ TEST_F(NoCheckpointRootTest, CheckpointsByPathAreRefused) {
   const grpc::Status status = Configure(stub(), request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("start it with --checkpoint_root"));
+  // Without a spec the answer is the same, not "spec: required".
+  request.clear_spec();
+  const grpc::Status without_spec = Configure(stub(), request, &response);
+  EXPECT_EQ(without_spec.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << Describe(without_spec);
+  EXPECT_THAT(without_spec.error_message(), HasSubstr("start it with --checkpoint_root"));
 }
 
 }  // namespace
