@@ -60,6 +60,7 @@
 #include "client/common/session_routing.h"
 #include "client/attnctl/stack_pattern.h"
 #include "google/protobuf/util/json_util.h"
+#include "kernels/base/clip_for_message.h"
 #include "kernels/base/command_line_usage.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_spec_json.h"
@@ -109,7 +110,9 @@ ABSL_FLAG(std::string, checkpoint, "",
           "configure: safetensors file or directory on the server; alone (no --variant or "
           "--spec_file), the spec comes from its config.json.");
 ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
-ABSL_FLAG(std::string, kv_dtype, "f32", "configure/demo: KV cache dtype: f32, f16 or bf16.");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "configure/demo: KV cache dtype: f32 or bf16 (the CPU backend); f32, f16 or bf16 (the "
+          "CUDA backend). `attnctl info` says which backend serves.");
 ABSL_FLAG(std::string, kv_quant, "none",
           "configure/demo/compare: 8-bit KV pages with per-page scales: none, fp8 (e4m3) or "
           "int8 (CPU backend); when set, --kv_dtype is not sent.");
@@ -132,7 +135,7 @@ ABSL_FLAG(std::string, request, "",
 ABSL_FLAG(std::string, forks, "",
           "fork: ids of the new requests, comma separated (distinct, not yet in the session).");
 ABSL_FLAG(int, tokens, 0,
-          "forward: random prompt rows per request (default 16); demo: default 128.");
+          "forward: random prompt rows per request, >= 1 (0 = 16); demo: >= 1 (0 = 128).");
 ABSL_FLAG(std::string, input, "",
           "forward: .npy (float32/float16) or .safetensors hidden states "
           "[T, d_model], sent for every listed request.");
@@ -370,6 +373,28 @@ absl::StatusOr<v1::SessionInfo> FetchSession(const Client& client, const std::st
   return response.session();
 }
 
+// Reports FetchSession's failure for `command`: a session that does not exist is said to be so
+// (the user named it; "GetSession failed" named a call they never made).
+int ReportSessionLookupError(const Client& client, absl::string_view command,
+                             const std::string& session, const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::NOT_FOUND) return ReportRpcError("GetSession", status);
+  return ReportError(absl::StrCat(command, " failed: NOT_FOUND: session '", ClipForMessage(session),
+                                  "' does not exist on ", client.target,
+                                  " (never created, released, or expired)"),
+                     kExitRpcError);
+}
+
+// --tokens: 0 takes the command's default; a negative count is a typo, not a default.
+absl::StatusOr<int> TokensFlag(int default_tokens) {
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens = ", tokens, ": must be >= 1 (0 = the default, ", default_tokens,
+                     ")"));
+  }
+  return tokens == 0 ? default_tokens : tokens;
+}
+
 absl::StatusOr<Tensor> InputFromFile(const std::string& path) {
   if (absl::EndsWith(path, ".npy")) return ReadNpy(path);
   if (absl::EndsWith(path, ".safetensors")) {
@@ -428,8 +453,10 @@ int Forward(const Client& client) {
   const std::vector<std::string> ids = RequestIds();
   if (session.empty() || ids.empty()) return ReportError("forward needs --session and --request");
   grpc::Status rpc_status;
+  absl::StatusOr<int> tokens = TokensFlag(16);
+  if (!tokens.ok()) return ReportError(tokens.status().message());
   absl::StatusOr<v1::SessionInfo> info = FetchSession(client, session, &rpc_status);
-  if (!info.ok()) return ReportRpcError("GetSession", rpc_status);
+  if (!info.ok()) return ReportSessionLookupError(client, "forward", session, rpc_status);
   const int64_t d_model = info->spec().d_model();
 
   const std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
@@ -456,7 +483,6 @@ int Forward(const Client& client) {
     if (wire_dtype && *wire_dtype != tensor.dtype()) tensor = tensor.CastTo(*wire_dtype);
     file_input = std::move(tensor);
   }
-  const int tokens = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : 16;
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   absl::StatusOr<std::vector<int64_t>> positions = PositionsFromFlags();
   if (!positions.ok()) return ReportError(positions.status().message());
@@ -467,7 +493,7 @@ int Forward(const Client& client) {
     v1::ForwardItem* item = request.add_items();
     item->set_request_id(id);
     TensorToProto(file_input ? *file_input
-                             : RandomHidden(rng, tokens, d_model, wire_dtype.value_or(DType::kF32)),
+                             : RandomHidden(rng, *tokens, d_model, wire_dtype.value_or(DType::kF32)),
                   item->mutable_hidden());
     item->mutable_positions()->Add(positions->begin(), positions->end());
   }
@@ -521,7 +547,7 @@ int Decode(const Client& client) {
   const int steps = absl::GetFlag(FLAGS_steps) > 0 ? absl::GetFlag(FLAGS_steps) : 1;
   grpc::Status rpc_status;
   absl::StatusOr<v1::SessionInfo> info = FetchSession(client, session, &rpc_status);
-  if (!info.ok()) return ReportRpcError("GetSession", rpc_status);
+  if (!info.ok()) return ReportSessionLookupError(client, "decode", session, rpc_status);
   const int64_t d_model = info->spec().d_model();
   DType wire_dtype = DType::kF32;
   if (const std::string flag = absl::GetFlag(FLAGS_dtype); !flag.empty()) {
@@ -796,7 +822,9 @@ int Demo(const Client& client) {
   DemoOptions options;
   if (absl::GetFlag(FLAGS_d_model) > 0) options.d_model = absl::GetFlag(FLAGS_d_model);
   if (absl::GetFlag(FLAGS_num_heads) > 0) options.num_heads = absl::GetFlag(FLAGS_num_heads);
-  if (absl::GetFlag(FLAGS_tokens) > 0) options.tokens = absl::GetFlag(FLAGS_tokens);
+  absl::StatusOr<int> tokens = TokensFlag(options.tokens);
+  if (!tokens.ok()) return ReportError(tokens.status().message());
+  options.tokens = *tokens;
   if (absl::GetFlag(FLAGS_steps) > 0) options.steps = absl::GetFlag(FLAGS_steps);
   options.window = absl::GetFlag(FLAGS_window);
   options.batch = absl::GetFlag(FLAGS_batch);

@@ -6,8 +6,10 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "client/common/request_mover.h"
+#include "kernels/base/clip_for_message.h"
 #include "nlohmann/json.hpp"
 
 ABSL_DECLARE_FLAG(std::string, session);
@@ -34,6 +36,24 @@ int RunMove(const Client& source, const ChannelSecurity& security) {
   }
   const Client target = MakeClient(to, source.timeout, source.json, security);
   absl::StatusOr<MoveOutcome> moved = MoveRequest(*source.stub, *target.stub, spec);
+  // The import's NOT_FOUND is about the target's session. Without --to_session its id is the
+  // source's, so the server's own message reads as if the source session were missing.
+  if (moved.status().code() == absl::StatusCode::kNotFound &&
+      absl::StartsWith(moved.status().message(), "ImportRequest:")) {
+    return ReportError(
+        absl::StrFormat("move failed: NOT_FOUND: the target session '%s' does not exist on the "
+                        "target %s (%s) [%s]",
+                        ClipForMessage(spec.target_session.empty() ? spec.source_session
+                                                                   : spec.target_session),
+                        to,
+                        spec.target_session.empty()
+                            ? "no --to_session, so --session's id was tried there; configure a "
+                              "session of the same spec and weights on the target and pass its "
+                              "id as --to_session"
+                            : "--to_session",
+                        moved.status().message()),
+        kExitRpcError);
+  }
   if (!moved.ok()) {
     return ReportError(
         absl::StrFormat("move failed: %s: %s", absl::StatusCodeToString(moved.status().code()),

@@ -420,9 +420,10 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
         return absl::InvalidArgumentError(
             absl::StrCat(field, ": '", new_ids[i], "' appears more than once"));
       }
+      // ALREADY_EXISTS, as ImportRequest answers for a taken id: the id is well formed, only taken.
       if (requests_.contains(new_ids[i])) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ": request '", new_ids[i],
-                                                       "' already exists in session '", id_, "'"));
+        return absl::AlreadyExistsError(absl::StrCat(field, ": request '", new_ids[i],
+                                                     "' already exists in session '", id_, "'"));
       }
     }
     if (static_cast<int64_t>(requests_.size()) + static_cast<int64_t>(new_ids.size()) >

@@ -2,8 +2,9 @@
 # ctest: `attnctl move` between two real server processes on 127.0.0.1. Configures the same spec and
 # seed on both (equal fingerprints), prefills a request on A, moves it to B with --release_source,
 # and checks that B holds it at its length and decodes it, that A no longer has it, and that a move
-# into a session of another seed fails with FAILED_PRECONDITION (exit 1). Both servers must exit 0
-# after SIGTERM.
+# into a session of another seed fails with FAILED_PRECONDITION (exit 1), and that a move without
+# --to_session to a replica lacking the session names the target in its NOT_FOUND. Both servers
+# must exit 0 after SIGTERM.
 #
 # Usage: tests/client/attnctl_move_test.sh SERVER_BINARY ATTNCTL_BINARY
 set -euo pipefail
@@ -77,6 +78,17 @@ cat "${workdir}/refused.err"
 [[ "${status}" -eq 1 ]] || fail "a move across fingerprints exited ${status}, expected 1"
 grep -q "FAILED_PRECONDITION.*fingerprint" "${workdir}/refused.err" ||
   fail "a move across fingerprints did not name the fingerprint"
+
+# No --to_session: the source's id is tried on B, which has no such session. The NOT_FOUND must
+# name the target (B, the session tried there, the flag), not read as if the source were missing.
+"${ATTNCTL}" --server="${A}" forward --session="${SA}" --request=t --tokens=3 >/dev/null
+status=0
+"${ATTNCTL}" --server="${A}" move --to="${B}" --session="${SA}" --request=t \
+  2>"${workdir}/no_target.err" || status=$?
+cat "${workdir}/no_target.err"
+[[ "${status}" -eq 1 ]] || fail "a move to a missing target session exited ${status}, expected 1"
+grep -q "NOT_FOUND: the target session '${SA}' does not exist on the target ${B} (no --to_session" \
+  "${workdir}/no_target.err" || fail "a move to a missing target session did not name the target"
 
 for pid in "${pids[@]}"; do
   kill -TERM "${pid}"

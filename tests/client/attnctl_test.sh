@@ -35,7 +35,7 @@ expect_exit() {
   shift 3
   ctl "$@" >"${workdir}/err.out" 2>&1 || status=$?
   [[ "${status}" -eq "${want}" ]] || fail "attnctl $* exited ${status}, expected ${want}: $(cat "${workdir}/err.out")"
-  [[ -z "${name}" ]] || grep -q "${name}" "${workdir}/err.out" || fail "attnctl $* did not print ${name}: $(cat "${workdir}/err.out")"
+  [[ -z "${name}" ]] || grep -q -e "${name}" "${workdir}/err.out" || fail "attnctl $* did not print ${name}: $(cat "${workdir}/err.out")"
 }
 
 [[ "$(ctl health)" == SERVING ]] || fail "health is not SERVING"
@@ -101,13 +101,29 @@ for fork in f1 f2 f3; do
          json '[r["rms"] for s in d["steps"] for r in s["results"]]')"
   [[ "${got}" == "${twin}" ]] || fail "fork: ${fork} decodes ${got}, its twin s ${twin}"
 done
-expect_exit 1 "INVALID_ARGUMENT.*already exists" -- fork --session="${session}" --request=u --forks=f1
+# A taken id: ALREADY_EXISTS naming it, as ImportRequest answers (was INVALID_ARGUMENT).
+expect_exit 1 "ALREADY_EXISTS: new_request_ids\[0\]: request 'f1' already exists" -- \
+  fork --session="${session}" --request=u --forks=f1
 expect_exit 1 NOT_FOUND -- fork --session="${session}" --request=nope --forks=g1
 expect_exit 2 "" -- fork --session="${session}" --request=u
 
 # errors
 expect_exit 1 NOT_FOUND -- forward --session=0123 --request=a
 expect_exit 1 NOT_FOUND -- decode --session="${session}" --request=nope
+# An unknown session is said not to exist (was "GetSession failed", a call the user never made).
+expect_exit 1 "decode failed: NOT_FOUND: session '0123' does not exist on ${ADDRESS}" -- \
+  decode --session=0123 --request=a
+expect_exit 1 "forward failed: NOT_FOUND: session '0123' does not exist" -- \
+  forward --session=0123 --request=a
+grep -q "GetSession" "${workdir}/err.out" && fail "an unknown session is reported as GetSession failing"
+# A negative --tokens is refused by name (it used to send the default 16 rows).
+expect_exit 2 "--tokens = -5: must be >= 1" -- forward --session="${session}" --request=neg --tokens=-5
+expect_exit 2 "--tokens = -1" -- demo --tokens=-1
+[[ "$(ctl --json get --session="${session}" | json '[r["request_id"] for r in d["session"]["requests"]].count("neg")')" == 0 ]] ||
+  fail "forward --tokens=-5 sent a request"
+# --help offers the KV dtypes the CPU backend serves (f16 only on CUDA), and says which is which.
+kv_help="$("${ATTNCTL}" --help 2>&1 | grep -A3 -e "--kv_dtype" | tr -s ' \n' ' ')" || true
+[[ "${kv_help}" == *"f32 or bf16 (the CPU backend)"* ]] || fail "--help for --kv_dtype: ${kv_help}"
 expect_exit 1 INVALID_ARGUMENT -- forward --session="${session}" --request=a --tokens=2 --positions=1,0
 expect_exit 2 "" -- forward --session="${session}" --request=a --input="${workdir}/missing.npy"
 expect_exit 2 "num_kv_heads" -- configure --variant=gqa --d_model=128 --num_heads=4

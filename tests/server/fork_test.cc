@@ -139,7 +139,11 @@ TEST_F(ForkTest, BadInputsGetPreciseStatuses) {
   expect(session, "missing", {"b"}, grpc::StatusCode::NOT_FOUND, "request 'missing' not found");
   expect(session, "a", {}, grpc::StatusCode::INVALID_ARGUMENT, "new_request_ids");
   expect(session, "a", {"b", "b"}, grpc::StatusCode::INVALID_ARGUMENT, "appears more than once");
-  expect(session, "a", {"a"}, grpc::StatusCode::INVALID_ARGUMENT, "already exists");
+  // A taken id is ALREADY_EXISTS naming it, as ImportRequest answers.
+  expect(session, "a", {"a"}, grpc::StatusCode::ALREADY_EXISTS,
+         "new_request_ids[0]: request 'a' already exists in session '" + session + "'");
+  expect(session, "a", {"b", "a"}, grpc::StatusCode::ALREADY_EXISTS,
+         "new_request_ids[1]: request 'a' already exists");
   expect(session, "a", {"b", ""}, grpc::StatusCode::INVALID_ARGUMENT, "new_request_ids[1]");
   expect(session, "a", {"b", "c", "d"}, grpc::StatusCode::RESOURCE_EXHAUSTED, "max_requests = 3");
   expect(session, "a", {std::string(300, 'x')}, grpc::StatusCode::INVALID_ARGUMENT,
