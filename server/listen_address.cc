@@ -12,9 +12,9 @@ namespace attnserve::server {
 namespace {
 
 absl::Status Invalid(absl::string_view address, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--listen = '", ClipForMessage(address), "': ", why,
-                   "; expected HOST:PORT or [IPV6]:PORT with PORT in [0, 65535] (0 = a free port)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--listen = '", ClipForMessage(address), "': ", why,
+      "; expected HOST:PORT or [IPV6]:PORT with PORT in [0, 65535] (0 = a free port)"));
 }
 
 }  // namespace

@@ -377,11 +377,13 @@ absl::StatusOr<v1::SessionInfo> FetchSession(const Client& client, const std::st
 // (the user named it; "GetSession failed" named a call they never made).
 int ReportSessionLookupError(const Client& client, absl::string_view command,
                              const std::string& session, const grpc::Status& status) {
-  if (status.error_code() != grpc::StatusCode::NOT_FOUND) return ReportRpcError("GetSession", status);
-  return ReportError(absl::StrCat(command, " failed: NOT_FOUND: session '", ClipForMessage(session),
-                                  "' does not exist on ", client.target,
-                                  " (never created, released, or expired)"),
-                     kExitRpcError);
+  if (status.error_code() != grpc::StatusCode::NOT_FOUND) {
+    return ReportRpcError("GetSession", status);
+  }
+  return ReportError(
+      absl::StrCat(command, " failed: NOT_FOUND: session '", ClipForMessage(session),
+                   "' does not exist on ", client.target, " (never created, released, or expired)"),
+      kExitRpcError);
 }
 
 // --tokens: 0 takes the command's default; a negative count is a typo, not a default.
@@ -492,8 +494,9 @@ int Forward(const Client& client) {
   for (const std::string& id : ids) {
     v1::ForwardItem* item = request.add_items();
     item->set_request_id(id);
-    TensorToProto(file_input ? *file_input
-                             : RandomHidden(rng, *tokens, d_model, wire_dtype.value_or(DType::kF32)),
+    TensorToProto(file_input
+                      ? *file_input
+                      : RandomHidden(rng, *tokens, d_model, wire_dtype.value_or(DType::kF32)),
                   item->mutable_hidden());
     item->mutable_positions()->Add(positions->begin(), positions->end());
   }
