@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "kernels/kv/sequence_table.h"
 #include "kernels/base/clip_for_message.h"
+#include "server/session/call_digest.h"
 
 namespace attnserve::server {
 
@@ -63,6 +64,14 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
         ClipForMessage(*applied), "' but not to request '", ClipForMessage(*not_applied),
         "': a call_id names one call, so reuse it only to retry that call with the same items"));
   }
+  for (const RequestState* state : states) {
+    if (state->last_input_digest != plan.input_digest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "call_id: '", ClipForMessage(call_id), "' was already used by a call with other inputs "
+          "(request '", ClipForMessage(*applied), "'); a call_id names one call: retry it with the "
+          "same items, or send a new call under a new call_id"));
+    }
+  }
   plan.replay = true;
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
     plan.replayed.push_back(
@@ -86,6 +95,7 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
     // network) is answered from what that call left, before any check that its inputs, now
     // stale against the request's state, would fail.
     plan.inputs = std::move(inputs);
+    plan.input_digest = CallInputDigest(plan.inputs, decode);
     absl::StatusOr<bool> replay = FillReplayLocked(call_id, plan);
     if (!replay.ok()) return replay.status();
     if (*replay) return plan;
@@ -221,6 +231,7 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     src += static_cast<size_t>(rows) * row_bytes;
     r.sequence_length = state.length;
     state.last_call_id = plan.call_id;
+    state.last_input_digest = plan.call_id.empty() ? std::string() : plan.input_digest;
     state.last_output = plan.call_id.empty() ? Tensor() : r.output;
   }
   return results;
@@ -368,6 +379,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
           RequestState& state = requests_[plan.inputs[i].request_id];
           // Partly applied: a retry under the same call_id must not look like a replay.
           state.last_call_id.clear();
+          state.last_input_digest.clear();
           state.last_output = Tensor();
           state.kv_bytes = kv_bytes;
           state.length =
@@ -446,6 +458,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
     state.sequence = (*forks)[i];
     state.last_used = now;
     state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
+    state.last_input_digest.clear();
     state.last_output = Tensor();
     requests_.emplace(new_ids[i], std::move(state));
   }

@@ -120,8 +120,10 @@ struct StepPlan {
   // Each input's positions are resolved: one per token (given, or continuing from the length).
   std::vector<StepInput> inputs;
   std::vector<Request> requests;  // One per input.
-  // The call's idempotency key (empty = none); recorded on every request the call applies to.
+  // The call's idempotency key (empty = none); recorded on every request the call applies to,
+  // with the digest of the call's inputs (call_digest.h) that a retry must match.
   std::string call_id;
+  std::string input_digest;
   // True when `call_id` was already applied to every request of the call: nothing must run, and
   // `replayed` (one per input) answers the call from that call's retained results.
   bool replay = false;
@@ -146,7 +148,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // resolves their sequences, changing nothing. The plan stays valid until a step or release
   // touches one of its requests.
   // A non-empty `call_id` that was the last call applied to every input's request makes a replay
-  // plan (see StepPlan::replay); one applied to some of them is FAILED_PRECONDITION.
+  // plan (see StepPlan::replay) when the inputs are that call's; other inputs under that call_id
+  // are INVALID_ARGUMENT, and a call_id applied to some of the requests is FAILED_PRECONDITION.
   absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode,
                                 const std::string& call_id = "");
 
@@ -247,12 +250,15 @@ class Session : public std::enable_shared_from_this<Session> {
     absl::Time last_used;
     // The call_id of the last call applied to this request and its output for this request,
     // retained so that a retry of that call is answered without appending twice. Empty (and no
-    // output held) when the last call carried no call_id.
+    // output held) when the last call carried no call_id. last_input_digest is that call's
+    // CallInputDigest: a retry must match it.
     std::string last_call_id;
+    std::string last_input_digest;
     Tensor last_output;
   };
   // Fills plan.replay and plan.replayed when `call_id` was the last call applied to every
-  // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some.
+  // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some;
+  // INVALID_ARGUMENT when to all of them but with other inputs (plan.input_digest).
   absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -308,6 +308,60 @@ TEST_F(RobustnessTest, ARetryUnderTheSameCallIdIsAnsweredWithoutApplyingTwice) {
   EXPECT_EQ(RequestLength("s"), 2);
 }
 
+// A call_id reused with other inputs is not a retry: it used to be answered with the earlier
+// call's output and OK. It is INVALID_ARGUMENT naming call_id, and applies nothing; a faithful
+// retry is still answered from the retained output.
+TEST_F(RobustnessTest, ACallIdReusedWithOtherInputsIsRefused) {
+  const Tensor prompt = Hidden(6);
+  v1::ForwardResponse first, answered;
+  ASSERT_TRUE(Forward(stub(), ForwardRequest("r", prompt, "call-1"), &first).ok());
+  const auto expect_refused = [&](const grpc::Status& status, const std::string& what) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what << ": "
+                                                                       << Describe(status);
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("call_id: 'call-1' was already used by a call with other inputs"))
+        << what;
+  };
+  expect_refused(Forward(stub(), ForwardRequest("r", Hidden(6), "call-1"), &answered),
+                 "other rows");
+  expect_refused(Forward(stub(), ForwardRequest("r", Hidden(3), "call-1"), &answered),
+                 "other row count");
+  v1::ForwardRequest positioned = ForwardRequest("r", prompt, "call-1");
+  for (int64_t p = 0; p < 6; ++p) positioned.mutable_items(0)->add_positions(10 + p);
+  expect_refused(Forward(stub(), positioned, &answered), "other positions");
+  // The same rows as a Decode call (one row) under the Forward's call_id.
+  const Tensor row = Hidden(1);
+  ASSERT_TRUE(Forward(stub(), ForwardRequest("q", row, "call-1"), &answered).ok());
+  v1::DecodeRequest as_decode;
+  as_decode.set_session_id(session_);
+  as_decode.set_call_id("call-1");
+  *as_decode.add_items() = MakeDecodeItem("q", row);
+  v1::DecodeResponse decoded;
+  expect_refused(Decode(stub(), as_decode, &decoded), "a Decode of a Forward's rows");
+  EXPECT_EQ(RequestLength("r"), 6) << "a refused call applied";
+  EXPECT_EQ(RequestLength("q"), 1) << "a refused call applied";
+  // The faithful retry is still a retry.
+  ASSERT_TRUE(Forward(stub(), ForwardRequest("r", prompt, "call-1"), &answered).ok());
+  EXPECT_EQ(answered.results(0).output().data(), first.results(0).output().data());
+  EXPECT_EQ(RequestLength("r"), 6);
+
+  // Decode: the same for a step.
+  v1::DecodeRequest step;
+  step.set_session_id(session_);
+  step.set_call_id("step-1");
+  *step.add_items() = MakeDecodeItem("r", Hidden(1));
+  v1::DecodeResponse d1, d2;
+  ASSERT_TRUE(Decode(stub(), step, &d1).ok());
+  v1::DecodeRequest other_step = step;
+  *other_step.mutable_items(0) = MakeDecodeItem("r", Hidden(1));
+  const grpc::Status refused = Decode(stub(), other_step, &d2);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(refused);
+  EXPECT_THAT(refused.error_message(), HasSubstr("call_id: 'step-1'"));
+  ASSERT_TRUE(Decode(stub(), step, &d2).ok());
+  EXPECT_EQ(d2.results(0).output().data(), d1.results(0).output().data());
+  EXPECT_EQ(RequestLength("r"), 7);
+}
+
 TEST_F(RobustnessTest, AForwardPastItsDeadlineIsRetriedSafelyByCallId) {
   // A prompt long enough that a 1 ms deadline passes while it runs (or queues).
   const Tensor prompt = Hidden(200);
