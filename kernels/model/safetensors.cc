@@ -3,11 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/clip_for_message.h"
@@ -170,6 +173,37 @@ absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& path,
   return info;
 }
 
+// Each tensor's bytes are its own: two tensors whose data_offsets overlap alias each other, which
+// no writer produces (safetensors' own loader refuses it) and which would let one tensor's bytes be
+// read as another's. Empty tensors occupy no bytes and overlap nothing.
+absl::Status CheckNoOverlap(absl::string_view shown,
+                            const std::map<std::string, SafetensorsTensorInfo>& tensors) {
+  std::vector<std::pair<const std::string*, const SafetensorsTensorInfo*>> by_begin;
+  for (const auto& [name, info] : tensors) {
+    if (info.data_end > info.data_begin) by_begin.emplace_back(&name, &info);
+  }
+  std::sort(by_begin.begin(), by_begin.end(), [](const auto& a, const auto& b) {
+    return a.second->data_begin != b.second->data_begin
+               ? a.second->data_begin < b.second->data_begin
+               : *a.first < *b.first;
+  });
+  // Sorted by begin, a tensor overlaps an earlier one iff it begins before the furthest end so far.
+  size_t furthest = 0;
+  for (size_t i = 1; i < by_begin.size(); ++i) {
+    const SafetensorsTensorInfo& earlier = *by_begin[furthest].second;
+    const SafetensorsTensorInfo& later = *by_begin[i].second;
+    if (later.data_begin < earlier.data_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shown, ": tensors '", ClipForMessage(*by_begin[furthest].first), "' (data_offsets [",
+          earlier.data_begin, ", ", earlier.data_end, "]) and '",
+          ClipForMessage(*by_begin[i].first), "' (data_offsets [", later.data_begin, ", ",
+          later.data_end, "]) overlap; each tensor's bytes must be its own"));
+    }
+    if (later.data_end > earlier.data_end) furthest = i;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DType> DTypeFromSafetensors(absl::string_view dtype_name) {
@@ -277,6 +311,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
     if (!info.ok()) return info.status();
     file.tensors_.emplace(name, *std::move(info));
   }
+  if (absl::Status s = CheckNoOverlap(shown, file.tensors_); !s.ok()) return s;
   return file;
 }
 

@@ -70,7 +70,8 @@ class SafetensorsFile {
   // and all its moved-to copies are destroyed. Only a regular file is opened, without blocking
   // (a FIFO or a device is refused with NOT_FOUND, kernels/base/regular_file.h); kRefuse also
   // refuses a symlink as the last component (for paths already resolved,
-  // kernels/base/path_confinement.h).
+  // kernels/base/path_confinement.h). Tensors whose data_offsets overlap are INVALID_ARGUMENT
+  // naming both.
   static absl::StatusOr<SafetensorsFile> Open(const std::string& path,
                                               FinalSymlink final_symlink = FinalSymlink::kFollow);
 

@@ -170,6 +170,24 @@ absl::Status InvalidReal(absl::string_view field, double value, absl::string_vie
   return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": ", rule));
 }
 
+// Upper bound of every RoPE scaling parameter (factors, YaRN's betas and mscales). Published models
+// use factors up to 64 and the rest in single or double digits; a value like 1e300 is a typo or an
+// attack, and inverse frequencies, ramps and log-scales computed from it stop being meaningful.
+constexpr double kMaxRopeScalingParameter = 1024.0;
+
+// `value` finite and in [low, kMaxRopeScalingParameter], or (low, ...] when `low_open`.
+absl::Status CheckRopeScalingParameter(absl::string_view field, double value, double low,
+                                       bool low_open, absl::string_view low_text = "") {
+  const bool above_low = low_open ? value > low : value >= low;
+  if (std::isfinite(value) && above_low && value <= kMaxRopeScalingParameter) {
+    return absl::OkStatus();
+  }
+  return InvalidReal(field, value,
+                     absl::StrCat("must be finite and in ", low_open ? "(" : "[",
+                                  low_text.empty() ? absl::StrCat(low) : std::string(low_text),
+                                  ", ", kMaxRopeScalingParameter, "]"));
+}
+
 absl::Status ValidateRopeScaling(const LayerSpec& spec) {
   const RopeScaling& r = spec.rope_scaling;
   if (r.type == RopeScalingType::kNone) return absl::OkStatus();
@@ -184,8 +202,9 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
   if (spec.rope == RopeLayout::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(type, ": requires rope = half or interleaved"));
   }
-  if (!std::isfinite(r.factor) || r.factor < 1.0) {
-    return InvalidReal("rope_scaling.factor", r.factor, "must be finite and >= 1");
+  if (absl::Status s = CheckRopeScalingParameter("rope_scaling.factor", r.factor, 1.0, false);
+      !s.ok()) {
+    return s;
   }
   if (r.type != RopeScalingType::kYarn && !r.truncate) {
     return absl::InvalidArgumentError(
@@ -199,31 +218,33 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
     return s;
   }
   if (r.type == RopeScalingType::kLlama3) {
-    if (!std::isfinite(r.low_freq_factor) || !(r.low_freq_factor > 0.0)) {
-      return InvalidReal("rope_scaling.low_freq_factor", r.low_freq_factor,
-                         "must be finite and > 0");
+    if (absl::Status s = CheckRopeScalingParameter("rope_scaling.low_freq_factor",
+                                                   r.low_freq_factor, 0.0, true);
+        !s.ok()) {
+      return s;
     }
-    if (!std::isfinite(r.high_freq_factor) || !(r.high_freq_factor > r.low_freq_factor)) {
-      return InvalidReal("rope_scaling.high_freq_factor", r.high_freq_factor,
-                         absl::StrCat("must be finite and > low_freq_factor = ", r.low_freq_factor));
-    }
-    return absl::OkStatus();
+    return CheckRopeScalingParameter(
+        "rope_scaling.high_freq_factor", r.high_freq_factor, r.low_freq_factor, true,
+        absl::StrCat("low_freq_factor = ", r.low_freq_factor));
   }
   // YaRN.
-  if (!std::isfinite(r.beta_fast) || !(r.beta_fast > 0.0)) {
-    return InvalidReal("rope_scaling.beta_fast", r.beta_fast, "must be finite and > 0");
+  if (absl::Status s =
+          CheckRopeScalingParameter("rope_scaling.beta_fast", r.beta_fast, 0.0, true);
+      !s.ok()) {
+    return s;
   }
-  if (!std::isfinite(r.beta_slow) || !(r.beta_slow > 0.0)) {
-    return InvalidReal("rope_scaling.beta_slow", r.beta_slow, "must be finite and > 0");
+  if (absl::Status s =
+          CheckRopeScalingParameter("rope_scaling.beta_slow", r.beta_slow, 0.0, true);
+      !s.ok()) {
+    return s;
   }
-  if (!std::isfinite(r.mscale) || r.mscale < 0.0) {
-    return InvalidReal("rope_scaling.mscale", r.mscale, "must be finite and >= 0 (0 = absent)");
+  // 0 = absent.
+  if (absl::Status s = CheckRopeScalingParameter("rope_scaling.mscale", r.mscale, 0.0, false);
+      !s.ok()) {
+    return s;
   }
-  if (!std::isfinite(r.mscale_all_dim) || r.mscale_all_dim < 0.0) {
-    return InvalidReal("rope_scaling.mscale_all_dim", r.mscale_all_dim,
-                       "must be finite and >= 0 (0 = absent)");
-  }
-  return absl::OkStatus();  // truncate: either value.
+  return CheckRopeScalingParameter("rope_scaling.mscale_all_dim", r.mscale_all_dim, 0.0,
+                                   false);  // truncate: either value.
 }
 
 // rotary_dim, qk_norm, attn_logit_softcapping and attention_sinks (Qwen3, Gemma 2/3, gpt-oss,

@@ -681,9 +681,11 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
                                          v1::ReleaseResponse& response, UnaryCall* call) {
   CallTimer timer;
   Metrics& metrics = *metrics_;
-  if (absl::Status s = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
-      !s.ok()) {
-    FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(s));
+  // Both ids bounded as every other RPC bounds them, before either is looked up or echoed.
+  absl::Status ids = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
+  if (ids.ok()) ids = CheckIdLength(request.request_id(), "request_id", kMaxRequestIdBytes);
+  if (!ids.ok()) {
+    FinishCall(call, metrics, Rpc::kRelease, kNoVariant, timer, ToGrpc(ids));
     return;
   }
   absl::StatusOr<std::shared_ptr<Session>> found = registry_->Find(request.session_id(), caller);

@@ -473,8 +473,8 @@ absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
     last_used_ = absl::Now();
     auto it = requests_.find(request_id);
     if (it == requests_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("request_id: request '", request_id, "' not found in session '", id_, "'"));
+      return absl::NotFoundError(absl::StrCat("request_id: request '", ClipForMessage(request_id),
+                                              "' not found in session '", id_, "'"));
     }
     sequence = it->second.sequence;
     requests_.erase(it);

@@ -404,6 +404,46 @@ std::vector<BadSpec> BadSpecs() {
         s.rope_scaling.mscale_all_dim = -0.5;
       },
       "rope_scaling.mscale_all_dim");
+  // RoPE scaling parameters are bounded above too (1024): a YaRN factor of 1e300 was accepted.
+  add(
+      "YarnHugeFactor", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.factor = 1e300;
+      },
+      "rope_scaling.factor = 1e+300: must be finite and in [1, 1024]");
+  add(
+      "LinearFactorPastTheBound", Gqa(),
+      [](LayerSpec& s) { s.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 1025.0}; },
+      "rope_scaling.factor = 1025");
+  add(
+      "Llama3HugeHighFreqFactor", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope_scaling.high_freq_factor = 1e300;
+      },
+      "rope_scaling.high_freq_factor");
+  add(
+      "Llama3HugeLowFreqFactor", Gqa(),
+      [&](LayerSpec& s) {
+        llama3(s);
+        s.rope_scaling.low_freq_factor = 1e300;
+      },
+      "rope_scaling.low_freq_factor");
+  add(
+      "YarnHugeBetaFast", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.beta_fast = 1e300;
+      },
+      "rope_scaling.beta_fast");
+  add(
+      "YarnHugeMscale", DeepSeekV3(),
+      [&](LayerSpec& s) {
+        yarn(s);
+        s.rope_scaling.mscale = 1e300;
+      },
+      "rope_scaling.mscale");
   return cases;
 }
 

@@ -291,6 +291,11 @@ std::vector<CorruptCase> CorruptCases() {
        FileBytes(R"({"t":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})",
                  ""),
        absl::StatusCode::kInvalidArgument, "need 2^64 bytes or more"},
+      {"overlapping tensors",
+       FileBytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                 R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                 ok_data),
+       absl::StatusCode::kInvalidArgument, "tensors 'a' (data_offsets [0, 8]) and 'b'"},
       {"metadata not an object", FileBytes(R"({"__metadata__":[1]})", ""),
        absl::StatusCode::kInvalidArgument, "\"__metadata__\" is not a JSON object"},
       {"metadata value not a string", FileBytes(R"({"__metadata__":{"n":1}})", ""),
@@ -307,6 +312,52 @@ TEST(SafetensorsTest, RejectsEveryClassOfCorruptInput) {
     WriteBytes(path, c.bytes);
     EXPECT_STATUS(SafetensorsFile::Open(path).status(), c.code, c.message_part, path);
   }
+}
+
+// Overlapping data_offsets alias one tensor's bytes as another's; they used to be accepted. Both
+// tensors are named, whichever order the header lists them in; adjacent and empty tensors are fine.
+TEST(SafetensorsTest, OverlappingTensorsAreRefusedNamingBoth) {
+  const std::string dir = TestDir();
+  const std::string data(24, '\0');
+  struct Case {
+    std::string header;
+    std::string first, second;  // The two names the message must hold.
+  };
+  const std::vector<Case> overlapping = {
+      // The same range twice.
+      {R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("y":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+       "x", "y"},
+      // One inside another, listed inner first.
+      {R"({"inner":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+       R"("outer":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})",
+       "outer", "inner"},
+      // A later tensor overlapping one that is not its neighbour by begin.
+      {R"({"a":{"dtype":"F32","shape":[5],"data_offsets":[0,20]},)"
+       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+       R"("c":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+       "a", "b"},
+  };
+  int index = 0;
+  for (const Case& c : overlapping) {
+    SCOPED_TRACE(c.header);
+    const std::string path = absl::StrCat(dir, "/overlap", index++, ".safetensors");
+    WriteBytes(path, FileBytes(c.header, data));
+    const absl::Status status = SafetensorsFile::Open(path).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(status.message(), HasSubstr("tensors '" + c.first + "'"));
+    EXPECT_THAT(status.message(), HasSubstr("and '" + c.second + "'"));
+    EXPECT_THAT(status.message(), HasSubstr("overlap"));
+  }
+  // Adjacent ranges, and empty tensors anywhere, do not overlap.
+  const std::string path = dir + "/adjacent.safetensors";
+  WriteBytes(path, FileBytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]},)"
+                             R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                             R"("f":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}})",
+                             data));
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(path);
+  EXPECT_TRUE(file.ok()) << file.status();
 }
 
 TEST(SafetensorsTest, MissingFileAndDirectory) {

@@ -469,5 +469,23 @@ TEST_F(RobustnessTest, HugeIdsAreRefusedWithShortMessages) {
   EXPECT_LT(status.error_message().size(), 300u);
 }
 
+// Release checked no request id: a 4,096-byte one came back whole in its NOT_FOUND. It is bounded
+// as every other RPC bounds it (256 bytes), and an id echoed in a message is clipped.
+TEST_F(RobustnessTest, ReleaseChecksAndClipsRequestIds) {
+  v1::ReleaseResponse released;
+  grpc::Status status = Release(stub(), session_, std::string(4096, 'x'), &released);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_EQ(status.error_message(), "request_id: has 4096 bytes, at most 256 allowed");
+  // At the limit: looked up, not found, and echoed clipped.
+  status = Release(stub(), session_, std::string(256, 'y'), &released);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("...(256 bytes)"));
+  EXPECT_LT(status.error_message().size(), 300u);
+  // The session is intact.
+  v1::ForwardResponse forwarded;
+  ASSERT_TRUE(Forward(stub(), ForwardRequest("r", Hidden(2)), &forwarded).ok());
+  EXPECT_TRUE(Release(stub(), session_, "r", &released).ok());
+}
+
 }  // namespace
 }  // namespace attnserve::server_test
