@@ -279,10 +279,17 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
 
   if (absl::Status s = r.Int("d_model", true, &spec.d_model); !s.ok()) return s;
   if (absl::Status s = r.Int("num_heads", true, &spec.num_heads); !s.ok()) return s;
-  if (absl::Status s = r.Int("num_kv_heads", !is_mla, &spec.num_kv_heads); !s.ok()) return s;
-  if (absl::Status s = r.Int("head_dim", !is_mla, &spec.head_dim); !s.ok()) return s;
+  // The defaults of attnctl's flags and the Python client's LayerSpec: num_kv_heads = num_heads
+  // (mha) or 1 (mqa), required for gqa; head_dim = d_model / num_heads; RoPE "half".
+  if (spec.variant == AttentionVariant::kMHA) spec.num_kv_heads = spec.num_heads;
+  if (spec.variant == AttentionVariant::kMQA) spec.num_kv_heads = 1;
+  const bool gqa = spec.variant == AttentionVariant::kGQA;
+  if (absl::Status s = r.Int("num_kv_heads", gqa, &spec.num_kv_heads); !s.ok()) return s;
+  if (!is_mla && spec.num_heads > 0) spec.head_dim = spec.d_model / spec.num_heads;
+  if (absl::Status s = r.Int("head_dim", false, &spec.head_dim); !s.ok()) return s;
   if (absl::Status s = r.Bool("qkv_bias", false, &spec.qkv_bias); !s.ok()) return s;
   if (absl::Status s = r.Bool("o_bias", false, &spec.o_bias); !s.ok()) return s;
+  spec.rope = RopeLayout::kHalf;
   if (absl::Status s = r.String("rope", false, &text, &present); !s.ok()) return s;
   if (present) {
     absl::StatusOr<RopeLayout> rope = ParseRopeLayout(text);

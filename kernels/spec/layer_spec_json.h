@@ -4,11 +4,12 @@
 //     "variant": "gqa",          // "mha" | "mqa" | "gqa" | "mla"                       (required)
 //     "d_model": 4096,           // > 0                                                  (required)
 //     "num_heads": 32,           //                                                      (required)
-//     "num_kv_heads": 8,         // required for mha/mqa/gqa; ignored by mla
-//     "head_dim": 128,           // required for mha/mqa/gqa; ignored by mla
+//     "num_kv_heads": 8,         // mha: default num_heads; mqa: default 1; gqa: required;
+//                                // ignored by mla
+//     "head_dim": 128,           // default d_model / num_heads; ignored by mla
 //     "qkv_bias": false,         // default false
 //     "o_bias": false,           // default false
-//     "rope": "half",            // "none" | "half" | "interleaved"; default "none"
+//     "rope": "half",            // "none" | "half" | "interleaved"; default "half"
 //     "rope_theta": 10000.0,     // default 10000
 //     "rope_scaling": {          // optional; absent = "none" (written only when not "none")
 //       "type": "llama3",        // "none" | "linear" | "dynamic" (refused) | "llama3" | "yarn"
@@ -37,10 +38,14 @@
 //     }
 //   }
 //
-// Field meanings are those of LayerSpec (layer_spec.h). Parsing never throws: malformed JSON,
-// unknown keys, missing required keys, values of the wrong JSON type (a string for a number, 2.5
-// for an integer, an integer outside int range) and specs that fail ValidateLayerSpec are all
-// INVALID_ARGUMENT, and the message names the key ("mla.kv_lora_rank", not just "kv_lora_rank").
+// Field meanings are those of LayerSpec (layer_spec.h). The defaults are those of attnctl's spec
+// flags and of the Python client's LayerSpec (docs/api.md, "Layer spec JSON files"), so the same
+// settings configure the same layer, with the same fingerprint, from all three; RoPE is on by
+// default (Llama-style "half", theta 10000), unlike LayerSpec's C++ default. Parsing never throws:
+// malformed JSON, unknown keys, missing required keys, values of the wrong JSON type (a string for
+// a number, 2.5 for an integer, an integer outside int range) and specs that fail ValidateLayerSpec
+// are all INVALID_ARGUMENT, and the message names the key ("mla.kv_lora_rank", not just
+// "kv_lora_rank").
 #ifndef ATTNSERVE_KERNELS_SPEC_LAYER_SPEC_JSON_H_
 #define ATTNSERVE_KERNELS_SPEC_LAYER_SPEC_JSON_H_
 

@@ -606,11 +606,26 @@ TEST(LayerSpecJsonTest, ParsesMinimalSpecsWithDefaults) {
   EXPECT_EQ(spec->num_kv_heads, 2);
   EXPECT_FALSE(spec->qkv_bias);
   EXPECT_FALSE(spec->o_bias);
-  EXPECT_EQ(spec->rope, RopeLayout::kNone);
+  EXPECT_EQ(spec->rope, RopeLayout::kHalf);  // attnctl's and the Python client's default too.
   EXPECT_EQ(spec->rope_theta, 10000.0);
   EXPECT_TRUE(spec->causal);
   EXPECT_EQ(spec->sliding_window, 0);
   EXPECT_EQ(spec->softmax_scale, 0.0f);
+
+  // num_kv_heads and head_dim as attnctl's flags default them: num_heads (mha) or 1 (mqa), and
+  // d_model / num_heads.
+  absl::StatusOr<LayerSpec> mha =
+      LayerSpecFromJson(R"({"variant": "mha", "d_model": 256, "num_heads": 8})");
+  ASSERT_TRUE(mha.ok()) << mha.status();
+  EXPECT_EQ(mha->num_kv_heads, 8);
+  EXPECT_EQ(mha->head_dim, 32);
+  EXPECT_EQ(mha->rope, RopeLayout::kHalf);
+  absl::StatusOr<LayerSpec> mqa = LayerSpecFromJson(
+      R"({"variant": "mqa", "d_model": 256, "num_heads": 8, "head_dim": 64, "rope": "none"})");
+  ASSERT_TRUE(mqa.ok()) << mqa.status();
+  EXPECT_EQ(mqa->num_kv_heads, 1);
+  EXPECT_EQ(mqa->head_dim, 64);
+  EXPECT_EQ(mqa->rope, RopeLayout::kNone);
 
   absl::StatusOr<LayerSpec> mla = LayerSpecFromJson(R"({
       "variant": "mla", "d_model": 256, "num_heads": 4, "rope": "interleaved",
@@ -668,7 +683,8 @@ std::vector<BadJson> BadJsons() {
       {"UnknownMlaKey", MlaWith(mla_ok + R"(, "kv_rank": 3)"), "mla.kv_rank"},
       {"MissingVariant", R"({"d_model": 256, "num_heads": 8, "num_kv_heads": 2, "head_dim": 32})",
        "variant"},
-      {"MissingHeadDim", GqaWith(""), "head_dim"},
+      {"MissingNumKvHeadsForGqa", R"({"variant": "gqa", "d_model": 256, "num_heads": 8})",
+       "num_kv_heads: missing required key"},
       {"MissingMlaObject", R"({"variant": "mla", "d_model": 256, "num_heads": 4})", "mla"},
       {"MissingMlaField", MlaWith(R"("kv_lora_rank": 32, "qk_nope_head_dim": 16,
            "qk_rope_head_dim": 8)"),

@@ -101,6 +101,23 @@ def tensor_to_numpy(tensor: pb.Tensor, bf16_as: str = "float32") -> np.ndarray:
 
 # ---- Specs and results --------------------------------------------------------------------------
 
+_QK_NORMS = {"none": pb.QK_NORM_NONE, "rms": pb.QK_NORM_RMS,
+             "rms_unit_offset": pb.QK_NORM_RMS_UNIT_OFFSET}
+_ROPE_SCALINGS = {"none": pb.ROPE_SCALING_NONE, "linear": pb.ROPE_SCALING_LINEAR,
+                  "dynamic": pb.ROPE_SCALING_DYNAMIC, "llama3": pb.ROPE_SCALING_LLAMA3,
+                  "yarn": pb.ROPE_SCALING_YARN}
+
+
+def _name_of(table: Mapping[str, int], value: int) -> str:
+    return next(name for name, v in table.items() if v == value)
+
+
+def _enum(table: Mapping[str, int], what: str, name: str) -> int:
+    if name.lower() not in table:
+        raise ValueError(f"{what} '{name}': expected {', '.join(table)}")
+    return table[name.lower()]
+
+
 @dataclass
 class MlaDims:
     kv_lora_rank: int
@@ -112,55 +129,126 @@ class MlaDims:
 
 
 @dataclass
+class RopeScaling:
+    """config.json "rope_scaling" (proto RopeScaling); each type reads only its own fields."""
+
+    type: str = "none"  # "none" | "linear" | "dynamic" (refused) | "llama3" | "yarn"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0  # llama3, yarn: required
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float = 0.0  # yarn; 0 = absent
+    mscale_all_dim: float = 0.0  # yarn; 0 = absent
+    truncate: bool = True  # yarn (gpt-oss: False)
+
+    def to_proto(self) -> pb.RopeScaling:
+        fields = dataclasses.asdict(self)
+        fields["type"] = _enum(_ROPE_SCALINGS, "rope_scaling.type", self.type)
+        return pb.RopeScaling(**fields)
+
+    @classmethod
+    def from_proto(cls, scaling: pb.RopeScaling) -> "RopeScaling":
+        out = cls(type=_name_of(_ROPE_SCALINGS, scaling.type))
+        for field in dataclasses.fields(cls):
+            value = getattr(scaling, field.name)
+            if field.name != "type" and value:  # 0 = absent: keep the default
+                setattr(out, field.name, value)
+        out.truncate = not scaling.HasField("truncate") or scaling.truncate
+        return out
+
+
+@dataclass
 class LayerSpec:
-    """One attention layer; the keys and defaults of the JSON spec format
-    (kernels/spec/layer_spec_json.h), so LayerSpec.from_dict(json.load(f)) reads a spec file."""
+    """One attention layer: the fields of the proto LayerSpec, with the keys and defaults of the
+    JSON spec files and attnctl's spec flags (docs/api.md, "Layer spec JSON files"), so
+    LayerSpec.from_dict(json.load(f)) reads a spec file. Defaults: num_kv_heads = num_heads (mha)
+    or 1 (mqa), head_dim = d_model // num_heads, RoPE "half" with theta 10000, causal."""
 
     variant: str  # "mha" | "mqa" | "gqa" | "mla"
     d_model: int
     num_heads: int
-    num_kv_heads: int = 0
+    num_kv_heads: int = 0  # 0: num_heads for mha, 1 for mqa; required for gqa; unused by mla
     head_dim: int = 0  # 0: d_model // num_heads (not for mla)
     qkv_bias: bool = False
     o_bias: bool = False
-    rope: str = "none"  # "none" | "half" | "interleaved"
+    rope: str = "half"  # "none" | "half" (Llama) | "interleaved" (DeepSeek-V3, GPT-J)
     rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None  # None: no scaling
     causal: bool = True
-    sliding_window: int = 0
-    softmax_scale: float = 0.0
-    mla: Optional[MlaDims] = None
+    sliding_window: int = 0  # tokens; 0 = full attention
+    softmax_scale: float = 0.0  # 0 = 1 / sqrt(qk head dim)
+    mla: Optional[MlaDims] = None  # required for mla
+    # Model-family variations (mha/mqa/gqa only):
+    rotary_dim: int = 0  # 0 = RoPE on the whole head; else the leading rotary_dim dims
+    qk_norm: str = "none"  # "none" | "rms" (Qwen3) | "rms_unit_offset" (Gemma 3)
+    qk_norm_eps: float = 1e-6
+    attn_logit_softcapping: float = 0.0  # 0 = none (Gemma 2: 50)
+    attention_sinks: bool = False  # gpt-oss learned per-head sinks
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> "LayerSpec":
         fields = dict(spec)
         if isinstance(fields.get("mla"), Mapping):
             fields["mla"] = MlaDims(**fields["mla"])
+        if isinstance(fields.get("rope_scaling"), Mapping):
+            fields["rope_scaling"] = RopeScaling(**fields["rope_scaling"])
         return cls(**fields)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON spec-file form (None fields left out)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def to_proto(self) -> pb.LayerSpec:
         variant = self.variant.lower()
         if variant not in _VARIANTS:
             raise ValueError(f"variant '{self.variant}': expected mha, mqa, gqa or mla")
-        if self.rope.lower() not in _ROPES:
-            raise ValueError(f"rope '{self.rope}': expected none, half or interleaved")
         num_kv_heads = self.num_kv_heads
         if num_kv_heads == 0 and variant == "mha":
             num_kv_heads = self.num_heads
         if num_kv_heads == 0 and variant == "mqa":
             num_kv_heads = 1
         head_dim = self.head_dim
-        if head_dim == 0 and variant != "mla":
+        if head_dim == 0 and variant != "mla" and self.num_heads > 0:
             head_dim = self.d_model // self.num_heads
         out = pb.LayerSpec(
             variant=_VARIANTS[variant], d_model=self.d_model, num_heads=self.num_heads,
             num_kv_heads=num_kv_heads if variant != "mla" else 0,
             head_dim=head_dim if variant != "mla" else 0, qkv_bias=self.qkv_bias,
-            o_bias=self.o_bias, rope=_ROPES[self.rope.lower()], rope_theta=self.rope_theta,
+            o_bias=self.o_bias, rope=_enum(_ROPES, "rope", self.rope), rope_theta=self.rope_theta,
             causal=self.causal, sliding_window=self.sliding_window,
-            softmax_scale=self.softmax_scale)
+            softmax_scale=self.softmax_scale, rotary_dim=self.rotary_dim,
+            qk_norm=_enum(_QK_NORMS, "qk_norm", self.qk_norm), qk_norm_eps=self.qk_norm_eps,
+            attn_logit_softcapping=self.attn_logit_softcapping,
+            attention_sinks=self.attention_sinks)
         if self.mla is not None:
             out.mla.CopyFrom(pb.MlaDims(**dataclasses.asdict(self.mla)))
+        if self.rope_scaling is not None:
+            out.rope_scaling.CopyFrom(self.rope_scaling.to_proto())
         return out
+
+    @classmethod
+    def from_proto(cls, spec: pb.LayerSpec) -> "LayerSpec":
+        """The spec a server answered (ConfigureResponse.spec, SessionInfo.spec)."""
+        mla = None
+        if spec.variant == pb.VARIANT_MLA:
+            mla = MlaDims(spec.mla.kv_lora_rank, spec.mla.qk_nope_head_dim,
+                          spec.mla.qk_rope_head_dim, spec.mla.v_head_dim, spec.mla.q_lora_rank,
+                          spec.mla.rms_norm_eps or 1e-6)
+        scaling = None
+        if spec.HasField("rope_scaling") and spec.rope_scaling.type != pb.ROPE_SCALING_NONE:
+            scaling = RopeScaling.from_proto(spec.rope_scaling)
+        return cls(
+            variant=_name_of(_VARIANTS, spec.variant), d_model=spec.d_model,
+            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias, rope=_name_of(_ROPES, spec.rope),
+            rope_theta=spec.rope_theta or 10000.0, rope_scaling=scaling, causal=spec.causal,
+            sliding_window=spec.sliding_window, softmax_scale=spec.softmax_scale, mla=mla,
+            rotary_dim=spec.rotary_dim, qk_norm=_name_of(_QK_NORMS, spec.qk_norm),
+            qk_norm_eps=spec.qk_norm_eps or 1e-6,
+            attn_logit_softcapping=spec.attn_logit_softcapping,
+            attention_sinks=spec.attention_sinks)
 
 
 @dataclass
