@@ -83,6 +83,7 @@ absl::StatusOr<ConvertResult> ConvertKvHeads(const ConvertOptions& options) {
   result.tensors = static_cast<int64_t>(named.size());
   const std::map<std::string, std::string> metadata = {
       {"format", "pt"},
+      // Read back by the server, so that the file configures without a spec (kSpecMetadataKey).
       {"attnserve_spec", LayerSpecToJson(result.target)},
       {"attnserve_converted_from", absl::StrCat(LayerSpecSummary(result.source),
                                                 "; K/V heads mean-pooled to ", options.kv_heads)}};

@@ -6,9 +6,10 @@
 // The MHA layer's weights come from the JSON spec's seeded weights (exactly what Configure with
 // that seed draws) or from a safetensors file or save_pretrained directory read with the spec;
 // their K/V heads are mean-pooled (kernels/model/kv_head_pooling.h) and written under
-// "model.layers.<layer>.self_attn.*", in each source tensor's dtype, so that Configure with
-// weights.checkpoint {path, layer_index} and the printed target spec loads them. The target spec's
-// JSON is also stored in the file's __metadata__ ("attnserve_spec").
+// "model.layers.<layer>.self_attn.*", in each source tensor's dtype. The target spec's JSON is
+// stored in the file's __metadata__ ("attnserve_spec"), where the server reads it
+// (server/session/checkpoint_spec.h): Configure with weights.checkpoint {path, layer_index} alone
+// (`attnctl configure --checkpoint=gqa.safetensors --layer=I`) loads the converted layer.
 #ifndef ATTNSERVE_CLIENT_ATTNCTL_CONVERT_H_
 #define ATTNSERVE_CLIENT_ATTNCTL_CONVERT_H_
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/clip_for_message.h"
 #include "kernels/model/hf_config.h"
+#include "kernels/model/safetensors.h"
+#include "kernels/spec/layer_spec_json.h"
 #include "kernels/base/path_confinement.h"
 #include "kernels/base/regular_file.h"
 #include "server/session/weight_source.h"
@@ -62,6 +64,25 @@ absl::StatusOr<std::optional<std::string>> ReadCheckpointConfig(
   return text;
 }
 
+// The spec a safetensors file states in its __metadata__ ("attnserve_spec", the JSON of
+// kernels/spec/layer_spec_json.h, as `attnctl convert` writes it), for the checkpoint at `resolved`
+// (ResolveCheckpointPath); nullopt when it is not such a file (a directory, a file without the
+// key, or one the weights loader will refuse with its own message).
+absl::StatusOr<std::optional<LayerSpec>> ReadMetadataSpec(const std::string& resolved) {
+  struct stat info;
+  if (stat(resolved.c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return std::nullopt;
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(resolved, FinalSymlink::kRefuse);
+  if (!file.ok()) return std::nullopt;
+  const auto it = file->metadata().find(kSpecMetadataKey);
+  if (it == file->metadata().end()) return std::nullopt;
+  absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(it->second);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights.checkpoint: __metadata__ ", kSpecMetadataKey, ": ", spec.status().message()));
+  }
+  return *spec;
+}
+
 }  // namespace
 
 absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
@@ -83,13 +104,28 @@ absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& reque
     absl::StatusOr<std::string> resolved =
         ResolveCheckpointPath(weights.checkpoint(), checkpoint_root);
     if (!resolved.ok()) return resolved.status();
+    absl::StatusOr<std::optional<LayerSpec>> stated_by_file = ReadMetadataSpec(*resolved);
+    if (!stated_by_file.ok()) return stated_by_file.status();
+    if (stated_by_file->has_value()) {
+      if (!request.has_spec()) return **stated_by_file;
+      absl::StatusOr<LayerSpec> stated = LayerSpecFromProto(request.spec());
+      if (!stated.ok()) return stated.status();
+      if (const std::string difference = LayerSpecDifference(*stated, **stated_by_file);
+          !difference.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec contradicts the checkpoint file's __metadata__ ", kSpecMetadataKey, ": ",
+            difference, " (spec vs file); leave spec unset to take it from the file"));
+      }
+      return stated;
+    }
     config = ReadCheckpointConfig(weights, *resolved, checkpoint_root);
   }
   if (!config.ok()) return config.status();
   if (!config->has_value()) {
     if (!request.has_spec()) {
       return absl::InvalidArgumentError(
-          "spec: required (only a checkpoint directory with a config.json can supply it)");
+          "spec: required (only a checkpoint with a config.json, or a safetensors file with the "
+          "spec in its __metadata__ as attnctl convert writes, can supply it)");
     }
     return LayerSpecFromProto(request.spec());
   }

@@ -1,5 +1,10 @@
-// The layer spec of a Configure request: the one it states, the one its checkpoint's config.json
-// states, or both when they agree.
+// The layer spec of a Configure request: the one it states, the one its checkpoint states, or both
+// when they agree.
+//
+// A safetensors file that states its layer's spec in its __metadata__ (key "attnserve_spec", the
+// JSON of kernels/spec/layer_spec_json.h; `attnctl convert` writes it) is the authority on it,
+// ahead of any config.json beside it: spec unset takes it, spec set must agree (INVALID_ARGUMENT
+// naming the first field that differs). Otherwise:
 //
 // A Hugging Face checkpoint directory carries config.json beside its weights; that file, read by
 // kernels/model/hf_config.h for the requested layer, is the authority on what the layer computes:
@@ -26,6 +31,9 @@
 #include "kernels/spec/layer_spec.h"
 
 namespace attnserve::server {
+
+// The safetensors __metadata__ key of a file's layer spec (JSON).
+inline constexpr char kSpecMetadataKey[] = "attnserve_spec";
 
 absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
                                                const std::string& checkpoint_root);

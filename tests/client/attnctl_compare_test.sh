@@ -7,7 +7,9 @@
 #     MQA < GQA-2 < GQA-4 < MHA in KV memory and parameters; latencies positive; --csv has a row per
 #     variant and length; --plot writes a PNG.
 #   - convert: `attnctl convert` of the seeded MHA layer to GQA-2, loaded by Configure from the
-#     file, answers bit for bit what Configure with weights.convert_from {seed} answers.
+#     file, answers bit for bit what Configure with weights.convert_from {seed} answers; the file
+#     configures alone (attnctl --checkpoint, Python configure(checkpoint=...)): the server reads
+#     the spec from its __metadata__, same fingerprint; a contradicting spec is refused by name.
 #   - errors: convert of an MLA spec or to 3 of 8 heads exits 2 naming the rule; Configure with
 #     convert_from for an MLA spec, without MHA weights, or from a checkpoint of the wrong shape is
 #     INVALID_ARGUMENT naming weights.convert_from.
@@ -106,14 +108,32 @@ cat >"${workdir}/mha.json" <<'SPEC'
 SPEC
 ctl convert --from="${workdir}/mha.json" --seed=9 --kv_heads=2 --layer=3 \
   --out="${workdir}/checkpoints/gqa2.safetensors" >/dev/null || fail "convert failed"
-PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${SERVER_ADDRESS}" <<'PY' || fail "convert: outputs differ"
-import sys, numpy as np
+# What convert wrote configures alone: the server reads the spec from the file's __metadata__.
+ctl --json configure --checkpoint=gqa2.safetensors --layer=3 >"${workdir}/alone.json" ||
+  fail "convert: attnctl configure --checkpoint alone: $(cat "${workdir}/alone.json")"
+PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${SERVER_ADDRESS}" "${workdir}/alone.json" <<'PY' || fail "convert: outputs differ"
+import base64, json, sys, numpy as np
 import grpc
-from attnserve_client import AttnServeClient, LayerSpec, pb
+from attnserve_client import AttnServeClient, AttnServeError, LayerSpec, pb
 spec = {"variant": "gqa", "d_model": 64, "num_heads": 8, "num_kv_heads": 2, "head_dim": 16,
         "rope": "half", "qkv_bias": True}
 with AttnServeClient(sys.argv[1]) as client:
-    from_file = client.configure(spec, checkpoint="gqa2.safetensors", layer=3).session_id
+    stated = client.configure(spec, checkpoint="gqa2.safetensors", layer=3)
+    from_file = stated.session_id
+    # Without a spec (Python and attnctl): the same layer, the same fingerprint.
+    alone = client.configure(None, checkpoint="gqa2.safetensors", layer=3)
+    attnctl_alone = json.load(open(sys.argv[2]))
+    assert alone.fingerprint == stated.fingerprint == base64.b64decode(
+        attnctl_alone["fingerprint"]), (alone, stated, attnctl_alone)
+    assert attnctl_alone["spec"]["num_kv_heads"] == 2 and attnctl_alone["spec"]["qkv_bias"], attnctl_alone
+    client.release(alone.session_id)
+    # A spec that contradicts the file's is refused naming the field.
+    try:
+        client.configure(dict(spec, head_dim=8), checkpoint="gqa2.safetensors", layer=3)
+        raise SystemExit("a spec contradicting the file's __metadata__ was accepted")
+    except AttnServeError as error:
+        assert error.code == "INVALID_ARGUMENT" and "__metadata__" in error.message and \
+            "head_dim" in error.message, error
     request = pb.ConfigureRequest(spec=LayerSpec.from_dict(spec).to_proto(),
                                   weights=pb.WeightSource(convert_from=pb.ConvertFrom(seed=9)))
     by_server = client.stub.Configure(request).session_id
