@@ -13,7 +13,8 @@
 //              --dtype sets the wire dtype; --positions=5,8,... or --positions_tensor=NAME;
 //              --output=out.npy saves the first request's output
 //   decode     --session --request=ID[,ID...] --steps=N: one random hidden row per request and
-//              step, by unary Decode calls or, with --stream, over one DecodeStream
+//              step, by unary Decode calls or, with --stream, over one DecodeStream; --position=P
+//              puts the first step at RoPE position P (then P+1, ...)
 //   info       GetServerInfo
 //   list       ListSessions
 //   get        GetSession --session
@@ -152,6 +153,9 @@ ABSL_FLAG(std::string, positions_tensor, "",
 ABSL_FLAG(std::string, output, "", "forward: write the first request's output to this .npy.");
 ABSL_FLAG(int, steps, 0, "decode: steps (default 1); demo: default 16.");
 ABSL_FLAG(bool, stream, false, "decode: use one DecodeStream instead of unary Decode calls.");
+ABSL_FLAG(int64_t, position, -1,
+          "decode: RoPE position of the first step, each later step one more (-1 = the "
+          "request's length), e.g. to continue a request prefilled with --positions.");
 ABSL_FLAG(int, batch, 4, "demo: requests per variant.");
 
 // health.
@@ -559,13 +563,16 @@ int Decode(const Client& client) {
     wire_dtype = *parsed;
   }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
-  auto make_step = [&] {
+  const int64_t position = absl::GetFlag(FLAGS_position);
+  if (position < -1) return ReportError("--position must be >= 0 (or -1: the request's length)");
+  auto make_step = [&](int step) {
     v1::DecodeRequest request;
     request.set_session_id(session);
     for (const std::string& id : ids) {
       v1::DecodeItem* item = request.add_items();
       item->set_request_id(id);
       TensorToProto(RandomHidden(rng, 1, d_model, wire_dtype), item->mutable_hidden());
+      if (position >= 0) item->set_position(position + step - 1);
     }
     return request;
   };
@@ -609,7 +616,7 @@ int Decode(const Client& client) {
 
   if (!stream) {
     for (int step = 1; step <= steps; ++step) {
-      const v1::DecodeRequest request = make_step();
+      const v1::DecodeRequest request = make_step(step);
       v1::DecodeResponse response;
       grpc::ClientContext context;
       client.Prepare(&context);
@@ -627,7 +634,7 @@ int Decode(const Client& client) {
         client.stub->DecodeStream(&context);
     // Autoregressive use: send a step, wait for its answer, then send the next.
     for (int step = 1; step <= steps; ++step) {
-      const v1::DecodeRequest request = make_step();
+      const v1::DecodeRequest request = make_step(step);
       const absl::Time start = absl::Now();
       v1::DecodeResponse response;
       if (!call->Write(request) || !call->Read(&response)) {

@@ -121,7 +121,7 @@ with AttnServeClient(sys.argv[1]) as client:
     stated = client.configure(spec, checkpoint="gqa2.safetensors", layer=3)
     from_file = stated.session_id
     # Without a spec (Python and attnctl): the same layer, the same fingerprint.
-    alone = client.configure(None, checkpoint="gqa2.safetensors", layer=3)
+    alone = client.configure(checkpoint="gqa2.safetensors", layer=3)
     attnctl_alone = json.load(open(sys.argv[2]))
     assert alone.fingerprint == stated.fingerprint == base64.b64decode(
         attnctl_alone["fingerprint"]), (alone, stated, attnctl_alone)

@@ -4,6 +4,7 @@
 #   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
 #     what the Python client gets for the same input on another request of the same session;
 #   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
+#     --position continues requests prefilled at positions 5000+;
 #   - fork (attnctl and the Python client): forks decode exactly as an unforked twin; refusals;
 #   - errors: the exit code (1 for an RPC error, 2 for bad flags) and the status code name;
 #   - deploy/run_demo.sh runs the demo against its own server and stops it.
@@ -82,6 +83,24 @@ stream="$(ctl --json decode --session="${session}" --request=s --steps=3 --seed=
 [[ "$(ctl --json get --session="${session}" | json 'len(d["session"]["requests"])')" == 6 ]] ||
   fail "get: expected 6 requests"
 [[ "$(ctl --json list | json 'len(d["sessions"])')" -ge 1 ]] || fail "list: no sessions"
+
+# decode --position: requests prefilled at positions 5000+ continue there. Without it the step
+# takes the request's length (3) as its position, before the prefill's: INVALID_ARGUMENT. The same
+# seeded step at 5003 and at 5030 differs: the position reaches the server.
+for far in far1 far2; do
+  ctl forward --session="${session}" --request="${far}" --tokens=3 --seed=4 \
+    --positions=5000,5001,5002 >/dev/null
+done
+expect_exit 1 INVALID_ARGUMENT -- decode --session="${session}" --request=far1
+at5003="$(ctl --json decode --session="${session}" --request=far1 --steps=2 --seed=9 --position=5003 |
+          json '[(r["sequence_length"], r["rms"]) for s in d["steps"] for r in s["results"]]')"
+at5030="$(ctl --json decode --session="${session}" --request=far2 --steps=2 --seed=9 --position=5030 --stream |
+          json '[(r["sequence_length"], r["rms"]) for s in d["steps"] for r in s["results"]]')"
+[[ "${at5003}" == "[(4, "*"), (5, "* ]] || fail "decode --position: ${at5003}"
+[[ "${at5003}" != "${at5030}" ]] || fail "decode --position=5003 and 5030 answered the same"
+expect_exit 2 "position" -- decode --session="${session}" --request=far1 --position=-2
+ctl release --session="${session}" --request=far1 >/dev/null
+ctl release --session="${session}" --request=far2 >/dev/null
 
 # fork: u and s hold the same 23 tokens (same prompt, same decode inputs). Forks of u (attnctl and
 # the Python client) continue exactly as s does: the same seeded step gives the same output.

@@ -9,8 +9,10 @@
         step = client.decode(session.session_id, {"a": hidden})      # hidden: [512] or [1, 512]
         client.release(session.session_id)
 
-The protobuf modules are generated from the .proto on first import (see _codegen.py); the raw
-messages and stub are available as `attnserve_client.pb` and `attnserve_client.pb_grpc`.
+Install with `pip install ./client/python` (README.md there). In the source tree the protobuf
+modules are generated from the .proto on first import (see _codegen.py); an installed package
+carries them. The raw messages and stub are available as `attnserve_client.pb` and
+`attnserve_client.pb_grpc`.
 """
 
 from attnserve_client import _codegen
@@ -23,10 +25,19 @@ from attnserve.v1 import attention_service_pb2_grpc as pb_grpc  # noqa: E402
 from attnserve_client.client import (  # noqa: E402
     AttnServeClient,
     AttnServeError,
+    BatchingStats,
     ConfigureResult,
+    DecodeStep,
+    DecodeStream,
+    LayerKindKv,
     LayerSpec,
+    Limits,
     MlaDims,
+    RequestInfo,
     RopeScaling,
+    ServerInfo,
+    SessionCost,
+    SessionInfo,
     StepResult,
     Timing,
     numpy_to_tensor,
@@ -36,10 +47,19 @@ from attnserve_client.client import (  # noqa: E402
 __all__ = [
     "AttnServeClient",
     "AttnServeError",
+    "BatchingStats",
     "ConfigureResult",
+    "DecodeStep",
+    "DecodeStream",
+    "LayerKindKv",
     "LayerSpec",
+    "Limits",
     "MlaDims",
+    "RequestInfo",
     "RopeScaling",
+    "ServerInfo",
+    "SessionCost",
+    "SessionInfo",
     "StepResult",
     "Timing",
     "numpy_to_tensor",

@@ -18,8 +18,9 @@ import queue
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
 import numpy as np
@@ -143,6 +144,17 @@ class RopeScaling:
     mscale_all_dim: float = 0.0  # yarn; 0 = absent
     truncate: bool = True  # yarn (gpt-oss: False)
 
+    _KEYS = {"none": (), "linear": ("factor",), "dynamic": ("factor",),
+             "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor",
+                        "high_freq_factor"),
+             "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                      "mscale", "mscale_all_dim", "truncate")}
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The JSON spec-file form: the type's own keys only."""
+        return {"type": self.type,
+                **{key: getattr(self, key) for key in self._KEYS.get(self.type.lower(), ())}}
+
     def to_proto(self) -> pb.RopeScaling:
         fields = dataclasses.asdict(self)
         fields["type"] = _enum(_ROPE_SCALINGS, "rope_scaling.type", self.type)
@@ -151,10 +163,10 @@ class RopeScaling:
     @classmethod
     def from_proto(cls, scaling: pb.RopeScaling) -> "RopeScaling":
         out = cls(type=_name_of(_ROPE_SCALINGS, scaling.type))
-        for field in dataclasses.fields(cls):
-            value = getattr(scaling, field.name)
-            if field.name != "type" and value:  # 0 = absent: keep the default
-                setattr(out, field.name, value)
+        for f in dataclasses.fields(cls):
+            value = getattr(scaling, f.name)
+            if f.name != "type" and value:  # 0 = absent: keep the default
+                setattr(out, f.name, value)
         out.truncate = not scaling.HasField("truncate") or scaling.truncate
         return out
 
@@ -197,8 +209,12 @@ class LayerSpec:
         return cls(**fields)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON spec-file form (None fields left out)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """The JSON spec-file form, defaults resolved (LayerSpec.from_dict reads it back)."""
+        resolved = LayerSpec.from_proto(self.to_proto())
+        out = {k: v for k, v in dataclasses.asdict(resolved).items() if v is not None}
+        if resolved.rope_scaling is not None:
+            out["rope_scaling"] = resolved.rope_scaling.to_dict()
+        return out
 
     def to_proto(self) -> pb.LayerSpec:
         variant = self.variant.lower()
@@ -287,6 +303,119 @@ class ConfigureResult:
     timing: Timing
     replica: str = ""  # the server replica holding the session (its --replica_id)
     fingerprint: bytes = b""  # SHA-256 of spec, KV format, page size and weights (ImportRequest)
+    spec: Optional[LayerSpec] = None  # the layer configured, as the server resolved it
+    stack: List[LayerSpec] = field(default_factory=list)  # a stack's layers, bottom first
+
+
+def _scalars(cls, message):
+    """A dataclass of scalar fields from the same-named fields of a message."""
+    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass
+class SessionCost:
+    parameter_count: int
+    parameter_bytes: int
+    kv_bytes_per_token: int
+    page_bytes: int
+    max_context_tokens: int
+
+
+@dataclass
+class RequestInfo:
+    request_id: str
+    sequence_length: int
+    kv_bytes: int
+    idle_ns: int
+
+
+@dataclass
+class BatchingStats:
+    decode_batches: int
+    decode_steps: int
+    max_decode_batch: int
+    prefill_chunks: int
+    batches_retried_alone: int
+
+
+@dataclass
+class LayerKindKv:
+    kind: str  # "global", "sliding_window:<tokens>" or "mla"
+    layers: int
+    kv_bytes: int
+
+
+@dataclass
+class SessionInfo:
+    """GetSession / ListSessions (proto SessionInfo; ListSessions leaves `requests` empty)."""
+
+    session_id: str
+    label: str
+    spec: LayerSpec
+    kv_cache_dtype: str  # "f32", "f16", "bf16" or "" (unspecified: 8-bit pages)
+    kv_cache_quantization: str  # "none", "fp8_e4m3" or "int8"
+    page_size: int
+    cost: SessionCost
+    kv_bytes_used: int
+    requests: List[RequestInfo]
+    idle_ns: int
+    batching: BatchingStats
+    fingerprint: bytes
+    kv_by_layer_kind: List[LayerKindKv]
+    num_layers: int
+
+    @classmethod
+    def from_proto(cls, info: pb.SessionInfo) -> "SessionInfo":
+        return cls(
+            session_id=info.session_id, label=info.label, spec=LayerSpec.from_proto(info.spec),
+            kv_cache_dtype={pb.DTYPE_F32: "f32", pb.DTYPE_F16: "f16",
+                            pb.DTYPE_BF16: "bf16"}.get(info.kv_cache_dtype, ""),
+            kv_cache_quantization={pb.KV_CACHE_QUANTIZATION_FP8_E4M3: "fp8_e4m3",
+                                   pb.KV_CACHE_QUANTIZATION_INT8: "int8"}.get(
+                                       info.kv_cache_quantization, "none"),
+            page_size=info.page_size, cost=_scalars(SessionCost, info.cost),
+            kv_bytes_used=info.kv_bytes_used,
+            requests=[_scalars(RequestInfo, r) for r in info.requests], idle_ns=info.idle_ns,
+            batching=_scalars(BatchingStats, info.batching), fingerprint=info.fingerprint,
+            kv_by_layer_kind=[_scalars(LayerKindKv, k) for k in info.kv_by_layer_kind],
+            num_layers=info.num_layers)
+
+
+@dataclass
+class Limits:
+    max_sessions: int
+    max_requests_per_session: int
+    max_sequence_length: int
+    max_message_bytes: int
+    request_ttl_ns: int
+    session_ttl_ns: int
+    max_parameter_bytes: int
+
+
+@dataclass
+class ServerInfo:
+    """GetServerInfo."""
+
+    version: str
+    backend: str  # "cpu" or "cuda"
+    device: str
+    kv_pool_capacity_bytes: int
+    kv_pool_used_bytes: int
+    sessions: int
+    requests: int
+    limits: Limits
+    parameter_bytes_used: int
+    replica: str
+
+    @classmethod
+    def from_proto(cls, info: pb.GetServerInfoResponse) -> "ServerInfo":
+        fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(cls)}
+        fields["limits"] = _scalars(Limits, info.limits)
+        return cls(**fields)
+
+
+# A decode stream step with explicit positions: ({request id: hidden row}, {request id: position}).
+DecodeStep = Tuple[Mapping[str, np.ndarray], Mapping[str, int]]
 
 
 @dataclass
@@ -446,7 +575,7 @@ class AttnServeClient:
 
     # -- sessions --
 
-    def configure(self, spec: Union[LayerSpec, Mapping[str, Any], None], *,
+    def configure(self, spec: Union[LayerSpec, Mapping[str, Any], None] = None, *,
                   seed: Optional[int] = None,
                   checkpoint: Optional[str] = None, layer: int = 0,
                   weights: Optional[Mapping[str, np.ndarray]] = None, kv_dtype: str = "f32",
@@ -458,7 +587,9 @@ class AttnServeClient:
         the server's side) with `layer`, or `weights` (Hugging Face names without the
         "model.layers.N.self_attn." prefix -> arrays). Default: seed 0. `kv_quant` "fp8" or
         "int8" stores KV in 8 bits with per-page scales (kv_dtype is then not sent).
-        `spec` None: read from the checkpoint's config.json. A hybrid stack (docs/hybrid_stacks.md):
+        `spec` None: read from the checkpoint (its config.json, or the spec a safetensors file
+        holds in its __metadata__, as attnctl convert writes); the result's `spec` is the layer
+        the server configured. A hybrid stack (docs/hybrid_stacks.md):
         `stack`, its layer specs bottom first (with spec None), or `num_layers` layers from a
         checkpoint's config.json (with spec None); get_session reports its KV by layer kind."""
         if spec is not None and not isinstance(spec, LayerSpec):
@@ -502,7 +633,10 @@ class AttnServeClient:
         return ConfigureResult(response.session_id, cost.parameter_count, cost.parameter_bytes,
                                cost.kv_bytes_per_token, cost.page_bytes, cost.max_context_tokens,
                                Timing.from_proto(response.timing), response.replica,
-                               response.fingerprint)
+                               response.fingerprint,
+                               LayerSpec.from_proto(response.spec)
+                               if response.HasField("spec") else None,
+                               [LayerSpec.from_proto(layer) for layer in response.stack])
 
     def release(self, session_id: str, request_id: str = "") -> int:
         """Frees a request's KV cache, or the whole session when request_id is empty; returns the
@@ -555,14 +689,16 @@ class AttnServeClient:
         except grpc.RpcError as error:
             raise _wrap("ImportRequest", error) from None
 
-    def get_session(self, session_id: str) -> pb.SessionInfo:
-        return self._call("GetSession", pb.GetSessionRequest(session_id=session_id)).session
+    def get_session(self, session_id: str) -> SessionInfo:
+        return SessionInfo.from_proto(
+            self._call("GetSession", pb.GetSessionRequest(session_id=session_id)).session)
 
-    def list_sessions(self) -> Sequence[pb.SessionInfo]:
-        return list(self._call("ListSessions", pb.ListSessionsRequest()).sessions)
+    def list_sessions(self) -> List[SessionInfo]:
+        return [SessionInfo.from_proto(s)
+                for s in self._call("ListSessions", pb.ListSessionsRequest()).sessions]
 
-    def info(self) -> pb.GetServerInfoResponse:
-        return self._call("GetServerInfo", pb.GetServerInfoRequest())
+    def info(self) -> ServerInfo:
+        return ServerInfo.from_proto(self._call("GetServerInfo", pb.GetServerInfoRequest()))
 
     # -- compute --
 
@@ -590,30 +726,47 @@ class AttnServeClient:
         return self._results(response, (time.perf_counter() - start) * 1e3)
 
     def _decode_request(self, session_id: str, inputs: Mapping[str, np.ndarray],
-                        dtype: Optional[str]) -> pb.DecodeRequest:
+                        dtype: Optional[str],
+                        positions: Optional[Mapping[str, int]] = None) -> pb.DecodeRequest:
+        positions = positions or {}
+        unknown = set(positions) - set(inputs)
+        if unknown:
+            raise ValueError(f"positions for requests without an input: {sorted(unknown)}")
         items = []
         for rid, x in inputs.items():
             x = np.asarray(x)
-            items.append(pb.DecodeItem(request_id=rid,
-                                       hidden=numpy_to_tensor(x.reshape(1, x.shape[-1]), dtype)))
+            item = pb.DecodeItem(request_id=rid,
+                                 hidden=numpy_to_tensor(x.reshape(1, x.shape[-1]), dtype))
+            if rid in positions:
+                item.position = int(positions[rid])
+            items.append(item)
         return pb.DecodeRequest(session_id=session_id, items=items)
 
     def decode(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
+               positions: Optional[Mapping[str, int]] = None,
                dtype: Optional[str] = None, call_id: str = "",
                retries: int = 0) -> StepResult:
         """One decode step: `inputs` maps request ids to one hidden row ([d_model] or
-        [1, d_model]); each output is [1, d_model]. `call_id` / `retries` as for forward()."""
-        request = self._decode_request(session_id, inputs, dtype)
+        [1, d_model]); each output is [1, d_model]. `positions` maps request ids to the step's
+        RoPE position (after the request's last one; default: its sequence length), e.g. to
+        continue a request prefilled at positions 5000+. `call_id` / `retries` as for forward()."""
+        request = self._decode_request(session_id, inputs, dtype, positions)
         request.call_id = call_id
         start = time.perf_counter()
         response = self._call_idempotent("Decode", request, retries)
         return self._results(response, (time.perf_counter() - start) * 1e3)
 
-    def decode_stream(self, session_id: str, steps: Iterable[Mapping[str, np.ndarray]], *,
+    def decode_stream(self, session_id: str, steps: Iterable[Union[Mapping[str, np.ndarray],
+                                                                   DecodeStep]], *,
                       dtype: Optional[str] = None) -> Iterator[StepResult]:
         """Decode steps over one DecodeStream: yields one StepResult per element of `steps`, in
-        order. `steps` may be a generator that computes each step from the previous result."""
-        requests = (self._decode_request(session_id, step, dtype) for step in steps)
+        order. A step is {request id: hidden row}, or a (inputs, positions) pair whose positions
+        map request ids to the step's RoPE position (as decode()). `steps` may be a generator that
+        computes each step from the previous result."""
+        def request(step):
+            inputs, positions = step if isinstance(step, tuple) else (step, None)
+            return self._decode_request(session_id, inputs, dtype, positions)
+        requests = (request(step) for step in steps)
         try:
             for response in self.stub.DecodeStream(requests, timeout=self.timeout_s,
                                                    metadata=_session_metadata(session_id)):
@@ -663,10 +816,13 @@ class DecodeStream:
                                                    metadata=_session_metadata(session_id))
         self._closed = False
 
-    def step(self, inputs: Mapping[str, np.ndarray]) -> StepResult:
+    def step(self, inputs: Mapping[str, np.ndarray],
+             positions: Optional[Mapping[str, int]] = None) -> StepResult:
+        """Sends one step (`positions` as for AttnServeClient.decode) and waits for its answer."""
         if self._closed:
             raise RuntimeError("the decode stream is closed")
-        self._requests.put(self._client._decode_request(self._session_id, inputs, self._dtype))
+        self._requests.put(self._client._decode_request(self._session_id, inputs, self._dtype,
+                                                        positions))
         start = time.perf_counter()
         try:
             response = next(self._responses)
