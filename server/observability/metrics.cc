@@ -1,5 +1,8 @@
 #include "server/observability/metrics.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -67,6 +70,91 @@ int64_t ProcKilobytes(const char* path, const char* key) {
   }
   std::fclose(f);
   return bytes;
+}
+
+// The process_* metrics of the Prometheus client conventions (as the Go and Python clients export
+// them), read from /proc at each scrape. Families that cannot be read are left out.
+std::vector<prometheus::MetricFamily> ProcessFamilies() {
+  std::vector<prometheus::MetricFamily> families;
+  auto add = [&families](const char* name, const char* help, prometheus::MetricType type,
+                         double value) {
+    prometheus::MetricFamily family;
+    family.name = name;
+    family.help = help;
+    family.type = type;
+    prometheus::ClientMetric metric;
+    if (type == prometheus::MetricType::Counter) {
+      metric.counter.value = value;
+    } else {
+      metric.gauge.value = value;
+    }
+    family.metric.push_back(std::move(metric));
+    families.push_back(std::move(family));
+  };
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page_bytes = static_cast<double>(sysconf(_SC_PAGESIZE));
+  // /proc/self/stat: fields after the parenthesized command (which may hold spaces): state is
+  // field 3; utime 14, stime 15, starttime 22 (clock ticks since boot), vsize 23, rss 24 (pages).
+  if (std::FILE* f = std::fopen("/proc/self/stat", "r")) {
+    char buffer[1024];
+    const size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
+    std::fclose(f);
+    buffer[n] = '\0';
+    const char* rest = std::strrchr(buffer, ')');
+    unsigned long long utime = 0, stime = 0, start = 0, vsize = 0;
+    long long rss_pages = 0;
+    if (rest != nullptr &&
+        std::sscanf(rest + 2,
+                    "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d "
+                    "%*d %llu %llu %lld",
+                    &utime, &stime, &start, &vsize, &rss_pages) == 5 &&
+        ticks > 0) {
+      add("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+          prometheus::MetricType::Counter, static_cast<double>(utime + stime) / ticks);
+      add("process_resident_memory_bytes", "Resident memory size in bytes.",
+          prometheus::MetricType::Gauge, static_cast<double>(rss_pages) * page_bytes);
+      add("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+          prometheus::MetricType::Gauge, static_cast<double>(vsize));
+      // btime (/proc/stat): the boot time in seconds since the epoch.
+      if (std::FILE* stat = std::fopen("/proc/stat", "r")) {
+        char line[256];
+        long long btime = -1;
+        while (std::fgets(line, sizeof(line), stat) != nullptr) {
+          if (std::sscanf(line, "btime %lld", &btime) == 1) break;
+        }
+        std::fclose(stat);
+        if (btime >= 0) {
+          add("process_start_time_seconds",
+              "Start time of the process since unix epoch in seconds.",
+              prometheus::MetricType::Gauge,
+              static_cast<double>(btime) + static_cast<double>(start) / ticks);
+        }
+      }
+    }
+  }
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    int64_t fds = 0;
+    while (const dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] != '.') ++fds;
+    }
+    closedir(dir);
+    add("process_open_fds", "Number of open file descriptors.", prometheus::MetricType::Gauge,
+        static_cast<double>(fds - 1));  // Less the one opendir() holds.
+  }
+  if (std::FILE* f = std::fopen("/proc/self/limits", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::strncmp(line, "Max open files", 14) != 0) continue;
+      long long soft = 0;
+      if (std::sscanf(line + 14, "%lld", &soft) == 1) {
+        add("process_max_fds", "Maximum number of open file descriptors.",
+            prometheus::MetricType::Gauge, static_cast<double>(soft));
+      }
+      break;
+    }
+    std::fclose(f);
+  }
+  return families;
 }
 
 const char* StatusCodeLabel(absl::StatusCode code) {
@@ -157,7 +245,11 @@ class Metrics::ScrapeCollectable : public prometheus::Collectable {
   explicit ScrapeCollectable(Metrics* metrics) : metrics_(metrics) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     metrics_->RefreshGauges();
-    return metrics_->registry_->Collect();
+    std::vector<prometheus::MetricFamily> families = metrics_->registry_->Collect();
+    for (prometheus::MetricFamily& family : ProcessFamilies()) {
+      families.push_back(std::move(family));
+    }
+    return families;
   }
 
  private:
@@ -172,13 +264,13 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
       pool_capacity_(prometheus::BuildGauge()
                          .Name("attnserve_kv_pool_capacity_bytes")
                          .Help("Capacity of the device's KV cache pool (--kv_pool_bytes), bytes; "
-                               "repeated for every variant that has or had a session, and "
-                               "variant=\"all\".")
+                               "one series per replica (no variant: the pool is shared).")
                          .Register(*registry_)),
       pool_used_(prometheus::BuildGauge()
                      .Name("attnserve_kv_pool_used_bytes")
-                     .Help("KV cache bytes held by live sessions of the variant; variant=\"all\" "
-                           "is the whole pool's use.")
+                     .Help("KV cache bytes held by live sessions of the variant; variant=\"none\": "
+                           "bytes of the pool held by no live session (in transit). The sum "
+                           "over variants is the pool's use.")
                      .Register(*registry_)),
       pool_pages_(prometheus::BuildGauge()
                       .Name("attnserve_kv_pool_pages")
@@ -391,20 +483,26 @@ void Metrics::RefreshGauges() {
       v.bytes_per_token = std::max(v.bytes_per_token, session->cost().kv_bytes_per_token);
     }
   }
+  const int64_t pool_used = pool_ != nullptr ? pool_->used_bytes() : 0;
   const int64_t rss = ProcKilobytes("/proc/self/status", "VmRSS:");
   const int64_t mem_total = ProcKilobytes("/proc/meminfo", "MemTotal:");
 
   absl::MutexLock lock(&mu_);
   for (const auto& [variant, state] : live) NoteVariant(variant);
   if (pool_ != nullptr) {
-    const double capacity = static_cast<double>(pool_->capacity_bytes());
     const int64_t free_bytes = pool_->free_bytes();
-    Get(pool_capacity_, {{"variant", "all"}}).Set(capacity);
-    Get(pool_used_, {{"variant", "all"}}).Set(static_cast<double>(pool_->used_bytes()));
+    // One series per replica: the pool is the device's, whatever the variants.
+    Get(pool_capacity_, {}).Set(static_cast<double>(pool_->capacity_bytes()));
+    // The variants' series partition the pool's use, so that sum() over them (and over replicas)
+    // is the use; what no live session holds (a request being imported, a session being freed)
+    // is variant="none". 0 when idle, so that an idle replica still has a series.
+    int64_t held_by_sessions = 0;
+    for (const auto& [variant, state] : live) held_by_sessions += state.used_bytes;
+    Get(pool_used_, {{"variant", kNoVariant}})
+        .Set(static_cast<double>(std::max<int64_t>(0, pool_used - held_by_sessions)));
     for (const std::string& variant : variants_) {
       auto it = live.find(variant);
       const VariantState state = it != live.end() ? it->second : VariantState{};
-      Get(pool_capacity_, {{"variant", variant}}).Set(capacity);
       Get(pool_used_, {{"variant", variant}}).Set(static_cast<double>(state.used_bytes));
       Get(pool_pages_, {{"variant", variant}, {"state", "used"}})
           .Set(static_cast<double>(state.used_pages));

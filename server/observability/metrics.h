@@ -3,10 +3,13 @@
 // optional HTTP endpoint (metrics_http_server.h, not prometheus-cpp's Exposer: see there why)
 // serving the text exposition at /metrics.
 //
-// Every series carries `variant` (VariantLabel: mha, mqa, gqa, mla, plus "_swa" with a sliding
-// window; "none" for calls that name no valid session) and no per-request or per-session label,
-// so the number of series is bounded by rpcs x variants x codes. docs/metrics.md lists every
-// metric; the names are a contract with deploy/ (Grafana dashboard, Prometheus test).
+// Series of calls, batches and sessions carry `variant` (VariantLabel: mha, mqa, gqa, mla, plus
+// "_swa" with a sliding window; "none" for calls that name no valid session) and no per-request
+// or per-session label, so the number of series is bounded by rpcs x variants x codes. Whatever
+// belongs to the replica as a whole (the pool's capacity, device memory, build, process_*) is one
+// series without `variant`, and no series is an aggregate of others (no variant="all"): with N
+// replicas, sum() over any family is right. docs/metrics.md lists every metric; the names are a
+// contract with deploy/ (Grafana dashboard, Prometheus test).
 //
 // Gauges of state (KV pool, sessions, requests, device memory) are not pushed by the service:
 // they are computed from the KvPool and the SessionRegistry at the start of every scrape, so they
@@ -122,7 +125,9 @@ class Metrics {
   // Requests a drain (--drain_to) handed to its peer (`moved`) or could not (server/fleet/drain.h).
   void CountDrainedRequests(const std::string& variant, bool moved, int64_t count);
 
-  // Recomputes the state gauges from the pool, the registry and /proc. Called before each scrape.
+  // Recomputes the state gauges from the pool, the registry and /proc. Called before each scrape,
+  // which also reads the process_* metrics (resident memory, CPU seconds, open and max fds, start
+  // time) from /proc/self.
   void RefreshGauges();
 
  private:

@@ -26,8 +26,10 @@ from pathlib import Path
 import yaml
 
 DASHBOARD_DATASOURCE_TYPE = "prometheus"
-# Metrics without a `variant` label; every other expression must filter on variant=~"$variant".
-METRICS_WITHOUT_VARIANT = ("attnserve_device_memory_bytes", "attnserve_build_info")
+# Metrics without a `variant` label (one series per replica); every other expression must filter
+# on variant=~"$variant".
+METRICS_WITHOUT_VARIANT = ("attnserve_device_memory_bytes", "attnserve_build_info",
+                           "attnserve_kv_pool_capacity_bytes")
 
 
 class Checker:
@@ -261,7 +263,23 @@ def check_dashboard(checker: Checker):
              for target in panel.get("targets") or []]
     checker.check(len(exprs) >= 10 and all(exprs), f"the dashboard has panel expressions "
                   f"({len(exprs)}), none empty")
+    instance = variables.get("instance") or {}
+    query = instance.get("query")
+    query = query.get("query") if isinstance(query, dict) else query
+    checker.check(query == "label_values(attnserve_build_info, instance)" and instance.get("multi")
+                  and instance.get("includeAll") and instance.get("allValue") == ".*",
+                  f"the dashboard has a multi-value 'instance' (replica) variable over "
+                  f"label_values(attnserve_build_info, instance) with All = .* (got {query!r})")
     for expr in exprs:
+        # Every replica's series is selected by the instance variable, so sums are over the
+        # replicas chosen; there is no aggregate series (variant="all") to double-count.
+        selectors = re.findall(r"\b((?:attnserve|process)_[a-z_]+)(\{[^}]*\})?", expr)
+        for name, labels in selectors:
+            if name == "attnserve_build_info" and "and on (instance, job)" in expr:
+                continue  # only restricts process_* to attnserve's targets
+            checker.check('instance=~"$instance"' in labels,
+                          f'{name} is selected with instance=~"$instance": {expr}')
+        checker.check('"all"' not in expr, f'expression names no variant "all": {expr}')
         metrics = set(re.findall(r"\battnserve_[a-z_]+", expr))
         if metrics and not metrics <= set(METRICS_WITHOUT_VARIANT):
             checker.check('variant=~"$variant"' in expr,

@@ -1,21 +1,32 @@
 #!/usr/bin/env python3
 """Every PromQL expression of the shipped Grafana dashboard, evaluated by a real Prometheus that
-scraped a real attnserve_server under load (ctest prometheus_dashboard_test, label "deploy").
+scraped two real attnserve_server replicas under load (ctest prometheus_dashboard_test, label
+"deploy").
 
-  1. starts attnserve_server on 127.0.0.1 (free gRPC port via --port_file, --metrics_address on
-     a free port) and waits for grpc.health.v1 SERVING with `attnctl health`;
+  1. starts two attnserve_server replicas on 127.0.0.1 (free gRPC ports via --port_file,
+     --metrics_address on free ports), with KV pools of different sizes, and waits for
+     grpc.health.v1 SERVING with `attnctl health`;
   2. starts Debian's /usr/bin/prometheus on 127.0.0.1 with deploy/prometheus/prometheus.yml,
-     rewritten only in its scrape interval (1 s) and target (the test server), and a temporary
-     storage directory;
-  3. runs a load with the Python client, one thread per exercised variant (mha, mqa, gqa, mla,
-     gqa_swa): configure, prefill, unary Decode and DecodeStream steps, session queries, and one
-     failing call (an unknown request id, NOT_FOUND) per round, until the checks are done;
-  4. after at least MIN_SCRAPES successful scrapes taken during the load, evaluates the variant
-     variable's query and every `expr` of every panel of deploy/grafana/attnserve.json through
-     /api/v1/query ($variant -> a regex of the exercised variants, $__rate_interval -> 15s) and
-     requires each to return data: at least one finite sample, and for expressions grouped by
-     variant a finite sample for each exercised variant. A metric renamed in the server without
-     the dashboard returns no data and fails here.
+     rewritten only in its scrape interval (1 s) and targets (the two test servers), and a
+     temporary storage directory;
+  3. holds one session with KV on each replica (a hybrid stack on the first, for the layer-kind
+     panel), then runs a load with the Python client, one thread per exercised variant (mha, mqa,
+     gqa, mla, gqa_swa; alternately on each replica): configure, prefill, unary Decode and
+     DecodeStream steps, session queries, and one failing call (an unknown request id,
+     NOT_FOUND) per round, until the checks are done;
+  4. after at least MIN_SCRAPES successful scrapes of each replica taken during the load,
+     evaluates the instance and variant variables' queries and every `expr` of every panel of
+     deploy/grafana/attnserve.json through /api/v1/query ($variant -> a regex of the exercised
+     variants, $instance -> a regex of both targets, $__rate_interval -> 15s) and requires each to
+     return data: at least one finite sample, and for expressions grouped by variant a finite
+     sample for each exercised variant. A metric renamed in the server without the dashboard
+     returns no data and fails here. Meanwhile the dashboard's total KV used never exceeds its
+     capacity;
+  5. stops the load and, once Prometheus sees only the held sessions, requires the dashboard's
+     total KV used and capacity (both replicas, All selected) to equal the sums of the replicas'
+     own GetServerInfo numbers, and its per-replica pool use to equal each replica's used /
+     capacity: a capacity repeated per variant, a max() where a sum() belongs, or an aggregate
+     series counted twice fails here.
 
 All processes listen on 127.0.0.1 only; every wait is bounded; processes and the temporary
 directory are removed on any exit.
@@ -64,6 +75,11 @@ VARIANTS = {
     "gqa_swa": LayerSpec("gqa", d_model=D_MODEL, num_heads=NUM_HEADS, num_kv_heads=2, rope="half",
                          sliding_window=WINDOW),
 }
+
+# The two replicas' KV pools: different sizes, so a max() or a single replica's capacity where the
+# dashboard needs the sum is caught.
+POOL_BYTES = (48 << 20, 80 << 20)
+HOLD_TOKENS = (40, 24)  # prompt tokens of the session held on each replica
 
 SCRAPE_INTERVAL_S = 1
 RATE_INTERVAL = "15s"  # $__rate_interval: >= 4 scrape intervals, as Grafana computes it
@@ -139,8 +155,8 @@ def wait_for(what: str, predicate, timeout_s: float, processes: Processes, inter
         time.sleep(interval_s)
 
 
-def prometheus_config(metrics_target: str) -> str:
-    """deploy/prometheus/prometheus.yml with the test's scrape interval and target."""
+def prometheus_config(metrics_targets) -> str:
+    """deploy/prometheus/prometheus.yml with the test's scrape interval and targets."""
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     jobs = config["scrape_configs"]
     if len(jobs) != 1 or len(jobs[0]["static_configs"]) != 1:
@@ -149,7 +165,7 @@ def prometheus_config(metrics_target: str) -> str:
     config.setdefault("global", {})["scrape_interval"] = f"{SCRAPE_INTERVAL_S}s"
     config["global"]["scrape_timeout"] = f"{SCRAPE_INTERVAL_S}s"
     jobs[0]["scrape_interval"] = f"{SCRAPE_INTERVAL_S}s"
-    jobs[0]["static_configs"][0]["targets"] = [metrics_target]
+    jobs[0]["static_configs"][0]["targets"] = list(metrics_targets)
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -159,8 +175,8 @@ class Load:
     """One thread per variant driving its own session until stop(); errors other than the
     deliberate NOT_FOUND are collected and fail the test."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, targets):
+        self.targets = targets  # variant i runs on targets[i % len(targets)]
         self.stop_event = threading.Event()
         self.errors = []
         self.rounds = {name: 0 for name in VARIANTS}
@@ -179,7 +195,8 @@ class Load:
     def _run(self, name: str) -> None:
         rng = np.random.default_rng(list(VARIANTS).index(name))
         try:
-            with AttnServeClient(self.target, timeout_s=30) as client:
+            target = self.targets[list(VARIANTS).index(name) % len(self.targets)]
+            with AttnServeClient(target, timeout_s=30) as client:
                 session = client.configure(VARIANTS[name], seed=1, label=f"deploy test {name}")
                 sid = session.session_id
                 try:
@@ -240,8 +257,9 @@ def dashboard_expressions(dashboard: dict):
             if target.get("expr")]
 
 
-def substitute(expr: str, variant_regex: str) -> str:
+def substitute(expr: str, variant_regex: str, instance_regex: str) -> str:
     expr = expr.replace("${variant}", variant_regex).replace("$variant", variant_regex)
+    expr = expr.replace("${instance}", instance_regex).replace("$instance", instance_regex)
     expr = expr.replace("${__rate_interval}", RATE_INTERVAL).replace("$__rate_interval",
                                                                      RATE_INTERVAL)
     expr = expr.replace("$__interval", f"{SCRAPE_INTERVAL_S}s")
@@ -287,18 +305,69 @@ def missing_data(data, expr: str, variants):
     return ""
 
 
-def successful_scrapes(prometheus: str) -> int:
-    data = query(prometheus, "sum(count_over_time(up{job=\"attnserve\"}[1m]) "
-                             "and on() (up{job=\"attnserve\"} == 1))")
-    return int(float(data["result"][0]["value"][1])) if data["result"] else 0
+def successful_scrapes(prometheus: str, instances) -> int:
+    """The fewest successful scrapes of any of `instances` in the last minute."""
+    data = query(prometheus, "count_over_time(up{job=\"attnserve\"}[1m]) "
+                             "and (up{job=\"attnserve\"} == 1)")
+    counts = {series["metric"].get("instance"): int(float(series["value"][1]))
+              for series in data["result"]}
+    return min(counts.get(instance, 0) for instance in instances)
 
 
-def check_dashboard(prometheus: str, variants, processes: Processes, load: Load) -> list:
-    dashboard = json.loads((ROOT / "deploy" / "grafana" / "attnserve.json").read_text())
+def load_dashboard() -> dict:
+    return json.loads((ROOT / "deploy" / "grafana" / "attnserve.json").read_text())
+
+
+def kv_total_expressions(dashboard: dict):
+    """The dashboard's total KV used and total capacity expressions (sum() without `by`), and its
+    per-replica pool use (used / capacity by instance)."""
+    used = capacity = per_replica = None
+    for _, _, expr in dashboard_expressions(dashboard):
+        if "attnserve_kv_pool_used_bytes" in expr and "attnserve_kv_pool_capacity_bytes" in expr:
+            per_replica = per_replica or expr
+        elif re.match(r"^\s*sum\s*\(\s*attnserve_kv_pool_used_bytes", expr):
+            used = used or expr
+        elif re.match(r"^\s*sum\s*\(\s*attnserve_kv_pool_capacity_bytes", expr):
+            capacity = capacity or expr
+    missing = [what for what, expr in (("sum(attnserve_kv_pool_used_bytes...)", used),
+                                       ("sum(attnserve_kv_pool_capacity_bytes...)", capacity),
+                                       ("used / capacity by instance", per_replica))
+               if expr is None]
+    if missing:
+        raise RuntimeError(f"the dashboard lacks KV expressions: {missing}")
+    return used, capacity, per_replica
+
+
+def scalar_of(data) -> float:
+    if data["resultType"] == "scalar":
+        return float(data["result"][1])
+    if len(data["result"]) != 1:
+        raise RuntimeError(f"expected one series, got {len(data['result'])}: {data['result']}")
+    return float(data["result"][0]["value"][1])
+
+
+def check_kv_not_over_capacity(prometheus: str, instances) -> str:
+    """The dashboard's total used vs total capacity (All variants, both replicas): "" when used <=
+    capacity."""
+    used_expr, capacity_expr, _ = kv_total_expressions(load_dashboard())
+    everything = ("|".join(instances))
+    used = scalar_of(query(prometheus, substitute(used_expr, ".*", everything)))
+    capacity = scalar_of(query(prometheus, substitute(capacity_expr, ".*", everything)))
+    if not used <= capacity:
+        return f"the dashboard's KV used {used:.0f} exceeds its capacity {capacity:.0f}"
+    if capacity != sum(POOL_BYTES):
+        return f"the dashboard's KV capacity {capacity:.0f} is not the pools' sum {sum(POOL_BYTES)}"
+    return ""
+
+
+def check_dashboard(prometheus: str, variants, instances, processes: Processes,
+                    load: Load) -> list:
+    dashboard = load_dashboard()
     expressions = dashboard_expressions(dashboard)
     if len(expressions) < 10:
         raise RuntimeError(f"the dashboard has only {len(expressions)} expressions")
     variant_regex = "(" + "|".join(sorted(variants)) + ")"
+    instance_regex = "(" + "|".join(sorted(instances)) + ")"
     pending = {(title, ref): expr for title, ref, expr in expressions}
     failures = {}
     deadline = time.monotonic() + QUERY_DEADLINE_S
@@ -318,8 +387,21 @@ def check_dashboard(prometheus: str, variants, processes: Processes, load: Load)
                 "label_values(attnserve_kv_pool_used_bytes, variant)", f"lacks {lacking}")
         else:
             failures.pop(("variable", "variant"), None)
+        # The instance (replica) variable: label_values(attnserve_build_info, instance).
+        url = (f"{prometheus}/api/v1/label/instance/values?"
+               + urllib.parse.urlencode({"match[]": "attnserve_build_info"}))
+        values = set(json.loads(http_get(url))["data"])
+        lacking = sorted(set(instances) - values)
+        if lacking:
+            failures[("variable", "instance")] = (
+                "label_values(attnserve_build_info, instance)", f"lacks {lacking}")
+        else:
+            failures.pop(("variable", "instance"), None)
+        over = check_kv_not_over_capacity(prometheus, instances)
+        if over:
+            return [f"KV used vs capacity during the load: {over}"]
         for key, expr in list(pending.items()):
-            concrete = substitute(expr, variant_regex)
+            concrete = substitute(expr, variant_regex, instance_regex)
             problem = missing_data(query(prometheus, concrete), expr, variants)
             if problem:
                 failures[key] = (concrete, problem)
@@ -338,24 +420,97 @@ def check_dashboard(prometheus: str, variants, processes: Processes, load: Load)
 
 # ---- main ---------------------------------------------------------------------------------------
 
-def run(args, workdir: Path, processes: Processes) -> int:
-    grpc_port_file = workdir / "port"
+def start_server(args, workdir: Path, processes: Processes, index: int):
+    """Replica `index`: its gRPC target and metrics target (host:port)."""
+    grpc_port_file = workdir / f"port{index}"
     metrics_port = free_port()
-    processes.start("attnserve_server", [
+    processes.start(f"attnserve_server{index}", [
         args.server, "--listen=127.0.0.1:0", f"--port_file={grpc_port_file}",
-        f"--metrics_address=127.0.0.1:{metrics_port}", "--threads=1", "--compute_threads=2"])
-    port = wait_for("the server's port file", lambda: grpc_port_file.read_text().strip(),
-                    STARTUP_TIMEOUT_S, processes)
-    target = f"127.0.0.1:{port}"
-    subprocess.run([args.attnctl, f"--server={target}", "health", f"--wait_s={STARTUP_TIMEOUT_S}"],
-                   check=True, stdout=subprocess.DEVNULL, timeout=STARTUP_TIMEOUT_S + 10)
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    wait_for(f"{metrics_url}", lambda: b"attnserve_build_info" in http_get(metrics_url),
+        f"--metrics_address=127.0.0.1:{metrics_port}", "--threads=1", "--compute_threads=2",
+        f"--kv_pool_bytes={POOL_BYTES[index]}", f"--replica_id=replica-{index}"])
+    return grpc_port_file, metrics_port
+
+
+def hold_sessions(targets):
+    """One session holding KV on each replica, kept until the end: a hybrid stack (sliding window
+    layers and a global one: the layer-kind panel) on the first, a plain mha on the second."""
+    held = []
+    window = LayerSpec("gqa", d_model=D_MODEL, num_heads=NUM_HEADS, num_kv_heads=2, rope="half",
+                       sliding_window=WINDOW)
+    glob = LayerSpec("gqa", d_model=D_MODEL, num_heads=NUM_HEADS, num_kv_heads=2, rope="half")
+    rng = np.random.default_rng(99)
+    for index, target in enumerate(targets):
+        client = AttnServeClient(target, timeout_s=30)
+        if index == 0:
+            session = client.configure(None, stack=[window, window, glob], seed=2, label="held")
+        else:
+            session = client.configure(VARIANTS["mha"], seed=2, label="held")
+        client.forward(session.session_id, {"held": rng.standard_normal(
+            (HOLD_TOKENS[index % len(HOLD_TOKENS)], D_MODEL), dtype=np.float32)})
+        held.append((client, session.session_id))
+    return held
+
+
+def check_totals_at_rest(prometheus: str, targets, instances, processes: Processes) -> list:
+    """With only the held sessions left: the dashboard's totals against GetServerInfo."""
+    wait_for("Prometheus to see only the held sessions",
+             lambda: scalar_of(query(prometheus, "sum(attnserve_sessions_active)")) == len(targets),
              STARTUP_TIMEOUT_S, processes)
-    log(f"server SERVING on {target}, metrics at {metrics_url}")
+    infos = []
+    for target in targets:
+        with AttnServeClient(target, timeout_s=30) as client:
+            infos.append(client.info())
+    used_expr, capacity_expr, per_replica_expr = kv_total_expressions(load_dashboard())
+    everything = "|".join(instances)
+    used = scalar_of(query(prometheus, substitute(used_expr, ".*", everything)))
+    capacity = scalar_of(query(prometheus, substitute(capacity_expr, ".*", everything)))
+    info_used = sum(info.kv_pool_used_bytes for info in infos)
+    info_capacity = sum(info.kv_pool_capacity_bytes for info in infos)
+    failures = []
+    if any(info.kv_pool_used_bytes <= 0 for info in infos):
+        failures.append(f"a held session holds no KV: {[i.kv_pool_used_bytes for i in infos]}")
+    if used != info_used:
+        failures.append(f"dashboard KV used {used:.0f} != the replicas' GetServerInfo sum "
+                        f"{info_used} ({[i.kv_pool_used_bytes for i in infos]})\n        {used_expr}")
+    if capacity != info_capacity:
+        failures.append(f"dashboard KV capacity {capacity:.0f} != the replicas' GetServerInfo sum "
+                        f"{info_capacity}\n        {capacity_expr}")
+    if not used <= capacity:
+        failures.append(f"dashboard KV used {used:.0f} > capacity {capacity:.0f}")
+    fractions = {series["metric"].get("instance"): float(series["value"][1]) for series in
+                 query(prometheus, substitute(per_replica_expr, ".*", everything))["result"]}
+    for instance, info in zip(instances, infos):
+        expected = info.kv_pool_used_bytes / info.kv_pool_capacity_bytes
+        got = fractions.get(instance)
+        if got is None or abs(got - expected) > 1e-9:
+            failures.append(f"pool use of {instance}: dashboard {got}, GetServerInfo {expected}"
+                            f"\n        {per_replica_expr}")
+    if not failures:
+        log(f"at rest: dashboard KV used {used:.0f} = GetServerInfo "
+            f"{[i.kv_pool_used_bytes for i in infos]} summed, capacity {capacity:.0f} = "
+            f"{[i.kv_pool_capacity_bytes for i in infos]} summed; per replica {fractions}")
+    return failures
+
+
+def run(args, workdir: Path, processes: Processes) -> int:
+    started_servers = [start_server(args, workdir, processes, i) for i in range(len(POOL_BYTES))]
+    targets, instances = [], []
+    for port_file, metrics_port in started_servers:
+        port = wait_for("the server's port file", lambda: port_file.read_text().strip(),
+                        STARTUP_TIMEOUT_S, processes)
+        target = f"127.0.0.1:{port}"
+        subprocess.run([args.attnctl, f"--server={target}", "health",
+                        f"--wait_s={STARTUP_TIMEOUT_S}"],
+                       check=True, stdout=subprocess.DEVNULL, timeout=STARTUP_TIMEOUT_S + 10)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        wait_for(f"{metrics_url}", lambda: b"attnserve_build_info" in http_get(metrics_url),
+                 STARTUP_TIMEOUT_S, processes)
+        log(f"server SERVING on {target}, metrics at {metrics_url}")
+        targets.append(target)
+        instances.append(f"127.0.0.1:{metrics_port}")
 
     config = workdir / "prometheus.yml"
-    config.write_text(prometheus_config(f"127.0.0.1:{metrics_port}"))
+    config.write_text(prometheus_config(instances))
     web_port = free_port()
     prometheus = f"http://127.0.0.1:{web_port}"
     processes.start("prometheus", [
@@ -366,27 +521,33 @@ def run(args, workdir: Path, processes: Processes) -> int:
              processes)
     log(f"Prometheus ready at {prometheus}")
 
-    load = Load(target)
+    held = hold_sessions(targets)
+    load = Load(targets)
     load.start()
     try:
         started = time.monotonic()
-        before = successful_scrapes(prometheus)
-        wait_for(f"{MIN_SCRAPES} scrapes during the load",
-                 lambda: successful_scrapes(prometheus) >= before + MIN_SCRAPES
+        before = successful_scrapes(prometheus, instances)
+        wait_for(f"{MIN_SCRAPES} scrapes of each replica during the load",
+                 lambda: successful_scrapes(prometheus, instances) >= before + MIN_SCRAPES
                  and all(load.rounds.values()),
                  STARTUP_TIMEOUT_S, processes)
         if load.errors:
             raise RuntimeError(f"the load failed: {load.errors}")
-        log(f"{successful_scrapes(prometheus)} scrapes, load rounds {load.rounds} after "
-            f"{time.monotonic() - started:.1f} s; evaluating the dashboard")
-        failures = check_dashboard(prometheus, VARIANTS.keys(), processes, load)
+        log(f"{successful_scrapes(prometheus, instances)} scrapes of each replica, load rounds "
+            f"{load.rounds} after {time.monotonic() - started:.1f} s; evaluating the dashboard")
+        failures = check_dashboard(prometheus, VARIANTS.keys(), instances, processes, load)
     finally:
         load.stop()
     if load.errors:
         raise RuntimeError(f"the load failed: {load.errors}")
+    if not failures:
+        failures = check_totals_at_rest(prometheus, targets, instances, processes)
+    for client, session_id in held:
+        client.release(session_id)
+        client.close()
     if failures:
-        log(f"{len(failures)} dashboard expression(s) returned no data (the server's metric "
-            "names or labels and deploy/grafana/attnserve.json disagree):")
+        log(f"{len(failures)} dashboard check(s) failed (the server's metric names, labels or "
+            "shape and deploy/grafana/attnserve.json disagree):")
         for failure in failures:
             print(f"  - {failure}")
         return 1
