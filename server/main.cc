@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "kernels/base/command_line_usage.h"
+#include "server/observability/call_log.h"
 #include "server/observability/logging.h"
 #include "server/server.h"
 #include "server/server_options.h"
@@ -25,6 +26,14 @@ ABSL_FLAG(std::string, metrics_address, "",
           "port, see --metrics_port_file); empty = no metrics endpoint. See docs/metrics.md.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the bound metrics port to this file once /metrics is served.");
+ABSL_FLAG(std::string, log_format, "text",
+          "text or json. text: '<local time> <I|W|E> message key=value ...' lines; json: one "
+          "object per line with ts (UTC, RFC 3339), level, msg and the line's fields, for log "
+          "pipelines (gRPC's own messages too).");
+ABSL_FLAG(int64_t, log_failed_calls_per_second, 10,
+          "Failed calls (any non-OK status) are logged with the caller's address, the RPC, the "
+          "code and its message: at most this many lines per second per status code, the rest "
+          "counted and reported as suppressed. 0 = failed calls are not logged.");
 ABSL_FLAG(std::string, replica_id, "",
           "This replica's name, reported as `replica` by Configure and GetServerInfo so that a "
           "client behind a load balancer knows where its session lives (docs/deploy.md); empty = "
@@ -110,6 +119,19 @@ int main(int argc, char** argv) {
                                  "Serves attnserve.v1.AttentionService over gRPC.",
                                  {"server/main.cc"});
   absl::ParseCommandLine(argc, argv);
+  attnserve::server::LogFormat log_format;
+  if (!attnserve::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format), &log_format)) {
+    SERVER_LOG(ERROR, "--log_format=%s: expected text or json", absl::GetFlag(FLAGS_log_format));
+    return 1;
+  }
+  attnserve::server::SetLogFormat(log_format);
+  if (log_format == attnserve::server::LogFormat::kJson) attnserve::server::RouteGrpcLogging();
+  if (absl::GetFlag(FLAGS_log_failed_calls_per_second) < 0) {
+    SERVER_LOG(ERROR, "--log_failed_calls_per_second=%d: must be >= 0",
+               absl::GetFlag(FLAGS_log_failed_calls_per_second));
+    return 1;
+  }
+  attnserve::server::SetFailedCallLogRate(absl::GetFlag(FLAGS_log_failed_calls_per_second));
   attnserve::server::ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);

@@ -18,6 +18,7 @@
 #include "server/session/checkpoint_spec.h"
 #include "server/fleet/drain.h"
 #include "server/session/layer_fingerprint.h"
+#include "server/observability/call_log.h"
 #include "server/observability/logging.h"
 #include "server/session/session.h"
 #include "server/rpc/session_info_codec.h"
@@ -92,10 +93,14 @@ void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::
   }
 }
 
-// Reports a unary call to metrics, then finishes it.
+// Reports a unary call to metrics (and to the log when it failed), then finishes it.
 void FinishCall(UnaryCall* call, Metrics& metrics, Rpc rpc, const std::string& variant,
                 const CallTimer& timer, grpc::Status status) {
   Observe(metrics, rpc, variant, status, timer);
+  if (!status.ok()) {
+    LogFailedCall(RpcLabel(rpc), call->peer(), static_cast<absl::StatusCode>(status.error_code()),
+                  status.error_message());
+  }
   call->Finish(std::move(status));
 }
 
@@ -655,6 +660,10 @@ class AttentionServiceImpl::DecodeStreamReactor
   // Ends the stream at the current message with `status`, reporting that message to metrics.
   void FinishMessage(grpc::Status status) {
     Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, status, timer_);
+    if (!status.ok()) {
+      LogFailedCall(RpcLabel(Rpc::kDecodeStream), context_->peer(),
+                    static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    }
     Finish(std::move(status));
   }
 

@@ -12,6 +12,7 @@
 #include "kernels/kv/sequence_table.h"
 #include "kernels/kv/page_table.h"
 #include "server/session/layer_fingerprint.h"
+#include "server/observability/call_log.h"
 #include "server/observability/logging.h"
 #include "server/session/session.h"
 #include "server/rpc/step_codec.h"
@@ -109,7 +110,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
                 const grpc::ByteBuffer* wire_request)
-      : context_(context) {
+      : context_(context), peer_(call->peer()) {
     Start(call, wire_request);
   }
 
@@ -183,10 +184,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void Done(grpc::Status status) {
     Observe(*context_.metrics, Rpc::kExportRequest, variant_, status, arrival_, compute_ns_);
+    if (!status.ok()) {
+      LogFailedCall(RpcLabel(Rpc::kExportRequest), peer_,
+                    static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    }
     Finish(std::move(status));
   }
 
   const TransferContext& context_;
+  const std::string peer_;  // The caller, for the log of a failure.
   const Clock::time_point arrival_ = Clock::now();
   int64_t compute_ns_ = 0;
   std::string variant_ = kNoVariant;
@@ -362,6 +368,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Done(grpc::Status status) {
     ReleaseReservation();
     Observe(*context_.metrics, Rpc::kImportRequest, variant_, status, arrival_, compute_ns_);
+    if (!status.ok()) {
+      LogFailedCall(RpcLabel(Rpc::kImportRequest), call_->peer(),
+                    static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    }
     Finish(std::move(status));
   }
 

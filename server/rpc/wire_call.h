@@ -38,6 +38,8 @@ class UnaryCall {
   // Ends the call with `status`; on OK the response is sent first. Called exactly once; the call
   // (and its request and response) may be gone when it returns.
   virtual void Finish(grpc::Status status) = 0;
+  // The caller's address (grpc::ServerContext::peer()), for logging a failed call before Finish.
+  virtual std::string peer() const = 0;
 };
 
 // One unary call carried as bytes: owns the typed request and response for the call's life.
@@ -47,11 +49,13 @@ class UnaryExchange final : public UnaryCall {
  public:
   UnaryExchange(grpc::CallbackServerContext* context, grpc::ByteBuffer* wire_response,
                 int64_t max_message_bytes)
-      : reactor_(context->DefaultReactor()),
+      : context_(context),
+        reactor_(context->DefaultReactor()),
         wire_response_(wire_response),
         max_message_bytes_(max_message_bytes) {}
 
   grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  std::string peer() const override { return context_->peer(); }
   Request& request() { return request_; }
   Response& response() { return response_; }
 
@@ -63,6 +67,7 @@ class UnaryExchange final : public UnaryCall {
   }
 
  private:
+  grpc::CallbackServerContext* const context_;
   grpc::ServerUnaryReactor* const reactor_;
   grpc::ByteBuffer* const wire_response_;
   const int64_t max_message_bytes_;
