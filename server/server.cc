@@ -239,6 +239,7 @@ absl::Status RunServer(const ServerOptions& options) {
                            "this machine")));
   }
   service.SetReplica(options.replica_id.empty() ? DefaultReplicaId(port) : options.replica_id);
+  metrics.SetReplica(service.replica());
   if (!options.drain_to.empty()) service.KeepConfigureRequestsForDrain();
   // Health answers both the server as a whole ("") and the service by its full name, as
   // Kubernetes gRPC probes and grpc_health_probe -service=... ask for either.

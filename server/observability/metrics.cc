@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/text_serializer.h"
 #include "server/session/kv_pool.h"
+#include "server/observability/call_log.h"
 #include "server/observability/metrics_http_server.h"
 #include "server/session/registry.h"
 
@@ -157,47 +158,6 @@ std::vector<prometheus::MetricFamily> ProcessFamilies() {
   return families;
 }
 
-const char* StatusCodeLabel(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return "OK";
-    case absl::StatusCode::kCancelled:
-      return "CANCELLED";
-    case absl::StatusCode::kUnknown:
-      return "UNKNOWN";
-    case absl::StatusCode::kInvalidArgument:
-      return "INVALID_ARGUMENT";
-    case absl::StatusCode::kDeadlineExceeded:
-      return "DEADLINE_EXCEEDED";
-    case absl::StatusCode::kNotFound:
-      return "NOT_FOUND";
-    case absl::StatusCode::kAlreadyExists:
-      return "ALREADY_EXISTS";
-    case absl::StatusCode::kPermissionDenied:
-      return "PERMISSION_DENIED";
-    case absl::StatusCode::kResourceExhausted:
-      return "RESOURCE_EXHAUSTED";
-    case absl::StatusCode::kFailedPrecondition:
-      return "FAILED_PRECONDITION";
-    case absl::StatusCode::kAborted:
-      return "ABORTED";
-    case absl::StatusCode::kOutOfRange:
-      return "OUT_OF_RANGE";
-    case absl::StatusCode::kUnimplemented:
-      return "UNIMPLEMENTED";
-    case absl::StatusCode::kInternal:
-      return "INTERNAL";
-    case absl::StatusCode::kUnavailable:
-      return "UNAVAILABLE";
-    case absl::StatusCode::kDataLoss:
-      return "DATA_LOSS";
-    case absl::StatusCode::kUnauthenticated:
-      return "UNAUTHENTICATED";
-    default:
-      return "UNKNOWN";
-  }
-}
-
 }  // namespace
 
 std::string VariantLabel(const LayerSpec& spec) {
@@ -257,7 +217,8 @@ class Metrics::ScrapeCollectable : public prometheus::Collectable {
 };
 
 Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegistry* registry)
-    : pool_(pool),
+    : build_(build),
+      pool_(pool),
       sessions_(registry),
       registry_(std::make_shared<prometheus::Registry>()),
       collectable_(std::make_shared<ScrapeCollectable>(this)),
@@ -355,11 +316,23 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
                          .Register(*registry_)),
       build_info_(prometheus::BuildGauge()
                       .Name("attnserve_build_info")
-                      .Help("Always 1; labels give the server version, backend and device.")
+                      .Help("Always 1; labels give the server version, backend, device and "
+                            "replica (--replica_id).")
                       .Register(*registry_)) {
-  build_info_
-      .Add({{"version", build.version}, {"backend", build.backend}, {"device", build.device}})
-      .Set(1);
+  absl::MutexLock lock(&mu_);
+  build_info_series_ = &build_info_.Add(
+      {{"version", build.version}, {"backend", build.backend}, {"device", build.device}});
+  build_info_series_->Set(1);
+}
+
+void Metrics::SetReplica(const std::string& replica) {
+  absl::MutexLock lock(&mu_);
+  if (build_info_series_ != nullptr) build_info_.Remove(build_info_series_);
+  build_info_series_ = &build_info_.Add({{"version", build_.version},
+                                         {"backend", build_.backend},
+                                         {"device", build_.device},
+                                         {"replica", replica}});
+  build_info_series_->Set(1);
 }
 
 Metrics::~Metrics() { http_.reset(); }
@@ -411,8 +384,7 @@ void Metrics::ObserveRpc(Rpc rpc, const std::string& variant, absl::StatusCode c
     Get(compute_, labels, LatencyBuckets()).Observe(timing.compute_seconds);
   }
   if (code != absl::StatusCode::kOk) {
-    Get(rpc_errors_,
-        {{"rpc", RpcLabel(rpc)}, {"code", StatusCodeLabel(code)}, {"variant", variant}})
+    Get(rpc_errors_, {{"rpc", RpcLabel(rpc)}, {"code", StatusCodeName(code)}, {"variant", variant}})
         .Increment();
   }
 }

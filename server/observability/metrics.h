@@ -125,6 +125,10 @@ class Metrics {
   // Requests a drain (--drain_to) handed to its peer (`moved`) or could not (server/fleet/drain.h).
   void CountDrainedRequests(const std::string& variant, bool moved, int64_t count);
 
+  // Adds `replica` (--replica_id, or <hostname>:<port> once the port is bound) to
+  // attnserve_build_info, so that a dashboard can name each scraped instance.
+  void SetReplica(const std::string& replica);
+
   // Recomputes the state gauges from the pool, the registry and /proc. Called before each scrape,
   // which also reads the process_* metrics (resident memory, CPU seconds, open and max fds, start
   // time) from /proc/self.
@@ -143,6 +147,7 @@ class Metrics {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteVariant(const std::string& variant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const BuildInfo build_;
   const KvPool* const pool_;
   const SessionRegistry* const sessions_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -170,6 +175,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& drained_;
   prometheus::Family<prometheus::Gauge>& device_memory_;
   prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Gauge* build_info_series_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   absl::Mutex mu_;
   std::map<std::pair<const void*, prometheus::Labels>, void*> series_ ABSL_GUARDED_BY(mu_);

@@ -485,6 +485,13 @@ def check_totals_at_rest(prometheus: str, targets, instances, processes: Process
         if got is None or abs(got - expected) > 1e-9:
             failures.append(f"pool use of {instance}: dashboard {got}, GetServerInfo {expected}"
                             f"\n        {per_replica_expr}")
+    # attnserve_build_info names each instance's replica as GetServerInfo does.
+    replicas = {series["metric"].get("instance"): series["metric"].get("replica") for series in
+                query(prometheus, "attnserve_build_info")["result"]}
+    for instance, info in zip(instances, infos):
+        if replicas.get(instance) != info.replica:
+            failures.append(f"attnserve_build_info of {instance} names replica "
+                            f"{replicas.get(instance)!r}, GetServerInfo {info.replica!r}")
     if not failures:
         log(f"at rest: dashboard KV used {used:.0f} = GetServerInfo "
             f"{[i.kv_pool_used_bytes for i in infos]} summed, capacity {capacity:.0f} = "

@@ -472,6 +472,8 @@ TEST_F(MetricsTest, EveryContractMetricWithLabelsAndValues) {
   EXPECT_GT(rss, 1 << 20);
   EXPECT_GE(e.Value("attnserve_device_memory_bytes", {{"state", "total"}}), rss);
   EXPECT_EQ(e.Value("attnserve_build_info", {{"backend", "cpu"}, {"version", info->version()}}), 1);
+  EXPECT_EQ(e.Count("attnserve_build_info"), 1);
+  EXPECT_EQ(e.Value("attnserve_build_info", {{"replica", info->replica()}}), 1) << info->replica();
 
   // process_*: the Prometheus client conventions' names, from /proc/self.
   const double resident = e.Value("process_resident_memory_bytes");
