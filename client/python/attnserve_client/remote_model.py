@@ -1,0 +1,334 @@
+"""A transformers causal LM whose attention layers run on attnserve (docs/remote_model.md).
+
+    from transformers import AutoModelForCausalLM
+    from attnserve_client import AttnServeClient
+    from attnserve_client.remote_model import serve_attention
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+    with AttnServeClient(address) as client, \\
+            serve_attention(model, client, "SmolLM2-135M-Instruct") as remote:
+        outputs = remote.generate([prompt_ids_a, prompt_ids_b], max_new_tokens=32)
+
+`serve_attention` configures one session per decoder layer from the checkpoint directory as the
+server sees it (a path under its --checkpoint_root; layer = i, spec read from config.json) and
+replaces each layer's `self_attn` with a `RemoteAttention`. The rest of the model (embeddings,
+norms, MLPs / MoE, the LM head) stays in the client. A step packs the new tokens of every active
+prompt into one sequence [1, N] with explicit position ids; each decoder layer runs its
+input_layernorm locally, and `RemoteAttention` sends each prompt's rows of the normed hidden
+states to the layer's session — Forward (prefill, explicit positions) when some prompt is new,
+else Decode with explicit positions — and returns what attnserve returns: the attention output
+after o_proj, which the decoder layer adds to its residual. Every prompt is its own request id in
+every session; the server holds the KV caches, the client none.
+
+Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
+`(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc): Llama,
+Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3 (text), DeepSeek-V2/V3 (MLA). Tested
+token for token against transformers' generate(): Llama (SmolLM2-135M-Instruct), Gemma 3 text
+(tiny random, 5 local : 1 global) and DeepSeek-V3 (tiny random, MLA); see tests/model/.
+
+`RemoteModel.generate` is continuous batching: up to `max_batch` prompts run together; a prompt
+leaves (its requests released) when it reaches `max_new_tokens` or an EOS token, and a waiting
+prompt joins (prefilled in the same step as the others decode). Greedy by default; sampling with
+`do_sample=True` (temperature, top_k, top_p, seeded).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from attnserve_client.client import AttnServeClient
+
+
+@dataclass
+class _Segment:
+    """One prompt's rows in a packed step."""
+
+    request_id: str
+    start: int
+    length: int
+    positions: List[int]
+    prefill: bool  # Forward (new tokens of a new or extended request) or Decode (one token)
+
+
+@dataclass
+class _Plan:
+    segments: List[_Segment] = field(default_factory=list)
+
+
+class RemoteAttention(torch.nn.Module):
+    """Stands in for a decoder layer's self_attn: its input (the hidden states after
+    input_layernorm) goes to attnserve, its output is attnserve's (after o_proj)."""
+
+    def __init__(self, owner: "RemoteModel", layer: int):
+        super().__init__()
+        self.layer = layer
+        self.layer_idx = layer
+        # Not a submodule: the owner holds the original modules and their weights.
+        object.__setattr__(self, "_owner", owner)
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        owner = self._owner
+        plan = owner._plan
+        if plan is None:
+            raise RuntimeError("RemoteAttention called outside RemoteModel.step/generate: the "
+                               "request ids and positions of the rows are unknown")
+        if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
+            raise ValueError(f"RemoteAttention expects a packed [1, N, d_model] input, got "
+                             f"{tuple(hidden_states.shape)}")
+        rows = hidden_states[0].detach().to(torch.float32).cpu().numpy()
+        out = owner._attend(self.layer, rows, plan)
+        return torch.from_numpy(out).to(hidden_states.dtype).unsqueeze(0), None
+
+
+@dataclass
+class GenerateStats:
+    prompts: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+    rpc_seconds: float = 0.0  # wall time inside attnserve calls (client side)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def _decoder_layers(model) -> Sequence[torch.nn.Module]:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__}: no decoder .layers found")
+    return layers
+
+
+class RemoteModel:
+    """A model whose self_attn modules are RemoteAttention (see serve_attention)."""
+
+    def __init__(self, model, client: AttnServeClient, checkpoint: str, *, kv_dtype: str = "f32",
+                 page_size: int = 0, label: str = "remote_model"):
+        self.model = model
+        self.client = client
+        self.checkpoint = checkpoint
+        self.kv_dtype = kv_dtype
+        self.page_size = page_size
+        self.label = label
+        self._layers = _decoder_layers(model)
+        self._originals = [layer.self_attn for layer in self._layers]
+        self._plan: Optional[_Plan] = None
+        self.rpc_seconds = 0.0
+        self.fingerprints: List[bytes] = []
+        self.sessions = self._configure(client)
+        self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
+        for i, layer in enumerate(self._layers):
+            layer.self_attn = RemoteAttention(self, i)
+
+    def _configure(self, client: AttnServeClient) -> List[str]:
+        sessions: List[str] = []
+        fingerprints: List[bytes] = []
+        d_model = self.model.config.hidden_size
+        try:
+            for i in range(len(self._layers)):
+                result = client.configure(None, checkpoint=self.checkpoint, layer=i,
+                                          kv_dtype=self.kv_dtype, page_size=self.page_size,
+                                          label=f"{self.label}.layer{i}")
+                sessions.append(result.session_id)
+                fingerprints.append(result.fingerprint)
+                spec = result.spec or client.get_session(result.session_id).spec
+                if spec.d_model != d_model:
+                    raise ValueError(f"layer {i}: the server's session has d_model "
+                                     f"{spec.d_model}, the model {d_model}")
+        except BaseException:
+            for sid in sessions:
+                try:
+                    client.release(sid)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            raise
+        self.fingerprints = fingerprints
+        return sessions
+
+    # -- lifetime --
+
+    def close(self) -> None:
+        """Releases every session and puts the original attention modules back."""
+        for layer, original in zip(self._layers, self._originals):
+            layer.self_attn = original
+        sessions, self.sessions = self.sessions, []
+        for sid in sessions:
+            try:
+                self.client.release(sid)
+            except Exception:  # noqa: BLE001 - the server may be gone already
+                pass
+        self.live.clear()
+
+    def __enter__(self) -> "RemoteModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def release(self, request_id: str) -> None:
+        """Frees one prompt's KV cache in every layer's session."""
+        if request_id in self.live:
+            del self.live[request_id]
+            for sid in self.sessions:
+                self.client.release(sid, request_id)
+
+    def move_to(self, client: AttnServeClient) -> None:
+        """Moves every session and live request to the server behind `client` (same checkpoint,
+        hence the same fingerprints): configures the layers there, exports each request's KV
+        pages here and imports them there, then releases the sessions here. Generation continues
+        on the new server as if nothing happened."""
+        old_client, old_sessions = self.client, self.sessions
+        new_sessions = self._configure(client)
+        for old_sid, new_sid in zip(old_sessions, new_sessions):
+            for rid in self.live:
+                header, pages = old_client.export_request(old_sid, rid)
+                client.import_request(new_sid, rid, header, pages)
+        self.client, self.sessions = client, new_sessions
+        for sid in old_sessions:
+            old_client.release(sid)
+
+    # -- one layer's attention over a packed step --
+
+    def _attend(self, layer: int, rows: np.ndarray, plan: _Plan) -> np.ndarray:
+        sid = self.sessions[layer]
+        start = time.perf_counter()
+        if any(s.prefill for s in plan.segments):
+            result = self.client.forward(
+                sid, {s.request_id: rows[s.start:s.start + s.length] for s in plan.segments},
+                positions={s.request_id: s.positions for s in plan.segments})
+        else:
+            result = self.client.decode(
+                sid, {s.request_id: rows[s.start] for s in plan.segments},
+                positions={s.request_id: s.positions[0] for s in plan.segments})
+        self.rpc_seconds += time.perf_counter() - start
+        out = np.empty_like(rows)
+        for s in plan.segments:
+            out[s.start:s.start + s.length] = result.outputs[s.request_id].reshape(
+                s.length, rows.shape[1])
+        return out
+
+    # -- one packed step of the whole model --
+
+    @torch.no_grad()
+    def step(self, tokens: Dict[str, Sequence[int]]) -> Dict[str, torch.Tensor]:
+        """Appends `tokens` (request id -> new token ids; a new id starts a request at position
+        0) and returns each request's logits for its last token [vocab]."""
+        segments, ids, positions = [], [], []
+        for rid, new in tokens.items():
+            new = [int(t) for t in new]
+            if not new:
+                raise ValueError(f"request '{rid}': no tokens")
+            first = self.live.get(rid, 0)
+            pos = list(range(first, first + len(new)))
+            segments.append(_Segment(rid, len(ids), len(new), pos,
+                                     prefill=rid not in self.live or len(new) > 1))
+            ids.extend(new)
+            positions.extend(pos)
+        device = self.model.device
+        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        position_ids = torch.tensor([positions], dtype=torch.long, device=device)
+        last = torch.tensor([s.start + s.length - 1 for s in segments], dtype=torch.long,
+                            device=device)
+        self._plan = _Plan(segments)
+        try:
+            logits = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                                logits_to_keep=last).logits[0]
+        finally:
+            self._plan = None
+        for s in segments:
+            self.live[s.request_id] = s.positions[-1] + 1
+        return {s.request_id: logits[i] for i, s in enumerate(segments)}
+
+    # -- continuous batched generation --
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *,
+                 max_batch: int = 0, eos_token_id=None, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: Optional[int] = None,
+                 on_step: Optional[Callable[["RemoteModel", int], None]] = None,
+                 stats: Optional[GenerateStats] = None) -> List[List[int]]:
+        """Generates up to `max_new_tokens` for every prompt (token id lists); returns the new
+        tokens of each, in order. `max_batch` (0: all at once) bounds the prompts running
+        together; the others wait and join as running ones finish. `eos_token_id` (default: the
+        model's generation_config; an int or a list) ends a prompt after that token, as
+        transformers' generate() does. `on_step(self, step)` runs between steps (e.g. to
+        move_to another server)."""
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(self.model, "generation_config", None),
+                                   "eos_token_id", None)
+        eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        prefix = secrets.token_hex(4)
+        waiting = list(range(len(prompts)))
+        running: Dict[str, int] = {}  # request id -> prompt index
+        outputs: List[List[int]] = [[] for _ in prompts]
+        pending: Dict[str, List[int]] = {}  # request id -> tokens to send next step
+        limit = max_batch if max_batch > 0 else len(prompts)
+        started, rpc_before, step_index = time.perf_counter(), self.rpc_seconds, 0
+        try:
+            while waiting or running:
+                while waiting and len(running) < limit:
+                    index = waiting.pop(0)
+                    rid = f"gen-{prefix}-{index}"
+                    running[rid] = index
+                    pending[rid] = [int(t) for t in prompts[index]]
+                if on_step is not None:
+                    on_step(self, step_index)
+                logits = self.step(pending)
+                step_index += 1
+                pending = {}
+                for rid, row in logits.items():
+                    token = self._pick(row, do_sample, temperature, top_k, top_p, generator)
+                    index = running[rid]
+                    outputs[index].append(token)
+                    if len(outputs[index]) >= max_new_tokens or token in eos:
+                        del running[rid]
+                        self.release(rid)
+                    else:
+                        pending[rid] = [token]
+        finally:
+            for rid in list(running):
+                self.release(rid)
+        if stats is not None:
+            stats.prompts += len(prompts)
+            stats.steps += step_index
+            stats.prompt_tokens += sum(len(p) for p in prompts)
+            stats.new_tokens += sum(len(o) for o in outputs)
+            stats.seconds += time.perf_counter() - started
+            stats.rpc_seconds += self.rpc_seconds - rpc_before
+        return outputs
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int,
+              top_p: float, generator: Optional[torch.Generator]) -> int:
+        if not do_sample:
+            return int(torch.argmax(logits))
+        scores = logits.to(torch.float32) / max(temperature, 1e-6)
+        if top_k > 0:
+            kth = torch.topk(scores, min(top_k, scores.numel())).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+            drop = cumulative - torch.softmax(ordered, dim=-1) > top_p
+            scores[order[drop]] = float("-inf")
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def serve_attention(model, client: AttnServeClient, checkpoint: str, **options) -> RemoteModel:
+    """Serves every attention layer of `model` (a loaded transformers causal LM) from attnserve:
+    one session per decoder layer, configured from `checkpoint` (the model's checkpoint
+    directory as the server names it: a path under its --checkpoint_root). Returns the
+    RemoteModel (a context manager: closing it releases the sessions and restores the model).
+    Options: kv_dtype ("f32" or "bf16"), page_size, label."""
+    return RemoteModel(model, client, checkpoint, **options)
