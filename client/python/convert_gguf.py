@@ -60,8 +60,15 @@ def is_converted(out: Path, gguf: Path) -> bool:
 
 def convert(out: Path, gguf: Path = None, quiet: bool = False) -> Path:
     """Converts `gguf` (default: SmolLM2-135M-Instruct) into `out` unless already done."""
-    gguf = Path(gguf) if gguf is not None else smollm2_gguf()
     out = Path(out)
+    if gguf is None:
+        try:
+            gguf = smollm2_gguf()
+        except FileNotFoundError:
+            if (out / STAMP).is_file():  # converted before; the wheel is needed only to convert
+                return out
+            raise
+    gguf = Path(gguf)
     if is_converted(out, gguf):
         return out
     import torch

@@ -65,8 +65,13 @@ class RemoteAttention(torch.nn.Module):
     """Stands in for a decoder layer's self_attn: its input (the hidden states after
     input_layernorm) goes to attnserve, its output is attnserve's (after o_proj)."""
 
-    def __init__(self, owner: "RemoteModel", layer: int):
+    def __init__(self, owner: "RemoteModel", layer: int, original: torch.nn.Module):
         super().__init__()
+        # The original's plain attributes, which decoder layers read (Gemma 3: is_sliding).
+        for key, value in vars(original).items():
+            if not key.startswith("_") and (value is None or isinstance(
+                    value, (bool, int, float, str, tuple))):
+                setattr(self, key, value)
         self.layer = layer
         self.layer_idx = layer
         # Not a submodule: the owner holds the original modules and their weights.
@@ -127,7 +132,7 @@ class RemoteModel:
         self.sessions = self._configure(client)
         self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
         for i, layer in enumerate(self._layers):
-            layer.self_attn = RemoteAttention(self, i)
+            layer.self_attn = RemoteAttention(self, i, self._originals[i])
 
     def _configure(self, client: AttnServeClient) -> List[str]:
         sessions: List[str] = []
