@@ -4,9 +4,10 @@
 //             [--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT]
 //             [--json]
 //
-// For every variant x context x concurrency C (one fresh session each): C requests are
-// prefilled to the context length, then C concurrent DecodeStream streams (one per request)
-// decode one step at a time for --duration or --steps. Reported per cell: tokens/s (decode
+// For every variant x context x concurrency C (one fresh session each): C concurrent
+// DecodeStream streams decode one step at a time for --duration or --steps, each holding one
+// request at a time: prefilled to context - steps_per_request / 2, decoded --steps_per_request
+// steps, released and replaced, so the steps run at the requested mean context. Reported per cell: tokens/s (decode
 // steps answered per second, all streams), its gain over C = 1 of the same variant and context
 // in the same run, client-measured step latency p50/p90/p99, the server's queue and compute time
 // per step (Timing), and the server's mean decode batch size where the server exposes one
@@ -41,7 +42,11 @@ ABSL_FLAG(std::vector<std::string>, variants,
           std::vector<std::string>({"mha", "gqa", "mqa", "mla"}),
           "Variants to run (client/common/demo_variants.h): mha, gqa, mqa, mla.");
 ABSL_FLAG(std::vector<std::string>, context, std::vector<std::string>({"512"}),
-          "Prompt tokens prefilled per request before decoding; a list sweeps.");
+          "Mean context the decode steps run at (each request is prefilled to context - "
+          "steps_per_request / 2 and replaced after --steps_per_request steps); a list sweeps.");
+ABSL_FLAG(int64_t, steps_per_request, 0,
+          "Decode steps of each request before it is released and a fresh one prefilled on the "
+          "same stream, holding the context steady; 0 = a quarter of the context.");
 ABSL_FLAG(std::vector<std::string>, concurrency, std::vector<std::string>({"1", "4", "16", "64"}),
           "Concurrent DecodeStream streams (one request each); a list sweeps.");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(10),
@@ -92,6 +97,14 @@ bool ParseIntList(const std::vector<std::string>& items, const char* flag, std::
   return true;
 }
 
+BenchCell MakeCell(const NamedSpec& variant, int context, int concurrency) {
+  BenchCell cell;
+  cell.variant = variant;
+  cell.context = context;
+  cell.concurrency = concurrency;
+  return cell;
+}
+
 // Throughput of C = 1 for the same variant and context, or 0.
 double SingleStreamRate(const std::vector<BenchResult>& results, const BenchResult& row) {
   for (const BenchResult& other : results) {
@@ -127,8 +140,18 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
           {"seconds", row.seconds},
           {"tokens_per_s", row.tokens_per_s},
           {"gain_vs_1_stream", single > 0 ? nlohmann::json(row.tokens_per_s / single) : nullptr},
-          {"streams_capped", row.streams_capped},
+          {"wall_tokens_per_s", row.wall_tokens_per_s},
           {"tokens_cap_per_request", row.tokens_cap},
+          {"steps_per_request", row.steps_per_request},
+          {"prefill_tokens", row.prefill_tokens},
+          {"mean_context", row.mean_context},
+          {"max_context", row.max_context},
+          {"reprefill",
+           {{"count", row.reprefills},
+            {"seconds_per_stream", row.reprefill_seconds},
+            {"forward_ms", {{"mean", row.prefill_mean_ms},
+                            {"p50", row.prefill_p50_ms},
+                            {"p99", row.prefill_p99_ms}}}}},
           {"step_latency_ms",
            {{"mean", row.latency_mean_ms},
             {"p50", row.latency_p50_ms},
@@ -144,9 +167,9 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
 }
 
 void PrintTable(const std::vector<BenchResult>& results) {
-  absl::PrintF("%-8s %5s %5s %8s %10s %6s %8s %8s %8s %8s %8s %7s %6s\n", "variant", "ctx", "conc",
-               "steps", "tok/s", "gain", "p50 ms", "p90 ms", "p99 ms", "queue ms", "comp ms",
-               "batch", "errors");
+  absl::PrintF("%-8s %5s %7s %5s %5s %8s %10s %6s %8s %8s %8s %8s %8s %9s %7s %6s\n", "variant",
+               "ctx", "mean", "max", "conc", "steps", "tok/s", "gain", "p50 ms", "p90 ms",
+               "p99 ms", "queue ms", "comp ms", "prefill", "batch", "errors");
   bool any_batch = false;
   for (const BenchResult& row : results) {
     const double single = SingleStreamRate(results, row);
@@ -157,16 +180,23 @@ void PrintTable(const std::vector<BenchResult>& results) {
                                   ? absl::StrFormat("%.2f*", row.step_batch_size)
                                   : std::string("N/A");
     any_batch = any_batch || row.batch.available || row.step_batch_size > 0;
-    absl::PrintF("%-8s %5d %5d %8d %10.1f %6s %8.3f %8.3f %8.3f %8.3f %8.3f %7s %6d\n", row.label,
-                 row.context, row.concurrency, row.steps, row.tokens_per_s, gain,
-                 row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms, row.queue_ms,
-                 row.compute_ms, batch, row.errors);
+    absl::PrintF(
+        "%-8s %5d %7.1f %5d %5d %8d %10.1f %6s %8.3f %8.3f %8.3f %8.3f %8.3f %9s %7s %6d\n",
+        row.label, row.context, row.mean_context, row.max_context, row.concurrency, row.steps,
+        row.tokens_per_s, gain, row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms,
+        row.queue_ms, row.compute_ms,
+        row.reprefills > 0 ? absl::StrFormat("%.2fx%d", row.prefill_p50_ms, row.reprefills)
+                           : std::string("-"),
+        batch, row.errors);
   }
   absl::PrintF(
-      "\ntok/s: decode steps answered per second, all streams; gain: over 1 stream of the "
-      "same variant and context in this run; p50/p90/p99: step latency measured by this "
-      "client; queue/comp ms: the server's Timing per step (mean); batch: the server's "
-      "mean decode batch size.\n");
+      "\nctx: the requested context; mean/max: the contexts the steps actually ran at (each "
+      "request decodes %s steps, then a fresh one is prefilled); tok/s: decode steps answered "
+      "per second, all streams, the time streams spent re-prefilling left out; gain: over 1 "
+      "stream of the same variant and context in this run; p50/p90/p99: step latency measured "
+      "by this client; queue/comp ms: the server's Timing per step (mean); prefill: p50 ms x "
+      "count of the re-prefills in the window; batch: the server's mean decode batch size.\n",
+      results.empty() ? std::string("-") : absl::StrCat(results.front().steps_per_request));
   for (const BenchResult& row : results) {
     if (!row.batch.available && row.step_batch_size > 0) {
       absl::PrintF(
@@ -187,12 +217,6 @@ void PrintTable(const std::vector<BenchResult>& results) {
     absl::PrintF("batch: N/A (%s)\n", results.front().batch.note);
   }
   for (const BenchResult& row : results) {
-    if (row.streams_capped > 0) {
-      absl::PrintF(
-          "note: %s c=%d: %d streams stopped at the %d-token cap (max_sequence_length or "
-          "their share of the KV pool)\n",
-          row.label, row.concurrency, row.streams_capped, row.tokens_cap);
-    }
     for (const std::string& message : row.error_messages) {
       absl::PrintF("error: %s c=%d ctx=%d %s\n", row.label, row.concurrency, row.context, message);
     }
@@ -226,6 +250,8 @@ int Main() {
   BenchOptions options;
   options.duration = absl::GetFlag(FLAGS_duration);
   options.steps = absl::GetFlag(FLAGS_steps);
+  options.steps_per_request = absl::GetFlag(FLAGS_steps_per_request);
+  if (options.steps_per_request < 0) return ReportError("--steps_per_request must be >= 0");
   options.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   options.kv_dtype = *kv_dtype;
   options.seed = absl::GetFlag(FLAGS_seed);
@@ -255,8 +281,10 @@ int Main() {
     absl::PrintF("attnbench — server %s: %s backend (%s), version %s\n", client.target,
                  info.backend(), info.device(), info.version());
     absl::PrintF(
-        "DecodeStream streams, one request each, one step outstanding per stream; %s; "
-        "KV cache %s; d_model %d, %d heads%s\n\n",
+        "DecodeStream streams, one step outstanding per stream, each request replaced after "
+        "%s steps; %s; KV cache %s; d_model %d, %d heads%s\n\n",
+        options.steps_per_request > 0 ? absl::StrCat(options.steps_per_request)
+                                      : std::string("context/4"),
         workload, DTypeName(options.kv_dtype), absl::GetFlag(FLAGS_d_model),
         absl::GetFlag(FLAGS_num_heads),
         absl::GetFlag(FLAGS_window) > 0 ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
@@ -279,7 +307,7 @@ int Main() {
     }
     options.progress = false;
     const SoakReport report = RunSoak(client, batch_stats, options,
-                                      BenchCell{variants[0], contexts[0], concurrencies[0]}, soak);
+                                      MakeCell(variants[0], contexts[0], concurrencies[0]), soak);
     if (json) {
       nlohmann::json out;
       out["soak"] = {{"variant", variants[0].label},
@@ -329,7 +357,7 @@ int Main() {
   for (const NamedSpec& variant : variants) {
     for (int context : contexts) {
       for (int concurrency : concurrencies) {
-        BenchCell cell{variant, context, concurrency};
+        const BenchCell cell = MakeCell(variant, context, concurrency);
         results.push_back(RunCell(client, batch_stats, options, cell));
         errors += results.back().errors;
         if (!json && !options.progress) {
@@ -349,6 +377,7 @@ int Main() {
                      {"version", info.version()}};
     out["workload"] = {{"mode", options.steps > 0 ? "steps" : "duration"},
                        {"steps_per_stream", options.steps},
+                       {"steps_per_request", options.steps_per_request},
                        {"duration_s", absl::ToDoubleSeconds(options.duration)},
                        {"kv_dtype", std::string(DTypeName(options.kv_dtype))},
                        {"d_model", absl::GetFlag(FLAGS_d_model)},

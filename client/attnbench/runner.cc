@@ -61,17 +61,22 @@ int64_t NowNanos() {
       .count();
 }
 
-// One request and its stream. Written by its worker thread; the atomics and the context pointer
-// are also read by the watchdog (the main thread); the rest is read after the worker is joined.
+// One stream and the requests it decodes in turn. Written by its worker thread; the atomics and
+// the context pointer are also read by the watchdog (the main thread); the rest is read after the
+// worker is joined.
 struct Stream {
   int index = 0;
-  std::string request_id;
+  std::string request_id;  // The request being decoded.
+  int requests = 0;        // Requests prefilled so far.
   std::vector<v1::DecodeRequest> inputs;
+  v1::Tensor prefill_hidden;  // [prefill_tokens, d_model], reused by every re-prefill.
 
   std::vector<double> latencies_ms;
+  std::vector<double> prefill_ms;  // Re-prefills in the timed window (Forward latency).
+  int64_t reprefill_ns = 0;        // Release + Forward of the re-prefills.
+  int64_t context_sum = 0, context_max = 0;
   int64_t queue_ns = 0, compute_ns = 0, total_ns = 0;
   int64_t batch_size_sum = 0;  // Timing.batch_size summed over steps (0 when absent).
-  bool capped = false;
   bool failed = false;
   grpc::Status error;
   std::string error_where;
@@ -104,47 +109,81 @@ struct StartGate {
 
 struct CellPlan {
   std::string session;
-  int context = 0;
+  int concurrency = 1;
   int d_model = 0;
-  int64_t tokens_cap = 0;   // Stop a stream when its length reaches this.
-  int64_t steps = 0;        // > 0: steps per stream.
-  absl::Duration duration;  // When steps == 0.
+  int64_t prefill_tokens = 0;     // Each request's prompt.
+  int64_t steps_per_request = 0;  // Decode steps before a request is replaced.
+  int64_t steps = 0;              // > 0: steps per stream.
+  absl::Duration duration;        // When steps == 0.
   absl::Duration step_timeout;
-  absl::Duration call_timeout;  // Forward, and the wait at the start line.
+  absl::Duration call_timeout;  // Forward, Release, and the wait at the start line.
 };
+
+// Prefills a fresh request of `tokens` tokens (the first `tokens` rows of `hidden`, or `hidden`
+// whole) and points the stream's decode inputs at it.
+bool Prefill(const Client& client, const CellPlan& plan, const v1::Tensor& hidden,
+             int64_t tokens, Stream* stream) {
+  stream->request_id = absl::StrCat("bench-", stream->index, "-", stream->requests++);
+  v1::ForwardRequest forward;
+  forward.set_session_id(plan.session);
+  v1::ForwardItem* item = forward.add_items();
+  item->set_request_id(stream->request_id);
+  *item->mutable_hidden() = hidden;
+  for (v1::DecodeRequest& input : stream->inputs) {
+    input.mutable_items(0)->set_request_id(stream->request_id);
+  }
+  v1::ForwardResponse forwarded;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + plan.call_timeout));
+  grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
+  if (!status.ok()) {
+    stream->Fail("prefill (Forward)", status);
+    return false;
+  }
+  if (forwarded.results_size() != 1 || forwarded.results(0).sequence_length() != tokens) {
+    stream->Fail("prefill (Forward)",
+                 grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("client check: the answer is not one result of ",
+                                           tokens, " tokens")));
+    return false;
+  }
+  return true;
+}
+
+bool ReleaseRequest(const Client& client, const CellPlan& plan, Stream* stream) {
+  v1::ReleaseRequest release;
+  release.set_session_id(plan.session);
+  release.set_request_id(stream->request_id);
+  v1::ReleaseResponse released;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + plan.call_timeout));
+  grpc::Status status = client.stub->Release(&context, release, &released);
+  if (!status.ok()) stream->Fail("release", status);
+  return status.ok();
+}
 
 void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartGate* gate,
                Stream* stream) {
-  // 1. Prefill: one Forward of `context` random rows.
+  // 1. The first request, staggered: stream i starts i / C of the way into its steps.
+  const int64_t offset = plan.steps_per_request * stream->index / plan.concurrency;
+  int64_t length = plan.prefill_tokens + offset;          // The current request's length.
+  int64_t steps_left = plan.steps_per_request - offset;  // Before it is replaced.
   {
     std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(stream->index));
-    v1::ForwardRequest forward;
-    forward.set_session_id(plan.session);
-    v1::ForwardItem* item = forward.add_items();
-    item->set_request_id(stream->request_id);
-    TensorToProto(RandomHidden(rng, plan.context, plan.d_model, DType::kF32),
-                  item->mutable_hidden());
+    TensorToProto(RandomHidden(rng, plan.prefill_tokens, plan.d_model, DType::kF32),
+                  &stream->prefill_hidden);
     for (int i = 0; i < kInputsPerStream; ++i) {
       v1::DecodeRequest step;
       step.set_session_id(plan.session);
       v1::DecodeItem* decode_item = step.add_items();
-      decode_item->set_request_id(stream->request_id);
       TensorToProto(RandomHidden(rng, 1, plan.d_model, DType::kF32), decode_item->mutable_hidden());
       stream->inputs.push_back(std::move(step));
     }
-    v1::ForwardResponse forwarded;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + plan.call_timeout));
-    grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
-    if (!status.ok()) {
-      stream->Fail("prefill (Forward)", status);
-    } else if (forwarded.results_size() != 1 ||
-               forwarded.results(0).sequence_length() != plan.context) {
-      stream->Fail(
-          "prefill (Forward)",
-          grpc::Status(grpc::StatusCode::INTERNAL,
-                       "client check: the answer is not one result of the context length"));
+    v1::Tensor first = stream->prefill_hidden;
+    if (offset > 0) {
+      TensorToProto(RandomHidden(rng, length, plan.d_model, DType::kF32), &first);
     }
+    Prefill(client, plan, first, length, stream);
   }
   // 2. The start line (bounded: the main thread opens or aborts it).
   int64_t start_ns = 0;
@@ -165,10 +204,15 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
     stream->finished = true;
     return;
   }
-  // 3. Decode over one DecodeStream, one step outstanding at a time.
+  // 3. Decode over one DecodeStream, one step outstanding at a time; every steps_per_request
+  // steps the request is released and a fresh one prefilled.
   grpc::ClientContext context;
-  const absl::Duration budget = plan.steps > 0 ? plan.step_timeout * static_cast<double>(plan.steps)
-                                               : plan.duration + plan.step_timeout;
+  const int64_t max_reprefills =
+      plan.steps > 0 ? plan.steps / std::max<int64_t>(1, plan.steps_per_request) + 1 : 0;
+  const absl::Duration budget =
+      plan.steps > 0 ? plan.step_timeout * static_cast<double>(plan.steps) +
+                           plan.call_timeout * 2 * static_cast<double>(max_reprefills)
+                     : plan.duration + plan.step_timeout + plan.call_timeout * 2;
   context.set_deadline(absl::ToChronoTime(absl::Now() + budget + absl::Seconds(10)));
   AddSessionMetadata(&context, plan.session);  // A stream's metadata leaves before its messages.
   {
@@ -181,9 +225,19 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
   bool broken = false;  // The stream can take no more writes (its status comes from Finish).
   for (int64_t step = 1;; ++step) {
     if (plan.steps > 0 ? step > plan.steps : NowNanos() >= stop_ns) break;
-    if (plan.context + step > plan.tokens_cap) {
-      stream->capped = true;
-      break;
+    if (steps_left == 0) {
+      // Replace the request (no step outstanding: the watchdog leaves the stream alone; both
+      // calls have their own deadline).
+      const int64_t begin = NowNanos();
+      if (!ReleaseRequest(client, plan, stream)) break;
+      const int64_t forward_begin = NowNanos();
+      if (!Prefill(client, plan, stream->prefill_hidden, plan.prefill_tokens, stream)) break;
+      const int64_t end = NowNanos();
+      stream->prefill_ms.push_back(static_cast<double>(end - forward_begin) / 1e6);
+      stream->reprefill_ns += end - begin;
+      length = plan.prefill_tokens;
+      steps_left = plan.steps_per_request;
+      if (plan.steps == 0 && end >= stop_ns) break;
     }
     const v1::DecodeRequest& input = stream->inputs[(step - 1) % kInputsPerStream];
     v1::DecodeResponse response;
@@ -196,17 +250,20 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
     }
     const int64_t end = NowNanos();
     stream->outstanding_since_ns = 0;
-    if (response.results_size() != 1 ||
-        response.results(0).sequence_length() != plan.context + step ||
+    if (response.results_size() != 1 || response.results(0).sequence_length() != length + 1 ||
         response.results(0).output().shape_size() == 0 ||
         response.results(0).output().shape(response.results(0).output().shape_size() - 1) !=
             plan.d_model) {
       stream->Fail(absl::StrCat("step ", step),
                    grpc::Status(grpc::StatusCode::INTERNAL,
                                 absl::StrCat("client check: expected one result of length ",
-                                             plan.context + step, " and width ", plan.d_model)));
+                                             length + 1, " and width ", plan.d_model)));
       break;
     }
+    ++length;
+    --steps_left;
+    stream->context_sum += length;
+    stream->context_max = std::max(stream->context_max, length);
     stream->latencies_ms.push_back(static_cast<double>(end - begin) / 1e6);
     stream->queue_ns += response.timing().queue_ns();
     stream->compute_ns += response.timing().compute_ns();
@@ -246,6 +303,16 @@ void RunStream(const Client& client, const CellPlan& plan, uint64_t seed, StartG
   stream->finished = true;
 }
 
+}  // namespace
+
+int64_t DefaultStepsPerRequest(int context) { return std::max(1, context / 4); }
+
+int64_t PrefillTokens(int context, int64_t steps_per_request) {
+  return std::max<int64_t>(1, context - steps_per_request / 2);
+}
+
+namespace {
+
 double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
   const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
@@ -275,7 +342,7 @@ void ReleaseSession(const Client& client, const std::string& session, BenchResul
 BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
                     const BenchOptions& options, const BenchCell& cell) {
   BenchResult result;
-  const LayerSpec& spec = cell.variant.spec;
+  LayerSpec spec = cell.variant.spec;
   result.variant = std::string(VariantName(spec.variant));
   result.label = cell.variant.label;
   result.spec = LayerSpecSummary(spec);
@@ -313,30 +380,36 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
 
   CellPlan plan;
   plan.session = configured.session_id();
-  plan.context = cell.context;
+  plan.concurrency = cell.concurrency;
   plan.d_model = spec.d_model;
+  plan.steps_per_request = options.steps_per_request > 0 ? options.steps_per_request
+                                                         : DefaultStepsPerRequest(cell.context);
+  plan.prefill_tokens = PrefillTokens(cell.context, plan.steps_per_request);
   plan.steps = options.steps;
   plan.duration = options.duration;
   plan.step_timeout = options.step_timeout;
   plan.call_timeout = client.timeout;
-  // Streams stop (capped, not failed) before the request limit or their share of the free pool.
+  result.steps_per_request = plan.steps_per_request;
+  result.prefill_tokens = plan.prefill_tokens;
+  // Every request must fit below the request limit and its share of the free pool.
   const int64_t free_bytes = info.kv_pool_capacity_bytes() - info.kv_pool_used_bytes();
   const int64_t page_bytes = std::max<int64_t>(1, configured.cost().page_bytes());
   const int64_t per_stream_bytes =
       static_cast<int64_t>(kPoolShare * static_cast<double>(free_bytes)) / cell.concurrency -
       page_bytes;
-  plan.tokens_cap =
+  int64_t tokens_cap =
       info.limits().max_sequence_length() > 0 ? info.limits().max_sequence_length() : INT64_MAX;
   if (result.kv_bytes_per_token > 0) {
-    plan.tokens_cap = std::min(plan.tokens_cap, per_stream_bytes / result.kv_bytes_per_token);
+    tokens_cap = std::min(tokens_cap, per_stream_bytes / result.kv_bytes_per_token);
   }
-  result.tokens_cap = plan.tokens_cap;
-  if (plan.tokens_cap <= cell.context) {
+  result.tokens_cap = tokens_cap;
+  if (plan.prefill_tokens + plan.steps_per_request > tokens_cap) {
     AddError(&result, "plan",
              grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("client check: ", cell.concurrency, " requests of ",
-                                       cell.context, " tokens leave no room to decode (cap ",
-                                       plan.tokens_cap, " tokens per request)")));
+                          absl::StrCat("client check: ", cell.concurrency, " requests of up to ",
+                                       plan.prefill_tokens + plan.steps_per_request,
+                                       " tokens do not fit (cap ", tokens_cap,
+                                       " tokens per request)")));
     ReleaseSession(client, plan.session, &result);
     return result;
   }
@@ -425,17 +498,21 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
     std::fflush(stderr);
   }
 
-  std::vector<double> latencies;
+  std::vector<double> latencies, prefills;
   int64_t last_answer_ns = start_ns;
   int64_t queue_ns = 0, compute_ns = 0, total_ns = 0, batch_size_sum = 0;
+  int64_t context_sum = 0, reprefill_ns = 0;
   for (auto& stream : streams) {
     batch_size_sum += stream->batch_size_sum;
     latencies.insert(latencies.end(), stream->latencies_ms.begin(), stream->latencies_ms.end());
+    prefills.insert(prefills.end(), stream->prefill_ms.begin(), stream->prefill_ms.end());
     last_answer_ns = std::max(last_answer_ns, stream->last_answer_ns);
     queue_ns += stream->queue_ns;
     compute_ns += stream->compute_ns;
     total_ns += stream->total_ns;
-    result.streams_capped += stream->capped ? 1 : 0;
+    context_sum += stream->context_sum;
+    result.max_context = std::max(result.max_context, stream->context_max);
+    reprefill_ns += stream->reprefill_ns;
     if (stream->failed) {
       AddError(&result, absl::StrCat("stream ", stream->index, " ", stream->error_where),
                stream->error);
@@ -443,7 +520,25 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
   }
   result.steps = static_cast<int64_t>(latencies.size());
   result.seconds = static_cast<double>(last_answer_ns - start_ns) / 1e9;
-  if (result.seconds > 0) result.tokens_per_s = static_cast<double>(result.steps) / result.seconds;
+  result.reprefills = static_cast<int64_t>(prefills.size());
+  result.reprefill_seconds = static_cast<double>(reprefill_ns) / 1e9 / cell.concurrency;
+  if (result.seconds > 0) {
+    result.wall_tokens_per_s = static_cast<double>(result.steps) / result.seconds;
+    const double decode_seconds = result.seconds - result.reprefill_seconds;
+    result.tokens_per_s = decode_seconds > 0 ? static_cast<double>(result.steps) / decode_seconds
+                                             : result.wall_tokens_per_s;
+  }
+  if (result.steps > 0) {
+    result.mean_context = static_cast<double>(context_sum) / static_cast<double>(result.steps);
+  }
+  if (!prefills.empty()) {
+    std::sort(prefills.begin(), prefills.end());
+    double sum = 0;
+    for (double p : prefills) sum += p;
+    result.prefill_mean_ms = sum / static_cast<double>(prefills.size());
+    result.prefill_p50_ms = Percentile(prefills, 0.50);
+    result.prefill_p99_ms = Percentile(prefills, 0.99);
+  }
   if (!latencies.empty()) {
     std::sort(latencies.begin(), latencies.end());
     double sum = 0;

@@ -1,8 +1,13 @@
 // attnbench's measurement: for one layer variant, one context length and one concurrency C, a
-// fresh session holds C requests, each prefilled to the context length by its own Forward call
-// and then decoded over its own DecodeStream, one step at a time (send a step, wait for its
-// answer, send the next: autoregressive use), by C client threads started together. The run
-// stops after a duration or a number of steps per stream. Every wait is bounded: each call has a
+// fresh session holds C requests at a time, each decoded over its stream's DecodeStream, one step
+// at a time (send a step, wait for its answer, send the next: autoregressive use), by C client
+// threads started together. The context is held steady: each request is prefilled to
+// context - steps_per_request / 2 tokens, decodes steps_per_request steps, is released and a fresh
+// one is prefilled in its place on the same stream, so the contexts the steps ran at average the
+// requested context and never exceed context + steps_per_request / 2 (the first request of stream
+// i starts i / C of the way into its steps, so the streams do not re-prefill in lock step). The
+// time a stream spends releasing and re-prefilling is reported apart and not counted as decode
+// time. The run stops after a duration or a number of steps per stream. Every wait is bounded: each call has a
 // deadline and a watchdog cancels a stream whose step has been outstanding for --step_timeout; a
 // failed stream is counted and reported, never waited on.
 #ifndef ATTNSERVE_CLIENT_ATTNBENCH_RUNNER_H_
@@ -23,13 +28,25 @@ namespace attnserve {
 
 struct BenchCell {
   NamedSpec variant;    // One of DemoVariants().
-  int context = 512;    // Prompt tokens prefilled per request before decoding.
+  int context = 512;    // Mean context the decode steps run at.
   int concurrency = 1;  // Streams (= requests) decoding at once.
+  // Weights from a checkpoint under the server's --checkpoint_root instead of a seed; with
+  // spec_from_checkpoint the spec is the one the server reads from the checkpoint.
+  std::string checkpoint;
+  int layer = 0;
+  bool spec_from_checkpoint = false;
 };
+
+// Decode steps per request when --steps_per_request is 0: a quarter of the context (at least 1),
+// so the steps run within context +- 12.5%.
+int64_t DefaultStepsPerRequest(int context);
+// Tokens each request is prefilled to: context - steps_per_request / 2, at least 1.
+int64_t PrefillTokens(int context, int64_t steps_per_request);
 
 struct BenchOptions {
   absl::Duration duration = absl::Seconds(10);      // Used when steps == 0.
   int64_t steps = 0;                                // > 0: exactly this many steps per stream.
+  int64_t steps_per_request = 0;  // Decode steps before a request is replaced; 0 = default.
   absl::Duration step_timeout = absl::Seconds(30);  // A step outstanding longer is cancelled.
   DType kv_dtype = DType::kF32;
   uint64_t seed = 1;      // Weights and inputs.
@@ -46,9 +63,23 @@ struct BenchResult {
 
   int64_t steps = 0;   // Decode steps answered (= tokens decoded), all streams.
   double seconds = 0;  // From the common start to the last stream's last answer.
+  // steps / (seconds - reprefill_seconds): decode only, the streams' re-prefills left out.
   double tokens_per_s = 0;
-  int streams_capped = 0;  // Streams stopped early by max_sequence_length or the KV pool.
-  int64_t tokens_cap = 0;  // The per-request token cap that applied.
+  double wall_tokens_per_s = 0;  // steps / seconds, re-prefills included.
+  int64_t tokens_cap = 0;        // The per-request token cap that applied.
+
+  // The context held steady: every request is prefilled to prefill_tokens and decodes
+  // steps_per_request steps; mean/max over the answered steps of the sequence length each step
+  // produced (the tokens its attention read, its own included).
+  int64_t steps_per_request = 0;
+  int64_t prefill_tokens = 0;
+  double mean_context = 0;
+  int64_t max_context = 0;
+  // Re-prefills inside the timed window (the first prefill of each stream is before it): how
+  // many, their Forward latency, and the mean time per stream spent releasing and re-prefilling.
+  int64_t reprefills = 0;
+  double prefill_p50_ms = 0, prefill_p99_ms = 0, prefill_mean_ms = 0;
+  double reprefill_seconds = 0;
 
   // Client-measured step latency (Write to Read of one step), milliseconds.
   double latency_mean_ms = 0, latency_p50_ms = 0, latency_p90_ms = 0, latency_p99_ms = 0,

@@ -2,6 +2,8 @@
 # ctest (label server): attnbench against the real server binary on 127.0.0.1.
 #   - 4 concurrent DecodeStream streams x 20 steps x 2 variants (mha, mla) finish, report no
 #     errors, exit 0, and the --json output parses with every stream's steps counted;
+#   - the context is held steady: a 2 s cell of 4 streams at --context=64 reports the contexts its
+#     steps ran at, mean within 25% of 64 and max <= 64 + --steps_per_request, with re-prefills;
 #   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
 #     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
@@ -58,6 +60,28 @@ for r in rows:
 print("attnbench_test: %s" % ", ".join(
     "%s %.0f tok/s p50 %.3f ms batch %s" % (r["label"], r["tokens_per_s"], r["step_latency_ms"]["p50"],
                                           r["batch_size"]["mean"]) for r in rows))
+PY
+
+# A cell holds its context: requests are replaced every --steps_per_request steps, so however long
+# the cell runs the steps stay near --context (before, a 2 s cell grew 4 streams to ~1000 tokens).
+status=0
+timeout 120 "${ATTNBENCH}" --server="${ADDRESS}" --variants=gqa --concurrency=4 --duration=2s \
+  --context=64 --steps_per_request=16 --d_model=128 --num_heads=4 --step_timeout=30s \
+  --timeout_s=60 --json >"${workdir}/steady.json" 2>"${workdir}/bench.err" || status=$?
+[[ "${status}" -eq 0 ]] || fail "attnbench (steady context) exited ${status}"
+"${PYTHON}" - "${workdir}/steady.json" <<'PY' || fail "the context was not held steady"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["errors"] == 0, d
+(r,) = d["results"]
+assert r["context"] == 64 and r["steps_per_request"] == 16 and r["prefill_tokens"] == 56, r
+assert abs(r["mean_context"] - 64) <= 0.25 * 64, r["mean_context"]
+assert 57 <= r["max_context"] <= 64 + 16, r["max_context"]
+assert r["steps"] > 4 * 16, r["steps"]            # long enough that every stream re-prefilled
+assert r["reprefill"]["count"] >= 4 and r["reprefill"]["forward_ms"]["p50"] > 0, r["reprefill"]
+assert r["tokens_per_s"] >= r["wall_tokens_per_s"] > 0, r
+print("attnbench_test: steady context: mean %.1f max %d over %d steps, %d re-prefills"
+      % (r["mean_context"], r["max_context"], r["steps"], r["reprefill"]["count"]))
 PY
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
