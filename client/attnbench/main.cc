@@ -2,7 +2,7 @@
 //
 //   attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512]
 //             [--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT]
-//             [--json]
+//             [--json] [--spec_file=spec.json] [--checkpoint=PATH --layer=N]
 //
 // For every variant x context x concurrency C (one fresh session each): C concurrent
 // DecodeStream streams decode one step at a time for --duration or --steps, each holding one
@@ -15,6 +15,9 @@
 // is a terminal. A failed stream is counted and reported; the exit code is then 1 (0 when every
 // stream succeeded, 2 for bad flags).
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,7 @@
 #include "client/common/demo_variants.h"
 #include "kernels/base/command_line_usage.h"
 #include "kernels/spec/layer_spec.h"
+#include "kernels/spec/layer_spec_json.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "Server address, HOST:PORT.");
@@ -60,6 +64,14 @@ ABSL_FLAG(std::string, metrics, "",
           "The server's Prometheus endpoint, HOST:PORT or http://HOST:PORT/path, read for the "
           "attnserve_batch_size histogram (empty: batch sizes only from GetSession/GetServerInfo "
           "counters, when the server has them).");
+ABSL_FLAG(std::string, spec_file, "",
+           "A JSON layer spec (kernels/spec/layer_spec_json.h, as attnctl's --spec_file) to run "
+           "instead of the demo variants (--variants, --d_model, --num_heads, --window ignored).");
+ABSL_FLAG(std::string, checkpoint, "",
+          "Weights from this checkpoint under the server's --checkpoint_root (layer --layer) "
+          "instead of a seed; without --spec_file the spec is the one the server reads from the "
+          "checkpoint (config.json or its safetensors metadata).");
+ABSL_FLAG(int, layer, 0, "With --checkpoint: the layer index (model.layers.<layer>.self_attn.*).");
 ABSL_FLAG(int, d_model, 512, "Hidden size of the demo variants.");
 ABSL_FLAG(int, num_heads, 8, "Query heads of the demo variants.");
 ABSL_FLAG(int, window, 0, "Sliding window of every variant (0 = full attention).");
@@ -97,11 +109,36 @@ bool ParseIntList(const std::vector<std::string>& items, const char* flag, std::
   return true;
 }
 
+// Where the layers come from, for the header line.
+std::string LayerDescription() {
+  std::string text;
+  if (!absl::GetFlag(FLAGS_spec_file).empty()) {
+    text = absl::StrCat("spec ", absl::GetFlag(FLAGS_spec_file));
+  } else if (absl::GetFlag(FLAGS_checkpoint).empty()) {
+    text = absl::StrFormat("d_model %d, %d heads%s", absl::GetFlag(FLAGS_d_model),
+                           absl::GetFlag(FLAGS_num_heads),
+                           absl::GetFlag(FLAGS_window) > 0
+                               ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
+                               : "");
+  }
+  if (!absl::GetFlag(FLAGS_checkpoint).empty()) {
+    absl::StrAppend(&text, text.empty() ? "" : ", ", "weights from ",
+                    absl::GetFlag(FLAGS_checkpoint), " layer ", absl::GetFlag(FLAGS_layer),
+                    absl::GetFlag(FLAGS_spec_file).empty() ? " (its spec)" : "");
+  } else {
+    absl::StrAppend(&text, ", seed ", absl::GetFlag(FLAGS_seed));
+  }
+  return text;
+}
+
 BenchCell MakeCell(const NamedSpec& variant, int context, int concurrency) {
   BenchCell cell;
   cell.variant = variant;
   cell.context = context;
   cell.concurrency = concurrency;
+  cell.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  cell.layer = absl::GetFlag(FLAGS_layer);
+  cell.spec_from_checkpoint = !cell.checkpoint.empty() && absl::GetFlag(FLAGS_spec_file).empty();
   return cell;
 }
 
@@ -231,20 +268,39 @@ int Main() {
   }
   absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
   if (!kv_dtype.ok()) return ReportError(absl::StrCat("--kv_dtype: ", kv_dtype.status().message()));
-  const std::vector<NamedSpec> all = DemoVariants(
-      absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_num_heads), absl::GetFlag(FLAGS_window));
   std::vector<NamedSpec> variants;
-  for (const std::string& name : absl::GetFlag(FLAGS_variants)) {
-    absl::StatusOr<AttentionVariant> parsed = ParseVariant(name);
-    if (!parsed.ok()) return ReportError(absl::StrCat("--variants: ", parsed.status().message()));
-    for (const NamedSpec& spec : all) {
-      if (spec.spec.variant == *parsed) variants.push_back(spec);
+  const std::string spec_file = absl::GetFlag(FLAGS_spec_file);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (absl::GetFlag(FLAGS_layer) < 0) return ReportError("--layer must be >= 0");
+  if (!spec_file.empty()) {
+    std::ifstream file(spec_file);
+    if (!file) return ReportError(absl::StrCat("--spec_file: cannot open ", spec_file));
+    const std::string text((std::istreambuf_iterator<char>(file)),
+                           std::istreambuf_iterator<char>());
+    absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(text);
+    if (!spec.ok()) return ReportError(absl::StrCat(spec_file, ": ", spec.status().message()));
+    variants.push_back({std::filesystem::path(spec_file).stem().string(), *spec});
+  } else if (!checkpoint.empty()) {
+    // The spec comes back from Configure; the label names the checkpoint and layer.
+    variants.push_back({absl::StrCat(std::filesystem::path(checkpoint).stem().string(), "/L",
+                                     absl::GetFlag(FLAGS_layer)),
+                        LayerSpec()});
+  } else {
+    const std::vector<NamedSpec> all =
+        DemoVariants(absl::GetFlag(FLAGS_d_model), absl::GetFlag(FLAGS_num_heads),
+                     absl::GetFlag(FLAGS_window));
+    for (const std::string& name : absl::GetFlag(FLAGS_variants)) {
+      absl::StatusOr<AttentionVariant> parsed = ParseVariant(name);
+      if (!parsed.ok()) return ReportError(absl::StrCat("--variants: ", parsed.status().message()));
+      for (const NamedSpec& spec : all) {
+        if (spec.spec.variant == *parsed) variants.push_back(spec);
+      }
     }
-  }
-  if (variants.empty()) return ReportError("--variants is empty");
-  for (const NamedSpec& variant : variants) {
-    if (absl::Status valid = ValidateLayerSpec(variant.spec); !valid.ok()) {
-      return ReportError(absl::StrCat("variant ", variant.label, ": ", valid.message()));
+    if (variants.empty()) return ReportError("--variants is empty");
+    for (const NamedSpec& variant : variants) {
+      if (absl::Status valid = ValidateLayerSpec(variant.spec); !valid.ok()) {
+        return ReportError(absl::StrCat("variant ", variant.label, ": ", valid.message()));
+      }
     }
   }
   BenchOptions options;
@@ -282,13 +338,10 @@ int Main() {
                  info.backend(), info.device(), info.version());
     absl::PrintF(
         "DecodeStream streams, one step outstanding per stream, each request replaced after "
-        "%s steps; %s; KV cache %s; d_model %d, %d heads%s\n\n",
+        "%s steps; %s; KV cache %s; %s\n\n",
         options.steps_per_request > 0 ? absl::StrCat(options.steps_per_request)
                                       : std::string("context/4"),
-        workload, DTypeName(options.kv_dtype), absl::GetFlag(FLAGS_d_model),
-        absl::GetFlag(FLAGS_num_heads),
-        absl::GetFlag(FLAGS_window) > 0 ? absl::StrCat(", window ", absl::GetFlag(FLAGS_window))
-                                        : "");
+        workload, DTypeName(options.kv_dtype), LayerDescription());
   }
 
   const ServerBatchStats batch_stats(client, absl::GetFlag(FLAGS_metrics), absl::Seconds(5));
@@ -383,6 +436,9 @@ int Main() {
                        {"d_model", absl::GetFlag(FLAGS_d_model)},
                        {"num_heads", absl::GetFlag(FLAGS_num_heads)},
                        {"window", absl::GetFlag(FLAGS_window)},
+                       {"spec_file", absl::GetFlag(FLAGS_spec_file)},
+                       {"checkpoint", absl::GetFlag(FLAGS_checkpoint)},
+                       {"layer", absl::GetFlag(FLAGS_layer)},
                        {"seed", options.seed}};
     out["results"] = nlohmann::json::array();
     for (const BenchResult& row : results) out["results"].push_back(ResultJson(results, row));

@@ -360,8 +360,13 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
     }
   }
   v1::ConfigureRequest configure;
-  *configure.mutable_spec() = LayerSpecToProto(spec);
-  configure.mutable_weights()->set_seed(options.seed);
+  if (!cell.spec_from_checkpoint) *configure.mutable_spec() = LayerSpecToProto(spec);
+  if (!cell.checkpoint.empty()) {
+    configure.mutable_weights()->mutable_checkpoint()->set_path(cell.checkpoint);
+    configure.mutable_weights()->mutable_checkpoint()->set_layer_index(cell.layer);
+  } else {
+    configure.mutable_weights()->set_seed(options.seed);
+  }
   configure.set_kv_cache_dtype(DTypeToProto(options.kv_dtype));
   configure.set_max_requests(cell.concurrency);
   configure.set_label(absl::StrCat("attnbench ", cell.variant.label, " c=", cell.concurrency,
@@ -375,6 +380,21 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
       AddError(&result, "Configure", status);
       return result;
     }
+  }
+  if (cell.spec_from_checkpoint) {
+    // The layer the server read from the checkpoint.
+    absl::StatusOr<LayerSpec> resolved = LayerSpecFromProto(configured.spec());
+    if (!resolved.ok()) {
+      AddError(&result, "Configure",
+               grpc::Status(grpc::StatusCode::INTERNAL,
+                            absl::StrCat("client check: the server's spec: ",
+                                         resolved.status().message())));
+      ReleaseSession(client, configured.session_id(), &result);
+      return result;
+    }
+    spec = *resolved;
+    result.variant = std::string(VariantName(spec.variant));
+    result.spec = LayerSpecSummary(spec);
   }
   result.kv_bytes_per_token = configured.cost().kv_bytes_per_token();
 

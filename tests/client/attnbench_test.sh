@@ -4,6 +4,8 @@
 #     errors, exit 0, and the --json output parses with every stream's steps counted;
 #   - the context is held steady: a 2 s cell of 4 streams at --context=64 reports the contexts its
 #     steps ran at, mean within 25% of 64 and max <= 64 + --steps_per_request, with re-prefills;
+#   - --spec_file (a JSON layer spec) and --checkpoint/--layer (a safetensors file under the server's
+#     --checkpoint_root, its spec in the metadata) run that layer: the row's spec is the file's;
 #   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
 #     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
@@ -30,7 +32,9 @@ show_failure_context() {
   tail -n 40 "${workdir}/bench.err" >&2
 }
 
-server_start "${SERVER}" "${workdir}" --with_metrics || fail "the server did not start"
+mkdir -p "${workdir}/checkpoints"
+server_start "${SERVER}" "${workdir}" --with_metrics --checkpoint_root="${workdir}/checkpoints" ||
+  fail "the server did not start"
 readonly ADDRESS="${SERVER_ADDRESS}"
 readonly METRICS="${SERVER_METRICS}"
 
@@ -83,6 +87,49 @@ assert r["tokens_per_s"] >= r["wall_tokens_per_s"] > 0, r
 print("attnbench_test: steady context: mean %.1f max %d over %d steps, %d re-prefills"
       % (r["mean_context"], r["max_context"], r["steps"], r["reprefill"]["count"]))
 PY
+
+# A layer from a spec file, and from a checkpoint (spec read by the server, or stated as well).
+"${PYTHON}" - "${workdir}" <<'PY' || fail "could not write the spec file and checkpoint"
+import array, json, random, struct, sys
+work = sys.argv[1]
+spec = {"variant": "gqa", "d_model": 64, "num_heads": 4, "num_kv_heads": 2, "rope_theta": 500000.0}
+open(f"{work}/gqa64.json", "w").write(json.dumps(spec))
+rng = random.Random(5)
+shapes = {"q_proj.weight": (64, 64), "k_proj.weight": (32, 64), "v_proj.weight": (32, 64),
+          "o_proj.weight": (64, 64)}
+header, data = {"__metadata__": {"attnserve_spec": json.dumps(spec)}}, b""
+for name, (rows, cols) in shapes.items():
+    values = array.array("f", (rng.gauss(0, 0.1) for _ in range(rows * cols))).tobytes()
+    header[f"model.layers.3.self_attn.{name}"] = {
+        "dtype": "F32", "shape": [rows, cols], "data_offsets": [len(data), len(data) + len(values)]}
+    data += values
+text = json.dumps(header).encode()
+with open(f"{work}/checkpoints/layer.safetensors", "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + data)
+PY
+for source in spec ckpt both; do
+  case "${source}" in
+    spec) flags=(--spec_file="${workdir}/gqa64.json") ;;
+    ckpt) flags=(--checkpoint=layer.safetensors --layer=3) ;;
+    both) flags=(--spec_file="${workdir}/gqa64.json" --checkpoint=layer.safetensors --layer=3) ;;
+  esac
+  status=0
+  timeout 120 "${ATTNBENCH}" --server="${ADDRESS}" "${flags[@]}" --concurrency=2 --steps=10 \
+    --context=32 --timeout_s=60 --json >"${workdir}/${source}.json" 2>"${workdir}/bench.err" ||
+    status=$?
+  [[ "${status}" -eq 0 ]] || fail "attnbench with ${flags[*]} exited ${status}"
+  "${PYTHON}" - "${workdir}/${source}.json" "${source}" <<'PY' || fail "attnbench ${source}: wrong layer"
+import json, sys
+d, source = json.load(open(sys.argv[1])), sys.argv[2]
+assert d["errors"] == 0, d
+(r,) = d["results"]
+assert r["variant"] == "gqa" and r["steps"] == 20, r
+assert "d_model=64" in r["spec"] and "kv_heads=2" in r["spec"], r["spec"]
+assert r["label"] == {"spec": "gqa64", "ckpt": "layer/L3", "both": "gqa64"}[source], r["label"]
+assert d["workload"]["checkpoint"] == ("" if source == "spec" else "layer.safetensors"), d["workload"]
+print("attnbench_test: %s: %s %s" % (source, r["label"], r["spec"]))
+PY
+done
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
 server_kill
