@@ -14,6 +14,7 @@
 // (client/attnbench/server_stats.h), "N/A" otherwise. A progress line is drawn on stderr when it
 // is a terminal. A failed stream is counted and reported; the exit code is then 1 (0 when every
 // stream succeeded, 2 for bad flags).
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "client/attnbench/open_loop.h"
 #include "client/attnbench/runner.h"
 #include "client/attnbench/server_stats.h"
 #include "client/attnbench/soak.h"
@@ -88,6 +90,18 @@ ABSL_FLAG(double, soak_max_rss_drift, 0.01,
 ABSL_FLAG(int, soak_server_pid, 0,
           "Soak mode: read the server's RSS from /proc/PID/status (a local server); 0 = from "
           "--metrics (CPU backend).");
+ABSL_FLAG(std::string, mode, "closed_loop",
+          "closed_loop: --concurrency streams, each sending its next step when the last is "
+          "answered; open_loop: requests arrive at --rate per second (Poisson), each a prefill of "
+          "--prompt_tokens and --steps_per_request decode steps over its own stream.");
+ABSL_FLAG(std::vector<std::string>, rate, std::vector<std::string>({"4"}),
+          "open_loop: request arrivals per second; a list sweeps.");
+ABSL_FLAG(int, prompt_tokens, 0, "open_loop: tokens prefilled per request; 0 = --context.");
+ABSL_FLAG(int64_t, num_requests, 0,
+          "open_loop: arrivals per rate; 0 = as many as arrive within --duration.");
+ABSL_FLAG(int, max_in_flight, 256,
+          "open_loop: requests running at once at most; a later arrival waits (counted as "
+          "delayed, its TTFT still from its scheduled time).");
 ABSL_FLAG(bool, progress, true, "Draw a progress line on stderr when it is a terminal.");
 
 namespace attnserve {
@@ -222,7 +236,7 @@ void PrintTable(const std::vector<BenchResult>& results) {
         row.label, row.context, row.mean_context, row.max_context, row.concurrency, row.steps,
         row.tokens_per_s, gain, row.latency_p50_ms, row.latency_p90_ms, row.latency_p99_ms,
         row.queue_ms, row.compute_ms,
-        row.reprefills > 0 ? absl::StrFormat("%.2fx%d", row.prefill_p50_ms, row.reprefills)
+        row.reprefills > 0 ? absl::StrFormat("%.2f(%d)", row.prefill_p50_ms, row.reprefills)
                            : std::string("-"),
         batch, row.errors);
   }
@@ -231,8 +245,8 @@ void PrintTable(const std::vector<BenchResult>& results) {
       "request decodes %s steps, then a fresh one is prefilled); tok/s: decode steps answered "
       "per second, all streams, the time streams spent re-prefilling left out; gain: over 1 "
       "stream of the same variant and context in this run; p50/p90/p99: step latency measured "
-      "by this client; queue/comp ms: the server's Timing per step (mean); prefill: p50 ms x "
-      "count of the re-prefills in the window; batch: the server's mean decode batch size.\n",
+      "by this client; queue/comp ms: the server's Timing per step (mean); prefill: p50 ms "
+      "(count) of the re-prefills in the window; batch: the server's mean decode batch size.\n",
       results.empty() ? std::string("-") : absl::StrCat(results.front().steps_per_request));
   for (const BenchResult& row : results) {
     if (!row.batch.available && row.step_batch_size > 0) {
@@ -260,7 +274,95 @@ void PrintTable(const std::vector<BenchResult>& results) {
   }
 }
 
+nlohmann::json LatencyJson(const LatencySummary& l) {
+  return {{"mean", l.mean}, {"p50", l.p50}, {"p90", l.p90}, {"p99", l.p99}, {"max", l.max}};
+}
+
+nlohmann::json OpenLoopJson(const OpenLoopResult& row) {
+  return {{"mode", "open_loop"},
+          {"variant", row.variant},
+          {"label", row.label},
+          {"spec", row.spec},
+          {"rate", row.rate},
+          {"prompt_tokens", row.prompt_tokens},
+          {"decode_steps", row.decode_steps},
+          {"max_in_flight", row.max_in_flight},
+          {"requests_sent", row.requests_sent},
+          {"requests_completed", row.requests_completed},
+          {"requests_delayed", row.requests_delayed},
+          {"peak_in_flight", row.peak_in_flight},
+          {"tokens", row.tokens},
+          {"arrival_seconds", row.arrival_seconds},
+          {"seconds", row.seconds},
+          {"achieved_rate", row.achieved_rate},
+          {"request_throughput", row.request_throughput},
+          {"tokens_per_s", row.tokens_per_s},
+          {"mean_context", row.mean_context},
+          {"ttft_ms", LatencyJson(row.ttft_ms)},
+          {"itl_ms", LatencyJson(row.itl_ms)},
+          {"e2e_ms", LatencyJson(row.e2e_ms)},
+          {"errors", row.errors},
+          {"errors_by_code", row.errors_by_code},
+          {"error_messages", row.error_messages}};
+}
+
+void PrintOpenLoopTable(const std::vector<OpenLoopResult>& results) {
+  absl::PrintF("%-8s %7s %7s %6s %6s %8s %9s %8s %8s %8s %8s %8s %8s %6s\n", "variant", "rate",
+               "got", "reqs", "done", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50",
+               "ITL p90", "ITL p99", "E2E p50", "errors");
+  for (const OpenLoopResult& row : results) {
+    absl::PrintF("%-8s %7.2f %7.2f %6d %6d %8.2f %9.1f %8.2f %8.2f %8.3f %8.3f %8.3f %8.1f %6d\n",
+                 row.label, row.rate, row.achieved_rate, row.requests_sent,
+                 row.requests_completed, row.request_throughput, row.tokens_per_s,
+                 row.ttft_ms.p50, row.ttft_ms.p99, row.itl_ms.p50, row.itl_ms.p90, row.itl_ms.p99,
+                 row.e2e_ms.p50, row.errors);
+  }
+  absl::PrintF(
+      "\nrate: requested arrivals/s (Poisson); got: arrivals/s offered; req/s and tok/s: "
+      "completed requests and decode steps per second, first arrival to last answer; TTFT: "
+      "scheduled arrival to the prefill's answer (ms); ITL: one decode step (ms); E2E: arrival "
+      "to the last step's answer (ms).\n");
+  for (const OpenLoopResult& row : results) {
+    if (row.requests_delayed > 0) {
+      absl::PrintF("note: %s rate %.2f: %d arrivals waited for one of --max_in_flight=%d\n",
+                   row.label, row.rate, row.requests_delayed, row.max_in_flight);
+    }
+    for (const std::string& message : row.error_messages) {
+      absl::PrintF("error: %s rate %.2f %s\n", row.label, row.rate, message);
+    }
+  }
+}
+
+bool ParseRateList(const std::vector<std::string>& items, const char* flag,
+                   std::vector<double>* out) {
+  for (const std::string& item : items) {
+    double value = 0;
+    if (!absl::SimpleAtod(item, &value) || !(value > 0) || !std::isfinite(value)) {
+      ReportError(absl::StrCat("--", flag, ": '", item, "' is not a positive rate"));
+      return false;
+    }
+    out->push_back(value);
+  }
+  if (out->empty()) {
+    ReportError(absl::StrCat("--", flag, " is empty"));
+    return false;
+  }
+  return true;
+}
+
 int Main() {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "closed_loop" && mode != "open_loop") {
+    return ReportError(absl::StrCat("--mode: '", mode, "' is not closed_loop or open_loop"));
+  }
+  const bool open_loop = mode == "open_loop";
+  std::vector<double> rates;
+  if (open_loop) {
+    if (!ParseRateList(absl::GetFlag(FLAGS_rate), "rate", &rates)) return kExitUsage;
+    if (absl::GetFlag(FLAGS_max_in_flight) < 1) return ReportError("--max_in_flight must be >= 1");
+    if (absl::GetFlag(FLAGS_num_requests) < 0) return ReportError("--num_requests must be >= 0");
+    if (absl::GetFlag(FLAGS_soak_rounds) > 0) return ReportError("soak mode is closed_loop only");
+  }
   std::vector<int> contexts, concurrencies;
   if (!ParseIntList(absl::GetFlag(FLAGS_context), "context", &contexts) ||
       !ParseIntList(absl::GetFlag(FLAGS_concurrency), "concurrency", &concurrencies)) {
@@ -336,12 +438,76 @@ int Main() {
   if (!json) {
     absl::PrintF("attnbench — server %s: %s backend (%s), version %s\n", client.target,
                  info.backend(), info.device(), info.version());
+  }
+  if (!json && !open_loop) {
     absl::PrintF(
         "DecodeStream streams, one step outstanding per stream, each request replaced after "
         "%s steps; %s; KV cache %s; %s\n\n",
         options.steps_per_request > 0 ? absl::StrCat(options.steps_per_request)
                                       : std::string("context/4"),
         workload, DTypeName(options.kv_dtype), LayerDescription());
+  }
+
+  if (open_loop) {
+    OpenLoopOptions open;
+    open.duration = options.duration;
+    open.num_requests = absl::GetFlag(FLAGS_num_requests);
+    open.prompt_tokens =
+        absl::GetFlag(FLAGS_prompt_tokens) > 0 ? absl::GetFlag(FLAGS_prompt_tokens) : contexts[0];
+    open.decode_steps = options.steps_per_request > 0 ? options.steps_per_request
+                                                      : DefaultStepsPerRequest(open.prompt_tokens);
+    open.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+    open.step_timeout = options.step_timeout;
+    open.kv_dtype = options.kv_dtype;
+    open.seed = options.seed;
+    if (!json) {
+      absl::PrintF(
+          "open loop: Poisson arrivals, %s; each request a prefill of %d tokens, then %d decode "
+          "steps over its own DecodeStream; at most %d in flight; KV cache %s; %s\n\n",
+          open.num_requests > 0 ? absl::StrCat(open.num_requests, " requests per rate")
+                                : absl::StrCat(absl::FormatDuration(open.duration), " per rate"),
+          open.prompt_tokens, open.decode_steps, open.max_in_flight, DTypeName(open.kv_dtype),
+          LayerDescription());
+    }
+    std::vector<OpenLoopResult> results;
+    int errors = 0;
+    for (const NamedSpec& variant : variants) {
+      for (double rate : rates) {
+        open.rate = rate;
+        results.push_back(RunOpenLoop(client, open, MakeCell(variant, open.prompt_tokens, 1)));
+        errors += results.back().errors;
+        if (!json) {
+          std::fprintf(stderr, "[attnbench] %s rate=%.2f done: %.1f req/s, %d errors\n",
+                       variant.label.c_str(), rate, results.back().request_throughput,
+                       results.back().errors);
+        }
+      }
+    }
+    if (json) {
+      nlohmann::json out;
+      out["server"] = {{"target", client.target},
+                       {"backend", info.backend()},
+                       {"device", info.device()},
+                       {"version", info.version()}};
+      out["workload"] = {{"mode", "open_loop"},
+                         {"prompt_tokens", open.prompt_tokens},
+                         {"decode_steps", open.decode_steps},
+                         {"num_requests", open.num_requests},
+                         {"duration_s", absl::ToDoubleSeconds(open.duration)},
+                         {"max_in_flight", open.max_in_flight},
+                         {"kv_dtype", std::string(DTypeName(options.kv_dtype))},
+                         {"spec_file", absl::GetFlag(FLAGS_spec_file)},
+                         {"checkpoint", absl::GetFlag(FLAGS_checkpoint)},
+                         {"layer", absl::GetFlag(FLAGS_layer)},
+                         {"seed", options.seed}};
+      out["results"] = nlohmann::json::array();
+      for (const OpenLoopResult& row : results) out["results"].push_back(OpenLoopJson(row));
+      out["errors"] = errors;
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      PrintOpenLoopTable(results);
+    }
+    return errors == 0 ? kExitOk : kExitRpcError;
   }
 
   const ServerBatchStats batch_stats(client, absl::GetFlag(FLAGS_metrics), absl::Seconds(5));

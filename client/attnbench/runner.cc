@@ -313,11 +313,6 @@ int64_t PrefillTokens(int context, int64_t steps_per_request) {
 
 namespace {
 
-double Percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
-}
 
 void AddError(BenchResult* result, const std::string& where, const grpc::Status& status) {
   ++result->errors;
@@ -339,6 +334,45 @@ void ReleaseSession(const Client& client, const std::string& session, BenchResul
 
 }  // namespace
 
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+grpc::Status ConfigureSession(const Client& client, const BenchCell& cell, DType kv_dtype,
+                              uint64_t seed, int max_requests, v1::ConfigureResponse* configured,
+                              LayerSpec* spec) {
+  v1::ConfigureRequest configure;
+  if (!cell.spec_from_checkpoint) *configure.mutable_spec() = LayerSpecToProto(cell.variant.spec);
+  if (!cell.checkpoint.empty()) {
+    configure.mutable_weights()->mutable_checkpoint()->set_path(cell.checkpoint);
+    configure.mutable_weights()->mutable_checkpoint()->set_layer_index(cell.layer);
+  } else {
+    configure.mutable_weights()->set_seed(seed);
+  }
+  configure.set_kv_cache_dtype(DTypeToProto(kv_dtype));
+  configure.set_max_requests(max_requests);
+  configure.set_label(absl::StrCat("attnbench ", cell.variant.label, " c=", cell.concurrency,
+                                   " ctx=", cell.context));
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  grpc::Status status = client.stub->Configure(&context, configure, configured);
+  if (!status.ok()) return status;
+  *spec = cell.variant.spec;
+  if (cell.spec_from_checkpoint) {
+    // The layer the server read from the checkpoint.
+    absl::StatusOr<LayerSpec> resolved = LayerSpecFromProto(configured->spec());
+    if (!resolved.ok()) {
+      return grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat("client check: the server's spec: ", resolved.status().message()));
+    }
+    *spec = *resolved;
+  }
+  return grpc::Status::OK;
+}
+
 BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
                     const BenchOptions& options, const BenchCell& cell) {
   BenchResult result;
@@ -359,43 +393,16 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
       return result;
     }
   }
-  v1::ConfigureRequest configure;
-  if (!cell.spec_from_checkpoint) *configure.mutable_spec() = LayerSpecToProto(spec);
-  if (!cell.checkpoint.empty()) {
-    configure.mutable_weights()->mutable_checkpoint()->set_path(cell.checkpoint);
-    configure.mutable_weights()->mutable_checkpoint()->set_layer_index(cell.layer);
-  } else {
-    configure.mutable_weights()->set_seed(options.seed);
-  }
-  configure.set_kv_cache_dtype(DTypeToProto(options.kv_dtype));
-  configure.set_max_requests(cell.concurrency);
-  configure.set_label(absl::StrCat("attnbench ", cell.variant.label, " c=", cell.concurrency,
-                                   " ctx=", cell.context));
   v1::ConfigureResponse configured;
-  {
-    grpc::ClientContext context;
-    client.Prepare(&context);
-    grpc::Status status = client.stub->Configure(&context, configure, &configured);
-    if (!status.ok()) {
-      AddError(&result, "Configure", status);
-      return result;
-    }
+  if (grpc::Status status = ConfigureSession(client, cell, options.kv_dtype, options.seed,
+                                             cell.concurrency, &configured, &spec);
+      !status.ok()) {
+    AddError(&result, "Configure", status);
+    if (!configured.session_id().empty()) ReleaseSession(client, configured.session_id(), &result);
+    return result;
   }
-  if (cell.spec_from_checkpoint) {
-    // The layer the server read from the checkpoint.
-    absl::StatusOr<LayerSpec> resolved = LayerSpecFromProto(configured.spec());
-    if (!resolved.ok()) {
-      AddError(&result, "Configure",
-               grpc::Status(grpc::StatusCode::INTERNAL,
-                            absl::StrCat("client check: the server's spec: ",
-                                         resolved.status().message())));
-      ReleaseSession(client, configured.session_id(), &result);
-      return result;
-    }
-    spec = *resolved;
-    result.variant = std::string(VariantName(spec.variant));
-    result.spec = LayerSpecSummary(spec);
-  }
+  result.variant = std::string(VariantName(spec.variant));
+  result.spec = LayerSpecSummary(spec);
   result.kv_bytes_per_token = configured.cost().kv_bytes_per_token();
 
   CellPlan plan;

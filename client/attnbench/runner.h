@@ -97,6 +97,15 @@ struct BenchResult {
   std::vector<std::string> error_messages;  // The first few, "stream 3 step 17: CODE: message".
 };
 
+// Configures the cell's layer (its spec, or the checkpoint's) with max_requests; on success
+// `spec` is the layer the server configured.
+grpc::Status ConfigureSession(const Client& client, const BenchCell& cell, DType kv_dtype,
+                              uint64_t seed, int max_requests, v1::ConfigureResponse* configured,
+                              LayerSpec* spec);
+
+// The p-quantile (0 < p <= 1, nearest rank) of sorted values; 0 when empty.
+double Percentile(const std::vector<double>& sorted, double p);
+
 // Runs one cell against `client`'s server. Never throws or aborts; failures land in the result.
 BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
                     const BenchOptions& options, const BenchCell& cell);

@@ -6,6 +6,8 @@
 #     steps ran at, mean within 25% of 64 and max <= 64 + --steps_per_request, with re-prefills;
 #   - --spec_file (a JSON layer spec) and --checkpoint/--layer (a safetensors file under the server's
 #     --checkpoint_root, its spec in the metadata) run that layer: the row's spec is the file's;
+#   - --mode=open_loop: 20 Poisson arrivals at 50/s, each a 32-token prefill and 8 decode steps,
+#     all complete; TTFT, ITL and E2E percentiles are ordered and the throughput is reported;
 #   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
 #     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
@@ -130,6 +132,31 @@ assert d["workload"]["checkpoint"] == ("" if source == "spec" else "layer.safete
 print("attnbench_test: %s: %s %s" % (source, r["label"], r["spec"]))
 PY
 done
+
+# Open loop: requests arrive at a rate, each prefilled then decoded over its own stream.
+status=0
+timeout 120 "${ATTNBENCH}" --server="${ADDRESS}" --mode=open_loop --rate=50 --num_requests=20 \
+  --prompt_tokens=32 --steps_per_request=8 --variants=mqa --d_model=128 --num_heads=4 \
+  --timeout_s=60 --json >"${workdir}/open.json" 2>"${workdir}/bench.err" || status=$?
+[[ "${status}" -eq 0 ]] || fail "attnbench --mode=open_loop exited ${status}"
+"${PYTHON}" - "${workdir}/open.json" <<'PY' || fail "the open-loop output does not hold what it should"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["errors"] == 0 and d["workload"]["mode"] == "open_loop", d
+(r,) = d["results"]
+assert r["mode"] == "open_loop" and r["rate"] == 50 and r["variant"] == "mqa", r
+assert r["requests_sent"] == 20 and r["requests_completed"] == 20, r
+assert r["tokens"] == 20 * 8 and r["decode_steps"] == 8 and r["prompt_tokens"] == 32, r
+assert abs(r["mean_context"] - (32 + 4.5)) < 1e-9, r["mean_context"]
+assert 20 <= r["achieved_rate"] <= 125, r["achieved_rate"]  # 19 Poisson gaps at 50/s
+assert r["request_throughput"] > 0 and r["tokens_per_s"] > 0 and r["seconds"] > 0, r
+for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+    l = r[key]
+    assert 0 < l["p50"] <= l["p90"] <= l["p99"] <= l["max"], (key, l)
+assert r["e2e_ms"]["p50"] >= r["ttft_ms"]["p50"], r
+print("attnbench_test: open loop: %.1f req/s, TTFT p50 %.2f ms, ITL p50/p99 %.3f/%.3f ms"
+      % (r["request_throughput"], r["ttft_ms"]["p50"], r["itl_ms"]["p50"], r["itl_ms"]["p99"]))
+PY
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
 server_kill
