@@ -3,6 +3,7 @@
 //   attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512]
 //             [--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT]
 //             [--json] [--spec_file=spec.json] [--checkpoint=PATH --layer=N]
+//             [--mode=closed_loop|open_loop] [--rate=R] [--sweep=1,4,16,64 --out_dir=DIR [--plot]]
 //
 // For every variant x context x concurrency C (one fresh session each): C concurrent
 // DecodeStream streams decode one step at a time for --duration or --steps, each holding one
@@ -14,6 +15,10 @@
 // (client/attnbench/server_stats.h), "N/A" otherwise. A progress line is drawn on stderr when it
 // is a terminal. A failed stream is counted and reported; the exit code is then 1 (0 when every
 // stream succeeded, 2 for bad flags).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -102,6 +107,18 @@ ABSL_FLAG(int64_t, num_requests, 0,
 ABSL_FLAG(int, max_in_flight, 256,
           "open_loop: requests running at once at most; a later arrival waits (counted as "
           "delayed, its TTFT still from its scheduled time).");
+ABSL_FLAG(std::vector<std::string>, sweep, {},
+          "The swept axis, in place of --concurrency (closed_loop) or --rate (open_loop), e.g. "
+          "1,4,16,64; with --out_dir the rows go to sweep.csv and sweep.json there.");
+ABSL_FLAG(std::string, out_dir, "",
+          "Directory (created) for sweep.csv and sweep.json (the --json document), and "
+          "sweep.png with --plot.");
+ABSL_FLAG(bool, plot, false,
+          "With --out_dir: draw sweep.png, step (inter-token) latency p50/p99 against "
+          "throughput, with --plot_python and --plot_script (client/attnbench/plot_sweep.py).");
+ABSL_FLAG(std::string, plot_python, ATTNSERVE_DEFAULT_PYTHON,
+          "Python with matplotlib for --plot (deploy/setup.sh's .venv).");
+ABSL_FLAG(std::string, plot_script, ATTNSERVE_SWEEP_PLOT_SCRIPT, "The --plot script.");
 ABSL_FLAG(bool, progress, true, "Draw a progress line on stderr when it is a terminal.");
 
 namespace attnserve {
@@ -181,7 +198,8 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
   if (!row.batch.note.empty()) batch["note"] = row.batch.note;
   batch["seen_by_steps"] =
       row.step_batch_size > 0 ? nlohmann::json(row.step_batch_size) : nlohmann::json(nullptr);
-  return {{"variant", row.variant},
+  return {{"mode", "closed_loop"},
+          {"variant", row.variant},
           {"label", row.label},
           {"spec", row.spec},
           {"context", row.context},
@@ -203,6 +221,12 @@ nlohmann::json ResultJson(const std::vector<BenchResult>& results, const BenchRe
             {"forward_ms", {{"mean", row.prefill_mean_ms},
                             {"p50", row.prefill_p50_ms},
                             {"p99", row.prefill_p99_ms}}}}},
+          {"itl_ms",  // The same numbers under the open loop's name.
+           {{"mean", row.latency_mean_ms},
+            {"p50", row.latency_p50_ms},
+            {"p90", row.latency_p90_ms},
+            {"p99", row.latency_p99_ms},
+            {"max", row.latency_max_ms}}},
           {"step_latency_ms",
            {{"mean", row.latency_mean_ms},
             {"p50", row.latency_p50_ms},
@@ -286,12 +310,14 @@ nlohmann::json OpenLoopJson(const OpenLoopResult& row) {
           {"rate", row.rate},
           {"prompt_tokens", row.prompt_tokens},
           {"decode_steps", row.decode_steps},
+          {"steps_per_request", row.decode_steps},
           {"max_in_flight", row.max_in_flight},
           {"requests_sent", row.requests_sent},
           {"requests_completed", row.requests_completed},
           {"requests_delayed", row.requests_delayed},
           {"peak_in_flight", row.peak_in_flight},
           {"tokens", row.tokens},
+          {"steps", row.tokens},
           {"arrival_seconds", row.arrival_seconds},
           {"seconds", row.seconds},
           {"achieved_rate", row.achieved_rate},
@@ -350,22 +376,149 @@ bool ParseRateList(const std::vector<std::string>& items, const char* flag,
   return true;
 }
 
+// One CSV line per result row of the --json document, the same columns in both modes (empty
+// where a mode has no such value).
+std::string SweepCsv(const nlohmann::json& out) {
+  struct Column {
+    const char* name;
+    const char* pointer;  // JSON pointer into a result row
+  };
+  static const Column kColumns[] = {
+      {"mode", "/mode"},
+      {"variant", "/variant"},
+      {"label", "/label"},
+      {"context", "/context"},
+      {"concurrency", "/concurrency"},
+      {"rate", "/rate"},
+      {"achieved_rate", "/achieved_rate"},
+      {"prompt_tokens", "/prompt_tokens"},
+      {"steps_per_request", "/steps_per_request"},
+      {"mean_context", "/mean_context"},
+      {"max_context", "/max_context"},
+      {"steps", "/steps"},
+      {"tokens_per_s", "/tokens_per_s"},
+      {"request_throughput", "/request_throughput"},
+      {"itl_p50_ms", "/itl_ms/p50"},
+      {"itl_p90_ms", "/itl_ms/p90"},
+      {"itl_p99_ms", "/itl_ms/p99"},
+      {"ttft_p50_ms", "/ttft_ms/p50"},
+      {"ttft_p90_ms", "/ttft_ms/p90"},
+      {"ttft_p99_ms", "/ttft_ms/p99"},
+      {"reprefill_p50_ms", "/reprefill/forward_ms/p50"},
+      {"batch_mean", "/batch_size/mean"},
+      {"errors", "/errors"},
+  };
+  std::string csv;
+  for (const Column& column : kColumns) {
+    absl::StrAppend(&csv, csv.empty() ? "" : ",", column.name);
+  }
+  csv += "\n";
+  for (const nlohmann::json& row : out["results"]) {
+    std::string line;
+    bool first = true;
+    for (const Column& column : kColumns) {
+      if (!first) line += ",";
+      first = false;
+      const nlohmann::json::json_pointer pointer(column.pointer);
+      if (!row.contains(pointer) || row.at(pointer).is_null()) continue;
+      const nlohmann::json& value = row.at(pointer);
+      if (value.is_string()) {
+        std::string text = value.get<std::string>();
+        if (text.find_first_of(",\"\n") != std::string::npos) {
+          std::string quoted = "\"";
+          for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+          text = quoted + "\"";
+        }
+        line += text;
+      } else {
+        line += value.dump();
+      }
+    }
+    csv += line + "\n";
+  }
+  return csv;
+}
+
+absl::Status WriteFile(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+  file.close();
+  if (!file) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+// Runs `python script sweep.json --out sweep.png` and waits; its own output passes through.
+absl::Status DrawSweepPlot(const std::filesystem::path& json_path,
+                           const std::filesystem::path& png_path) {
+  std::vector<std::string> args = {absl::GetFlag(FLAGS_plot_python),
+                                   absl::GetFlag(FLAGS_plot_script), json_path.string(), "--out",
+                                   png_path.string()};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  int status = 0;
+  if (spawned == 0) waitpid(pid, &status, 0);
+  if (spawned != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--plot: cannot run ", args[0],
+        " (set --plot_python to a Python with matplotlib; deploy/setup.sh makes one in .venv)"));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat("--plot: ", args[0], " ", args[1],
+                                            " failed (exit status ",
+                                            WIFEXITED(status) ? WEXITSTATUS(status) : -1, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// --out_dir: sweep.json (the --json document), sweep.csv and, with --plot, sweep.png.
+absl::Status WriteOutputs(const nlohmann::json& out, bool quiet) {
+  const std::filesystem::path dir = absl::GetFlag(FLAGS_out_dir);
+  if (dir.empty()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::InternalError(absl::StrCat("--out_dir: ", dir.string(), ": ", error.message()));
+  }
+  if (absl::Status s = WriteFile(dir / "sweep.json", out.dump(2) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteFile(dir / "sweep.csv", SweepCsv(out)); !s.ok()) return s;
+  if (absl::GetFlag(FLAGS_plot)) {
+    if (absl::Status s = DrawSweepPlot(dir / "sweep.json", dir / "sweep.png"); !s.ok()) return s;
+  }
+  if (!quiet) {
+    absl::PrintF("wrote %s, %s%s\n", (dir / "sweep.json").string(), (dir / "sweep.csv").string(),
+                 absl::GetFlag(FLAGS_plot) ? absl::StrCat(", ", (dir / "sweep.png").string())
+                                           : std::string());
+  }
+  return absl::OkStatus();
+}
+
 int Main() {
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "closed_loop" && mode != "open_loop") {
     return ReportError(absl::StrCat("--mode: '", mode, "' is not closed_loop or open_loop"));
   }
   const bool open_loop = mode == "open_loop";
+  const std::vector<std::string> sweep = absl::GetFlag(FLAGS_sweep);
+  if (absl::GetFlag(FLAGS_plot) && absl::GetFlag(FLAGS_out_dir).empty()) {
+    return ReportError("--plot needs --out_dir");
+  }
   std::vector<double> rates;
   if (open_loop) {
-    if (!ParseRateList(absl::GetFlag(FLAGS_rate), "rate", &rates)) return kExitUsage;
+    if (!ParseRateList(sweep.empty() ? absl::GetFlag(FLAGS_rate) : sweep,
+                       sweep.empty() ? "rate" : "sweep", &rates)) {
+      return kExitUsage;
+    }
     if (absl::GetFlag(FLAGS_max_in_flight) < 1) return ReportError("--max_in_flight must be >= 1");
     if (absl::GetFlag(FLAGS_num_requests) < 0) return ReportError("--num_requests must be >= 0");
     if (absl::GetFlag(FLAGS_soak_rounds) > 0) return ReportError("soak mode is closed_loop only");
   }
   std::vector<int> contexts, concurrencies;
   if (!ParseIntList(absl::GetFlag(FLAGS_context), "context", &contexts) ||
-      !ParseIntList(absl::GetFlag(FLAGS_concurrency), "concurrency", &concurrencies)) {
+      !ParseIntList(sweep.empty() || open_loop ? absl::GetFlag(FLAGS_concurrency) : sweep,
+                    sweep.empty() || open_loop ? "concurrency" : "sweep", &concurrencies)) {
     return kExitUsage;
   }
   absl::StatusOr<DType> kv_dtype = ParseDType(absl::GetFlag(FLAGS_kv_dtype));
@@ -483,7 +636,7 @@ int Main() {
         }
       }
     }
-    if (json) {
+    {
       nlohmann::json out;
       out["server"] = {{"target", client.target},
                        {"backend", info.backend()},
@@ -503,9 +656,14 @@ int Main() {
       out["results"] = nlohmann::json::array();
       for (const OpenLoopResult& row : results) out["results"].push_back(OpenLoopJson(row));
       out["errors"] = errors;
-      std::printf("%s\n", out.dump(2).c_str());
-    } else {
-      PrintOpenLoopTable(results);
+      if (json) {
+        std::printf("%s\n", out.dump(2).c_str());
+      } else {
+        PrintOpenLoopTable(results);
+      }
+      if (absl::Status written = WriteOutputs(out, json); !written.ok()) {
+        return ReportError(written.message(), kExitRpcError);
+      }
     }
     return errors == 0 ? kExitOk : kExitRpcError;
   }
@@ -588,13 +746,14 @@ int Main() {
     }
   }
 
-  if (json) {
+  {
     nlohmann::json out;
     out["server"] = {{"target", client.target},
                      {"backend", info.backend()},
                      {"device", info.device()},
                      {"version", info.version()}};
-    out["workload"] = {{"mode", options.steps > 0 ? "steps" : "duration"},
+    out["workload"] = {{"mode", "closed_loop"},
+                       {"stop", options.steps > 0 ? "steps" : "duration"},
                        {"steps_per_stream", options.steps},
                        {"steps_per_request", options.steps_per_request},
                        {"duration_s", absl::ToDoubleSeconds(options.duration)},
@@ -609,9 +768,14 @@ int Main() {
     out["results"] = nlohmann::json::array();
     for (const BenchResult& row : results) out["results"].push_back(ResultJson(results, row));
     out["errors"] = errors;
-    std::printf("%s\n", out.dump(2).c_str());
-  } else {
-    PrintTable(results);
+    if (json) {
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      PrintTable(results);
+    }
+    if (absl::Status written = WriteOutputs(out, json); !written.ok()) {
+      return ReportError(written.message(), kExitRpcError);
+    }
   }
   return errors == 0 ? kExitOk : kExitRpcError;
 }
@@ -623,7 +787,9 @@ int main(int argc, char** argv) {
   attnserve::SetCommandLineUsage(
       "attnbench",
       "attnbench [--server=HOST:PORT] [--variants=mha,gqa,mqa,mla] [--context=512] "
-      "[--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT] [--json]",
+      "[--concurrency=1,4,16,64] [--duration=10s | --steps=N] [--metrics=HOST:PORT] [--json] "
+      "[--spec_file=F | --checkpoint=P --layer=N] [--mode=open_loop --rate=R] "
+      "[--sweep=1,4,16,64 --out_dir=DIR [--plot]]",
       {"client/attnbench/", "client/common/"});
   absl::ParseCommandLine(argc, argv);
   return attnserve::Main();

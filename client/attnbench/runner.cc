@@ -398,7 +398,9 @@ BenchResult RunCell(const Client& client, const ServerBatchStats& batch_stats,
                                              cell.concurrency, &configured, &spec);
       !status.ok()) {
     AddError(&result, "Configure", status);
-    if (!configured.session_id().empty()) ReleaseSession(client, configured.session_id(), &result);
+    if (!configured.session_id().empty()) {
+      ReleaseSession(client, configured.session_id(), &result);
+    }
     return result;
   }
   result.variant = std::string(VariantName(spec.variant));

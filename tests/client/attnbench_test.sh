@@ -8,6 +8,8 @@
 #     --checkpoint_root, its spec in the metadata) run that layer: the row's spec is the file's;
 #   - --mode=open_loop: 20 Poisson arrivals at 50/s, each a 32-token prefill and 8 decode steps,
 #     all complete; TTFT, ITL and E2E percentiles are ordered and the throughput is reported;
+#   - --sweep over concurrency (closed loop) and rate (open loop) with --out_dir writes sweep.csv
+#     (one line per swept value) and sweep.json, and with --plot sweep.png (PYTHON with matplotlib);
 #   - the server's batch sizes are read (its /metrics attnserve_batch_size histogram, or its
 #     GetSession counters): a mean between 1 and 4 per variant;
 #   - against an address where nothing listens it fails (exit 1) within its bounded deadlines.
@@ -157,6 +159,41 @@ assert r["e2e_ms"]["p50"] >= r["ttft_ms"]["p50"], r
 print("attnbench_test: open loop: %.1f req/s, TTFT p50 %.2f ms, ITL p50/p99 %.3f/%.3f ms"
       % (r["request_throughput"], r["ttft_ms"]["p50"], r["itl_ms"]["p50"], r["itl_ms"]["p99"]))
 PY
+
+# Sweeps: CSV and JSON in --out_dir, a PNG with --plot.
+for mode in closed_loop open_loop; do
+  case "${mode}" in
+    closed_loop) flags=(--sweep=1,3 --steps=12 --context=32 --steps_per_request=8) ;;
+    open_loop) flags=(--mode=open_loop --sweep=20,40 --num_requests=8 --prompt_tokens=32
+                      --steps_per_request=4) ;;
+  esac
+  status=0
+  timeout 120 "${ATTNBENCH}" --server="${ADDRESS}" "${flags[@]}" --variants=gqa --d_model=128 \
+    --num_heads=4 --timeout_s=60 --out_dir="${workdir}/sweep-${mode}" --plot \
+    --plot_python="${PYTHON}" --plot_script="${ROOT}/client/attnbench/plot_sweep.py" \
+    >"${workdir}/sweep.out" 2>"${workdir}/bench.err" || status=$?
+  [[ "${status}" -eq 0 ]] || fail "attnbench ${flags[*]} --out_dir --plot exited ${status}"
+  "${PYTHON}" - "${workdir}/sweep-${mode}" "${mode}" <<'PY' || fail "the ${mode} sweep's files are wrong"
+import csv, json, sys
+out, mode = sys.argv[1:]
+d = json.load(open(f"{out}/sweep.json"))
+rows = list(csv.DictReader(open(f"{out}/sweep.csv")))
+assert d["errors"] == 0 and d["workload"]["mode"] == mode, d["workload"]
+axis = "concurrency" if mode == "closed_loop" else "rate"
+assert [float(r[axis]) for r in rows] == ([1, 3] if mode == "closed_loop" else [20, 40]), rows
+assert [float(r[axis]) for r in d["results"]] == [float(r[axis]) for r in rows]
+for r in rows:
+    assert r["mode"] == mode and r["variant"] == "gqa" and r["errors"] == "0", r
+    assert float(r["tokens_per_s"]) > 0 and 0 < float(r["itl_p50_ms"]) <= float(r["itl_p99_ms"]), r
+    if mode == "open_loop":
+        assert float(r["ttft_p50_ms"]) > 0 and float(r["request_throughput"]) > 0, r
+    else:
+        assert abs(float(r["mean_context"]) - 32) <= 8 and int(r["max_context"]) <= 40, r
+with open(f"{out}/sweep.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n", "sweep.png is not a PNG"
+print("attnbench_test: %s sweep: %d rows, CSV, JSON and PNG" % (mode, len(rows)))
+PY
+done
 
 # Nothing listens on the server's port once it is gone: attnbench fails, bounded, with exit 1.
 server_kill
