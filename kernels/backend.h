@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/capabilities.h"
 #include "kernels/core/dtype.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/memory_budget.h"
@@ -75,18 +76,18 @@ class AttentionLayer {
   // what the others see. The pool counts a shared page once; SequenceKvBytes counts it for every
   // sequence holding it. All or nothing: NOT_FOUND for an unknown source, INVALID_ARGUMENT for
   // count < 1, RESOURCE_EXHAUSTED when the copies of the partial page do not fit. Backends without
-  // it answer UNIMPLEMENTED.
+  // it (BackendCapabilities::fork false) keep this default: UNIMPLEMENTED.
   virtual absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) {
     (void)source;
     (void)count;
-    return absl::UnimplementedError("this backend does not fork sequences (prefix sharing)");
+    return UnservedOperation(LayerOperation::kFork);
   }
   // Moving a request: a copy of `sequence`'s held pages, byte for byte, with its length and the
   // index of its first held page. NOT_FOUND for an unknown id. The sequence is unchanged.
+  // Backends without it (BackendCapabilities::export_import false) keep this default.
   virtual absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const {
     (void)sequence;
-    return absl::UnimplementedError(
-        "this backend does not export sequences (moving a request needs the CPU backend)");
+    return UnservedOperation(LayerOperation::kExportImport);
   }
   // A new sequence holding `exported`'s tokens, which must come from a layer of the same spec, KV
   // storage format and page size. INVALID_ARGUMENT when page_bytes, the byte count or
@@ -94,8 +95,7 @@ class AttentionLayer {
   // RESOURCE_EXHAUSTED when the pool cannot hold the pages. All or nothing.
   virtual absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) {
     (void)exported;
-    return absl::UnimplementedError(
-        "this backend does not import sequences (moving a request needs the CPU backend)");
+    return UnservedOperation(LayerOperation::kExportImport);
   }
 
   // Appends `chunks[i].num_tokens` tokens to each sequence and attends each new token to its
@@ -145,7 +145,11 @@ class AttentionBackend {
   // pool), or 0 when KV pages come from host memory as they are used (CPU).
   virtual int64_t kv_device_pool_bytes() const { return 0; }
 
-  // Validates spec, weights and cache config, then builds the layer.
+  // What this backend serves (kernels/capabilities.h): CreateLayer refuses the rest through
+  // CheckCapabilities, and GetServerInfo reports it.
+  virtual const BackendCapabilities& capabilities() const = 0;
+
+  // Validates spec, weights and cache config (CheckCapabilities among them), then builds the layer.
   virtual absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) = 0;
 };

@@ -3,32 +3,17 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/capabilities.h"
+#include "kernels/cpu/cpu_capabilities.h"
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv/cache_config.h"
-#include "kernels/kv/quantization.h"
 
 namespace attnserve {
 
 namespace {
-
-absl::Status ValidateKvConfig(const KvCacheConfig& config) {
-  const DType element = config.storage.element;
-  // 8-bit pages: codes with per-page, per-head scales, dequantized to f32 (kv_page_rows.h).
-  const bool quantized = config.storage.quantized() && element == DType::kF32 &&
-                         config.storage.scales == KvScaleScheme::kPerPageHead;
-  if (!quantized && (config.storage.scales != KvScaleScheme::kNone ||
-                     config.storage.quantized() ||
-                     (element != DType::kF32 && element != DType::kBF16))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_cache dtype = ", KvStorageFormatName(config.storage),
-                     ": the CPU backend stores KV as f32 or bf16, or 8-bit (fp8_e4m3, int8) with "
-                     "per-page scales"));
-  }
-  return ValidateKvPaging(config);
-}
 
 class CpuBackend : public AttentionBackend {
  public:
@@ -41,13 +26,17 @@ class CpuBackend : public AttentionBackend {
     return absl::StrCat(pool_.num_threads(), " CPU threads, ", blas_config_);
   }
 
+  const BackendCapabilities& capabilities() const override { return CpuCapabilities(); }
+
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
     if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+    // KV formats: f32, bf16, or 8-bit codes with per-page scales (kv_page_rows.h).
+    if (absl::Status s = CheckCapabilities(capabilities(), spec, kv_config); !s.ok()) return s;
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
-    if (absl::Status s = ValidateKvConfig(config); !s.ok()) return s;
+    if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
     if (spec.variant == AttentionVariant::kMLA) {
       return std::make_unique<MlaLayer>(spec, weights, config, options_.mla_absorbed_decode,
                                         &pool_);

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/capabilities.h"
 #include "kernels/kv/sequence_table.h"
 #include "kernels/kv/page_table.h"
 
@@ -21,6 +22,9 @@ std::string LayerKind(const LayerSpec& spec) {
 absl::StatusOr<std::unique_ptr<LayerStack>> LayerStack::Create(
     AttentionBackend& backend, absl::Span<const LayerSpec> specs,
     absl::Span<const LayerWeights> weights, const KvCacheConfig& kv_config) {
+  if (absl::Status s = CheckOperation(backend.capabilities(), LayerOperation::kStack); !s.ok()) {
+    return s;
+  }
   if (specs.empty()) {
     return absl::InvalidArgumentError("stack.layers: a stack must hold at least one layer");
   }

@@ -4,39 +4,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/capabilities.h"
+#include "kernels/cuda/cuda_capabilities.h"
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_device.h"
 #include "kernels/cuda/layer/cuda_layer.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/cache_config.h"
-#include "kernels/kv/quantization.h"
-#include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
 
 namespace {
-
-// INVALID_ARGUMENT naming the first spec feature the CUDA kernels do not compute yet, rather than
-// serving the layer without it.
-absl::Status RefuseCpuOnlyVariations(const LayerSpec& spec) {
-  const auto refuse = [](absl::string_view feature) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the CUDA backend does not implement ", feature, " yet; use the CPU backend"));
-  };
-  if (spec.qk_norm != QkNorm::kNone) {
-    return refuse(absl::StrCat("qk_norm (", QkNormName(spec.qk_norm), ")"));
-  }
-  if (spec.rotary_dim != 0 && spec.rotary_dim != spec.head_dim) {
-    return refuse(absl::StrCat("rotary_dim (", spec.rotary_dim, " of head_dim ", spec.head_dim,
-                               ", partial rotary)"));
-  }
-  if (spec.attn_logit_softcapping != 0.0f) {
-    return refuse(absl::StrCat("attn_logit_softcapping (", spec.attn_logit_softcapping, ")"));
-  }
-  if (spec.attention_sinks) return refuse("attention_sinks");
-  return absl::OkStatus();
-}
 
 class CudaBackend : public AttentionBackend {
  public:
@@ -55,37 +33,18 @@ class CudaBackend : public AttentionBackend {
 
   int64_t kv_device_pool_bytes() const override { return context_.pool->capacity_bytes(); }
 
+  const BackendCapabilities& capabilities() const override { return CudaCapabilities(); }
+
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
     if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
-    if (spec.variant == AttentionVariant::kMLA) {
-      return absl::UnimplementedError(
-          "the CUDA backend has no MLA kernels yet; use --backend=cpu for MLA");
-    }
-    // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
-    if (absl::Status s = RefuseCpuOnlyVariations(spec); !s.ok()) return s;
-    // The RoPE kernel takes per-pair frequencies (so linear, llama3 and yarn frequencies apply)
-    // but does not multiply cos and sin: YaRN's attention factor (without mscale == mscale_all_dim)
-    // would be dropped, so such a spec is refused rather than computed differently.
-    if (const double factor = RopeAttentionFactor(spec); factor != 1.0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rope_scaling: yarn attention factor ", factor,
-          " (from factor, mscale and mscale_all_dim) is not implemented on the CUDA backend; use "
-          "--backend=cpu, or a spec whose mscale equals mscale_all_dim"));
-    }
+    // MLA, the CPU-only variations, YaRN's attention factor, 8-bit pages, head dims the kernels
+    // are not built for: refused by name rather than computed differently.
+    if (absl::Status s = CheckCapabilities(capabilities(), spec, kv_config); !s.ok()) return s;
     KvCacheConfig config = kv_config;
     if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
     if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
-    if (config.storage.quantized()) {
-      return absl::UnimplementedError(
-          absl::StrCat("kv_cache_quantization = ", KvQuantizationName(config.storage.quantization),
-                       ": fp8/int8 KV pages are CPU-only for now; use --backend=cpu"));
-    }
-    if (absl::Status s = cuda::CheckAttentionSupported(config.storage.element, spec.head_dim);
-        !s.ok()) {
-      return s;
-    }
     return cuda::CudaGqaLayer::Create(spec, weights, config, context_);
   }
 
