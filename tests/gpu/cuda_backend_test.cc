@@ -35,15 +35,19 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/capabilities.h"
+#include "kernels/cuda/cuda_capabilities.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"
+#include "kernels/stack/layer_stack.h"
 #include "tests/reference/attention_reference.h"
 
 namespace attnserve {
@@ -351,6 +355,88 @@ TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
   EXPECT_EQ(
       Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr}).status().code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// The backend reports its capability table (kernels/cuda/cuda_capabilities.h) and every refusal
+// of CreateLayer is the table's check, word for word.
+TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
+  SKIP_WITHOUT_GPU();
+  AttentionBackend& gpu = *Gpu().backend;
+  EXPECT_EQ(&gpu.capabilities(), &CudaCapabilities());
+  EXPECT_EQ(gpu.capabilities().backend, gpu.name());
+  std::vector<std::pair<LayerSpec, KvStorageFormat>> refused;
+  LayerSpec qk_norm = Spec(4, 2, 64, RopeLayout::kHalf);
+  qk_norm.qk_norm = QkNorm::kRms;
+  refused.push_back({qk_norm, DType::kF32});
+  LayerSpec partial = Spec(4, 2, 64, RopeLayout::kHalf);
+  partial.rotary_dim = 32;
+  refused.push_back({partial, DType::kF32});
+  LayerSpec softcap = Spec(4, 2, 64, RopeLayout::kHalf);
+  softcap.attn_logit_softcapping = 50.0f;
+  refused.push_back({softcap, DType::kBF16});
+  LayerSpec sinks = Spec(4, 2, 64, RopeLayout::kHalf);
+  sinks.attention_sinks = true;
+  refused.push_back({sinks, DType::kF16});
+  refused.push_back({Spec(4, 2, 96, RopeLayout::kHalf), DType::kF32});
+  refused.push_back(
+      {Spec(4, 2, 64, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
+  for (const auto& [spec, format] : refused) {
+    SCOPED_TRACE(LayerSpecSummary(spec));
+    absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const KvCacheConfig config{format, 16, 64, nullptr};
+    const absl::Status expected = CheckCapabilities(CudaCapabilities(), spec, config);
+    ASSERT_FALSE(expected.ok());
+    EXPECT_EQ(gpu.CreateLayer(spec, *weights, config).status(), expected);
+  }
+}
+
+// What the table declares about operations: stacks of CUDA layers compute what stacks of CPU
+// layers do (stacks = true); Fork and Export are the interface's UNIMPLEMENTED defaults.
+TEST(CudaBackendContractTest, StacksServedForkAndExportNot) {
+  SKIP_WITHOUT_GPU();
+  LayerSpec window = Spec(4, 2, 64, RopeLayout::kHalf);
+  window.sliding_window = 8;
+  const std::vector<LayerSpec> specs = {window, Spec(4, 2, 64, RopeLayout::kInterleaved)};
+  std::vector<LayerWeights> weights;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    absl::StatusOr<LayerWeights> w = RandomLayerWeights(specs[i], 11 + i);
+    ASSERT_TRUE(w.ok());
+    weights.push_back(*std::move(w));
+  }
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  const KvCacheConfig config{DType::kF32, 16, 64, nullptr};
+  absl::StatusOr<std::unique_ptr<LayerStack>> gpu =
+      LayerStack::Create(*Gpu().backend, specs, weights, config);
+  absl::StatusOr<std::unique_ptr<LayerStack>> cpu =
+      LayerStack::Create(**cpu_backend, specs, weights, config);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const SequenceId g = (*gpu)->CreateSequence(), c = (*cpu)->CreateSequence();
+  std::mt19937_64 rng(13);
+  const Tensor prompt = ToTensor(RandomHidden(20, 256, rng), {20, 256}, DType::kF32);
+  absl::StatusOr<Tensor> got = (*gpu)->Prefill({{g, 20}}, prompt, {});
+  absl::StatusOr<Tensor> want = (*cpu)->Prefill({{c, 20}}, prompt, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_LE(RelativeError(ToDoubles(*got), ToDoubles(*want)), 1e-4);
+  const Tensor step = ToTensor(RandomHidden(1, 256, rng), {1, 256}, DType::kF32);
+  got = (*gpu)->Decode({g}, step, {});
+  want = (*cpu)->Decode({c}, step, {});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(want.ok());
+  EXPECT_LE(RelativeError(ToDoubles(*got), ToDoubles(*want)), 1e-4);
+  EXPECT_EQ((*gpu)->ForkSequence(g, 1).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(CudaCapabilities().fork);
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+      Gpu().backend->CreateLayer(specs[1], weights[1], config);
+  ASSERT_TRUE(layer.ok());
+  const SequenceId s = (*layer)->CreateSequence();
+  EXPECT_EQ((*layer)->ExportSequence(s).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ((*layer)->ImportSequence(SequenceExport()).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_FALSE(CudaCapabilities().export_import);
 }
 
 TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
