@@ -53,9 +53,10 @@ std::optional<Finding> HeadDim(const BackendCapabilities& c, const LayerSpec& sp
       Contains(c.head_dims, spec.head_dim)) {
     return std::nullopt;
   }
-  return Finding{absl::StatusCode::kInvalidArgument, "head_dim", absl::StrCat("hd ", spec.head_dim),
-                 absl::StrCat("head_dim = ", spec.head_dim, ": the ", BackendTitle(c),
-                              " backend is built for head dims ", absl::StrJoin(c.head_dims, ", "))};
+  return Finding{
+      absl::StatusCode::kInvalidArgument, "head_dim", absl::StrCat("hd ", spec.head_dim),
+      absl::StrCat("head_dim = ", spec.head_dim, ": the ", BackendTitle(c),
+                   " backend is built for head dims ", absl::StrJoin(c.head_dims, ", "))};
 }
 
 // A layer variation the backend does not compute: INVALID_ARGUMENT, as the CUDA backend answered
@@ -119,11 +120,9 @@ std::optional<Finding> RopeScalingRule(const BackendCapabilities& c, const Layer
     return Finding{absl::StatusCode::kInvalidArgument, "rope_scaling.type",
                    std::string(RopeScalingTypeName(type)),
                    absl::StrCat("rope_scaling.type = ", RopeScalingTypeName(type), ": the ",
-                                BackendTitle(c), " backend applies ",
-                                absl::StrJoin(served, ", "))};
+                                BackendTitle(c), " backend applies ", absl::StrJoin(served, ", "))};
   }
-  if (const double factor = RopeAttentionFactor(spec);
-      !c.yarn_attention_factor && factor != 1.0) {
+  if (const double factor = RopeAttentionFactor(spec); !c.yarn_attention_factor && factor != 1.0) {
     return Finding{absl::StatusCode::kInvalidArgument, "rope_scaling", "attention factor",
                    absl::StrCat("rope_scaling: yarn attention factor ", factor,
                                 " (from factor, mscale and mscale_all_dim) is not implemented on "
@@ -140,8 +139,8 @@ std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec&,
   std::vector<std::string> served;
   for (const KvStorageFormat& f : c.kv_formats) served.push_back(KvStorageFormatName(f));
   const std::string name = KvStorageFormatName(format);
-  const std::string limit =
-      absl::StrCat(": the ", BackendTitle(c), " backend stores KV as ", absl::StrJoin(served, ", "));
+  const std::string limit = absl::StrCat(": the ", BackendTitle(c), " backend stores KV as ",
+                                         absl::StrJoin(served, ", "));
   // 8-bit pages are a storage scheme the backend has no code for; a plain dtype is a bad value.
   if (format.quantized()) {
     return Finding{absl::StatusCode::kUnimplemented, "kv_cache_quantization", name,
@@ -151,9 +150,8 @@ std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec&,
                  absl::StrCat("kv_cache_dtype = ", name, limit)};
 }
 
-constexpr Rule kRules[] = {Variant,       HeadDim,         QkNormRule, PartialRotary,
-                           Softcapping,   Sinks,           SlidingWindow, NonCausal,
-                           RopeScalingRule, KvFormat};
+constexpr Rule kRules[] = {Variant, HeadDim,       QkNormRule, PartialRotary,   Softcapping,
+                           Sinks,   SlidingWindow, NonCausal,  RopeScalingRule, KvFormat};
 
 // "; CPU-only for now; use --backend=cpu" when the CPU backend serves what `c` refuses.
 std::string CpuHint(const BackendCapabilities& c, bool cpu_serves) {

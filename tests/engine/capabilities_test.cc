@@ -91,18 +91,18 @@ std::vector<Case> Cases() {
   LayerSpec sinks = Gqa();
   sinks.attention_sinks = true;
   cases.push_back({"attention_sinks", [](BackendCapabilities& c) { c.attention_sinks = false; },
-                   sinks, DType::kF32, absl::StatusCode::kInvalidArgument,
-                   "attention_sinks = true", "attention sinks"});
+                   sinks, DType::kF32, absl::StatusCode::kInvalidArgument, "attention_sinks = true",
+                   "attention sinks"});
   LayerSpec window = Gqa();
   window.sliding_window = 16;
   cases.push_back({"sliding_window", [](BackendCapabilities& c) { c.sliding_window = false; },
-                   window, DType::kF32, absl::StatusCode::kInvalidArgument,
-                   "sliding_window = 16", "sliding windows"});
+                   window, DType::kF32, absl::StatusCode::kInvalidArgument, "sliding_window = 16",
+                   "sliding windows"});
   LayerSpec bidirectional = Gqa();
   bidirectional.causal = false;
   cases.push_back({"non_causal", [](BackendCapabilities& c) { c.non_causal = false; },
-                   bidirectional, DType::kF32, absl::StatusCode::kInvalidArgument,
-                   "causal = false", "non-causal"});
+                   bidirectional, DType::kF32, absl::StatusCode::kInvalidArgument, "causal = false",
+                   "non-causal"});
   LayerSpec linear = Gqa();
   linear.rope_scaling = {.type = RopeScalingType::kLinear, .factor = 2.0};
   cases.push_back({"rope_scalings",
@@ -118,12 +118,13 @@ std::vector<Case> Cases() {
                    [](BackendCapabilities& c) { c.yarn_attention_factor = false; }, yarn,
                    DType::kF32, absl::StatusCode::kInvalidArgument, "rope_scaling: yarn attention",
                    "factor"});
-  cases.push_back({"kv_formats_plain",
-                   [](BackendCapabilities& c) { c.kv_formats = {DType::kF32}; }, Gqa(),
-                   DType::kBF16, absl::StatusCode::kInvalidArgument, "kv_cache_dtype = bf16",
+  cases.push_back({"kv_formats_plain", [](BackendCapabilities& c) { c.kv_formats = {DType::kF32}; },
+                   Gqa(), DType::kBF16, absl::StatusCode::kInvalidArgument, "kv_cache_dtype = bf16",
                    "stores KV as f32"});
   cases.push_back({"kv_formats_8bit",
-                   [](BackendCapabilities& c) { c.kv_formats = {DType::kF32, DType::kBF16}; },
+                   [](BackendCapabilities& c) {
+                     c.kv_formats = {DType::kF32, DType::kBF16};
+                   },
                    Gqa(), KvStorageFormat::Quantized(KvQuantization::kInt8),
                    absl::StatusCode::kUnimplemented, "kv_cache_quantization = int8",
                    "stores KV as f32, bf16"});
@@ -142,9 +143,9 @@ TEST(CapabilitiesTest, EachCapabilityOffRefusesByName) {
     c.turn_off(off);
     const absl::Status status = CheckCapabilities(off, c.spec, Kv(c.kv));
     EXPECT_EQ(status.code(), c.code) << status;
-    EXPECT_THAT(status.message(), AllOf(HasSubstr(c.field), HasSubstr("the TEST backend"),
-                                        HasSubstr(c.limit),
-                                        HasSubstr("CPU-only for now: use --backend=cpu")));
+    EXPECT_THAT(status.message(),
+                AllOf(HasSubstr(c.field), HasSubstr("the TEST backend"), HasSubstr(c.limit),
+                      HasSubstr("CPU-only for now: use --backend=cpu")));
     const std::vector<CapabilityGap> gaps = FindCapabilityGaps(off, c.spec, c.kv);
     ASSERT_EQ(gaps.size(), 1u);
     EXPECT_EQ(gaps[0].status, status);
