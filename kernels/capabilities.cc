@@ -153,7 +153,7 @@ std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec&,
 constexpr Rule kRules[] = {Variant, HeadDim,       QkNormRule, PartialRotary,   Softcapping,
                            Sinks,   SlidingWindow, NonCausal,  RopeScalingRule, KvFormat};
 
-// "; CPU-only for now; use --backend=cpu" when the CPU backend serves what `c` refuses.
+// "; CPU-only for now: use --backend=cpu" when the CPU backend serves what `c` refuses.
 std::string CpuHint(const BackendCapabilities& c, bool cpu_serves) {
   if (c.backend == CpuCapabilities().backend || !cpu_serves) return "";
   return "; CPU-only for now: use --backend=cpu";

@@ -40,11 +40,13 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -669,6 +671,49 @@ int Decode(const Client& client) {
 // ---- info / list / get / release / health
 // ---------------------------------------------------------
 
+// Proto enum names without their prefix, lower case, comma-separated: "mha, mqa, gqa".
+template <typename Values, typename NameFn>
+std::string EnumNames(const Values& values, NameFn name, absl::string_view prefix) {
+  std::vector<std::string> names;
+  for (int value : values) {
+    std::string n = name(value);
+    if (absl::StartsWith(n, prefix)) n = n.substr(prefix.size());
+    names.push_back(absl::AsciiStrToLower(n));
+  }
+  return names.empty() ? "-" : absl::StrJoin(names, ", ");
+}
+
+// The serving backend's capability table (kernels/capabilities.h), as GetServerInfo reports it.
+void PrintCapabilities(const v1::BackendCapabilities& c) {
+  const auto variant = [](int v) { return v1::Variant_Name(static_cast<v1::Variant>(v)); };
+  const auto dtype = [](int v) { return v1::DType_Name(static_cast<v1::DType>(v)); };
+  const auto scaling = [](int v) {
+    return v1::RopeScalingType_Name(static_cast<v1::RopeScalingType>(v));
+  };
+  absl::PrintF("serves       %s; head dims %s\n", EnumNames(c.variants(), variant, "VARIANT_"),
+               c.head_dims().empty() ? "any" : absl::StrJoin(c.head_dims(), ", "));
+  absl::PrintF("             KV %s; compute %s; RoPE scaling %s\n",
+               c.kv_formats().empty() ? "-" : absl::StrJoin(c.kv_formats(), ", "),
+               EnumNames(c.compute_dtypes(), dtype, "DTYPE_"),
+               EnumNames(c.rope_scalings(), scaling, "ROPE_SCALING_"));
+  const std::pair<const char*, bool> features[] = {
+      {"yarn_attention_factor", c.yarn_attention_factor()},
+      {"qk_norm", c.qk_norm()},
+      {"partial_rotary", c.partial_rotary()},
+      {"logit_softcapping", c.logit_softcapping()},
+      {"attention_sinks", c.attention_sinks()},
+      {"sliding_window", c.sliding_window()},
+      {"non_causal", c.non_causal()},
+      {"fork", c.fork()},
+      {"export_import", c.export_import()},
+      {"stacks", c.stacks()},
+  };
+  std::vector<std::string> yes, no;
+  for (const auto& [name, served] : features) (served ? yes : no).push_back(name);
+  absl::PrintF("             yes: %s\n", yes.empty() ? "-" : absl::StrJoin(yes, ", "));
+  absl::PrintF("             no: %s\n", no.empty() ? "-" : absl::StrJoin(no, ", "));
+}
+
 int Info(const Client& client) {
   v1::GetServerInfoResponse response;
   grpc::ClientContext context;
@@ -691,6 +736,7 @@ int Info(const Client& client) {
                limits.max_sequence_length(), Mib(limits.max_message_bytes()));
   absl::PrintF("TTLs         request %.1f s, session %.1f s\n", limits.request_ttl_ns() / 1e9,
                limits.session_ttl_ns() / 1e9);
+  if (response.has_capabilities()) PrintCapabilities(response.capabilities());
   return kExitOk;
 }
 

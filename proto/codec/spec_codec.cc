@@ -18,6 +18,22 @@ v1::Variant VariantToProto(AttentionVariant variant) {
   return v1::VARIANT_UNSPECIFIED;
 }
 
+v1::RopeScalingType RopeScalingTypeToProto(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::kNone:
+      return v1::ROPE_SCALING_NONE;
+    case RopeScalingType::kLinear:
+      return v1::ROPE_SCALING_LINEAR;
+    case RopeScalingType::kDynamic:
+      return v1::ROPE_SCALING_DYNAMIC;
+    case RopeScalingType::kLlama3:
+      return v1::ROPE_SCALING_LLAMA3;
+    case RopeScalingType::kYarn:
+      return v1::ROPE_SCALING_YARN;
+  }
+  return v1::ROPE_SCALING_NONE;
+}
+
 absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   LayerSpec spec;
   switch (proto.variant()) {
@@ -163,23 +179,7 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
   if (spec.rope_scaling.type != RopeScalingType::kNone) {
     const RopeScaling& r = spec.rope_scaling;
     v1::RopeScaling* scaling = out.mutable_rope_scaling();
-    switch (r.type) {
-      case RopeScalingType::kNone:
-        scaling->set_type(v1::ROPE_SCALING_NONE);
-        break;
-      case RopeScalingType::kLinear:
-        scaling->set_type(v1::ROPE_SCALING_LINEAR);
-        break;
-      case RopeScalingType::kDynamic:
-        scaling->set_type(v1::ROPE_SCALING_DYNAMIC);
-        break;
-      case RopeScalingType::kLlama3:
-        scaling->set_type(v1::ROPE_SCALING_LLAMA3);
-        break;
-      case RopeScalingType::kYarn:
-        scaling->set_type(v1::ROPE_SCALING_YARN);
-        break;
-    }
+    scaling->set_type(RopeScalingTypeToProto(r.type));
     scaling->set_factor(r.factor);
     scaling->set_original_max_position_embeddings(r.original_max_position_embeddings);
     scaling->set_low_freq_factor(r.low_freq_factor);

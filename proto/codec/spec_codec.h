@@ -17,6 +17,7 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto);
 v1::LayerSpec LayerSpecToProto(const LayerSpec& spec);
 
 v1::Variant VariantToProto(AttentionVariant variant);
+v1::RopeScalingType RopeScalingTypeToProto(RopeScalingType type);
 
 }  // namespace attnserve
 

@@ -9,9 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kernels/capabilities.h"
 #include "kernels/model/kv_head_pooling.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_spec.h"
+#include "proto/codec/capabilities_codec.h"
 #include "proto/codec/kv_quantization_codec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
@@ -167,7 +169,7 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
-                [this] { return DrainingStatus(); }} {}
+                [this] { return DrainingStatus(); }, &backend->capabilities()} {}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
@@ -749,6 +751,8 @@ void AttentionServiceImpl::HandleFork(grpc::CallbackServerContext* context, cons
     checked = CheckIdLength(request.new_request_ids(i), absl::StrCat("new_request_ids[", i, "]"),
                             kMaxRequestIdBytes);
   }
+  // A backend without prefix sharing refuses here, naming itself, before any session is touched.
+  if (checked.ok()) checked = CheckOperation(backend_->capabilities(), LayerOperation::kFork);
   if (!checked.ok()) {
     FinishCall(call, metrics, Rpc::kFork, kNoVariant, timer, ToGrpc(checked));
     return;
@@ -869,6 +873,7 @@ void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* cont
   limits->set_session_ttl_ns(absl::ToInt64Nanoseconds(limits_.session_ttl));
   limits->set_max_parameter_bytes(parameters_->capacity_bytes());
   response.set_parameter_bytes_used(parameters_->used_bytes());
+  *response.mutable_capabilities() = CapabilitiesToProto(backend_->capabilities());
   FinishCall(call, *metrics_, Rpc::kGetServerInfo, kNoVariant, timer, grpc::Status::OK);
 }
 

@@ -132,6 +132,9 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     absl::Status checked = CheckId(request_.session_id(), "session_id", kMaxSessionIdBytes);
     if (checked.ok()) checked = CheckId(request_.request_id(), "request_id", kMaxRequestIdBytes);
+    if (checked.ok() && context_.capabilities != nullptr) {
+      checked = CheckOperation(*context_.capabilities, LayerOperation::kExportImport);
+    }
     if (!checked.ok()) return Done(ToGrpc(checked));
     if (request_.max_chunk_bytes() < 0) {
       return Done(ToGrpc(absl::InvalidArgumentError(absl::StrCat(
@@ -220,6 +223,14 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!caller.ok()) {
       Done(ToGrpc(caller.status()));
       return;
+    }
+    // Refused before a byte is read when the backend cannot import.
+    if (context_.capabilities != nullptr) {
+      if (absl::Status s = CheckOperation(*context_.capabilities, LayerOperation::kExportImport);
+          !s.ok()) {
+        Done(ToGrpc(s));
+        return;
+      }
     }
     caller_ = *std::move(caller);
     StartRead(&wire_);

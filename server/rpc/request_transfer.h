@@ -20,6 +20,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
+#include "kernels/capabilities.h"
 #include "attnserve/v1/attention_service.pb.h"
 #include "server/observability/metrics.h"
 #include "server/security/principal.h"
@@ -37,6 +38,8 @@ struct TransferContext {
   std::function<absl::StatusOr<Principal>(const grpc::ServerContextBase&)> authenticate;
   // UNAVAILABLE while the replica drains (--drain_to), else OK: refuses the call first.
   std::function<grpc::Status()> draining;
+  // The serving backend's table: without export_import both calls are UNIMPLEMENTED at once.
+  const BackendCapabilities* capabilities = nullptr;
 };
 
 // The header ExportRequest sends first for `exported`, a request of `session` (also what a drain

@@ -134,6 +134,9 @@ with AttnServeClient(address) as client:
     info = client.info()
     assert dataclasses.is_dataclass(info) and info.backend == "cpu" and info.sessions == 2, info
     assert info.limits.max_sessions > 0, info.limits
+    caps = info.capabilities
+    assert dataclasses.is_dataclass(caps) and caps.variants == ["mha", "mqa", "gqa", "mla"], caps
+    assert caps.kv_formats == ["f32", "bf16", "fp8_e4m3", "int8"] and caps.fork, caps
     assert [s.session_id for s in client.list_sessions()].count(sid) == 1
     for result in (loaded, stated):
         client.release(result.session_id)

@@ -13,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "google/protobuf/util/message_differencer.h"
+#include "kernels/cpu/cpu_capabilities.h"
+#include "proto/codec/capabilities_codec.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/server_fixture.h"
 
@@ -60,6 +63,20 @@ TEST_F(ServerTest, ReflectionListsAndDescribesTheService) {
                           "ListSessions", "GetServerInfo"}) {
     EXPECT_THAT(methods, Contains(rpc));
   }
+}
+
+// GetServerInfo reports the serving backend's capability table (the server here runs the CPU
+// backend), the one its Configure checks.
+TEST_F(ServerTest, GetServerInfoReportsTheBackendsCapabilities) {
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->backend(), "cpu");
+  ASSERT_TRUE(info->has_capabilities());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      info->capabilities(), CapabilitiesToProto(CpuCapabilities())))
+      << info->capabilities().DebugString();
+  EXPECT_THAT(info->capabilities().kv_formats(), Contains("fp8_e4m3"));
+  EXPECT_TRUE(info->capabilities().fork() && info->capabilities().export_import());
 }
 
 // SIGTERM with an idle client connection open (the common case: clients keep channels) exits 0

@@ -25,6 +25,7 @@ from attnserve.v1 import attention_service_pb2_grpc as pb_grpc  # noqa: E402
 from attnserve_client.client import (  # noqa: E402
     AttnServeClient,
     AttnServeError,
+    BackendCapabilities,
     BatchingStats,
     ConfigureResult,
     DecodeStep,
@@ -47,6 +48,7 @@ from attnserve_client.client import (  # noqa: E402
 __all__ = [
     "AttnServeClient",
     "AttnServeError",
+    "BackendCapabilities",
     "BatchingStats",
     "ConfigureResult",
     "DecodeStep",

@@ -393,6 +393,39 @@ class Limits:
 
 
 @dataclass
+class BackendCapabilities:
+    """What the serving backend computes (GetServerInfo.capabilities, kernels/capabilities.h).
+    Enums by the names the client takes: variants "mha".."mla", dtypes "f32"/"f16"/"bf16", RoPE
+    scalings "none".."yarn"; KV formats "f32", "f16", "bf16", "fp8_e4m3", "int8"."""
+
+    variants: List[str]
+    head_dims: List[int]  # MHA/MQA/GQA head_dim values; empty = any valid one
+    compute_dtypes: List[str]  # informational: what layers compute in
+    kv_formats: List[str]
+    rope_scalings: List[str]
+    yarn_attention_factor: bool
+    qk_norm: bool
+    partial_rotary: bool
+    logit_softcapping: bool
+    attention_sinks: bool
+    sliding_window: bool
+    non_causal: bool
+    fork: bool
+    export_import: bool
+    stacks: bool
+
+    @classmethod
+    def from_proto(cls, c: pb.BackendCapabilities) -> "BackendCapabilities":
+        fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(cls)}
+        fields["variants"] = [_name_of(_VARIANTS, v) for v in c.variants]
+        fields["head_dims"] = list(c.head_dims)
+        fields["compute_dtypes"] = [_name_of(_DTYPES, d) for d in c.compute_dtypes]
+        fields["kv_formats"] = list(c.kv_formats)
+        fields["rope_scalings"] = [_name_of(_ROPE_SCALINGS, r) for r in c.rope_scalings]
+        return cls(**fields)
+
+
+@dataclass
 class ServerInfo:
     """GetServerInfo."""
 
@@ -406,11 +439,13 @@ class ServerInfo:
     limits: Limits
     parameter_bytes_used: int
     replica: str
+    capabilities: BackendCapabilities  # what `backend` serves
 
     @classmethod
     def from_proto(cls, info: pb.GetServerInfoResponse) -> "ServerInfo":
         fields = {f.name: getattr(info, f.name) for f in dataclasses.fields(cls)}
         fields["limits"] = _scalars(Limits, info.limits)
+        fields["capabilities"] = BackendCapabilities.from_proto(info.capabilities)
         return cls(**fields)
 
 
@@ -698,6 +733,8 @@ class AttnServeClient:
                 for s in self._call("ListSessions", pb.ListSessionsRequest()).sessions]
 
     def info(self) -> ServerInfo:
+        """Server state and limits; `.capabilities` is what its backend serves, the table
+        Configure checks (BackendCapabilities)."""
         return ServerInfo.from_proto(self._call("GetServerInfo", pb.GetServerInfoRequest()))
 
     # -- compute --
