@@ -115,7 +115,7 @@ ABSL_FLAG(std::string, checkpoint, "",
 ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "configure/demo: KV cache dtype: f32 or bf16 (the CPU backend); f32, f16 or bf16 (the "
-          "CUDA backend). `attnctl info` says which backend serves.");
+          "CUDA backend). `attnctl info` lists what the server's backend stores.");
 ABSL_FLAG(std::string, kv_quant, "none",
           "configure/demo/compare: 8-bit KV pages with per-page scales: none, fp8 (e4m3) or "
           "int8 (CPU backend); when set, --kv_dtype is not sent.");
