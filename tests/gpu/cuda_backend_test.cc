@@ -43,6 +43,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/capabilities.h"
+#include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/cuda_capabilities.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/spec/layer_spec.h"
@@ -388,6 +389,21 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
     const absl::Status expected = CheckCapabilities(CudaCapabilities(), spec, config);
     ASSERT_FALSE(expected.ok());
     EXPECT_EQ(gpu.CreateLayer(spec, *weights, config).status(), expected);
+  }
+}
+
+// The table's head dims and KV formats are the kernels' instantiations (attention/dispatch.cc):
+// the table neither promises a kernel that is not built nor hides one that is.
+TEST(CudaBackendContractTest, TableMatchesTheKernelInstantiations) {
+  const BackendCapabilities& table = CudaCapabilities();
+  for (const KvStorageFormat& format : table.kv_formats) {
+    ASSERT_FALSE(format.quantized());
+    for (int head_dim = 8; head_dim <= 512; head_dim += 8) {
+      const bool listed = std::find(table.head_dims.begin(), table.head_dims.end(), head_dim) !=
+                          table.head_dims.end();
+      EXPECT_EQ(cuda::CheckAttentionSupported(format.element, head_dim).ok(), listed)
+          << DTypeName(format.element) << " head_dim " << head_dim;
+    }
   }
 }
 

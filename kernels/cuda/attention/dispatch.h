@@ -1,7 +1,8 @@
 // The one place where KV dtype x head dim picks a kernel instantiation. Supported: f32, f16 and
 // bf16 pages, head dims 64 and 128: prefill on CUDA cores for f32 pages and on tensor cores for
 // f16/bf16 pages, split-KV decode on CUDA cores for all (12 instantiations in all); anything else
-// is refused with INVALID_ARGUMENT when the layer is created, never at run time.
+// is refused with INVALID_ARGUMENT when the layer is created, never at run time, by the capability
+// table that lists them (kernels/cuda/cuda_capabilities.cc; cuda_backend_test checks the two agree).
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 
@@ -11,7 +12,8 @@
 
 namespace attnserve::cuda {
 
-// OK when the attention kernels are built for this page dtype and head dim.
+// OK when the attention kernels are built for this page dtype and head dim. The launchers' own
+// guard: CreateLayer has refused anything else through CudaCapabilities() before.
 absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim);
 KvType ToKvType(DType dtype);
 
