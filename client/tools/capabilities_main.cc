@@ -16,19 +16,20 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/tools/model_families.h"
+#include "kernels/base/command_line_usage.h"
 #include "kernels/capabilities.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "kernels/cuda/cuda_capabilities.h"
 #include "kernels/kv/quantization.h"
 
-ABSL_FLAG(bool, markdown, true, "Print the capability table and the model-family table.");
+ABSL_FLAG(bool, markdown, true,
+          "Print the capability table and the model-family table as markdown (the default).");
 ABSL_FLAG(bool, families, false, "Print only the model-family table (README.md's columns).");
 ABSL_FLAG(std::string, check_readme, "",
           "Check this README.md's model-family table against the capability tables; exit 1 on "
@@ -178,8 +179,11 @@ int CheckReadme(const std::string& path) {
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "What each backend serves, from its capability table (kernels/capabilities.h).");
+  attnserve::SetCommandLineUsage(
+      "attnserve_capabilities",
+      "What each backend serves, from its capability table (kernels/capabilities.h), and the "
+      "README's model-family columns generated from them.",
+      {"client/tools/capabilities_main.cc"});
   absl::ParseCommandLine(argc, argv);
   const std::string readme = absl::GetFlag(FLAGS_check_readme);
   if (!readme.empty()) return attnserve::CheckReadme(readme);
