@@ -2,7 +2,7 @@
 // bf16 pages, head dims 64 and 128: prefill on CUDA cores for f32 pages and on tensor cores for
 // f16/bf16 pages, split-KV decode on CUDA cores for all (12 instantiations in all); anything else
 // is refused with INVALID_ARGUMENT when the layer is created, never at run time, by the capability
-// table that lists them (kernels/cuda/cuda_capabilities.cc; cuda_backend_test checks the two agree).
+// table that lists them (kernels/cuda/cuda_capabilities.cc; cuda_backend_test checks they agree).
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 
