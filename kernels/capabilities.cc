@@ -189,19 +189,20 @@ struct OperationInfo {
   const char* field;  // The BackendCapabilities field.
   const char* rpc;    // What the caller asked for.
   const char* what;   // "does not <what>".
+  const char* why;    // What it is for.
 };
 
 OperationInfo Info(LayerOperation operation) {
   switch (operation) {
     case LayerOperation::kFork:
-      return {"fork", "Fork", "fork requests (prefix sharing)"};
+      return {"fork", "Fork", "fork requests", "prefix sharing; "};
     case LayerOperation::kExportImport:
-      return {"export_import", "ExportRequest/ImportRequest",
-              "export or import requests (moving a request between replicas)"};
+      return {"export_import", "ExportRequest/ImportRequest", "export or import requests",
+              "moving a request between replicas; "};
     case LayerOperation::kStack:
-      return {"stacks", "stack", "build hybrid stacks of layers"};
+      return {"stacks", "stack", "build hybrid stacks of layers", ""};
   }
-  return {"unknown", "unknown", "do this"};
+  return {"unknown", "unknown", "do this", ""};
 }
 
 bool Serves(const BackendCapabilities& c, LayerOperation operation) {
@@ -223,14 +224,15 @@ absl::Status CheckOperation(const BackendCapabilities& capabilities, LayerOperat
   const OperationInfo info = Info(operation);
   return absl::UnimplementedError(
       absl::StrCat(info.rpc, ": the ", BackendTitle(capabilities), " backend does not ", info.what,
-                   " yet (capability ", info.field, " = false)",
+                   " yet (", info.why, "capability ", info.field, " = false)",
                    CpuHint(capabilities, Serves(CpuCapabilities(), operation))));
 }
 
 absl::Status UnservedOperation(LayerOperation operation) {
   const OperationInfo info = Info(operation);
   return absl::UnimplementedError(absl::StrCat(info.rpc, ": this backend does not ", info.what,
-                                               " (capability ", info.field, " = false)"));
+                                               " (", info.why, "capability ", info.field,
+                                               " = false)"));
 }
 
 }  // namespace attnserve
