@@ -1,4 +1,7 @@
 // attnserve_server: serves attnserve.v1.AttentionService. See docs/api.md.
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <string>
 
@@ -62,6 +65,10 @@ ABSL_FLAG(int64_t, max_sequence_length, kDefaultLimits.max_sequence_length,
           "Tokens per request at most.");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaultLimits.max_message_bytes,
           "Largest gRPC message received or sent, in bytes.");
+ABSL_FLAG(int64_t, max_retained_output_bytes, kDefaultLimits.max_retained_output_bytes,
+          "Bytes of call outputs kept for call_id retries, all sessions together (each request "
+          "keeps its last call_id's output); past it the oldest are evicted, and a retry of an "
+          "evicted call is FAILED_PRECONDITION naming its call_id (docs/api.md). Must be > 0.");
 ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
           "Idle time after which a request's KV cache is freed; 0 = never.");
 ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
@@ -110,11 +117,23 @@ ABSL_FLAG(int, tenant_max_sessions, kDefaults.tenant_quotas.max_sessions,
 ABSL_FLAG(int64_t, tenant_max_kv_bytes, kDefaults.tenant_quotas.max_kv_bytes,
           "With --auth_tokens: KV cache bytes per non-admin tenant (all its sessions) at most; "
           "0 = unlimited.");
+ABSL_FLAG(int64_t, tenant_max_retained_output_bytes,
+          kDefaults.tenant_quotas.max_retained_output_bytes,
+          "With --auth_tokens: bytes of call outputs kept for one non-admin tenant's call_id "
+          "retries (its oldest evicted past it), within --max_retained_output_bytes; 0 = only "
+          "that bound.");
 ABSL_FLAG(int64_t, tenant_max_parameter_bytes, kDefaults.tenant_quotas.max_parameter_bytes,
           "With --auth_tokens: weight bytes per non-admin tenant (all its sessions) at most; "
           "0 = unlimited.");
 
 int main(int argc, char** argv) {
+  // Under an address-space limit (RLIMIT_AS), glibc's per-thread malloc arenas each reserve 64 MiB
+  // of it up front (up to 8 per core): with the backend's and gRPC's threads, most of a GiB of the
+  // limit gone before any weight is loaded. Two arenas keep that reservation small; the default
+  // --max_parameter_bytes is then taken from what the limit leaves (parameter_budget.h).
+  if (rlimit as{}; getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    mallopt(M_ARENA_MAX, 2);
+  }
   attnserve::SetCommandLineUsage("attnserve_server",
                                  "Serves attnserve.v1.AttentionService over gRPC.",
                                  {"server/main.cc"});
@@ -152,6 +171,7 @@ int main(int argc, char** argv) {
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_retained_output_bytes = absl::GetFlag(FLAGS_max_retained_output_bytes);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.limits.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
@@ -173,6 +193,8 @@ int main(int argc, char** argv) {
   options.tenant_quotas.max_sessions = absl::GetFlag(FLAGS_tenant_max_sessions);
   options.tenant_quotas.max_kv_bytes = absl::GetFlag(FLAGS_tenant_max_kv_bytes);
   options.tenant_quotas.max_parameter_bytes = absl::GetFlag(FLAGS_tenant_max_parameter_bytes);
+  options.tenant_quotas.max_retained_output_bytes =
+      absl::GetFlag(FLAGS_tenant_max_retained_output_bytes);
 
   const absl::Status status = attnserve::server::RunServer(options);
   if (!status.ok()) {

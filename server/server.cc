@@ -93,7 +93,16 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes = ", l.max_message_bytes,
                                                    ", must be in [1024, 2^31 - 1]"));
   }
+  if (l.max_retained_output_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_retained_output_bytes = ", l.max_retained_output_bytes, ", must be >= 1"));
+  }
   const TenantQuotas& q = o.tenant_quotas;
+  if (q.max_retained_output_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tenant_max_retained_output_bytes = ", q.max_retained_output_bytes,
+                     ", must be >= 0 (0 = only --max_retained_output_bytes)"));
+  }
   if (q.max_sessions < 0 || q.max_kv_bytes < 0 || q.max_parameter_bytes < 0) {
     return absl::InvalidArgumentError(
         "--tenant_max_sessions, --tenant_max_kv_bytes and --tenant_max_parameter_bytes must be "
@@ -193,8 +202,13 @@ absl::Status RunServer(const ServerOptions& options) {
   grpc_init();
 
   KvPool pool(kv_pool_bytes);
-  ParameterBudget parameters(options.max_parameter_bytes > 0 ? options.max_parameter_bytes
-                                                             : DefaultMaxParameterBytes());
+  std::string parameter_source = "--max_parameter_bytes";
+  const int64_t max_parameter_bytes = options.max_parameter_bytes > 0
+                                          ? options.max_parameter_bytes
+                                          : DefaultMaxParameterBytes(&parameter_source);
+  SERVER_LOG(INFO, "parameter budget %d bytes, from %s%s", max_parameter_bytes, parameter_source,
+             options.max_parameter_bytes > 0 ? "" : ", halved");
+  ParameterBudget parameters(max_parameter_bytes);
   SessionRegistry registry(options.limits.max_sessions, options.tenant_quotas);
   Executor executor(options.compute_threads);
   Metrics metrics(

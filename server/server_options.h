@@ -20,6 +20,9 @@ struct ServerLimits {
   // Configure's checkpoint paths must resolve inside this directory
   // (server/session/weight_source.h); empty = checkpoints by path are refused.
   std::string checkpoint_root;
+  // Outputs retained for call_id retries, all sessions together (server/session/retained_outputs.h);
+  // storing one past it evicts the oldest. > 0.
+  int64_t max_retained_output_bytes = int64_t{256} << 20;
 };
 
 // Continuous batching and chunked prefill, per session (see server/session/scheduler.h and the
@@ -46,6 +49,8 @@ struct TenantQuotas {
   int max_sessions = 0;             // Live sessions of one tenant.
   int64_t max_kv_bytes = 0;         // KV cache bytes held by one tenant's sessions together.
   int64_t max_parameter_bytes = 0;  // Weight bytes held by one tenant's sessions together.
+  // Outputs retained for one tenant's call_id retries (its oldest are evicted past it).
+  int64_t max_retained_output_bytes = 0;
 };
 
 struct ServerOptions {

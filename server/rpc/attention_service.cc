@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,7 +170,10 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
-                [this] { return DrainingStatus(); }, &backend->capabilities()} {}
+                [this] { return DrainingStatus(); }, &backend->capabilities()},
+      retained_(std::make_shared<RetainedOutputs>(
+          limits.max_retained_output_bytes,
+          registry->tenant_quotas().max_retained_output_bytes)) {}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
@@ -408,6 +412,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
       std::make_shared<Session>(session_id, request.label(), *spec, kv_dtype, limits,
                                 *std::move(layer), cost, executor_, std::move(scheduling));
   session->HoldParameters(*std::move(parameters));
+  session->SetRetainedOutputs(retained_, owner.tenant, !owner.is_admin);
   session->SetFingerprint(fingerprint);
   if (keep_configure_requests_) {
     // What a drain sends its peer to re-create this session: the request as given, with the spec
@@ -449,9 +454,17 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
     }
     timer->Started();
     std::string variant = kNoVariant;
-    absl::Status status = DoConfigure(
-        request, &response, &variant, [context] { return context->IsCancelled(); }, caller,
-        session_id);
+    absl::Status status;
+    try {
+      status = DoConfigure(
+          request, &response, &variant, [context] { return context->IsCancelled(); }, caller,
+          session_id);
+    } catch (const std::bad_alloc&) {
+      // What DoConfigure took (the parameter charge, the layer) is given back as it unwinds; the
+      // session is registered only at its end.
+      response.Clear();
+      status = OutOfMemoryError("this Configure");
+    }
     timer->compute_ns = NanosSince(timer->start);
     if (status.ok()) timer->Fill(response.mutable_timing());
     if (status.ok() && context->client_metadata().count(kMovedSessionMetadataKey) > 0) {
@@ -508,8 +521,14 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
                       const StepTiming& timing) mutable {
     if (timing.reached_turn) ApplyStepTiming(timing, timer);
     if (outputs.ok()) {
-      for (StepOutput& out : *outputs) FillResult(out, response.add_results());
-      timer.Fill(response.mutable_timing());
+      try {
+        for (StepOutput& out : *outputs) FillResult(out, response.add_results());
+        timer.Fill(response.mutable_timing());
+      } catch (const std::bad_alloc&) {
+        // Applied, but its answer cannot be built: a retry under its call_id gets the output.
+        response.Clear();
+        outputs = OutOfMemoryError("the response of this Forward");
+      }
     }
     FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(outputs.status()));
   };
@@ -566,7 +585,14 @@ void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
                        absl::StatusOr<std::vector<StepOutput>> outputs,
                        const StepTiming& timing) mutable {
     ApplyStepTiming(timing, timer);
-    if (outputs.ok()) FillDecodeResponse(*outputs, timer, &response);
+    if (outputs.ok()) {
+      try {
+        FillDecodeResponse(*outputs, timer, &response);
+      } catch (const std::bad_alloc&) {
+        response.Clear();
+        outputs = OutOfMemoryError("the response of this Decode");
+      }
+    }
     FinishCall(call, metrics, Rpc::kDecode, variant, timer, ToGrpc(outputs.status()));
   };
   (*session)->scheduler().SubmitDecode(*std::move(steps));

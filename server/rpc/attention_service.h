@@ -25,6 +25,7 @@
 #include "server/rpc/request_transfer.h"
 #include "server/server_options.h"
 #include "server/session/registry.h"
+#include "server/session/retained_outputs.h"
 #include "server/runtime/timer_queue.h"
 #include "server/rpc/wire_call.h"
 
@@ -173,6 +174,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   std::atomic<bool> draining_{false};
   // What ExportRequest and ImportRequest use of the above.
   const TransferContext transfer_;
+  // Outputs kept for call_id retries by every session (server/session/retained_outputs.h).
+  const std::shared_ptr<RetainedOutputs> retained_;
   mutable absl::Mutex replica_mu_;
   std::string replica_ ABSL_GUARDED_BY(replica_mu_);
   std::string drain_peer_ ABSL_GUARDED_BY(replica_mu_);

@@ -1,5 +1,6 @@
 #include "server/rpc/wire_call.h"
 
+#include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,12 +15,18 @@ bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* mes
     return message->ParseFromArray(slices[0].begin(), static_cast<int>(slices[0].size()));
   }
   // Rare (large messages arrive in several slices): join them once.
-  std::string joined;
-  joined.reserve(buffer.Length());
-  for (const grpc::Slice& slice : slices) {
-    joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  try {
+    std::string joined;
+    joined.reserve(buffer.Length());
+    for (const grpc::Slice& slice : slices) {
+      joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    return message->ParseFromString(joined);
+  } catch (const std::bad_alloc&) {
+    // Out of memory: answered as unparseable (the message is dropped), not an ended process.
+    message->Clear();
+    return false;
   }
-  return message->ParseFromString(joined);
 }
 
 grpc::Status UnparseableMessage(const google::protobuf::Message& message, size_t num_bytes) {
@@ -36,8 +43,18 @@ grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t 
                         absl::StrCat("the response is ", size,
                                      " bytes, over the server's max_message_bytes = ", max_bytes));
   }
-  grpc::Slice slice(size);
-  message.SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
+  // Allocated here rather than by gRPC (grpc::Slice(size) aborts the process when malloc fails):
+  // a response the process cannot hold fails its call alone.
+  uint8_t* data = nullptr;
+  try {
+    data = new uint8_t[size == 0 ? 1 : size];
+  } catch (const std::bad_alloc&) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("out of memory: the response of ", size,
+                                     " bytes could not be allocated"));
+  }
+  message.SerializeWithCachedSizesToArray(data);
+  grpc::Slice slice(data, size, [](void* p) { delete[] static_cast<uint8_t*>(p); });
   grpc::ByteBuffer serialized(&slice, 1);
   buffer->Swap(&serialized);
   return grpc::Status::OK;

@@ -1,5 +1,7 @@
 #include "server/runtime/executor.h"
 
+#include <cstdio>
+#include <new>
 #include <utility>
 
 namespace attnserve::server {
@@ -45,7 +47,13 @@ void Executor::WorkerLoop() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
-    task();
+    try {
+      task();
+    } catch (const std::bad_alloc&) {
+      // See SerialQueue::RunOne: no allocation failure ends the process.
+      std::fprintf(stderr, "attnserve: an executor task ran out of memory (std::bad_alloc); its "
+                           "call may go unanswered until its deadline\n");
+    }
   }
 }
 

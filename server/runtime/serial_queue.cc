@@ -1,5 +1,7 @@
 #include "server/runtime/serial_queue.h"
 
+#include <cstdio>
+#include <new>
 #include <utility>
 
 namespace attnserve::server {
@@ -29,7 +31,14 @@ void SerialQueue::RunOne() {
     task = std::move(tasks_.front());
     tasks_.pop_front();
   }
-  task();
+  // The last line of defence (the calls' own work catches std::bad_alloc where it can answer the
+  // call): a task that runs out of memory must not end the process nor stall the queue.
+  try {
+    task();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "attnserve: a session task ran out of memory (std::bad_alloc); its call "
+                         "may go unanswered until its deadline\n");
+  }
   task = nullptr;  // Release the task's captures before possibly rescheduling.
   {
     absl::MutexLock lock(&mu_);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -71,9 +72,15 @@ inline int64_t ConfigurePeakParameterBytes(const LayerSpec& spec) {
   return 2 * LayerParameterBytes(spec);
 }
 
-// The default --max_parameter_bytes: half of the machine's physical memory (the KV pool, the
-// messages in flight and the process itself need the rest).
-int64_t DefaultMaxParameterBytes();
+// The memory this process may use: the least of the machine's physical memory, the cgroup's
+// limit (v2 memory.max, v1 memory.limit_in_bytes; "max" or absent = none) and RLIMIT_AS less the
+// address space the process already reserved (thread stacks, arenas). `source`
+// (when not null) receives which one it is and the others' values, for the log.
+int64_t ProcessMemoryLimit(std::string* source = nullptr);
+
+// The default --max_parameter_bytes: half of ProcessMemoryLimit (the KV pool, the messages in
+// flight and the process itself need the rest).
+int64_t DefaultMaxParameterBytes(std::string* source = nullptr);
 
 }  // namespace attnserve::server
 

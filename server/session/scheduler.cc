@@ -1,19 +1,39 @@
 #include "server/session/scheduler.h"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/session/session.h"
 
 namespace attnserve::server {
 
+absl::Status OutOfMemoryError(absl::string_view what) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "out of memory: ", what, " could not allocate what it needs (the process's memory limit is "
+      "reached); it changed nothing, retry later or with fewer tokens"));
+}
+
 namespace {
 
 int64_t NanosBetween(SchedulerClock::time_point from, SchedulerClock::time_point to) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
+}
+
+// RunDecode with an allocation failure as its error (the session changed nothing: see
+// Session::RunDecode).
+absl::Status RunDecodeOrOutOfMemory(Session& session, absl::Span<StepPlan* const> plans,
+                                    int64_t* compute_ns,
+                                    std::vector<std::vector<StepOutput>>* outputs) {
+  try {
+    return session.RunDecode(plans, compute_ns, outputs);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemoryError("this Decode batch");
+  }
 }
 
 absl::Status ShuttingDownError() { return absl::UnavailableError("the server is shutting down"); }
@@ -263,8 +283,11 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
     for (const StepInput& in : call->inputs) {
       stats.context_tokens += session_->RequestLength(in.request_id) + 1;
     }
-    absl::StatusOr<StepPlan> plan =
-        session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id);
+    absl::StatusOr<StepPlan> plan = OutOfMemoryError("this Decode call");
+    try {
+      plan = session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id);
+    } catch (const std::bad_alloc&) {
+    }
     if (!plan.ok()) {
       call->done(plan.status(), StepTiming{NanosBetween(call->arrival, start), 0, 0});
       continue;
@@ -286,7 +309,7 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   }
   std::vector<std::vector<StepOutput>> outputs;
   int64_t compute_ns = 0;
-  absl::Status status = session_->RunDecode(pointers, &compute_ns, &outputs);
+  absl::Status status = RunDecodeOrOutOfMemory(*session_, pointers, &compute_ns, &outputs);
   stats.size = stats.tokens = steps;
   stats.calls = static_cast<int64_t>(planned.size());
   stats.compute_ns = compute_ns;
@@ -307,7 +330,7 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
       const SchedulerClock::time_point retry = SchedulerClock::now();
       StepPlan* one[] = {&plans[i]};
       int64_t one_ns = 0;
-      absl::Status s = session_->RunDecode(one, &one_ns, &outputs);
+      absl::Status s = RunDecodeOrOutOfMemory(*session_, one, &one_ns, &outputs);
       stats.compute_ns += one_ns;
       const StepTiming timing{NanosBetween(planned[i]->arrival, retry), one_ns,
                               static_cast<int>(plans[i].inputs.size())};
@@ -336,17 +359,28 @@ void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
 }
 
 void SessionScheduler::RunForward(ForwardCall& call) {
+  StepTiming timing;
+  absl::StatusOr<std::vector<StepOutput>> outputs = absl::UnknownError("not run");
+  try {
+    outputs = ComputeForward(call, timing);
+  } catch (const std::bad_alloc&) {
+    // The call's memory could not be allocated: it fails alone (RunPrefill gave back what it
+    // took), and the process and the other calls go on.
+    outputs = OutOfMemoryError("this Forward");
+  }
+  call.done(std::move(outputs), timing);
+}
+
+absl::StatusOr<std::vector<StepOutput>> SessionScheduler::ComputeForward(ForwardCall& call,
+                                                                          StepTiming& timing) {
   // A call cancelled while queued is dropped before it changes any request.
   if (call.is_cancelled && call.is_cancelled()) {
-    StepTiming never;
-    never.reached_turn = false;
-    call.done(absl::CancelledError("call cancelled"), never);
-    return;
+    timing.reached_turn = false;
+    return absl::CancelledError("call cancelled");
   }
-  StepTiming timing;
   timing.queue_ns = NanosBetween(call.arrival, SchedulerClock::now());
   absl::StatusOr<std::vector<StepInput>> inputs = call.read_inputs();
-  if (!inputs.ok()) return call.done(inputs.status(), timing);
+  if (!inputs.ok()) return inputs.status();
   BatchStats stats;
   stats.decode = false;
   stats.size = stats.calls = static_cast<int64_t>(inputs->size());
@@ -354,8 +388,8 @@ void SessionScheduler::RunForward(ForwardCall& call) {
   timing.batch_size = static_cast<int>(stats.size);
   absl::StatusOr<StepPlan> plan =
       session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
-  if (!plan.ok()) return call.done(plan.status(), timing);
-  if (plan->replay) return call.done(std::move(plan->replayed), timing);  // Already applied.
+  if (!plan.ok()) return plan.status();
+  if (plan->replay) return std::move(plan->replayed);  // Already applied.
   // Long prompts run in chunks; one batch of the session's waiting decode steps runs between two
   // chunks, so neither starves the other.
   int chunks = 0;
@@ -368,7 +402,7 @@ void SessionScheduler::RunForward(ForwardCall& call) {
     prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
     if (context_.observer) context_.observer(*session_, stats);
   }
-  call.done(std::move(outputs), timing);
+  return outputs;
 }
 
 SchedulerCounters SessionScheduler::counters() const {

@@ -46,6 +46,10 @@ namespace attnserve::server {
 
 class Session;
 struct StepInput;
+
+// RESOURCE_EXHAUSTED for a call whose memory could not be allocated (std::bad_alloc caught where
+// the call's work runs); `what` names the call ("this Forward").
+absl::Status OutOfMemoryError(absl::string_view what);
 struct StepOutput;
 
 using SchedulerClock = std::chrono::steady_clock;
@@ -178,6 +182,8 @@ class SessionScheduler {
   void RunBatchNow();
   // A Forward's turn, on the queue.
   void RunForward(ForwardCall& call);
+  // RunForward's work; its outcome answers the call. May throw std::bad_alloc.
+  absl::StatusOr<std::vector<StepOutput>> ComputeForward(ForwardCall& call, StepTiming& timing);
   static void Complete(std::vector<Completion>& completions);
 
   Session* const session_;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -40,7 +42,20 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       queue_(SerialQueue::Create(executor)),
       layer_(std::move(layer)),
       scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
+      retained_(std::make_shared<RetainedOutputs>(kDefaultRetainedOutputBytes, 0)),
       last_used_(absl::Now()) {}
+
+Session::~Session() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [request_id, state] : requests_) DropRetained(state);
+}
+
+void Session::SetRetainedOutputs(std::shared_ptr<RetainedOutputs> store, std::string tenant,
+                                 bool tenant_bounded) {
+  retained_ = std::move(store);
+  tenant_ = std::move(tenant);
+  tenant_bounded_ = tenant_bounded;
+}
 
 void Session::RefreshKvBytes() {
   const KvPoolUsage usage = layer_ != nullptr ? layer_->PoolUsage() : KvPoolUsage{};
@@ -72,11 +87,24 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
           "same items, or send a new call under a new call_id"));
     }
   }
-  plan.replay = true;
+  std::vector<StepOutput> replayed;
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
-    plan.replayed.push_back(
-        StepOutput{plan.inputs[i].request_id, states[i]->last_output, states[i]->length});
+    std::optional<Tensor> output = retained_->Get(states[i]->last_output);
+    if (!output.has_value()) {
+      // Applied, so it must not run again (the request's KV cache already holds its tokens), and
+      // its answer is gone: only the caller can decide how to go on.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "call_id '", ClipForMessage(call_id), "' was already applied to request '",
+          ClipForMessage(plan.inputs[i].request_id),
+          "' but its output is no longer retained (evicted to stay under "
+          "--max_retained_output_bytes, or larger than it); it cannot run twice: read the "
+          "request's length with GetSession and go on under a new call_id"));
+    }
+    replayed.push_back(
+        StepOutput{plan.inputs[i].request_id, *std::move(output), states[i]->length});
   }
+  plan.replay = true;
+  plan.replayed = std::move(replayed);
   return true;
 }
 
@@ -204,8 +232,21 @@ absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
   return absl::OkStatus();
 }
 
+std::vector<Tensor> Session::AllocateOutputs(const StepPlan& plan, DType dtype) {
+  std::vector<Tensor> outputs;
+  outputs.reserve(plan.inputs.size());
+  for (const StepInput& in : plan.inputs) {
+    outputs.emplace_back(dtype, std::vector<int64_t>{in.hidden.dim(0), spec_.d_model});
+  }
+  int new_requests = 0;
+  for (const StepPlan::Request& r : plan.requests) new_requests += r.is_new ? 1 : 0;
+  absl::MutexLock lock(&mu_);
+  requests_.reserve(requests_.size() + static_cast<size_t>(new_requests));
+  return outputs;
+}
+
 std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
-                                        absl::Time now) {
+                                        absl::Time now, std::vector<Tensor> outputs) {
   std::vector<StepOutput> results(plan.inputs.size());
   // The layer owns the accounting: each request's bytes as its pages now hold them.
   std::vector<int64_t> kv_bytes(plan.inputs.size(), 0);
@@ -226,13 +267,20 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     state.last_used = now;
     StepOutput& r = results[i];
     r.request_id = std::move(plan.inputs[i].request_id);
-    r.output = Tensor(out.dtype(), {rows, spec_.d_model});
+    r.output = std::move(outputs[i]);
     std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
     src += static_cast<size_t>(rows) * row_bytes;
     r.sequence_length = state.length;
     state.last_call_id = plan.call_id;
     state.last_input_digest = plan.call_id.empty() ? std::string() : plan.input_digest;
-    state.last_output = plan.call_id.empty() ? Tensor() : r.output;
+    DropRetained(state);
+    if (!plan.call_id.empty()) {
+      try {
+        state.last_output = retained_->Put(tenant_, tenant_bounded_, r.output);
+      } catch (const std::bad_alloc&) {
+        // Not retained: a retry answers as for an evicted output.
+      }
+    }
   }
   return results;
 }
@@ -262,8 +310,17 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
       for (const StepPlan::Request& r : plan->requests) ids.push_back(r.sequence);
     }
   }
+  // Everything Commit needs is allocated before the engine call: once it appended, recording it
+  // cannot fail for want of memory.
+  std::vector<std::vector<Tensor>> results;
+  for (StepPlan* plan : plans) results.push_back(AllocateOutputs(*plan, hidden.dtype()));
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<Tensor> out = layer_->Decode(ids, hidden, positions);
+  absl::StatusOr<Tensor> out = absl::UnknownError("not run");
+  try {
+    out = layer_->Decode(ids, hidden, positions);
+  } catch (const std::bad_alloc&) {
+    out = OutOfMemoryError("this Decode batch");
+  }
   *compute_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
@@ -272,8 +329,9 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   const absl::Time now = absl::Now();
   outputs->clear();
   int64_t row = 0;
-  for (StepPlan* plan : plans) {
-    outputs->push_back(Commit(*plan, *out, row, now));
+  for (size_t p = 0; p < plans.size(); ++p) {
+    StepPlan* plan = plans[p];
+    outputs->push_back(Commit(*plan, *out, row, now, std::move(results[p])));
     row += static_cast<int64_t>(outputs->back().size());
   }
   return absl::OkStatus();
@@ -293,6 +351,9 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
     return s;
   }
   if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = total_rows;
+  // Allocated before anything changes (see RunDecode).
+  Tensor out(hidden.dtype(), {total_rows, spec_.d_model});
+  std::vector<Tensor> results = AllocateOutputs(plan, hidden.dtype());
 
   // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
   // back just before the engine charges it.
@@ -331,7 +392,6 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
     row_start[i + 1] = row_start[i] + plan.inputs[i].hidden.dim(0);
   }
-  Tensor out(hidden.dtype(), {total_rows, spec_.d_model});
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
   for (int64_t begin = 0; begin < total_rows; begin += chunk_tokens) {
     const int64_t end = std::min(total_rows, begin + chunk_tokens);
@@ -356,13 +416,19 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
       budget->Release(chunk_bytes);
       reserved -= chunk_bytes;
     }
-    Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
-    std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
-                static_cast<size_t>(end - begin) * row_bytes);
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(positions).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<Tensor> chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
+    try {
+      Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
+      std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
+                  static_cast<size_t>(end - begin) * row_bytes);
+      chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    } catch (const std::bad_alloc&) {
+      // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
+      chunk_out = OutOfMemoryError("this Forward");
+    }
     *compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::steady_clock::now() - start)
                        .count();
@@ -380,7 +446,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
           // Partly applied: a retry under the same call_id must not look like a replay.
           state.last_call_id.clear();
           state.last_input_digest.clear();
-          state.last_output = Tensor();
+          DropRetained(state);
           state.kv_bytes = kv_bytes;
           state.length =
               plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
@@ -397,7 +463,7 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
     if (layer_ == nullptr || closed()) return undo(SessionClosedError(id_));
   }
   if (budget != nullptr && reserved > 0) budget->Release(reserved);
-  return Commit(plan, out, 0, absl::Now());
+  return Commit(plan, out, 0, absl::Now(), std::move(results));
 }
 
 int64_t Session::RequestLength(const std::string& request_id) const {
@@ -459,7 +525,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
     state.last_used = now;
     state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
     state.last_input_digest.clear();
-    state.last_output = Tensor();
+    state.last_output = RetainedOutputs::kNone;  // The source's, not the fork's.
     requests_.emplace(new_ids[i], std::move(state));
   }
   return ForkOutcome{original.length, kv_bytes_used() - before};
@@ -477,6 +543,7 @@ absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
                                               "' not found in session '", id_, "'"));
     }
     sequence = it->second.sequence;
+    DropRetained(it->second);
     requests_.erase(it);
   }
   const int64_t before = kv_bytes_used();
@@ -492,6 +559,7 @@ int64_t Session::Close() {
   const int64_t freed = kv_bytes_used();
   {
     absl::MutexLock lock(&mu_);
+    for (auto& [request_id, state] : requests_) DropRetained(state);
     requests_.clear();
   }
   layer_.reset();  // Credits every page still held back to the pool.
@@ -513,6 +581,7 @@ int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
     for (auto it = requests_.begin(); it != requests_.end();) {
       if (now - it->second.last_used > ttl) {
         expired.push_back(it->second.sequence);
+        DropRetained(it->second);
         requests_.erase(it++);
       } else {
         ++it;

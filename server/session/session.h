@@ -32,6 +32,7 @@
 #include "kernels/stack/layer_stack.h"
 #include "kernels/core/tensor.h"
 #include "server/session/parameter_budget.h"
+#include "server/session/retained_outputs.h"
 #include "server/runtime/serial_queue.h"
 #include "server/session/scheduler.h"
 
@@ -135,6 +136,16 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
           SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
           Executor* executor, SchedulerContext scheduler = {});
+  // Gives back the retained outputs of requests still held.
+  ~Session();
+
+  // Where the outputs retained for call_id retries are kept and charged (retained_outputs.h):
+  // `tenant`'s own bound applies when `tenant_bounded` (a non-admin tenant). Set once by
+  // Configure, before the session is shared; until then a private store of
+  // kDefaultRetainedOutputBytes.
+  void SetRetainedOutputs(std::shared_ptr<RetainedOutputs> store, std::string tenant,
+                          bool tenant_bounded);
+  static constexpr int64_t kDefaultRetainedOutputBytes = int64_t{256} << 20;
 
   const std::string& id() const { return id_; }
   const LayerSpec& spec() const { return spec_; }
@@ -251,11 +262,17 @@ class Session : public std::enable_shared_from_this<Session> {
     // The call_id of the last call applied to this request and its output for this request,
     // retained so that a retry of that call is answered without appending twice. Empty (and no
     // output held) when the last call carried no call_id. last_input_digest is that call's
-    // CallInputDigest: a retry must match it.
+    // CallInputDigest: a retry must match it. last_output is the output's handle in
+    // `retained_` (kNone when not kept; it may also have been evicted since).
     std::string last_call_id;
     std::string last_input_digest;
-    Tensor last_output;
+    uint64_t last_output = RetainedOutputs::kNone;
   };
+  // Forgets `state`'s retained output and gives its bytes back.
+  void DropRetained(RequestState& state) {
+    retained_->Release(state.last_output);
+    state.last_output = RetainedOutputs::kNone;
+  }
   // Fills plan.replay and plan.replayed when `call_id` was the last call applied to every
   // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some;
   // INVALID_ARGUMENT when to all of them but with other inputs (plan.input_digest).
@@ -266,8 +283,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
   // Records a successful engine call: lengths, positions, last use; slices `out` per input.
+  // `outputs` (AllocateOutputs) receive the rows, one per input.
   std::vector<StepOutput> Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
-                                 absl::Time now);
+                                 absl::Time now, std::vector<Tensor> outputs);
+  // One output tensor per input of `plan`, and room in requests_ for its new requests: what
+  // Commit would otherwise allocate after the engine call. May throw std::bad_alloc.
+  std::vector<Tensor> AllocateOutputs(const StepPlan& plan, DType dtype);
 
   const std::string id_;
   const std::string label_;
@@ -290,6 +311,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<SessionScheduler> scheduler_;
   std::atomic<int64_t> kv_bytes_used_{0};
   std::atomic<bool> closed_{false};
+
+  std::shared_ptr<RetainedOutputs> retained_;
+  std::string tenant_;
+  bool tenant_bounded_ = false;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, RequestState> requests_ ABSL_GUARDED_BY(mu_);

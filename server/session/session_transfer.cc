@@ -33,7 +33,10 @@ absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_
     // In the same queue step as the copy: no step can land on the source after it was copied.
     {
       absl::MutexLock lock(&mu_);
-      requests_.erase(request_id);
+      if (auto it = requests_.find(request_id); it != requests_.end()) {
+        DropRetained(it->second);
+        requests_.erase(it);
+      }
     }
     layer_->ReleaseSequence(state.sequence).IgnoreError();
     RefreshKvBytes();

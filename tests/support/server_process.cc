@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,9 +77,26 @@ std::string ExitState::ToString() const {
                 : absl::StrCat("killed by signal ", signal, " (", strsignal(signal), ")");
 }
 
+namespace {
+const ProcessLimits kNoLimits;
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartWithLimits(
+    const std::vector<std::string>& flags, const ProcessLimits& limits,
+    std::chrono::milliseconds startup_timeout) {
+  return StartImpl(flags, startup_timeout, nullptr, "127.0.0.1", limits);
+}
+
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout,
     std::shared_ptr<grpc::ChannelCredentials> credentials, const std::string& host) {
+  return StartImpl(flags, startup_timeout, std::move(credentials), host, kNoLimits);
+}
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartImpl(
+    const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout,
+    std::shared_ptr<grpc::ChannelCredentials> credentials, const std::string& host,
+    const ProcessLimits& limits) {
   std::unique_ptr<ServerProcess> process(new ServerProcess());
   process->host_ = host;
   process->credentials_ = std::move(credentials);
@@ -98,18 +116,46 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
 
+  pid_t pid = -1;
+  if (limits.address_space_bytes.has_value() || limits.open_files.has_value()) {
+    // fork + exec, with setrlimit between them (posix_spawn cannot set limits). Only
+    // async-signal-safe calls in the child.
+    const std::string log_path = process->log_path_;
+    pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      if (limits.address_space_bytes.has_value()) {
+        const rlimit as{*limits.address_space_bytes, *limits.address_space_bytes};
+        if (setrlimit(RLIMIT_AS, &as) != 0) _exit(126);
+      }
+      if (limits.open_files.has_value()) {
+        const rlimit nofile{*limits.open_files, *limits.open_files};
+        if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) _exit(126);
+      }
+      const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null = open("/dev/null", O_RDONLY);
+      if (log < 0 || null < 0) _exit(126);
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+      dup2(null, STDIN_FILENO);
+      // Descriptors the test holds (sockets, other files) must not count against the limit.
+      for (int fd = 3; fd < 4096; ++fd) close(fd);
+      execve(argv[0], argv.data(), environ);
+      _exit(127);
+    }
+  } else {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, process->log_path_.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  pid_t pid = -1;
   const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawn_error != 0) {
     return absl::InternalError(
         absl::StrCat("posix_spawn ", argv[0], ": ", std::strerror(spawn_error)));
+  }
   }
   process->pid_ = pid;
 

