@@ -69,6 +69,10 @@ ABSL_FLAG(int64_t, max_retained_output_bytes, kDefaultLimits.max_retained_output
           "Bytes of call outputs kept for call_id retries, all sessions together (each request "
           "keeps its last call_id's output); past it the oldest are evicted, and a retry of an "
           "evicted call is FAILED_PRECONDITION naming its call_id (docs/api.md). Must be > 0.");
+ABSL_FLAG(absl::Duration, import_idle_timeout, kDefaultLimits.import_idle_timeout,
+          "An ImportRequest stream that sends no message for this long (its header, then each "
+          "chunk of page bytes) is ended DEADLINE_EXCEEDED and the KV pool bytes its header "
+          "reserved are given back; 0 = never (not advised: a stalled client holds them).");
 ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
           "Idle time after which a request's KV cache is freed; 0 = never.");
 ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
@@ -172,6 +176,7 @@ int main(int argc, char** argv) {
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.limits.max_retained_output_bytes = absl::GetFlag(FLAGS_max_retained_output_bytes);
+  options.limits.import_idle_timeout = absl::GetFlag(FLAGS_import_idle_timeout);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.limits.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);

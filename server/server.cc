@@ -93,6 +93,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes = ", l.max_message_bytes,
                                                    ", must be in [1024, 2^31 - 1]"));
   }
+  if (l.import_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--import_idle_timeout must be >= 0 (0 = never)");
+  }
   if (l.max_retained_output_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_retained_output_bytes = ", l.max_retained_output_bytes, ", must be >= 1"));

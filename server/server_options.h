@@ -23,6 +23,9 @@ struct ServerLimits {
   // Outputs retained for call_id retries, all sessions together (server/session/retained_outputs.h);
   // storing one past it evicts the oldest. > 0.
   int64_t max_retained_output_bytes = int64_t{256} << 20;
+  // An ImportRequest stream silent this long (no header, or no next page chunk) is ended
+  // DEADLINE_EXCEEDED and the pool bytes its header reserved are given back; zero = never.
+  absl::Duration import_idle_timeout = absl::Seconds(30);
 };
 
 // Continuous batching and chunked prefill, per session (see server/session/scheduler.h and the

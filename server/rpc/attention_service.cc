@@ -170,7 +170,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
-                [this] { return DrainingStatus(); }, &backend->capabilities()},
+                [this] { return DrainingStatus(); }, &backend->capabilities(),
+                limits.import_idle_timeout, &timer_},
       retained_(std::make_shared<RetainedOutputs>(
           limits.max_retained_output_bytes,
           registry->tenant_quotas().max_retained_output_bytes)) {}

@@ -7,6 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "attnserve/v1/attention_service.pb.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/kv/sequence_table.h"
@@ -210,11 +213,21 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 // ---- ImportRequest -----------------------------------------------------------------------------
 
+// An ImportRequest's idle watch, shared with the timer callbacks that check it: the reactor is
+// null once it stopped reading (its bytes are all here, or it ended). Every step of the reactor's
+// reading runs under `mu`, so the timer never ends a call that a message is advancing.
+struct ImportWatch {
+  absl::Mutex mu;
+  class ImportReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  absl::Time last_message ABSL_GUARDED_BY(mu) = absl::Now();
+};
+
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   ImportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
                 grpc::ByteBuffer* wire_response)
-      : context_(context), call_(call), wire_response_(wire_response) {
+      : context_(context), call_(call), wire_response_(wire_response),
+        watch_(std::make_shared<ImportWatch>()) {
     if (grpc::Status draining = context_.draining(); !draining.ok()) {
       Done(std::move(draining));
       return;
@@ -233,10 +246,18 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
     }
     caller_ = *std::move(caller);
+    absl::MutexLock lock(&watch_->mu);
+    if (context_.timer != nullptr && context_.import_idle_timeout > absl::ZeroDuration()) {
+      watch_->reactor = this;
+      ScheduleWatch(watch_, context_, absl::Now() + context_.import_idle_timeout);
+    }
     StartRead(&wire_);
   }
 
   void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&watch_->mu);
+    watch_->last_message = absl::Now();
+    if (done_) return;  // Ended by the idle watch while this read was pending.
     if (!ok) {
       // The client half-closed (all bytes sent) or the call broke.
       if (call_->IsCancelled()) {
@@ -279,11 +300,40 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void OnDone() override {
+    {
+      absl::MutexLock lock(&watch_->mu);
+      watch_->reactor = nullptr;
+    }
     ReleaseReservation();  // Whatever ended the call.
     delete this;
   }
 
  private:
+  // Checks `watch` at `at`: ends its stream when no message came for the idle timeout, else
+  // checks again when the timeout after its last message passes.
+  static void ScheduleWatch(std::shared_ptr<ImportWatch> watch, const TransferContext& context,
+                            absl::Time at) {
+    context.timer->Schedule(at, [watch, &context] {
+      absl::MutexLock lock(&watch->mu);
+      if (watch->reactor == nullptr) return;
+      const absl::Time due = watch->last_message + context.import_idle_timeout;
+      if (absl::Now() < due) {
+        ScheduleWatch(watch, context, due);
+        return;
+      }
+      ImportReactor* reactor = watch->reactor;
+      watch->reactor = nullptr;
+      // A read is pending (every message's handling holds `mu`), so OnDone waits for it: the
+      // reactor outlives this call.
+      reactor->Done(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("ImportRequest: no message for ",
+                       absl::FormatDuration(context.import_idle_timeout),
+                       " (--import_idle_timeout); the import is abandoned and its ",
+                       reactor->reserved_bytes_, " reserved KV pool bytes released")));
+    });
+  }
+
   // Checks the header against the target session and reserves the pool bytes of its pages.
   absl::Status TakeHeader(const v1::ImportRequestHeader& header) {
     if (absl::Status s = CheckId(header.session_id(), "header.session_id", kMaxSessionIdBytes);
@@ -344,7 +394,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   // Every byte is here: create the request in its turn on the session's queue.
-  void Commit() {
+  void Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_->mu) {
+    watch_->reactor = nullptr;  // No longer reading: the idle watch is done with this call.
     const bool queued = session_->scheduler().PostOp({request_id_}, [this] {
       const Clock::time_point start = Clock::now();
       // Handed from the reservation to the layer, which charges the same bytes for its pages.
@@ -377,6 +428,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void Done(grpc::Status status) {
+    if (done_) return;
+    done_ = true;
     ReleaseReservation();
     Observe(*context_.metrics, Rpc::kImportRequest, variant_, status, arrival_, compute_ns_);
     if (!status.ok()) {
@@ -399,6 +452,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   int64_t expected_bytes_ = 0;
   int64_t reserved_bytes_ = 0;  // Pool bytes held for the pages while they arrive.
   RequestExport exported_;      // The header's numbers, and the page bytes as they arrive.
+  std::shared_ptr<ImportWatch> watch_;
+  bool done_ = false;  // Done ran (under watch_->mu while reading; on the queue after).
 };
 
 }  // namespace

@@ -23,9 +23,11 @@
 #include "kernels/capabilities.h"
 #include "attnserve/v1/attention_service.pb.h"
 #include "server/observability/metrics.h"
+#include "absl/time/time.h"
 #include "server/security/principal.h"
 #include "server/session/session.h"
 #include "server/session/registry.h"
+#include "server/runtime/timer_queue.h"
 
 namespace attnserve::server {
 
@@ -40,6 +42,11 @@ struct TransferContext {
   std::function<grpc::Status()> draining;
   // The serving backend's table: without export_import both calls are UNIMPLEMENTED at once.
   const BackendCapabilities* capabilities = nullptr;
+  // An ImportRequest stream that sends no message for this long (its header, then its page
+  // bytes) is ended DEADLINE_EXCEEDED and its reserved pool bytes given back (--import_idle_timeout;
+  // zero = never). Checked on `timer`.
+  absl::Duration import_idle_timeout = absl::ZeroDuration();
+  TimerQueue* timer = nullptr;
 };
 
 // The header ExportRequest sends first for `exported`, a request of `session` (also what a drain

@@ -76,6 +76,12 @@ class LimitedServer {
   std::unique_ptr<v1::AttentionService::Stub> stub;
 };
 
+ProcessLimits AddressSpace(uint64_t bytes) {
+  ProcessLimits limits;
+  limits.address_space_bytes = bytes;
+  return limits;
+}
+
 LayerSpec Mha(int d_model, int heads, int head_dim) {
   LayerSpec spec;
   spec.variant = AttentionVariant::kMHA;
@@ -113,7 +119,7 @@ int64_t RequestLength(v1::AttentionService::Stub& stub, const std::string& sessi
 // memory (std::bad_alloc). Retained outputs are bounded now (--max_retained_output_bytes, 256 MiB
 // by default): the oldest are evicted, and a retry of an evicted call is refused, not re-run.
 TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
-  auto server = LimitedServer::Start({}, {.address_space_bytes = 3 * kGiB});
+  auto server = LimitedServer::Start({}, AddressSpace(3 * kGiB));
   ASSERT_NE(server, nullptr);
   LayerSpec spec;
   spec.variant = AttentionVariant::kMQA;
@@ -195,7 +201,7 @@ TEST(ReliabilityTest, RetainedOutputBoundIsAFlag) {
 // RLIMIT_AS: Configure is refused by the budget first.
 TEST(ReliabilityTest, DefaultParameterBudgetFollowsTheAddressSpaceLimit) {
   auto server = LimitedServer::Start({"--kv_pool_bytes=268435456"},
-                                     {.address_space_bytes = 3 * kGiB});
+                                     AddressSpace(3 * kGiB));
   ASSERT_NE(server, nullptr);
   absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(*server->stub);
   ASSERT_TRUE(info.ok()) << info.status();
@@ -234,7 +240,7 @@ TEST(ReliabilityTest, DefaultParameterBudgetFollowsTheAddressSpaceLimit) {
 TEST(ReliabilityTest, ACallThatCannotAllocateIsResourceExhausted) {
   auto server = LimitedServer::Start(
       {"--kv_pool_bytes=268435456", absl::StrCat("--max_parameter_bytes=", 64 * kGiB)},
-      {.address_space_bytes = 3 * kGiB});
+      AddressSpace(3 * kGiB));
   ASSERT_NE(server, nullptr);
   // 4 x 8192 x 16384 f32 weights: 2 GiB, and Configure's peak is twice that.
   v1::ConfigureResponse configured;
@@ -257,6 +263,103 @@ TEST(ReliabilityTest, ACallThatCannotAllocateIsResourceExhausted) {
   v1::ForwardResponse response;
   status = Forward(*server->stub, request, &response);
   EXPECT_TRUE(status.ok()) << Describe(status);
+}
+
+int64_t PoolUsed(v1::AttentionService::Stub& stub) {
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->kv_pool_used_bytes() : -1;
+}
+
+// Polls GetServerInfo until the pool's use is `want` (bounded); returns the last value seen.
+int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t want,
+                      std::chrono::seconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  int64_t used = PoolUsed(stub);
+  while (used != want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    used = PoolUsed(stub);
+  }
+  return used;
+}
+
+// Issue item 3: ImportRequest streams that sent only their header held the pool bytes the header
+// reserved for as long as the client kept them open (80 of them took 66 of 67 MB). A stream
+// silent for --import_idle_timeout is ended DEADLINE_EXCEEDED and its bytes come back.
+TEST(ReliabilityTest, StalledImportsGiveTheirPoolBytesBack) {
+  auto server = LimitedServer::Start({"--kv_pool_bytes=1048576", "--import_idle_timeout=2s"}, {});
+  ASSERT_NE(server, nullptr);
+  v1::AttentionService::Stub& stub = *server->stub;
+  const LayerSpec spec = Mha(64, 2, 32);
+  const std::string source = ConfigureOk(stub, SeedConfigure(spec, 1));
+  const std::string other = ConfigureOk(stub, SeedConfigure(spec, 1));
+  std::mt19937_64 rng(9);
+  const Tensor prompt = RandomHidden(160, spec.d_model, rng);
+  const auto prefill = [&](const std::string& session, const std::string& id) {
+    v1::ForwardRequest request;
+    request.set_session_id(session);
+    *request.add_items() = MakeForwardItem(id, prompt);
+    v1::ForwardResponse response;
+    return Forward(stub, request, &response);
+  };
+  ASSERT_TRUE(prefill(source, "r").ok());
+  // A real header to import from: the request's export (released with it).
+  v1::ExportedRequest header;
+  {
+    v1::ExportRequestRequest request;
+    request.set_session_id(source);
+    request.set_request_id("r");
+    request.set_release_after_export(true);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    auto reader = stub.ExportRequest(&context, request);
+    v1::ExportRequestResponse message;
+    while (reader->Read(&message)) {
+      if (message.has_header()) header = message.header();
+    }
+    grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << Describe(status);
+  }
+  const int64_t bytes = header.held_pages() * header.page_bytes();
+  ASSERT_GT(bytes, 0);
+  ASSERT_EQ(AwaitPoolUsed(stub, 0, std::chrono::seconds(10)), 0);
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
+  ASSERT_TRUE(info.ok());
+  const int64_t imports = info->kv_pool_capacity_bytes() / bytes;
+  ASSERT_GE(imports, 2);
+
+  // Header-only imports, left open, take the whole pool.
+  struct Stalled {
+    grpc::ClientContext context;
+    v1::ImportRequestResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer;
+  };
+  std::vector<std::unique_ptr<Stalled>> stalled;
+  for (int64_t i = 0; i < imports; ++i) {
+    auto s = std::make_unique<Stalled>();
+    SetDeadline(s->context, std::chrono::seconds(60));
+    s->writer = stub.ImportRequest(&s->context, &s->response);
+    v1::ImportRequestRequest message;
+    message.mutable_header()->set_session_id(source);
+    message.mutable_header()->set_request_id(absl::StrCat("stalled-", i));
+    *message.mutable_header()->mutable_request() = header;
+    ASSERT_TRUE(s->writer->Write(message));
+    stalled.push_back(std::move(s));
+  }
+  ASSERT_EQ(AwaitPoolUsed(stub, imports * bytes, std::chrono::seconds(10)), imports * bytes)
+      << "every header reserves its pages' bytes";
+
+  // They are ended once silent for the idle timeout, and the pool is free again.
+  EXPECT_EQ(AwaitPoolUsed(stub, 0, std::chrono::seconds(30)), 0)
+      << "stalled imports still hold their reserved bytes";
+  grpc::Status status = prefill(other, "fresh");
+  EXPECT_TRUE(status.ok()) << Describe(status);
+  for (auto& s : stalled) {
+    grpc::Status ended = s->writer->Finish();
+    EXPECT_EQ(ended.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(ended);
+    EXPECT_THAT(ended.error_message(), HasSubstr("--import_idle_timeout"));
+  }
+  server->ExpectUp();
 }
 
 }  // namespace
