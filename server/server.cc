@@ -4,8 +4,11 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -149,6 +152,32 @@ absl::Status WritePortFile(const std::string& path, int port, const char* flag =
   return absl::OkStatus();
 }
 
+// The thread that waits for the stop signals, and why it was woken when not by one.
+pthread_t main_thread;
+std::atomic<bool> listener_failed{false};
+
+// gRPC stopped accepting on its port (WatchGrpcLogging): stop as on SIGTERM (a drain moves the
+// sessions with --drain_to), then exit non-zero so that the orchestrator starts a fresh process.
+void OnListenerFailed(const char* /*message*/) {
+  listener_failed.store(true);
+  pthread_kill(main_thread, SIGTERM);  // To the thread in sigwait (the others block it too).
+}
+
+// Raises the soft RLIMIT_NOFILE to the hard limit: every connection is a descriptor, and running
+// out of them stops gRPC's listener (see WatchGrpcLogging).
+void RaiseDescriptorLimit() {
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) return;
+  const rlim_t soft = nofile.rlim_cur;
+  if (nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) nofile.rlim_cur = soft;
+  }
+  SERVER_LOG(INFO, "open files: soft limit %d (was %d), hard limit %d",
+             static_cast<int64_t>(nofile.rlim_cur), static_cast<int64_t>(soft),
+             static_cast<int64_t>(nofile.rlim_max));
+}
+
 }  // namespace
 
 absl::Status RunServer(const ServerOptions& options) {
@@ -159,6 +188,9 @@ absl::Status RunServer(const ServerOptions& options) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  main_thread = pthread_self();
+  WatchGrpcLogging(&OnListenerFailed);
+  RaiseDescriptorLimit();
 
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   absl::StatusOr<ListenAddress> listen = ParseListenAddress(options.listen_address);
@@ -314,6 +346,13 @@ absl::Status RunServer(const ServerOptions& options) {
   // ignored rather than delivered to a thread that never blocked it (OpenBLAS starts its workers
   // before main) and ending the process mid-drain. SIGKILL still ends it; a second SIGINT too.
   signal(SIGTERM, SIG_IGN);
+  if (listener_failed.load()) {
+    SERVER_LOG(ERROR,
+               "gRPC stopped accepting connections on port %d after accept4 failed (out of file "
+               "descriptors?); gRPC 1.51 never resumes, so this replica stops now and exits 1 "
+               "for its orchestrator to restart it",
+               port);
+  }
   SERVER_LOG(INFO, "signal %d: draining for up to %s", signal_number,
              absl::FormatDuration(options.shutdown_grace));
 
@@ -337,6 +376,10 @@ absl::Status RunServer(const ServerOptions& options) {
     if (std::shared_ptr<Session> s = registry.Remove(session->id())) s->Close();
   }
   SERVER_LOG(INFO, "stopped; KV pool used %d bytes", pool.used_bytes());
+  if (listener_failed.load()) {
+    return absl::UnavailableError(
+        "exiting 1: the gRPC port stopped accepting connections (see above)");
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,9 @@
 #include "server/observability/library_logging.h"
 
+#include <grpc/support/log.h>
+
+#include <atomic>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -61,7 +65,29 @@ void HandleProtobufLog(google::protobuf::LogLevel level, const char* filename, i
   }
 }
 
+std::atomic<void (*)(const char*)> listener_failed{nullptr};
+
+void HandleGrpcLog(gpr_log_func_args* args) {
+  const char* file = args->file != nullptr ? args->file : "";
+  if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+  const std::string text =
+      absl::StrCat("grpc ", file, ":", args->line, ": ", ClipForMessage(args->message, 500));
+  if (args->severity == GPR_LOG_SEVERITY_ERROR) {
+    SERVER_LOG(ERROR, "%s", text);
+  } else {
+    SERVER_LOG(INFO, "%s", text);
+  }
+  if (args->message != nullptr && std::strncmp(args->message, "Failed accept4", 14) == 0) {
+    if (auto* callback = listener_failed.exchange(nullptr)) callback(args->message);
+  }
+}
+
 }  // namespace
+
+void WatchGrpcLogging(void (*on_listener_failed)(const char* message)) {
+  listener_failed.store(on_listener_failed);
+  gpr_set_log_function(&HandleGrpcLog);
+}
 
 void RateLimitProtobufLogging(int64_t lines_per_minute) {
   Window().limit = lines_per_minute;

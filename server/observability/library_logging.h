@@ -13,6 +13,13 @@ namespace attnserve::server {
 // call once at startup.
 void RateLimitProtobufLogging(int64_t lines_per_minute = 60);
 
+// Routes gRPC core's log lines (errors, at its default verbosity) into the server's log, and
+// calls `on_listener_failed` (once, on the gRPC thread that logged it) when gRPC reports that
+// accept4 failed on a listening port ("Failed accept4: Too many open files"): gRPC 1.51 stops
+// that listener for good then (tcp_server_posix.cc never re-arms it), so the port accepts no
+// new connection until the process restarts. Process-wide; call once at startup.
+void WatchGrpcLogging(void (*on_listener_failed)(const char* message));
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_OBSERVABILITY_LIBRARY_LOGGING_H_

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -360,6 +361,57 @@ TEST(ReliabilityTest, StalledImportsGiveTheirPoolBytesBack) {
     EXPECT_THAT(ended.error_message(), HasSubstr("--import_idle_timeout"));
   }
   server->ExpectUp();
+}
+
+// Issue item 4: once the process ran out of descriptors, gRPC 1.51 stopped accepting on its port
+// for good (its listener is not re-armed after accept4 fails with EMFILE), so the server looked up
+// (its health served on the connections it had) but served no new client. No channel argument of
+// 1.51 caps incoming connections, so the server cannot prevent it past the raised descriptor
+// limit; it detects it (gRPC's "Failed accept4" log line) and exits non-zero.
+TEST(ReliabilityTest, ExitsNonZeroOnceRunningOutOfDescriptorsStopsTheListener) {
+  ProcessLimits limits;
+  limits.open_files = 256;
+  auto server = LimitedServer::Start({}, limits);
+  ASSERT_NE(server, nullptr);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server->process->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> sockets;
+  for (int i = 0; i < 400; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0) << "the test's own descriptors ran out";
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+      close(fd);
+      break;
+    }
+    sockets.push_back(fd);
+  }
+  ASSERT_GT(sockets.size(), 300u);
+  // The server runs out of descriptors accepting them (or refuses them past its cap).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until &&
+         server->process->LogTail(20000).find("open files") == std::string::npos &&
+         server->process->LogTail(20000).find("connections") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (int fd : sockets) close(fd);
+  sockets.clear();
+
+  // gRPC 1.51 cannot resume accepting, so the server stops (as on SIGTERM: calls on the
+  // connections it has may finish) and exits 1 with a line saying why, for its orchestrator to
+  // restart it: never a process that looks up and serves no new client.
+  const auto exit_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::optional<ExitState> ended;
+  while (!(ended = server->process->TryWait()).has_value() &&
+         std::chrono::steady_clock::now() < exit_until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ended.has_value()) << "the server neither serves nor exits";
+  EXPECT_TRUE(ended->exited && ended->exit_code == 1) << ended->ToString();
+  const std::string log = server->process->LogTail(20000);
+  EXPECT_THAT(log, HasSubstr("gRPC stopped accepting connections on port"));
+  EXPECT_THAT(log, HasSubstr("exits 1 for its orchestrator to restart it"));
 }
 
 }  // namespace
