@@ -20,8 +20,8 @@ struct ServerLimits {
   // Configure's checkpoint paths must resolve inside this directory
   // (server/session/weight_source.h); empty = checkpoints by path are refused.
   std::string checkpoint_root;
-  // Outputs retained for call_id retries, all sessions together (server/session/retained_outputs.h);
-  // storing one past it evicts the oldest. > 0.
+  // Outputs retained for call_id retries, all sessions together
+  // (server/session/retained_outputs.h); storing one past it evicts the oldest. > 0.
   int64_t max_retained_output_bytes = int64_t{256} << 20;
   // An ImportRequest stream silent this long (no header, or no next page chunk) is ended
   // DEADLINE_EXCEEDED and the pool bytes its header reserved are given back; zero = never.

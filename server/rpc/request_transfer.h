@@ -43,8 +43,8 @@ struct TransferContext {
   // The serving backend's table: without export_import both calls are UNIMPLEMENTED at once.
   const BackendCapabilities* capabilities = nullptr;
   // An ImportRequest stream that sends no message for this long (its header, then its page
-  // bytes) is ended DEADLINE_EXCEEDED and its reserved pool bytes given back (--import_idle_timeout;
-  // zero = never). Checked on `timer`.
+  // bytes) is ended DEADLINE_EXCEEDED and its reserved pool bytes given back
+  // (--import_idle_timeout; zero = never). Checked on `timer`.
   absl::Duration import_idle_timeout = absl::ZeroDuration();
   TimerQueue* timer = nullptr;
 };

@@ -4,7 +4,7 @@
 // GetServerInfo value, the process's exit), never a sleep that orders things.
 //   retained call_id outputs under a memory limit     bounded: the oldest evicted, the process up
 //   a retry of an evicted call_id                      FAILED_PRECONDITION naming the call_id
-//   the default parameter budget under RLIMIT_AS       half the limit: Configure refused, not a crash
+//   the default parameter budget under RLIMIT_AS       half what it leaves: Configure refused
 //   a call that cannot allocate its memory             RESOURCE_EXHAUSTED, the server up
 //   ImportRequest streams that stall after the header  cancelled, their pool bytes given back
 //   running out of descriptors                         a new client is served afterwards
