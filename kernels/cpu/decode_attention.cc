@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/kv_page_rows.h"
+#include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/spec/decode_splits.h"
 
@@ -53,7 +54,6 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
   // matrix, so sgemm's register tiling beats row-at-a-time dot products.
   const bool use_gemm =
       std::is_same_v<Element, float> && rows >= kMinRowsForGemm && count >= kMinKeysForGemm;
-  const int count4 = count / 4 * 4;
 
   // S = Q · K^T for this page; the page's keys stay in L1 across rows.
   if (use_gemm) {
@@ -61,38 +61,13 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
                 reinterpret_cast<const float*>(key_rows[0]), static_cast<int>(p.layout.row_stride),
                 0.0f, scores, padded_page);
   } else {
-    for (int r = 0; r < rows; ++r) {
-      const float* q_row = q + int64_t{r} * p.key_dim;
-      float* row_scores = &scores[r * padded_page];
-      int s = 0;
-      for (; s < count4; s += 4) {
-        Dot4(q_row, key_rows[s], key_rows[s + 1], key_rows[s + 2], key_rows[s + 3], p.key_dim,
-             row_scores + s);
-      }
-      for (; s < count; ++s) row_scores[s] = Dot(q_row, key_rows[s], p.key_dim);
-    }
+    // Every query row of the group from each 8-key register tile (simd_kernels.h).
+    GroupScores(q, rows, p.key_dim, key_rows, count, scores, padded_page);
   }
   // Online softmax: rescale what was accumulated when a row's running max grows.
   for (int r = 0; r < rows; ++r) {
-    float* row_scores = &scores[r * padded_page];
-    float block_max = -std::numeric_limits<float>::infinity();
-    for (int s = 0; s < count; ++s) row_scores[s] *= p.scale;
-    if (p.softcap > 0.0f) SoftCap(p.softcap, row_scores, count);
-    for (int s = 0; s < count; ++s) block_max = std::max(block_max, row_scores[s]);
-    const float new_max = std::max(state.max[r], block_max);
-    const float correction = std::exp(state.max[r] - new_max);
-    if (correction != 1.0f) {
-      state.sum[r] *= correction;
-      Scale(correction, state.acc + int64_t{r} * p.value_dim, p.value_dim);
-    }
-    float block_sum = 0.0f;
-#pragma omp simd reduction(+ : block_sum)
-    for (int s = 0; s < count; ++s) {
-      row_scores[s] = ExpApprox(row_scores[s] - new_max);
-      block_sum += row_scores[s];
-    }
-    state.sum[r] += block_sum;
-    state.max[r] = new_max;
+    OnlineSoftmaxRow(&scores[r * padded_page], count, 0, count, p.scale, p.softcap, &state.max[r],
+                     &state.sum[r], state.acc + int64_t{r} * p.value_dim, p.value_dim);
   }
   // O += P · V
   if (use_gemm) {
@@ -101,16 +76,7 @@ void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* p
                 static_cast<int>(p.layout.row_stride), 1.0f, state.acc, p.value_dim);
     return;
   }
-  for (int r = 0; r < rows; ++r) {
-    const float* weights = &scores[r * padded_page];
-    float* acc = state.acc + int64_t{r} * p.value_dim;
-    int s = 0;
-    for (; s < count4; s += 4) {
-      Axpy4(weights + s, value_rows[s], value_rows[s + 1], value_rows[s + 2], value_rows[s + 3],
-            acc, p.value_dim);
-    }
-    for (; s < count; ++s) Axpy(weights[s], value_rows[s], acc, p.value_dim);
-  }
+  GroupAccumulate(scores, padded_page, rows, value_rows, count, p.value_dim, state.acc);
 }
 
 // Attends all of one sequence's query rows to keys [keys.begin, keys.end). Pages are visited in

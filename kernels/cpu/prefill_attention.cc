@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
@@ -17,6 +18,10 @@ namespace {
 // peak, small enough that Q, K, V, S and O of one item stay in L2.
 constexpr int64_t kTargetRowsPerBlock = 64;
 constexpr int64_t kKeysPerBlock = 128;
+// Keys and values of every (sequence, KV head) are converted to float32 once, before the query
+// blocks, when they take at most this many floats (128 MiB); larger problems (a short chunk over
+// a very long cached prefix) fall back to filling each key block per query block.
+constexpr int64_t kMaxGatheredFloats = int64_t{32} << 20;
 
 struct WorkItem {
   int sequence;
@@ -25,8 +30,21 @@ struct WorkItem {
   int64_t query_end;
 };
 
+// Float32 keys [key_dim] and values [value_dim] of keys [begin, end) of one (sequence, KV head).
+struct GatheredKv {
+  int64_t begin = 0;
+  const float* keys = nullptr;
+  const float* values = nullptr;
+};
+
+// Keys any new token of the sequence may see.
+KeyRange SequenceKeys(const PrefillAttentionParams& p, const PrefillSequence& seq) {
+  return {p.mask.VisibleKeys(seq.first_index, seq.length).begin,
+          p.mask.VisibleKeys(seq.first_index + seq.num_new - 1, seq.length).end};
+}
+
 void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& seq,
-                      const WorkItem& item) {
+                      const WorkItem& item, const GatheredKv* gathered) {
   const int group = p.group_size;
   const int64_t tokens = item.query_end - item.query_begin;
   const int64_t rows = tokens * group;
@@ -39,57 +57,59 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
                        int64_t{item.kv_head} * group * p.key_dim;
     std::copy(src, src + int64_t{group} * p.key_dim, &q[t * group * p.key_dim]);
   }
-  std::vector<float> keys(kKeysPerBlock * p.key_dim), values(kKeysPerBlock * p.value_dim);
+  std::vector<float> key_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.key_dim);
+  std::vector<float> value_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.value_dim);
   std::vector<float> scores(rows * kKeysPerBlock);
   std::vector<float> acc(rows * p.value_dim, 0.0f), row_max(rows, kNegInf), row_sum(rows, 0.0f);
 
-  // Keys any query of the block may see.
+  // Keys any query of the block may see; blocks beyond them (above the causal diagonal, before
+  // the window) are never visited.
   const int64_t first_query = seq.first_index + item.query_begin;
   const int64_t last_query = seq.first_index + item.query_end - 1;
-  const int64_t keys_begin = p.mask.VisibleKeys(first_query, seq.length).begin;
-  const int64_t keys_end = p.mask.VisibleKeys(last_query, seq.length).end;
+  const KeyRange first_visible = p.mask.VisibleKeys(first_query, seq.length);
+  const KeyRange last_visible = p.mask.VisibleKeys(last_query, seq.length);
+  const int64_t keys_begin = first_visible.begin;
+  const int64_t keys_end = last_visible.end;
 
   for (int64_t block = keys_begin; block < keys_end; block += kKeysPerBlock) {
     const int64_t count = std::min(kKeysPerBlock, keys_end - block);
-    seq.source->Fill(item.kv_head, block, block + count, keys.data(), values.data());
+    const float* keys;
+    const float* values;
+    if (gathered != nullptr) {
+      keys = gathered->keys + (block - gathered->begin) * p.key_dim;
+      values = gathered->values + (block - gathered->begin) * p.value_dim;
+    } else {
+      seq.source->Fill(item.kv_head, block, block + count, key_buffer.data(), value_buffer.data());
+      keys = key_buffer.data();
+      values = value_buffer.data();
+    }
     // S = scale * Q · K^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(count), p.key_dim, p.scale, q.data(), p.key_dim, keys.data(),
-                p.key_dim, 0.0f, scores.data(), static_cast<int>(count));
+                static_cast<int>(count), p.key_dim, p.scale, q.data(), p.key_dim, keys, p.key_dim,
+                0.0f, scores.data(), static_cast<int>(count));
+    // Visible ranges only grow with the query index, so the block is seen whole by every row when
+    // the first row sees its end and the last row its start: no per-row mask then.
+    const bool whole = first_visible.end >= block + count && last_visible.begin <= block;
     // Mask, then the online-softmax update; P overwrites S.
     for (int64_t r = 0; r < rows; ++r) {
-      const KeyRange visible = p.mask.VisibleKeys(first_query + r / group, seq.length);
       float* s = &scores[r * count];
-      const int64_t lo = std::clamp(visible.begin - block, int64_t{0}, count);
-      const int64_t hi = std::clamp(visible.end - block, int64_t{0}, count);
-      if (lo >= hi) {
-        std::fill(s, s + count, 0.0f);
-        continue;
+      int64_t lo = 0, hi = count;
+      if (!whole) {
+        const KeyRange visible = p.mask.VisibleKeys(first_query + r / group, seq.length);
+        lo = std::clamp(visible.begin - block, int64_t{0}, count);
+        hi = std::clamp(visible.end - block, int64_t{0}, count);
+        if (lo >= hi) {
+          std::fill(s, s + count, 0.0f);
+          continue;
+        }
       }
-      if (p.softcap > 0.0f) SoftCap(p.softcap, s + lo, hi - lo);
-      float block_max = kNegInf;
-      for (int64_t k = lo; k < hi; ++k) block_max = std::max(block_max, s[k]);
-      const float new_max = std::max(row_max[r], block_max);
-      const float correction = std::exp(row_max[r] - new_max);
-      if (correction != 1.0f) {
-        row_sum[r] *= correction;
-        Scale(correction, &acc[r * p.value_dim], p.value_dim);
-      }
-      float block_sum = 0.0f;
-      std::fill(s, s + lo, 0.0f);
-#pragma omp simd reduction(+ : block_sum)
-      for (int64_t k = lo; k < hi; ++k) {
-        s[k] = ExpApprox(s[k] - new_max);
-        block_sum += s[k];
-      }
-      std::fill(s + hi, s + count, 0.0f);
-      row_sum[r] += block_sum;
-      row_max[r] = new_max;
+      OnlineSoftmaxRow(s, count, lo, hi, /*scale=*/1.0f, p.softcap, &row_max[r], &row_sum[r],
+                       &acc[r * p.value_dim], p.value_dim);
     }
     // O += P · V
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), p.value_dim,
-                static_cast<int>(count), 1.0f, scores.data(), static_cast<int>(count),
-                values.data(), p.value_dim, 1.0f, acc.data(), p.value_dim);
+                static_cast<int>(count), 1.0f, scores.data(), static_cast<int>(count), values,
+                p.value_dim, 1.0f, acc.data(), p.value_dim);
   }
 
   // Normalise and scatter back: row (token t, group g) -> out[t, kv_head * group + g].
@@ -117,6 +137,33 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
 
 void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillSequence> sequences,
                       ThreadPool& pool) {
+  // Convert each (sequence, KV head)'s visible keys and values to float32 once, when that fits.
+  int64_t gathered_floats = 0;
+  std::vector<int64_t> gathered_offset(sequences.size() + 1, 0);
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const KeyRange keys = sequences[s].num_new > 0 ? SequenceKeys(p, sequences[s]) : KeyRange{};
+    gathered_offset[s] = gathered_floats;
+    gathered_floats += std::max<int64_t>(0, keys.end - keys.begin) * p.num_kv_heads *
+                       (p.key_dim + p.value_dim);
+  }
+  gathered_offset[sequences.size()] = gathered_floats;
+  const bool gather = gathered_floats <= kMaxGatheredFloats;
+  std::vector<float> storage(gather ? gathered_floats : 0);
+  std::vector<GatheredKv> gathered(gather ? sequences.size() * p.num_kv_heads : 0);
+  if (gather) {
+    pool.ParallelFor(static_cast<int64_t>(gathered.size()), [&](int64_t i) {
+      const size_t s = static_cast<size_t>(i / p.num_kv_heads);
+      const int h = static_cast<int>(i % p.num_kv_heads);
+      if (sequences[s].num_new == 0) return;
+      const KeyRange keys = SequenceKeys(p, sequences[s]);
+      const int64_t count = keys.end - keys.begin;
+      float* base = storage.data() + gathered_offset[s] + h * count * (p.key_dim + p.value_dim);
+      float* values = base + count * p.key_dim;
+      if (count > 0) sequences[s].source->Fill(h, keys.begin, keys.end, base, values);
+      gathered[i] = {keys.begin, base, values};
+    });
+  }
+
   const int64_t tokens_per_block = std::max<int64_t>(1, kTargetRowsPerBlock / p.group_size);
   std::vector<WorkItem> items;
   for (size_t s = 0; s < sequences.size(); ++s) {
@@ -131,8 +178,13 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
     return a.query_begin > b.query_begin;
   });
-  pool.ParallelFor(static_cast<int64_t>(items.size()),
-                   [&](int64_t i) { AttendQueryBlock(p, sequences[items[i].sequence], items[i]); });
+  pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    const WorkItem& item = items[i];
+    const GatheredKv* kv =
+        gather ? &gathered[static_cast<size_t>(item.sequence) * p.num_kv_heads + item.kv_head]
+               : nullptr;
+    AttendQueryBlock(p, sequences[item.sequence], item, kv);
+  });
 }
 
 }  // namespace attnserve

@@ -1,65 +1,131 @@
 #!/usr/bin/env python3
-"""Runs cpu_attention_benchmark and prints docs/benchmarks.md's table: every kernel's rate next to
-the ceiling measured in the same run (sgemm GFLOP/s for prefill; read-only and memcpy bandwidth for
-decode), as ratios.
+"""Runs cpu_attention_benchmark and its PyTorch CPU peer (torch_cpu_peer.py) back to back and
+prints docs/benchmarks.md's table: every kernel's rate next to the ceiling measured in the same
+run (sgemm GFLOP/s for prefill; read-only and memcpy bandwidth for decode) and PyTorch's time for
+the same work, as ratios (PyTorch time / attnserve time: > 1 means attnserve is faster).
 
 Usage: tests/benchmarks/run_cpu_benchmarks.py [--binary build/release/tests/benchmarks/cpu_attention_benchmark]
+           [--python .venv/bin/python] [--rounds 3] [--filter REGEX] [--no_peer]
+
+With --rounds N, each round runs the engine's rows and then the peer's rows; every cell is the
+median over rounds and the ratio column the median of the per-round ratios, so a burst of load
+from other processes moves one round rather than one side of every ratio.
 """
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_FILTER = r"BM_(Sgemm|Copy|Read)Ceiling|BM_Prefill/./2048/|BM_Decode/./4096/"
+
+
+def run_engine(binary, benchmark_filter, tmp):
+    out = os.path.join(tmp, "bench.json")
+    subprocess.run([binary, f"--benchmark_out={out}", "--benchmark_out_format=json",
+                    f"--benchmark_filter={benchmark_filter}"], check=True, stdout=sys.stderr)
+    with open(out) as f:
+        return json.load(f)
+
+
+def run_peer(python, peer_filter, threads, tmp):
+    out = os.path.join(tmp, "peer.json")
+    subprocess.run([python, os.path.join(HERE, "torch_cpu_peer.py"), f"--threads={threads}",
+                    f"--filter={peer_filter}", f"--json={out}"], check=True, stdout=sys.stderr)
+    with open(out) as f:
+        return json.load(f)
+
+
+def load_average():
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", default="build/release/tests/benchmarks/cpu_attention_benchmark")
-    parser.add_argument("--repetitions", type=int, default=1)
+    parser.add_argument("--python", default=sys.executable, help="interpreter with torch")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--filter", default=DEFAULT_FILTER, help="Google Benchmark filter")
+    parser.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
     args = parser.parse_args()
 
+    engine_rounds, peer_rounds, loads = [], [], []
+    peer_info = {}
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "bench.json")
-        subprocess.run([args.binary, f"--benchmark_out={out}", "--benchmark_out_format=json",
-                        f"--benchmark_repetitions={args.repetitions}",
-                        "--benchmark_report_aggregates_only=true" if args.repetitions > 1 else
-                        "--benchmark_report_aggregates_only=false"],
-                       check=True, stdout=sys.stderr)
-        with open(out) as f:
-            report = json.load(f)
+        for _ in range(args.rounds):
+            loads.append(load_average())
+            report = run_engine(args.binary, args.filter, tmp)
+            engine_rounds.append({b["name"]: b for b in report["benchmarks"]})
+            if not args.no_peer:
+                peer = run_peer(args.python, args.filter, report["context"]["num_cpus"], tmp)
+                peer_info = {"torch": peer["torch"], "threads": peer["threads"]}
+                peer_rounds.append(peer["rows"])
+            loads.append(load_average())
 
-    runs = [b for b in report["benchmarks"]
-            if args.repetitions == 1 or b.get("aggregate_name") == "median"]
-    def find(prefix):
-        return [b for b in runs if b["name"].startswith(prefix)]
+    def median(name, field):
+        values = [r[name][field] for r in engine_rounds if name in r]
+        return statistics.median(values)
 
-    sgemm = find("BM_SgemmCeiling")[0]["GFLOPs"]
-    copy = find("BM_CopyCeiling")[0]["GBps"]
-    read = find("BM_ReadCeiling")[0]["GBps"]
+    def peer_ratio(name):
+        # PyTorch seconds / attnserve seconds, per round, then the median.
+        ratios = [p[name] / (e[name]["real_time"] / 1e3)
+                  for e, p in zip(engine_rounds, peer_rounds) if name in p and name in e]
+        return statistics.median(ratios) if ratios else None
+
+    def peer_ms(name):
+        values = [p[name] * 1e3 for p in peer_rounds if name in p]
+        return statistics.median(values) if values else None
+
+    names = list(engine_rounds[0])
+    sgemm = median(names[[n.startswith("BM_SgemmCeiling") for n in names].index(True)], "GFLOPs")
+    copy = median([n for n in names if n.startswith("BM_CopyCeiling")][0], "GBps")
+    read = median([n for n in names if n.startswith("BM_ReadCeiling")][0], "GBps")
     ctx = report["context"]
     print(f"Machine: {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
-          f"caches {[c['size'] // 1024 for c in ctx.get('caches', [])]} KiB")
+          f"caches {[c['size'] // 1024 for c in ctx.get('caches', [])]} KiB; "
+          f"{args.rounds} round(s), 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
+    if peer_info:
+        print(f"Peer: PyTorch {peer_info['torch']} on {peer_info['threads']} threads")
     print()
     print(f"Ceilings (same run): sgemm {sgemm:.1f} GFLOP/s; read-only {read:.1f} GB/s; "
           f"memcpy {copy:.1f} GB/s (read + write bytes)")
     print()
-    print("| prefill | tokens | KV | ms | GFLOP/s | of sgemm |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
-    for b in find("BM_Prefill"):
-        _, _, length, _ = b["name"].split("/")[:4]
+
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    print("| prefill | tokens | KV | ms | GFLOP/s | of sgemm | PyTorch ms | vs PyTorch |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in [n for n in names if n.startswith("BM_Prefill")]:
+        b = engine_rounds[0][name]
+        _, _, length, _ = name.split("/")[:4]
         label, kv = b["label"].split(" kv=")
-        print(f"| {label} | {length} | {kv} | {b['real_time']:.1f} | {b['GFLOPs']:.1f} | "
-              f"{b['GFLOPs'] / sgemm:.0%} |")
+        key = "/".join(name.split("/")[:4])
+        gflops = median(name, "GFLOPs")
+        print(f"| {label} | {length} | {kv} | {median(name, 'real_time'):.1f} | {gflops:.1f} | "
+              f"{gflops / sgemm:.0%} | {fmt(peer_ms(key), '.1f')} | "
+              f"{fmt(peer_ratio(key), '.2f')}× |")
     print()
-    print("| decode step | context x batch | KV | ms | KV GB/s | of read | of memcpy |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-    for b in find("BM_Decode"):
-        parts = b["name"].split("/")
+    print("| decode step | context x batch | KV | ms | KV GB/s | of read | of memcpy | PyTorch ms "
+          "| vs PyTorch |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name in [n for n in names if n.startswith("BM_Decode")]:
+        b = engine_rounds[0][name]
+        parts = name.split("/")
         context, batch = parts[2], parts[4]
+        key = "/".join(parts[:5])
         label, kv = b["label"].split(" kv=")
-        print(f"| {label} | {context} x {batch} | {kv} | {b['real_time']:.2f} | "
-              f"{b['KV_GBps']:.1f} | {b['KV_GBps'] / read:.0%} | {b['KV_GBps'] / copy:.0%} |")
+        gbps = median(name, "KV_GBps")
+        print(f"| {label} | {context} x {batch} | {kv} | {median(name, 'real_time'):.2f} | "
+              f"{gbps:.1f} | {gbps / read:.0%} | {gbps / copy:.0%} | {fmt(peer_ms(key), '.2f')} | "
+              f"{fmt(peer_ratio(key), '.2f')}× |")
     return 0
 
 

@@ -1,0 +1,367 @@
+#include "kernels/cpu/simd_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "kernels/cpu/vector_math.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ATTNSERVE_X86 1
+#define ATTNSERVE_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace attnserve {
+
+namespace {
+
+// ---- Portable versions (the reference semantics; also what non-AVX2 CPUs run).
+
+void OnlineSoftmaxRowPortable(float* s, int64_t count, int64_t lo, int64_t hi, float scale,
+                              float softcap, float* max, float* sum, float* acc,
+                              int64_t value_dim) {
+  if (scale != 1.0f) {
+    for (int64_t k = lo; k < hi; ++k) s[k] *= scale;
+  }
+  if (softcap > 0.0f) SoftCap(softcap, s + lo, hi - lo);
+  float block_max = -std::numeric_limits<float>::infinity();
+  for (int64_t k = lo; k < hi; ++k) block_max = std::max(block_max, s[k]);
+  const float new_max = std::max(*max, block_max);
+  const float correction = std::exp(*max - new_max);
+  if (correction != 1.0f) {
+    *sum *= correction;
+    Scale(correction, acc, value_dim);
+  }
+  float block_sum = 0.0f;
+  std::fill(s, s + lo, 0.0f);
+#pragma omp simd reduction(+ : block_sum)
+  for (int64_t k = lo; k < hi; ++k) {
+    s[k] = ExpApprox(s[k] - new_max);
+    block_sum += s[k];
+  }
+  std::fill(s + hi, s + count, 0.0f);
+  *sum += block_sum;
+  *max = new_max;
+}
+
+template <typename Element>
+void GroupScoresPortable(const float* q, int rows, int64_t dim, const Element* const* key_rows,
+                         int count, float* scores, int64_t ld) {
+  const int count4 = count / 4 * 4;
+  for (int r = 0; r < rows; ++r) {
+    const float* q_row = q + r * dim;
+    float* out = scores + r * ld;
+    int s = 0;
+    for (; s < count4; s += 4) {
+      Dot4(q_row, key_rows[s], key_rows[s + 1], key_rows[s + 2], key_rows[s + 3], dim, out + s);
+    }
+    for (; s < count; ++s) out[s] = Dot(q_row, key_rows[s], dim);
+  }
+}
+
+template <typename Element>
+void GroupAccumulatePortable(const float* weights, int64_t ld, int rows,
+                             const Element* const* value_rows, int count, int64_t dim,
+                             float* acc) {
+  const int count4 = count / 4 * 4;
+  for (int r = 0; r < rows; ++r) {
+    const float* w = weights + r * ld;
+    float* y = acc + r * dim;
+    int s = 0;
+    for (; s < count4; s += 4) {
+      Axpy4(w + s, value_rows[s], value_rows[s + 1], value_rows[s + 2], value_rows[s + 3], y, dim);
+    }
+    for (; s < count; ++s) Axpy(w[s], value_rows[s], y, dim);
+  }
+}
+
+#ifdef ATTNSERVE_X86
+
+// ---- AVX2/FMA versions.
+
+// ExpApprox (vector_math.h) on 8 lanes: the same range reduction and polynomial, with FMA.
+ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
+  const __m256 n = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  const __m256 e_r = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_cvtps_epi32(_mm256_add_ps(n, _mm256_set1_ps(127.0f))), 23);
+  return _mm256_mul_ps(e_r, _mm256_castsi256_ps(bits));
+}
+
+ATTNSERVE_AVX2 inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+ATTNSERVE_AVX2 inline float HorizontalSum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// Lanes i < n all ones.
+ATTNSERVE_AVX2 inline __m256i TailMask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, int64_t hi,
+                                         float scale, float softcap, float* max, float* sum,
+                                         float* acc, int64_t value_dim) {
+  float* const v = s + lo;
+  const int64_t n = hi - lo;
+  const int64_t n8 = n / 8 * 8;
+  const __m256i tail = TailMask(n - n8);
+  if (scale != 1.0f) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t k = 0; k < n8; k += 8) {
+      _mm256_storeu_ps(v + k, _mm256_mul_ps(_mm256_loadu_ps(v + k), vscale));
+    }
+    for (int64_t k = n8; k < n; ++k) v[k] *= scale;
+  }
+  if (softcap > 0.0f) SoftCap(softcap, v, n);
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 vmax = neg_inf;
+  for (int64_t k = 0; k < n8; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(v + k));
+  if (n8 < n) {
+    const __m256 x = _mm256_maskload_ps(v + n8, tail);
+    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(neg_inf, x, _mm256_castsi256_ps(tail)));
+  }
+  const float new_max = std::max(*max, HorizontalMax(vmax));
+  const float correction = std::exp(*max - new_max);
+  if (correction != 1.0f) {
+    *sum *= correction;
+    const __m256 c = _mm256_set1_ps(correction);
+    int64_t d = 0;
+    for (; d + 8 <= value_dim; d += 8) {
+      _mm256_storeu_ps(acc + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), c));
+    }
+    for (; d < value_dim; ++d) acc[d] *= correction;
+  }
+  const __m256 vnew_max = _mm256_set1_ps(new_max);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int64_t k = 0; k < n8; k += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(v + k), vnew_max));
+    _mm256_storeu_ps(v + k, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  if (n8 < n) {
+    const __m256 e = _mm256_and_ps(
+        Exp8(_mm256_sub_ps(_mm256_maskload_ps(v + n8, tail), vnew_max)),
+        _mm256_castsi256_ps(tail));
+    _mm256_maskstore_ps(v + n8, tail, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  std::fill(s, s + lo, 0.0f);
+  std::fill(s + hi, s + count, 0.0f);
+  *sum += HorizontalSum(vsum);
+  *max = new_max;
+}
+
+ATTNSERVE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+ATTNSERVE_AVX2 inline __m256 Load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// [sum(a0), sum(a1), ..., sum(a7)].
+ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                     __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                       _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+// dim % 8 == 0.
+template <typename Element>
+ATTNSERVE_AVX2 void GroupScoresAvx2(const float* q, int rows, int64_t dim,
+                                    const Element* const* key_rows, int count, float* scores,
+                                    int64_t ld) {
+  const int count8 = count / 8 * 8;
+  for (int s = 0; s < count8; s += 8) {
+    const Element* k0 = key_rows[s];
+    const Element* k1 = key_rows[s + 1];
+    const Element* k2 = key_rows[s + 2];
+    const Element* k3 = key_rows[s + 3];
+    const Element* k4 = key_rows[s + 4];
+    const Element* k5 = key_rows[s + 5];
+    const Element* k6 = key_rows[s + 6];
+    const Element* k7 = key_rows[s + 7];
+    for (int r = 0; r < rows; ++r) {
+      const float* q_row = q + r * dim;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+             a7 = a0;
+      for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 x = _mm256_loadu_ps(q_row + d);
+        a0 = _mm256_fmadd_ps(x, Load8(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(x, Load8(k1 + d), a1);
+        a2 = _mm256_fmadd_ps(x, Load8(k2 + d), a2);
+        a3 = _mm256_fmadd_ps(x, Load8(k3 + d), a3);
+        a4 = _mm256_fmadd_ps(x, Load8(k4 + d), a4);
+        a5 = _mm256_fmadd_ps(x, Load8(k5 + d), a5);
+        a6 = _mm256_fmadd_ps(x, Load8(k6 + d), a6);
+        a7 = _mm256_fmadd_ps(x, Load8(k7 + d), a7);
+      }
+      _mm256_storeu_ps(scores + r * ld + s, Reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+    }
+  }
+  for (int s = count8; s < count; ++s) {
+    const Element* k = key_rows[s];
+    for (int r = 0; r < rows; ++r) {
+      const float* q_row = q + r * dim;
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dim; d += 8) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q_row + d), Load8(k + d), a);
+      }
+      scores[r * ld + s] = HorizontalSum(a);
+    }
+  }
+}
+
+// dim % 8 == 0. Columns in chunks of up to 64 (8 registers), each chunk's accumulator held in
+// registers over all `count` value rows.
+template <typename Element>
+ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int rows,
+                                        const Element* const* value_rows, int count, int64_t dim,
+                                        float* acc) {
+  for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+    if (dim - d0 >= 64) {
+      for (int r = 0; r < rows; ++r) {
+        const float* w = weights + r * ld;
+        float* y = acc + r * dim + d0;
+        __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8),
+               y2 = _mm256_loadu_ps(y + 16), y3 = _mm256_loadu_ps(y + 24),
+               y4 = _mm256_loadu_ps(y + 32), y5 = _mm256_loadu_ps(y + 40),
+               y6 = _mm256_loadu_ps(y + 48), y7 = _mm256_loadu_ps(y + 56);
+        for (int s = 0; s < count; ++s) {
+          const __m256 p = _mm256_broadcast_ss(w + s);
+          const Element* x = value_rows[s] + d0;
+          y0 = _mm256_fmadd_ps(p, Load8(x), y0);
+          y1 = _mm256_fmadd_ps(p, Load8(x + 8), y1);
+          y2 = _mm256_fmadd_ps(p, Load8(x + 16), y2);
+          y3 = _mm256_fmadd_ps(p, Load8(x + 24), y3);
+          y4 = _mm256_fmadd_ps(p, Load8(x + 32), y4);
+          y5 = _mm256_fmadd_ps(p, Load8(x + 40), y5);
+          y6 = _mm256_fmadd_ps(p, Load8(x + 48), y6);
+          y7 = _mm256_fmadd_ps(p, Load8(x + 56), y7);
+        }
+        _mm256_storeu_ps(y, y0);
+        _mm256_storeu_ps(y + 8, y1);
+        _mm256_storeu_ps(y + 16, y2);
+        _mm256_storeu_ps(y + 24, y3);
+        _mm256_storeu_ps(y + 32, y4);
+        _mm256_storeu_ps(y + 40, y5);
+        _mm256_storeu_ps(y + 48, y6);
+        _mm256_storeu_ps(y + 56, y7);
+      }
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        const float* w = weights + r * ld;
+        for (int64_t d = d0; d < dim; d += 8) {
+          float* y = acc + r * dim + d;
+          __m256 a = _mm256_loadu_ps(y);
+          for (int s = 0; s < count; ++s) {
+            a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + s), Load8(value_rows[s] + d), a);
+          }
+          _mm256_storeu_ps(y, a);
+        }
+      }
+    }
+  }
+}
+
+#endif  // ATTNSERVE_X86
+
+// ATTNSERVE_CPU_PORTABLE=1 in the environment forces the portable loops (to test them on an
+// AVX2 machine).
+bool DetectAvx2() {
+#ifdef ATTNSERVE_X86
+  const char* portable = std::getenv("ATTNSERVE_CPU_PORTABLE");
+  if (portable != nullptr && portable[0] != '\0' && portable[0] != '0') return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool UseAvx2() {
+  static const bool use = DetectAvx2();
+  return use;
+}
+
+template <typename Element>
+void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* const* key_rows,
+                         int count, float* scores, int64_t ld) {
+#ifdef ATTNSERVE_X86
+  if (UseAvx2() && dim % 8 == 0) {
+    GroupScoresAvx2(q, rows, dim, key_rows, count, scores, ld);
+    return;
+  }
+#endif
+  GroupScoresPortable(q, rows, dim, key_rows, count, scores, ld);
+}
+
+template <typename Element>
+void GroupAccumulateDispatch(const float* weights, int64_t ld, int rows,
+                             const Element* const* value_rows, int count, int64_t dim,
+                             float* acc) {
+#ifdef ATTNSERVE_X86
+  if (UseAvx2() && dim % 8 == 0) {
+    GroupAccumulateAvx2(weights, ld, rows, value_rows, count, dim, acc);
+    return;
+  }
+#endif
+  GroupAccumulatePortable(weights, ld, rows, value_rows, count, dim, acc);
+}
+
+}  // namespace
+
+bool SimdKernelsUseAvx2() { return UseAvx2(); }
+
+void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale, float softcap,
+                      float* max, float* sum, float* acc, int64_t value_dim) {
+#ifdef ATTNSERVE_X86
+  if (UseAvx2()) {
+    OnlineSoftmaxRowAvx2(s, count, lo, hi, scale, softcap, max, sum, acc, value_dim);
+    return;
+  }
+#endif
+  OnlineSoftmaxRowPortable(s, count, lo, hi, scale, softcap, max, sum, acc, value_dim);
+}
+
+void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,
+                 float* scores, int64_t ld) {
+  GroupScoresDispatch(q, rows, dim, key_rows, count, scores, ld);
+}
+void GroupScores(const float* q, int rows, int64_t dim, const uint16_t* const* key_rows, int count,
+                 float* scores, int64_t ld) {
+  GroupScoresDispatch(q, rows, dim, key_rows, count, scores, ld);
+}
+void GroupAccumulate(const float* weights, int64_t ld, int rows, const float* const* value_rows,
+                     int count, int64_t dim, float* acc) {
+  GroupAccumulateDispatch(weights, ld, rows, value_rows, count, dim, acc);
+}
+void GroupAccumulate(const float* weights, int64_t ld, int rows, const uint16_t* const* value_rows,
+                     int count, int64_t dim, float* acc) {
+  GroupAccumulateDispatch(weights, ld, rows, value_rows, count, dim, acc);
+}
+
+}  // namespace attnserve
