@@ -5,7 +5,10 @@ run (sgemm GFLOP/s for prefill; read-only and memcpy bandwidth for decode) and P
 the same work, as ratios (PyTorch time / attnserve time: > 1 means attnserve is faster).
 
 Usage: tests/benchmarks/run_cpu_benchmarks.py [--binary build/release/tests/benchmarks/cpu_attention_benchmark]
-           [--python .venv/bin/python] [--rounds 3] [--filter REGEX] [--no_peer]
+           [--python .venv/bin/python] [--rounds 3] [--filter REGEX] [--no_peer] [--peer_spin]
+           [--save_json RAW.json]
+
+The peer runs with OMP_WAIT_POLICY=PASSIVE unless --peer_spin (see run_peer).
 
 With --rounds N, each round runs the engine's rows and then the peer's rows; every cell is the
 median over rounds and the ratio column the median of the per-round ratios, so a burst of load
@@ -32,10 +35,17 @@ def run_engine(binary, benchmark_filter, tmp):
         return json.load(f)
 
 
-def run_peer(python, peer_filter, threads, tmp):
+def run_peer(python, peer_filter, threads, tmp, spin):
     out = os.path.join(tmp, "peer.json")
+    env = dict(os.environ)
+    if not spin:
+        # PyTorch's OpenMP threads spin at every barrier by default; on cores shared with other
+        # processes that spinning costs it up to 7x (measured: decode 288 ms a step spinning,
+        # 42 ms passive, 39 ms on one thread). Passive waiting is PyTorch's best setting there.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     subprocess.run([python, os.path.join(HERE, "torch_cpu_peer.py"), f"--threads={threads}",
-                    f"--filter={peer_filter}", f"--json={out}"], check=True, stdout=sys.stderr)
+                    f"--filter={peer_filter}", f"--json={out}"], check=True, stdout=sys.stderr,
+                   env=env)
     with open(out) as f:
         return json.load(f)
 
@@ -54,6 +64,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--filter", default=DEFAULT_FILTER, help="Google Benchmark filter")
     parser.add_argument("--no_peer", action="store_true", help="skip the PyTorch peer")
+    parser.add_argument("--peer_spin", action="store_true",
+                        help="leave OMP_WAIT_POLICY to OpenMP's default (spinning) for the peer")
+    parser.add_argument("--save_json", help="write every round's raw results here")
     args = parser.parse_args()
 
     engine_rounds, peer_rounds, loads = [], [], []
@@ -64,19 +77,24 @@ def main() -> int:
             report = run_engine(args.binary, args.filter, tmp)
             engine_rounds.append({b["name"]: b for b in report["benchmarks"]})
             if not args.no_peer:
-                peer = run_peer(args.python, args.filter, report["context"]["num_cpus"], tmp)
+                peer = run_peer(args.python, args.filter, report["context"]["num_cpus"], tmp,
+                                args.peer_spin)
                 peer_info = {"torch": peer["torch"], "threads": peer["threads"]}
                 peer_rounds.append(peer["rows"])
             loads.append(load_average())
+
+    if args.save_json:
+        with open(args.save_json, "w") as f:
+            json.dump({"engine": engine_rounds, "peer": peer_rounds, "load": loads}, f, indent=1)
 
     def median(name, field):
         values = [r[name][field] for r in engine_rounds if name in r]
         return statistics.median(values)
 
-    def peer_ratio(name):
+    def peer_ratio(name, key):
         # PyTorch seconds / attnserve seconds, per round, then the median.
-        ratios = [p[name] / (e[name]["real_time"] / 1e3)
-                  for e, p in zip(engine_rounds, peer_rounds) if name in p and name in e]
+        ratios = [p[key] / (e[name]["real_time"] / 1e3)
+                  for e, p in zip(engine_rounds, peer_rounds) if key in p and name in e]
         return statistics.median(ratios) if ratios else None
 
     def peer_ms(name):
@@ -92,7 +110,9 @@ def main() -> int:
           f"caches {[c['size'] // 1024 for c in ctx.get('caches', [])]} KiB; "
           f"{args.rounds} round(s), 1-minute load average {min(loads):.1f}-{max(loads):.1f}")
     if peer_info:
-        print(f"Peer: PyTorch {peer_info['torch']} on {peer_info['threads']} threads")
+        policy = "OpenMP default wait policy" if args.peer_spin else (
+            "OMP_WAIT_POLICY=" + os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+        print(f"Peer: PyTorch {peer_info['torch']} on {peer_info['threads']} threads, {policy}")
     print()
     print(f"Ceilings (same run): sgemm {sgemm:.1f} GFLOP/s; read-only {read:.1f} GB/s; "
           f"memcpy {copy:.1f} GB/s (read + write bytes)")
@@ -111,7 +131,7 @@ def main() -> int:
         gflops = median(name, "GFLOPs")
         print(f"| {label} | {length} | {kv} | {median(name, 'real_time'):.1f} | {gflops:.1f} | "
               f"{gflops / sgemm:.0%} | {fmt(peer_ms(key), '.1f')} | "
-              f"{fmt(peer_ratio(key), '.2f')}× |")
+              f"{fmt(peer_ratio(name, key), '.2f')}× |")
     print()
     print("| decode step | context x batch | KV | ms | KV GB/s | of read | of memcpy | PyTorch ms "
           "| vs PyTorch |")
@@ -125,7 +145,7 @@ def main() -> int:
         gbps = median(name, "KV_GBps")
         print(f"| {label} | {context} x {batch} | {kv} | {median(name, 'real_time'):.2f} | "
               f"{gbps:.1f} | {gbps / read:.0%} | {gbps / copy:.0%} | {fmt(peer_ms(key), '.2f')} | "
-              f"{fmt(peer_ratio(key), '.2f')}× |")
+              f"{fmt(peer_ratio(name, key), '.2f')}× |")
     return 0
 
 
