@@ -143,8 +143,8 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
   for (size_t s = 0; s < sequences.size(); ++s) {
     const KeyRange keys = sequences[s].num_new > 0 ? SequenceKeys(p, sequences[s]) : KeyRange{};
     gathered_offset[s] = gathered_floats;
-    gathered_floats += std::max<int64_t>(0, keys.end - keys.begin) * p.num_kv_heads *
-                       (p.key_dim + p.value_dim);
+    gathered_floats +=
+        std::max<int64_t>(0, keys.end - keys.begin) * p.num_kv_heads * (p.key_dim + p.value_dim);
   }
   gathered_offset[sequences.size()] = gathered_floats;
   const bool gather = gathered_floats <= kMaxGatheredFloats;

@@ -63,8 +63,7 @@ void GroupScoresPortable(const float* q, int rows, int64_t dim, const Element* c
 
 template <typename Element>
 void GroupAccumulatePortable(const float* weights, int64_t ld, int rows,
-                             const Element* const* value_rows, int count, int64_t dim,
-                             float* acc) {
+                             const Element* const* value_rows, int count, int64_t dim, float* acc) {
   const int count4 = count / 4 * 4;
   for (int r = 0; r < rows; ++r) {
     const float* w = weights + r * ld;
@@ -96,8 +95,8 @@ ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
   const __m256 r2 = _mm256_mul_ps(r, r);
   const __m256 e_r = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_cvtps_epi32(_mm256_add_ps(n, _mm256_set1_ps(127.0f))), 23);
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_add_ps(n, _mm256_set1_ps(127.0f))), 23);
   return _mm256_mul_ps(e_r, _mm256_castsi256_ps(bits));
 }
 
@@ -162,9 +161,8 @@ ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, in
     vsum = _mm256_add_ps(vsum, e);
   }
   if (n8 < n) {
-    const __m256 e = _mm256_and_ps(
-        Exp8(_mm256_sub_ps(_mm256_maskload_ps(v + n8, tail), vnew_max)),
-        _mm256_castsi256_ps(tail));
+    const __m256 e = _mm256_and_ps(Exp8(_mm256_sub_ps(_mm256_maskload_ps(v + n8, tail), vnew_max)),
+                                   _mm256_castsi256_ps(tail));
     _mm256_maskstore_ps(v + n8, tail, e);
     vsum = _mm256_add_ps(vsum, e);
   }
@@ -185,8 +183,7 @@ ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
                                      __m256 a5, __m256 a6, __m256 a7) {
   const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
-                       _mm256_permute2f128_ps(t0, t1, 0x31));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
 // dim % 8 == 0.
@@ -246,10 +243,10 @@ ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int ro
       for (int r = 0; r < rows; ++r) {
         const float* w = weights + r * ld;
         float* y = acc + r * dim + d0;
-        __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8),
-               y2 = _mm256_loadu_ps(y + 16), y3 = _mm256_loadu_ps(y + 24),
-               y4 = _mm256_loadu_ps(y + 32), y5 = _mm256_loadu_ps(y + 40),
-               y6 = _mm256_loadu_ps(y + 48), y7 = _mm256_loadu_ps(y + 56);
+        __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8), y2 = _mm256_loadu_ps(y + 16),
+               y3 = _mm256_loadu_ps(y + 24), y4 = _mm256_loadu_ps(y + 32),
+               y5 = _mm256_loadu_ps(y + 40), y6 = _mm256_loadu_ps(y + 48),
+               y7 = _mm256_loadu_ps(y + 56);
         for (int s = 0; s < count; ++s) {
           const __m256 p = _mm256_broadcast_ss(w + s);
           const Element* x = value_rows[s] + d0;
@@ -321,8 +318,7 @@ void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* c
 
 template <typename Element>
 void GroupAccumulateDispatch(const float* weights, int64_t ld, int rows,
-                             const Element* const* value_rows, int count, int64_t dim,
-                             float* acc) {
+                             const Element* const* value_rows, int count, int64_t dim, float* acc) {
 #ifdef ATTNSERVE_X86
   if (UseAvx2() && dim % 8 == 0) {
     GroupAccumulateAvx2(weights, ld, rows, value_rows, count, dim, acc);

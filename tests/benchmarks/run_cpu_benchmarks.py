@@ -4,7 +4,8 @@ prints docs/benchmarks.md's table: every kernel's rate next to the ceiling measu
 run (sgemm GFLOP/s for prefill; read-only and memcpy bandwidth for decode) and PyTorch's time for
 the same work, as ratios (PyTorch time / attnserve time: > 1 means attnserve is faster).
 
-Usage: tests/benchmarks/run_cpu_benchmarks.py [--binary build/release/tests/benchmarks/cpu_attention_benchmark]
+Usage: tests/benchmarks/run_cpu_benchmarks.py
+           [--binary build/release/tests/benchmarks/cpu_attention_benchmark]
            [--python .venv/bin/python] [--rounds 3] [--filter REGEX] [--no_peer] [--peer_spin]
            [--save_json RAW.json]
 
@@ -59,7 +60,8 @@ def load_average():
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--binary", default="build/release/tests/benchmarks/cpu_attention_benchmark")
+    parser.add_argument("--binary",
+                        default="build/release/tests/benchmarks/cpu_attention_benchmark")
     parser.add_argument("--python", default=sys.executable, help="interpreter with torch")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--filter", default=DEFAULT_FILTER, help="Google Benchmark filter")

@@ -12,14 +12,16 @@ weights, torch.set_num_threads(N), inference_mode):
            of the row's KV dtype, F.scaled_dot_product_attention(is_causal=True, enable_gqa=True),
            o-proj. MLA: q proj, kv_a proj, RMSNorm of the latent, RoPE (interleaved) of q_pe and
            k_pe, latent + k_pe into the cache, kv_b up-projection to per-head K_nope and V, SDPA
-           with 96-dim keys and 64-dim values, o-proj.
+           with 96-dim keys and 64-dim values (padded to 96 so that SDPA's flash kernel runs),
+           o-proj.
   decode   one step for `batch` sequences: projections of the batch's new tokens, RoPE at each
            sequence's position, K/V appended into the preallocated cache, SDPA of one query per
            sequence over the cache so far (enable_gqa), o-proj; the context grows by one token
            per step, as in the engine's benchmark. bf16 KV: the cache is bf16 and so are q and
            SDPA's inputs (PyTorch's CPU flash kernel accumulates in float32). MLA: absorbed, as
            the engine decodes: q_nope through W_UK into the latent space, one "KV head" of
-           [latent | k_pe] (288 dims) with the latent as value, then W_UV and o-proj.
+           [latent | k_pe] (288 dims) with the latent as value (matmul, softmax, matmul: SDPA's
+           math fallback for these shapes is far slower), then W_UV and o-proj.
 
 Time per row: the median of the timed iterations after a warm-up (prefill: >= 5 iterations and
 >= 1 s; decode: 16 steps from the same context, the engine takes 64, which moves
@@ -157,9 +159,12 @@ class MlaPeer:
         k = torch.cat((kv[..., :MLA_NOPE], lat[:, None, MLA_LORA:].expand(n, HEADS, MLA_ROPE)),
                       dim=-1)
         q = torch.cat((q_nope, q_pe), dim=-1)
+        # V padded to the key width (96) so SDPA takes its flash kernel rather than the math
+        # fallback, as transformers' DeepseekV2 does for flash attention; the pad is sliced off.
+        v = F.pad(kv[..., MLA_NOPE:], (0, self.qk - MLA_V))
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                           kv[..., MLA_NOPE:].transpose(0, 1)[None],
-                                           is_causal=True, scale=self.scale)
+                                           v.transpose(0, 1)[None], is_causal=True,
+                                           scale=self.scale)[..., :MLA_V]
         return o[0].transpose(0, 1).reshape(n, HEADS * MLA_V) @ self.wo.T
 
     def decode(self, x: torch.Tensor, position: int) -> torch.Tensor:
@@ -170,9 +175,12 @@ class MlaPeer:
         q_lat = torch.einsum("bhn,hnl->bhl", q_nope, self.w_uk)
         q = torch.cat((q_lat, q_pe), dim=-1)[:, :, None].to(self.dtype)  # [b, h, 1, 288]
         n = position + 1
-        kv = self.cache[:, :, :n]
-        o = F.scaled_dot_product_attention(q, kv, kv[..., :MLA_LORA], scale=self.scale,
-                                           enable_gqa=True)  # [b, h, 1, lora]
+        kv = self.cache[:, 0, :n]  # [b, n, lora + rope]
+        # Two batched matmuls and a softmax: SDPA with 288-dim keys, 256-dim values and 8 query
+        # heads on one KV head takes its math fallback here, 50-100x slower.
+        scores = torch.matmul(q[:, :, 0], kv.transpose(1, 2)).float() * self.scale  # [b, h, n]
+        weights = torch.softmax(scores, dim=-1).to(self.dtype)
+        o = torch.matmul(weights, kv[..., :MLA_LORA])[:, :, None]  # [b, h, 1, lora]
         o = torch.einsum("bhl,hvl->bhv", o[:, :, 0].float(), self.w_uv)
         return o.reshape(b, HEADS * MLA_V) @ self.wo.T
 

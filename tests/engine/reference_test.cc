@@ -224,7 +224,8 @@ TEST(PrefillTilesTest, WindowsAndChunksAcrossTilesMatchReference) {
       const int d = spec.d_model;
       const int64_t first = 173, second = 130, len = first + second;
       const std::vector<double> hidden = RandomHidden(len, d, rng);
-      const std::vector<double> exact = ReferenceAttention(spec, weights, hidden, IotaPositions(len));
+      const std::vector<double> exact =
+          ReferenceAttention(spec, weights, hidden, IotaPositions(len));
 
       // Whole, in one call.
       const SequenceId whole = engine->layer->CreateSequence();
