@@ -20,6 +20,7 @@
 #include "proto/codec/tensor_codec.h"
 #include "server/session/checkpoint_spec.h"
 #include "server/fleet/drain.h"
+#include "server/rpc/call_status.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
@@ -73,12 +74,6 @@ struct CallTimer {
   }
 };
 
-// absl and gRPC share the canonical code numbering.
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 grpc::Status ShuttingDown() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
 }
@@ -88,12 +83,7 @@ grpc::Status Cancelled() { return grpc::Status(grpc::StatusCode::CANCELLED, "cal
 // Reports a finished call (or stream message) to metrics, and its refusal for KV memory.
 void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
              const CallTimer& timer) {
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
-  metrics.ObserveRpc(rpc, variant, code, timer.Timing());
-  if (code == absl::StatusCode::kResourceExhausted &&
-      IsKvExhaustion(absl::Status(code, status.error_message()))) {
-    metrics.CountKvRejection(variant);
-  }
+  ObserveCall(metrics, rpc, variant, status, timer.Timing());
 }
 
 // Reports a unary call to metrics (and to the log when it failed), then finishes it.
@@ -105,17 +95,6 @@ void FinishCall(UnaryCall* call, Metrics& metrics, Rpc rpc, const std::string& v
                   status.error_message());
   }
   call->Finish(std::move(status));
-}
-
-// Session ids are 32 hex digits; anything much longer is refused before it is looked up or
-// echoed, so a huge id cannot bloat the status message.
-constexpr size_t kMaxSessionIdBytes = 64;
-constexpr size_t kMaxCallIdBytes = 128;
-
-absl::Status CheckIdLength(const std::string& id, absl::string_view field, size_t max_bytes) {
-  if (id.size() <= max_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": has ", id.size(), " bytes, at most ", max_bytes, " allowed"));
 }
 
 template <typename Result>

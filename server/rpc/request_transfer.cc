@@ -17,6 +17,7 @@
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
+#include "server/rpc/call_status.h"
 #include "server/session/session.h"
 #include "server/rpc/step_codec.h"
 #include "server/rpc/wire_call.h"
@@ -27,36 +28,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Session ids are 32 hex digits; longer ones are refused before they are looked up or echoed.
-constexpr size_t kMaxSessionIdBytes = 64;
 // Room left under the message limit for the framing around one chunk's bytes.
 constexpr int64_t kChunkHeadroomBytes = 1024;
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-absl::Status CheckId(const std::string& id, absl::string_view field, size_t max_bytes) {
-  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
-  if (id.size() <= max_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, ": has ", id.size(), " bytes, at most ", max_bytes, " allowed"));
-}
 
 // Reports one finished transfer call to metrics (and a refusal for KV memory).
 void Observe(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
              Clock::time_point arrival, int64_t compute_ns) {
-  const auto code = static_cast<absl::StatusCode>(status.error_code());
   RpcTiming timing;
   timing.computed = compute_ns > 0;
   timing.compute_seconds = static_cast<double>(compute_ns) * 1e-9;
   timing.total_seconds = std::chrono::duration<double>(Clock::now() - arrival).count();
-  metrics.ObserveRpc(rpc, variant, code, timing);
-  if (code == absl::StatusCode::kResourceExhausted &&
-      IsKvExhaustion(absl::Status(code, status.error_message()))) {
-    metrics.CountKvRejection(variant);
-  }
+  ObserveCall(metrics, rpc, variant, status, timing);
 }
 
 }  // namespace
