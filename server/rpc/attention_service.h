@@ -31,20 +31,31 @@
 
 namespace attnserve::server {
 
+// Stacks gRPC's per-method mixins (template <class Base> class WithRawCallbackMethod_X : Base) on
+// v1::AttentionService::Service, the first outermost.
+template <template <class> class... Methods>
+struct StackMethods {
+  using type = v1::AttentionService::Service;
+};
+template <template <class> class First, template <class> class... Rest>
+struct StackMethods<First, Rest...> {
+  using type = First<typename StackMethods<Rest...>::type>;
+};
+
 // Every method is a raw one: the wire layer (server/rpc/wire_call.h) parses each request itself, so
 // malformed bytes get INVALID_ARGUMENT, and serializes each response.
-using RawAttentionService = v1::AttentionService::WithRawCallbackMethod_Configure<
-    v1::AttentionService::WithRawCallbackMethod_Forward<
-        v1::AttentionService::WithRawCallbackMethod_Decode<
-            v1::AttentionService::WithRawCallbackMethod_DecodeStream<
-                v1::AttentionService::WithRawCallbackMethod_Release<
-                    v1::AttentionService::WithRawCallbackMethod_GetSession<
-                        v1::AttentionService::WithRawCallbackMethod_ListSessions<
-                            v1::AttentionService::WithRawCallbackMethod_GetServerInfo<
-                                v1::AttentionService::WithRawCallbackMethod_Fork<
-                                    v1::AttentionService::WithRawCallbackMethod_ExportRequest<
-                                        v1::AttentionService::WithRawCallbackMethod_ImportRequest<
-                                            v1::AttentionService::Service>>>>>>>>>>>;
+using RawAttentionService = StackMethods<
+    v1::AttentionService::WithRawCallbackMethod_Configure,
+    v1::AttentionService::WithRawCallbackMethod_Forward,
+    v1::AttentionService::WithRawCallbackMethod_Decode,
+    v1::AttentionService::WithRawCallbackMethod_DecodeStream,
+    v1::AttentionService::WithRawCallbackMethod_Release,
+    v1::AttentionService::WithRawCallbackMethod_GetSession,
+    v1::AttentionService::WithRawCallbackMethod_ListSessions,
+    v1::AttentionService::WithRawCallbackMethod_GetServerInfo,
+    v1::AttentionService::WithRawCallbackMethod_Fork,
+    v1::AttentionService::WithRawCallbackMethod_ExportRequest,
+    v1::AttentionService::WithRawCallbackMethod_ImportRequest>::type;
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
