@@ -16,10 +16,9 @@
 
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "proto/session_metadata.h"
 
 namespace attnserve {
-
-inline constexpr char kSessionMetadataKey[] = "x-attnserve-session";
 
 // 128 random bits from the kernel's CSPRNG as 32 lowercase hex digits, the form of the server's
 // own session ids (a session id is a capability; it must not be guessable).

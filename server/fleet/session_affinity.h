@@ -12,11 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server_context.h"
+#include "proto/session_metadata.h"
 
 namespace attnserve::server {
-
-// The metadata key (gRPC keys are lowercase ASCII).
-inline constexpr char kSessionMetadataKey[] = "x-attnserve-session";
 
 // The id of the session a Configure call creates: the call's `x-attnserve-session` when present
 // (INVALID_ARGUMENT unless it is exactly 32 lowercase hex digits — 128 bits, the form of the
