@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/common/session_routing.h"
+#include "proto/codec/import_stream.h"
 #include "grpcpp/client_context.h"
 
 namespace attnserve {
@@ -53,36 +54,27 @@ absl::StatusOr<MoveOutcome> MoveRequest(v1::AttentionService::Stub& source,
   import_context.set_deadline(deadline);
   AddSessionMetadata(&import_context, target_session);
   v1::ImportRequestResponse imported;
-  std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer =
-      target.ImportRequest(&import_context, &imported);
-  v1::ImportRequestRequest message;
-  v1::ImportRequestHeader* header = message.mutable_header();
-  header->set_session_id(target_session);
-  header->set_request_id(new_request_id);
-  *header->mutable_request() = std::move(*exported.mutable_header());
-  bool open = writer->Write(message);
-  // Each chunk goes on as it arrives. A false Write means the target has ended the call: its
-  // status (from Finish) says why, and the rest of the export is not read.
-  while (open && reader->Read(&exported)) {
-    message.Clear();
-    message.mutable_pages()->mutable_data()->swap(*exported.mutable_pages()->mutable_data());
-    outcome.page_bytes_moved += static_cast<int64_t>(message.pages().data().size());
-    open = writer->Write(message);
-  }
-  if (!open) {
+  // Each chunk goes on as it arrives; a failed export cancels the import.
+  const ImportSent sent = SendImportRequest(
+      target, import_context, target_session, new_request_id,
+      std::move(*exported.mutable_header()),
+      [&](std::string* data) -> absl::StatusOr<bool> {
+        if (!reader->Read(&exported)) {
+          const grpc::Status export_status = reader->Finish();
+          if (!export_status.ok()) return FromGrpc("ExportRequest", export_status);
+          return false;
+        }
+        data->swap(*exported.mutable_pages()->mutable_data());
+        return true;
+      },
+      &imported);
+  outcome.page_bytes_moved = sent.page_bytes;
+  if (!sent.source.ok()) return sent.source;
+  if (sent.target_ended) {  // The rest of the export is not read.
     export_context.TryCancel();
     (void)reader->Finish();
-    return FromGrpc("ImportRequest", writer->Finish());
   }
-  const grpc::Status export_status = reader->Finish();
-  if (!export_status.ok()) {
-    import_context.TryCancel();  // The target returns what it reserved.
-    (void)writer->Finish();
-    return FromGrpc("ExportRequest", export_status);
-  }
-  writer->WritesDone();
-  const grpc::Status import_status = writer->Finish();
-  if (!import_status.ok()) return FromGrpc("ImportRequest", import_status);
+  if (!sent.status.ok()) return FromGrpc("ImportRequest", sent.status);
   outcome.kv_bytes_added = imported.kv_bytes_added();
   return outcome;
 }

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "attnserve/v1/attention_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/codec/import_stream.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/logging.h"
 #include "server/rpc/request_transfer.h"
@@ -163,23 +164,13 @@ class Drainer {
     grpc::ClientContext context;
     Prepare(context, session.id());
     v1::ImportRequestResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer =
-        stub_->ImportRequest(&context, &response);
-    v1::ImportRequestRequest message;
-    message.mutable_header()->set_session_id(session.id());
-    message.mutable_header()->set_request_id(request_id);
-    *message.mutable_header()->mutable_request() = ExportedRequestHeader(session, *exported);
-    bool open = writer->Write(message);
-    const std::string& pages = exported->kv.pages;
     const size_t chunk =
         static_cast<size_t>(std::max<int64_t>(1, options_.max_message_bytes - kChunkHeadroomBytes));
-    for (size_t offset = 0; open && offset < pages.size(); offset += chunk) {
-      message.Clear();
-      message.mutable_pages()->set_data(pages.substr(offset, chunk));
-      open = writer->Write(message);
-    }
-    if (open) writer->WritesDone();
-    return FromGrpc("ImportRequest", writer->Finish());
+    return FromGrpc("ImportRequest",
+                    SendImportRequest(*stub_, context, session.id(), request_id,
+                                      ExportedRequestHeader(session, *exported),
+                                      PageChunksOf(exported->kv.pages, chunk), &response)
+                        .status);
   }
 
   Metrics& metrics_;

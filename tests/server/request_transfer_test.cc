@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/codec/import_stream.h"
 #include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/server_fixture.h"
@@ -71,20 +72,9 @@ grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session
                     size_t chunk_bytes = 1000) {
   grpc::ClientContext context;
   SetDeadline(context);
-  std::unique_ptr<grpc::ClientWriter<v1::ImportRequestRequest>> writer =
-      stub.ImportRequest(&context, response);
-  v1::ImportRequestRequest message;
-  message.mutable_header()->set_session_id(session);
-  message.mutable_header()->set_request_id(request_id);
-  *message.mutable_header()->mutable_request() = header;
-  bool open = writer->Write(message);
-  for (size_t offset = 0; open && offset < pages.size(); offset += chunk_bytes) {
-    message.Clear();
-    message.mutable_pages()->set_data(pages.substr(offset, chunk_bytes));
-    open = writer->Write(message);
-  }
-  writer->WritesDone();
-  return writer->Finish();
+  return SendImportRequest(stub, context, session, request_id, header,
+                           PageChunksOf(pages, chunk_bytes), response)
+      .status;
 }
 
 v1::DecodeRequest DecodeOne(const std::string& session, const std::string& request_id,
