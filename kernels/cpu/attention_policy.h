@@ -59,10 +59,6 @@ struct KvPageLayout {
 
   bool quantized() const { return quantization != KvQuantization::kNone; }
   int64_t ElementBytes() const { return quantized() ? 1 : static_cast<int64_t>(DTypeSize(dtype)); }
-  // Bytes per page, scales included.
-  int64_t PageBytes() const {
-    return quantized() ? scales_offset + int64_t{scale_count} * 4 : page_elements * ElementBytes();
-  }
   int ScaleIndex(int head, bool value) const {
     return (value ? value_scales : 0) + head * (split_column > 0 ? 2 : 1);
   }

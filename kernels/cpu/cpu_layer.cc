@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/kv_page_rows.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_input_checks.h"
 
 namespace attnserve {
@@ -16,7 +17,7 @@ CpuLayer::CpuLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
       kv_config_(kv_config),
       layout_(layout),
       pool_(pool),
-      store_(layout.PageBytes()),  // 8-bit pages: their scales included.
+      store_(KvPageBytes(spec, kv_config.storage, layout.page_size)),  // 8-bit: scales included.
       sequences_(layout.page_size, store_.page_bytes(), kv_config.max_pages, kv_config.budget,
                  spec.causal, spec.sliding_window) {}
 

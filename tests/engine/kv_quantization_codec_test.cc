@@ -154,10 +154,11 @@ TEST(KvPageRowsTest, GrowingRowsRequantizeTheRowsBeforeThem) {
     config.storage = KvStorageFormat::Quantized(q);
     config.page_size = 16;
     const KvPageLayout layout = GqaLayer::MakePageLayout(spec, config);
-    ASSERT_EQ(layout.PageBytes(), KvPageBytes(spec, config.storage, 16));
-    ASSERT_EQ(layout.PageBytes(), 2 * 2 * 16 * 8 + 4 * 4);
+    const int64_t page_bytes = KvPageBytes(spec, config.storage, 16);
+    ASSERT_EQ(layout.scales_offset + 4 * layout.scale_count, page_bytes);
+    ASSERT_EQ(page_bytes, 2 * 2 * 16 * 8 + 4 * 4);
     // A stale page (as a reused pool page would be): its scales must not leak into the new rows.
-    std::vector<std::byte> page(layout.PageBytes(), std::byte{0x5a});
+    std::vector<std::byte> page(page_bytes, std::byte{0x5a});
     std::mt19937_64 rng(5);
     std::normal_distribution<float> normal;
     std::vector<std::vector<float>> rows;  // [slot * 4 + head * 2 + value][8]
@@ -205,9 +206,10 @@ TEST(KvPageRowsTest, MlaLatentAndRopeKeyHaveTheirOwnScales) {
   config.storage = KvStorageFormat::Quantized(KvQuantization::kInt8);
   config.page_size = 4;
   const KvPageLayout layout = MlaLayer::MakePageLayout(spec, config);
-  ASSERT_EQ(layout.PageBytes(), KvPageBytes(spec, config.storage, 4));
-  ASSERT_EQ(layout.PageBytes(), 4 * 40 + 2 * 4);
-  std::vector<std::byte> page(layout.PageBytes());
+  const int64_t page_bytes = KvPageBytes(spec, config.storage, 4);
+  ASSERT_EQ(layout.scales_offset + 4 * layout.scale_count, page_bytes);
+  ASSERT_EQ(page_bytes, 4 * 40 + 2 * 4);
+  std::vector<std::byte> page(page_bytes);
   std::vector<float> row(40);
   for (int i = 0; i < 40; ++i) row[i] = i < 32 ? 0.01f * (i + 1) : 1000.0f * (i - 31);
   WritePageRow(layout, page.data(), 0, false, 0, row.data(), 40);

@@ -11,6 +11,7 @@
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/runtime/cuda_status.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_input_checks.h"
 #include "kernels/spec/rope_frequencies.h"
 
@@ -74,7 +75,8 @@ absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaGqaLayer::Create(const Layer
                                                                      const LayerWeights& weights,
                                                                      const KvCacheConfig& kv_config,
                                                                      const CudaContext& context) {
-  const int64_t page_bytes = KvBytesPerToken(spec, kv_config.storage.element) * kv_config.page_size;
+  // 8-bit pages: their scales included (kernels/kv/quantization.h).
+  const int64_t page_bytes = KvPageBytes(spec, kv_config.storage, kv_config.page_size);
   if (page_bytes > context.pool->slab_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page_size = ", kv_config.page_size, ": one page takes ", page_bytes,
