@@ -466,6 +466,16 @@ absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
   return Commit(plan, out, 0, absl::Now(), std::move(results));
 }
 
+absl::StatusOr<Session::RequestState*> Session::UseRequestLocked(const std::string& request_id) {
+  last_used_ = absl::Now();
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request_id: request '", ClipForMessage(request_id),
+                                            "' not found in session '", id_, "'"));
+  }
+  return &it->second;
+}
+
 int64_t Session::RequestLength(const std::string& request_id) const {
   absl::MutexLock lock(&mu_);
   auto it = requests_.find(request_id);
@@ -481,13 +491,9 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
   RequestState original;
   {
     absl::MutexLock lock(&mu_);
-    last_used_ = absl::Now();
-    auto it = requests_.find(source);
-    if (it == requests_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("request_id: request '", source, "' not found in session '", id_, "'"));
-    }
-    original = it->second;
+    absl::StatusOr<RequestState*> found = UseRequestLocked(source);
+    if (!found.ok()) return found.status();
+    original = **found;
     absl::flat_hash_set<std::string> seen;
     for (size_t i = 0; i < new_ids.size(); ++i) {
       const std::string field = absl::StrCat("new_request_ids[", i, "]");
@@ -536,15 +542,11 @@ absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
   SequenceId sequence;
   {
     absl::MutexLock lock(&mu_);
-    last_used_ = absl::Now();
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
-      return absl::NotFoundError(absl::StrCat("request_id: request '", ClipForMessage(request_id),
-                                              "' not found in session '", id_, "'"));
-    }
-    sequence = it->second.sequence;
-    DropRetained(it->second);
-    requests_.erase(it);
+    absl::StatusOr<RequestState*> found = UseRequestLocked(request_id);
+    if (!found.ok()) return found.status();
+    sequence = (*found)->sequence;
+    DropRetained(**found);
+    requests_.erase(request_id);
   }
   const int64_t before = kv_bytes_used();
   if (absl::Status s = layer_->ReleaseSequence(sequence); !s.ok()) return s;

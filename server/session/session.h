@@ -278,6 +278,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // INVALID_ARGUMENT when to all of them but with other inputs (plan.input_digest).
   absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the session used and finds `request_id` for Fork, ExportRequest and ReleaseRequest:
+  // NOT_FOUND naming it (clipped) and the session when it is not there.
+  absl::StatusOr<RequestState*> UseRequestLocked(const std::string& request_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RefreshKvBytes();
   // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.

@@ -19,13 +19,9 @@ absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_
   RequestState state;
   {
     absl::MutexLock lock(&mu_);
-    last_used_ = absl::Now();
-    auto it = requests_.find(request_id);
-    if (it == requests_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("request_id: request '", request_id, "' not found in session '", id_, "'"));
-    }
-    state = it->second;
+    absl::StatusOr<RequestState*> found = UseRequestLocked(request_id);
+    if (!found.ok()) return found.status();
+    state = **found;
   }
   absl::StatusOr<SequenceExport> kv = layer_->ExportSequence(state.sequence);
   if (!kv.ok()) return kv.status();
