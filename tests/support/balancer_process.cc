@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -24,61 +23,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "tests/support/child_process.h"
+#include "tests/support/http_get.h"
 
-extern char** environ;
+extern char** environ;  // The environment the balancer inherits.
 
 namespace attnserve::scale_test {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A connected loopback TCP socket with send/receive timeouts, or -1.
-int ConnectLoopback(int port, std::chrono::milliseconds timeout) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// GET `path` over HTTP/1.0 from 127.0.0.1:port; the whole response, headers included.
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
-  const int fd = ConnectLoopback(port, std::chrono::seconds(5));
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to port ", port));
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("cannot send the stats request");
-  }
-  std::string response;
-  char buffer[8192];
-  while (true) {
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n > 0) {
-      response.append(buffer, static_cast<size_t>(n));
-    } else if (n == 0) {
-      break;
-    } else if (errno != EINTR) {
-      close(fd);
-      return absl::DeadlineExceededError("stats response not complete within 5 s");
-    }
-  }
-  close(fd);
-  return response;
-}
 
 }  // namespace
 
@@ -112,12 +66,9 @@ absl::StatusOr<int> PickFreePort() {
 absl::StatusOr<std::unique_ptr<BalancerProcess>> BalancerProcess::Start(
     const std::vector<std::string>& replicas, std::chrono::milliseconds timeout, int listen_port) {
   std::unique_ptr<BalancerProcess> process(new BalancerProcess());
-  std::string dir_template =
-      (std::filesystem::temp_directory_path() / "attnserve_balancer_test.XXXXXX").string();
-  if (mkdtemp(dir_template.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
-  }
-  process->temp_dir_ = dir_template;
+  absl::StatusOr<std::string> dir = server_test::MakeTempDir("attnserve_balancer_test");
+  if (!dir.ok()) return dir.status();
+  process->temp_dir_ = *dir;
   process->log_path_ = process->temp_dir_ + "/haproxy.log";
   absl::StatusOr<int> port = listen_port > 0 ? listen_port : PickFreePort();
   if (!port.ok()) return port.status();
@@ -142,25 +93,13 @@ absl::StatusOr<std::unique_ptr<BalancerProcess>> BalancerProcess::Start(
   std::vector<char*> envp;
   for (std::string& entry : environment) envp.push_back(entry.data());
   envp.push_back(nullptr);
-  std::vector<std::string> args = {HaproxyBinaryPath(), "-db", "-f", HaproxyConfigPath()};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, process->log_path_.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  pid_t pid = -1;
-  const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawn_error != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("posix_spawn ", argv[0], ": ", std::strerror(spawn_error),
-                     " (deploy/setup.sh installs Debian's haproxy)"));
+  absl::StatusOr<pid_t> spawned = server_test::SpawnLogged(
+      {HaproxyBinaryPath(), "-db", "-f", HaproxyConfigPath()}, process->log_path_, envp.data());
+  if (!spawned.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        spawned.status().message(), " (deploy/setup.sh installs Debian's haproxy)"));
   }
+  const pid_t pid = *spawned;
   process->pid_ = pid;
 
   const Clock::time_point deadline = Clock::now() + timeout;
@@ -171,7 +110,7 @@ absl::StatusOr<std::unique_ptr<BalancerProcess>> BalancerProcess::Start(
       return absl::InternalError(absl::StrCat("haproxy exited during startup (status ", wait_status,
                                               ")\nlog:\n", process->LogTail()));
     }
-    if (const int fd = ConnectLoopback(*port, std::chrono::milliseconds(500)); fd >= 0) {
+    if (const int fd = server_test::ConnectLoopback(*port, std::chrono::milliseconds(500)); fd >= 0) {
       close(fd);
       return process;
     }
@@ -196,16 +135,15 @@ BalancerProcess::~BalancerProcess() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  if (!temp_dir_.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove_all(temp_dir_, ignored);
-  }
+  server_test::RemoveTempDir(temp_dir_);
 }
 
 absl::StatusOr<std::map<std::string, BalancerProcess::ServerState>> BalancerProcess::ServerStates()
     const {
-  absl::StatusOr<std::string> response = HttpGet(metrics_port_, "/stats;csv");
-  if (!response.ok()) return response.status();
+  absl::StatusOr<server_test::HttpAnswer> answer =
+      server_test::HttpGet(metrics_port_, "/stats;csv", std::chrono::seconds(5));
+  if (!answer.ok()) return answer.status();
+  const std::string* response = &answer->response;
   // The CSV starts at its header line; the body may come chunked (the chunk-size lines have too
   // few fields to be taken for servers).
   const size_t csv = response->find("# pxname");

@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,8 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
-
-extern char** environ;
+#include "tests/support/child_process.h"
 
 namespace attnserve::server_test {
 
@@ -100,64 +97,18 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartImpl(
   std::unique_ptr<ServerProcess> process(new ServerProcess());
   process->host_ = host;
   process->credentials_ = std::move(credentials);
-  std::string dir_template =
-      (std::filesystem::temp_directory_path() / "attnserve_server_test.XXXXXX").string();
-  if (mkdtemp(dir_template.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
-  }
-  process->temp_dir_ = dir_template;
+  absl::StatusOr<std::string> dir = MakeTempDir("attnserve_server_test");
+  if (!dir.ok()) return dir.status();
+  process->temp_dir_ = *dir;
   process->log_path_ = process->temp_dir_ + "/server.log";
   const std::string port_file = process->temp_dir_ + "/port";
 
   std::vector<std::string> args = {ServerBinaryPath(), "--listen=" + host + ":0",
                                    "--port_file=" + port_file};
   args.insert(args.end(), flags.begin(), flags.end());
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  pid_t pid = -1;
-  if (limits.address_space_bytes.has_value() || limits.open_files.has_value()) {
-    // fork + exec, with setrlimit between them (posix_spawn cannot set limits). Only
-    // async-signal-safe calls in the child.
-    const std::string log_path = process->log_path_;
-    pid = fork();
-    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-    if (pid == 0) {
-      if (limits.address_space_bytes.has_value()) {
-        const rlimit as{*limits.address_space_bytes, *limits.address_space_bytes};
-        if (setrlimit(RLIMIT_AS, &as) != 0) _exit(126);
-      }
-      if (limits.open_files.has_value()) {
-        const rlimit nofile{*limits.open_files, *limits.open_files};
-        if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) _exit(126);
-      }
-      const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int null = open("/dev/null", O_RDONLY);
-      if (log < 0 || null < 0) _exit(126);
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-      dup2(null, STDIN_FILENO);
-      // Descriptors the test holds (sockets, other files) must not count against the limit.
-      for (int fd = 3; fd < 4096; ++fd) close(fd);
-      execve(argv[0], argv.data(), environ);
-      _exit(127);
-    }
-  } else {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, process->log_path_.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawn_error != 0) {
-    return absl::InternalError(
-        absl::StrCat("posix_spawn ", argv[0], ": ", std::strerror(spawn_error)));
-  }
-  }
-  process->pid_ = pid;
+  absl::StatusOr<pid_t> pid = SpawnLogged(args, process->log_path_, nullptr, limits);
+  if (!pid.ok()) return pid.status();
+  process->pid_ = *pid;
 
   const std::string command = absl::StrJoin(args, " ");
   const Clock::time_point deadline = Clock::now() + startup_timeout;
@@ -206,13 +157,7 @@ ServerProcess::~ServerProcess() {
     int wait_status = 0;
     waitpid(pid_, &wait_status, 0);  // SIGKILL cannot be ignored: this returns promptly.
   }
-  if (!temp_dir_.empty()) {
-    std::error_code ignored;
-    // Tests may chmod files in here; make them removable first.
-    std::filesystem::permissions(temp_dir_, std::filesystem::perms::owner_all,
-                                 std::filesystem::perm_options::add, ignored);
-    std::filesystem::remove_all(temp_dir_, ignored);
-  }
+  RemoveTempDir(temp_dir_);
 }
 
 std::shared_ptr<grpc::Channel> ServerProcess::NewChannel() const {

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tests/support/child_process.h"  // ProcessLimits
 
 namespace attnserve::server_test {
 
@@ -29,13 +30,6 @@ struct ExitState {
   int exit_code = -1;  // Valid when exited.
   int signal = 0;      // Valid when !exited.
   std::string ToString() const;
-};
-
-// Resource limits set in the server's child process between fork and exec (setrlimit, soft and
-// hard alike); unset = inherited.
-struct ProcessLimits {
-  std::optional<uint64_t> address_space_bytes;  // RLIMIT_AS.
-  std::optional<uint64_t> open_files;           // RLIMIT_NOFILE.
 };
 
 class ServerProcess {
