@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"
-#include "tests/support/server_fixture.h"
+#include "tests/support/metrics_fixture.h"
 
 namespace attnserve::server_test {
 namespace {
@@ -31,19 +31,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 // A TCP connection to 127.0.0.1:port (-1 on failure).
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Connect(int port) { return ConnectLoopback(port); }
 
 // Everything the server sends on `fd` until it closes, or until `timeout` passes.
 std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
@@ -93,50 +81,26 @@ struct Scrape {
 
 Scrape GetMetrics(int port) {
   const auto start = Clock::now();
-  const std::string answer =
-      RawExchange(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  const absl::StatusOr<HttpAnswer> answer = HttpGet(port, "/metrics", std::chrono::seconds(5));
   Scrape scrape;
   scrape.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  scrape.status = StatusOf(answer);
-  const size_t body = answer.find("\r\n\r\n");
-  if (body != std::string::npos) scrape.body = answer.substr(body + 4);
+  if (answer.ok()) {
+    scrape.status = answer->status;
+    scrape.body = answer->body;
+  }
   return scrape;
 }
 
-class MetricsHttpTest : public ServerTest {
+class MetricsHttpTest : public MetricsServerTest {
  protected:
-  MetricsHttpTest()
-      : port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_http_port_", getpid(), "_",
-                                next_id_++)) {}
-
-  std::vector<std::string> ExtraFlags() const override {
-    return {"--metrics_address=127.0.0.1:0", "--metrics_port_file=" + port_file_};
-  }
-
-  void SetUp() override {
-    ServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    std::ifstream in(port_file_);
-    ASSERT_TRUE(in >> port_) << "no port in " << port_file_;
-    ASSERT_GT(port_, 0);
-  }
-  void TearDown() override {
-    ServerTest::TearDown();
-    std::remove(port_file_.c_str());
-  }
-
   // The process runs and GET /metrics answers 200 within 1.5 s.
   void ExpectAliveAndScraping() {
     EXPECT_FALSE(server().TryWait().has_value()) << "the server died";
-    const Scrape scrape = GetMetrics(port_);
+    const Scrape scrape = GetMetrics(metrics_port_);
     EXPECT_EQ(scrape.status, 200);
     EXPECT_LT(scrape.elapsed.count(), 1500);
     EXPECT_THAT(scrape.body, HasSubstr("attnserve_build_info"));
   }
-
-  static inline int next_id_ = 0;
-  const std::string port_file_;
-  int port_ = 0;
 };
 
 TEST_F(MetricsHttpTest, RequestsOtherThanAScrapeGetErrorStatuses) {
@@ -172,21 +136,21 @@ TEST_F(MetricsHttpTest, RequestsOtherThanAScrapeGetErrorStatuses) {
   };
   for (const auto& c : kCases) {
     SCOPED_TRACE(c.name);
-    const std::string answer = RawExchange(port_, c.request);
+    const std::string answer = RawExchange(metrics_port_, c.request);
     EXPECT_EQ(StatusOf(answer), c.status) << answer.substr(0, 200);
     ExpectAliveAndScraping();
   }
 }
 
 TEST_F(MetricsHttpTest, HeadHasNoBody) {
-  const std::string answer = RawExchange(port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string answer = RawExchange(metrics_port_, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
   EXPECT_EQ(StatusOf(answer), 200);
   EXPECT_TRUE(absl::EndsWith(answer, "\r\n\r\n")) << answer.substr(0, 300);
 }
 
 TEST_F(MetricsHttpTest, HalfOpenConnectionsDoNotHoldUpScrapes) {
-  const int silent = Connect(port_);
-  const int half_line = Connect(port_);
+  const int silent = Connect(metrics_port_);
+  const int half_line = Connect(metrics_port_);
   ASSERT_GE(silent, 0);
   ASSERT_GE(half_line, 0);
   ASSERT_EQ(send(half_line, "GET /metr", 9, MSG_NOSIGNAL), 9);
@@ -202,18 +166,18 @@ TEST_F(MetricsHttpTest, HalfOpenConnectionsDoNotHoldUpScrapes) {
 TEST_F(MetricsHttpTest, AConnectionFloodIsShedAndScrapesRecoverWithinTheRequestTimeout) {
   std::vector<int> idle;
   for (int i = 0; i < 100; ++i) {
-    const int fd = Connect(port_);
+    const int fd = Connect(metrics_port_);
     if (fd >= 0) idle.push_back(fd);
   }
   // While they hold every slot a scrape is refused at once (503), never left waiting; once their
   // request timeout (1 s) has passed, scrapes succeed again.
   const auto start = Clock::now();
-  Scrape scrape = GetMetrics(port_);
+  Scrape scrape = GetMetrics(metrics_port_);
   EXPECT_TRUE(scrape.status == 503 || scrape.status == 200) << scrape.status;
   EXPECT_LT(scrape.elapsed.count(), 1500);
   while (scrape.status != 200 && Clock::now() - start < std::chrono::seconds(5)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    scrape = GetMetrics(port_);
+    scrape = GetMetrics(metrics_port_);
   }
   EXPECT_EQ(scrape.status, 200);
   EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(2500));
@@ -232,7 +196,7 @@ TEST_F(MetricsHttpTest, NoSessionIdIsExposed) {
   }
   // A call naming an unknown session id counts an error; the id must not become a label.
   EXPECT_FALSE(Release(stub(), std::string(32, 'a'), "").ok());
-  const Scrape scrape = GetMetrics(port_);
+  const Scrape scrape = GetMetrics(metrics_port_);
   ASSERT_EQ(scrape.status, 200);
   for (const std::string& id : sessions) EXPECT_THAT(scrape.body, Not(HasSubstr(id)));
   EXPECT_FALSE(std::regex_search(scrape.body, std::regex("[0-9a-fA-F]{32}")))

@@ -28,56 +28,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/reference/test_cases.h"
-#include "tests/support/server_fixture.h"
+#include "tests/support/metrics_fixture.h"
 
 namespace attnserve::server_test {
 namespace {
 
 using reference::FindSpec;
 using Labels = std::map<std::string, std::string>;
-
-// ---- A minimal scraper ---------------------------------------------------------------------
-
-// GET http://127.0.0.1:port/metrics over HTTP/1.0 (the server closes after the answer); the body,
-// or an error. Bounded: 10 s socket timeouts.
-absl::StatusOr<std::string> HttpGetMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
-  timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
-  }
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("send failed");
-  }
-  std::string answer;
-  char buffer[65536];
-  while (true) {
-    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    if (n < 0) {
-      close(fd);
-      return absl::DeadlineExceededError("recv failed or timed out");
-    }
-    if (n == 0) break;
-    answer.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  const size_t header_end = answer.find("\r\n\r\n");
-  if (header_end == std::string::npos || answer.rfind("HTTP/1.", 0) != 0 ||
-      answer.find(" 200 ") > answer.find("\r\n")) {
-    return absl::UnavailableError(absl::StrCat("bad HTTP answer: ", answer.substr(0, 200)));
-  }
-  return answer.substr(header_end + 4);
-}
 
 struct Sample {
   std::string name;
@@ -171,36 +128,17 @@ struct Exposition {
 
 constexpr int64_t kPoolBytes = 262144;  // Small, so a long Forward runs out of KV memory.
 
-class MetricsTest : public ServerTest {
+class MetricsTest : public MetricsServerTest {
  protected:
-  MetricsTest()
-      : metrics_port_file_(absl::StrCat(::testing::TempDir(), "attnserve_metrics_port_", getpid(),
-                                        "_", next_id_++)) {}
-
-  std::vector<std::string> ExtraFlags() const override {
-    std::vector<std::string> flags = {"--metrics_address=127.0.0.1:0",
-                                      "--metrics_port_file=" + metrics_port_file_,
-                                      absl::StrCat("--kv_pool_bytes=", kPoolBytes)};
+  std::vector<std::string> ServerFlags() const override {
+    std::vector<std::string> flags = {absl::StrCat("--kv_pool_bytes=", kPoolBytes)};
     for (const std::string& f : MoreFlags()) flags.push_back(f);
     return flags;
   }
   virtual std::vector<std::string> MoreFlags() const { return {}; }
 
-  void SetUp() override {
-    ServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    // Written before the gRPC port, so it is there once the server is SERVING.
-    std::ifstream in(metrics_port_file_);
-    ASSERT_TRUE(in >> metrics_port_) << "no port in " << metrics_port_file_;
-    ASSERT_GT(metrics_port_, 0);
-  }
-  void TearDown() override {
-    ServerTest::TearDown();
-    std::remove(metrics_port_file_.c_str());
-  }
-
   Exposition Scrape() {
-    absl::StatusOr<std::string> body = HttpGetMetrics(metrics_port_);
+    absl::StatusOr<std::string> body = ScrapeMetrics(metrics_port_);
     EXPECT_TRUE(body.ok()) << body.status();
     return Exposition::Parse(body.ok() ? *body : "");
   }
@@ -230,9 +168,6 @@ class MetricsTest : public ServerTest {
     return Decode(stub(), request, &response);
   }
 
-  static inline int next_id_ = 0;
-  std::string metrics_port_file_;
-  int metrics_port_ = 0;
   std::mt19937_64 rng_{11};
 };
 
