@@ -20,10 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "client/common/channel_security.h"
-#include "tests/support/balancer_process.h"
-#include "tests/support/server_process.h"
-#include "tests/support/service_test_util.h"
+#include "tests/support/scale_fixture.h"
 
 namespace attnserve::scale_test {
 namespace {
@@ -38,25 +35,6 @@ constexpr int kPromptTokens = 20;
 constexpr int kStepsBeforeDrain = 3;
 constexpr int kSteps = 12;  // Decode steps of each session in all.
 const char* const kRequests[] = {"a", "b"};
-
-LayerSpec SmallGqa() {
-  LayerSpec spec;
-  spec.variant = AttentionVariant::kGQA;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 16;
-  spec.rope = RopeLayout::kHalf;
-  return spec;
-}
-
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // The balancer's client channel tags every call with x-attnserve-session; the direct one to a
-  // twin's replica needs none, but the interceptor is harmless there.
-  return CreateSecureChannel(address, ChannelSecurity{}, args);
-}
 
 // A session driven through the balancer and its twin on a replica that is not drained.
 struct Pair {
@@ -82,49 +60,27 @@ grpc::Status WithRetries(const std::function<grpc::Status()>& call, int* retries
   }
 }
 
-class DrainTest : public ::testing::Test {
- protected:
-  void TearDown() override {
-    if (HasFailure()) {
-      if (balancer_ != nullptr) std::cerr << "---- haproxy log ----\n" << balancer_->LogTail();
-      for (const auto& replica : replicas_) {
-        if (replica != nullptr) {
-          std::cerr << "---- replica log (" << replica->address() << ") ----\n"
-                    << replica->LogTail(3000);
-        }
-      }
-    }
-    balancer_.reset();
-    replicas_.clear();
-  }
-
-  std::vector<std::unique_ptr<ServerProcess>> replicas_;
-  std::unique_ptr<BalancerProcess> balancer_;
-};
+using DrainTest = ReplicaSetTest;
 
 TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   const Clock::time_point start = Clock::now();
   absl::StatusOr<int> balancer_port = PickFreePort();
   ASSERT_TRUE(balancer_port.ok()) << balancer_port.status();
   const std::string balancer_address = absl::StrCat("127.0.0.1:", *balancer_port);
-  std::vector<std::string> addresses;
-  for (int i = 0; i < kReplicas; ++i) {
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-        ServerProcess::Start({absl::StrCat("--threads=", server_test::kBackendThreads),
-                              absl::StrCat("--replica_id=replica-", i), "--shutdown_grace=5s",
-                              absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s",
-                              "--rebalance_period=1s"});
-    ASSERT_TRUE(started.ok()) << started.status();
-    addresses.push_back((*started)->address());
-    replicas_.push_back(*std::move(started));
-  }
-  absl::StatusOr<std::unique_ptr<BalancerProcess>> balancer =
-      BalancerProcess::Start(addresses, std::chrono::seconds(20), *balancer_port);
-  ASSERT_TRUE(balancer.ok()) << balancer.status();
-  balancer_ = *std::move(balancer);
+  // Every replica drains to the balancer on SIGTERM.
+  const auto drain_flags = [&](int i) {
+    std::vector<std::string> flags = ReplicaFlags(i);
+    flags.push_back(absl::StrCat("--drain_to=", balancer_address));
+    flags.push_back("--drain_timeout=30s");
+    flags.push_back("--rebalance_period=1s");
+    return flags;
+  };
+  ASSERT_NO_FATAL_FAILURE(StartReplicas(kReplicas, drain_flags));
+  const std::vector<std::string> addresses = ReplicaAddresses();
+  ASSERT_NO_FATAL_FAILURE(StartBalancer(addresses, *balancer_port));
   // Every replica UP (a fresh balancer counts them UP at once; the first checks confirm it).
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  auto via_balancer = v1::AttentionService::NewStub(Channel(balancer_address));
+  auto via_balancer = v1::AttentionService::NewStub(ClientChannel(balancer_address));
 
   // Sessions through the balancer; the victim is the replica of session 0.
   std::vector<Pair> pairs(kSessions);
@@ -149,7 +105,7 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   const std::string victim = pairs[0].replica;
   const int victim_index = victim.back() - '0';
   const int twin_index = (victim_index + 1) % kReplicas;
-  auto twin_stub = v1::AttentionService::NewStub(Channel(addresses[twin_index]));
+  auto twin_stub = v1::AttentionService::NewStub(ClientChannel(addresses[twin_index]));
   int moved_sessions = 0;
   for (const Pair& p : pairs) moved_sessions += p.replica == victim ? 1 : 0;
 
@@ -262,7 +218,7 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
     int found = 0;
     for (int i = 0; i < kReplicas; ++i) {
       if (i == victim_index) continue;
-      auto stub = v1::AttentionService::NewStub(Channel(addresses[i]));
+      auto stub = v1::AttentionService::NewStub(ClientChannel(addresses[i]));
       v1::GetSessionRequest get;
       get.set_session_id(p.id);
       v1::GetSessionResponse got;
@@ -278,18 +234,16 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   // The victim back under its name and address (a rolling restart): the balancer hashes its former
   // ids to it again, and the replicas that took them over move them back
   // (server/fleet/session_rebalancer.h); traffic goes on throughout, bit-exact against the twins.
-  absl::StatusOr<std::unique_ptr<ServerProcess>> back = ServerProcess::Start(
-      {absl::StrCat("--threads=", server_test::kBackendThreads),
-       absl::StrCat("--replica_id=", victim), "--shutdown_grace=5s",
-       absl::StrCat("--drain_to=", balancer_address), "--drain_timeout=30s",
-       "--rebalance_period=1s", absl::StrCat("--listen=", addresses[victim_index])});
+  std::vector<std::string> back_flags = drain_flags(victim_index);  // --replica_id=<victim>.
+  back_flags.push_back(absl::StrCat("--listen=", addresses[victim_index]));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> back = ServerProcess::Start(back_flags);
   ASSERT_TRUE(back.ok()) << back.status();
   replicas_[victim_index] = *std::move(back);
   threads = traffic(kSteps, kSteps);
   for (std::thread& thread : threads) thread.join();
   EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
   EXPECT_EQ(steps_done.load(), 2 * kThreads * kSteps);
-  auto on_victim = v1::AttentionService::NewStub(Channel(addresses[victim_index]));
+  auto on_victim = v1::AttentionService::NewStub(ClientChannel(addresses[victim_index]));
   const Clock::time_point home_by = Clock::now() + std::chrono::seconds(30);
   int home = 0;
   while (true) {

@@ -33,11 +33,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/common/channel_security.h"
 #include "client/common/session_routing.h"
-#include "tests/support/balancer_process.h"
-#include "tests/support/server_process.h"
-#include "tests/support/service_test_util.h"
+#include "tests/support/scale_fixture.h"
 
 namespace attnserve::scale_test {
 namespace {
@@ -54,30 +51,6 @@ constexpr int kSessions = 50;
 constexpr int kClientThreads = 10;
 constexpr int kPromptTokens = 8;
 const char* const kRequests[] = {"a", "b"};  // Two requests per session, decoded together.
-
-LayerSpec SmallGqa() {
-  LayerSpec spec;
-  spec.variant = AttentionVariant::kGQA;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 16;
-  spec.rope = RopeLayout::kHalf;
-  return spec;
-}
-
-// Every replica's flags: the reference's engine thread count (bit-exact comparison needs the same
-// work split) and a name to be found by.
-std::vector<std::string> ReplicaFlags(int index) {
-  return {absl::StrCat("--threads=", kBackendThreads), absl::StrCat("--replica_id=replica-", index),
-          "--shutdown_grace=5s"};
-}
-
-std::shared_ptr<grpc::Channel> BalancerChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  return CreateSecureChannel(address, ChannelSecurity{}, args);
-}
 
 absl::Status FromGrpc(const std::string& what, const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -225,7 +198,7 @@ std::vector<absl::Status> ForEachSession(
   for (int t = 0; t < kClientThreads; ++t) {
     threads.emplace_back([&, t] {
       std::unique_ptr<v1::AttentionService::Stub> stub =
-          v1::AttentionService::NewStub(BalancerChannel(balancer));
+          v1::AttentionService::NewStub(ClientChannel(balancer));
       for (size_t i = t; i < sessions.size(); i += kClientThreads) {
         results[i] = work(sessions[i], *stub);
       }
@@ -288,45 +261,12 @@ bool AllUp(const std::map<std::string, BalancerProcess::ServerState>& states, in
   return up == count;
 }
 
-class ScaleTest : public ::testing::Test {
- protected:
-  void StartReplicas(int count) {
-    for (int i = 0; i < count; ++i) {
-      absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-          ServerProcess::Start(ReplicaFlags(i));
-      ASSERT_TRUE(started.ok()) << started.status();
-      replicas_.push_back(*std::move(started));
-    }
-  }
-
-  void StartBalancer(const std::vector<std::string>& addresses) {
-    absl::StatusOr<std::unique_ptr<BalancerProcess>> started = BalancerProcess::Start(addresses);
-    ASSERT_TRUE(started.ok()) << started.status();
-    balancer_ = *std::move(started);
-  }
-
-  void TearDown() override {
-    if (HasFailure()) {
-      if (balancer_ != nullptr) std::cerr << "---- haproxy log ----\n" << balancer_->LogTail();
-      for (const auto& replica : replicas_) {
-        std::cerr << "---- replica log (" << replica->address() << ") ----\n"
-                  << replica->LogTail(1500);
-      }
-    }
-    balancer_.reset();
-    replicas_.clear();
-  }
-
-  std::vector<std::unique_ptr<ServerProcess>> replicas_;
-  std::unique_ptr<BalancerProcess> balancer_;
-};
+using ScaleTest = ReplicaSetTest;
 
 TEST_F(ScaleTest, SessionsStayOnTheirReplicaAndSurviveTheLossOfAnother) {
   const Clock::time_point start = Clock::now();
   ASSERT_NO_FATAL_FAILURE(StartReplicas(kReplicas));
-  std::vector<std::string> addresses;
-  for (const auto& replica : replicas_) addresses.push_back(replica->address());
-  ASSERT_NO_FATAL_FAILURE(StartBalancer(addresses));
+  ASSERT_NO_FATAL_FAILURE(StartBalancer(ReplicaAddresses()));
   std::string seen;
   ASSERT_TRUE(WaitForStates(
       *balancer_, std::chrono::seconds(15),
@@ -477,7 +417,7 @@ TEST_F(ScaleTest, LostSessionIsNotFoundByNameOnceItsReplicaIsOut) {
       &seen))
       << seen;
   std::unique_ptr<v1::AttentionService::Stub> stub =
-      v1::AttentionService::NewStub(BalancerChannel(balancer_->address()));
+      v1::AttentionService::NewStub(ClientChannel(balancer_->address()));
   // Sessions until one lands on replica-1, which is then killed.
   std::vector<ClientSession> sessions(1);
   for (int attempt = 0; attempt < 64; ++attempt) {
