@@ -38,10 +38,8 @@
 #include "kernels/kv/quantization.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/spec/layer_spec.h"
-#include "kernels/spec/layer_spec_json.h"
-#include "kernels/model/safetensors.h"
 #include "kernels/core/tensor.h"
-#include "nlohmann/json.hpp"
+#include "tests/reference/peer_case.h"
 
 #ifndef ATTNSERVE_PEER_CASES_DIR
 #define ATTNSERVE_PEER_CASES_DIR ""
@@ -77,10 +75,9 @@ std::vector<std::string> FindCaseDirs() {
   std::vector<std::string> roots;
   if (g_case_args != nullptr && !g_case_args->empty()) {
     roots = *g_case_args;
-  } else if (const char* env = std::getenv("ATTNSERVE_PEER_CASES"); env != nullptr && *env) {
-    roots.push_back(env);
   } else {
-    roots.push_back(ATTNSERVE_PEER_CASES_DIR);
+    roots.push_back(
+        reference::PeerCasesRoot("ATTNSERVE_PEER_CASES", ATTNSERVE_PEER_CASES_DIR).string());
   }
   std::vector<std::string> cases;
   for (const std::string& root : roots) {
@@ -89,22 +86,12 @@ std::vector<std::string> FindCaseDirs() {
       cases.push_back(root);
       continue;
     }
-    for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
-      if (entry.is_directory(ec) && fs::exists(entry.path() / "spec.json", ec)) {
-        cases.push_back(entry.path().string());
-      }
+    for (const fs::path& dir : reference::PeerCaseDirs(root, {"spec.json"})) {
+      cases.push_back(dir.string());
     }
   }
   std::sort(cases.begin(), cases.end());
   return cases;
-}
-
-absl::StatusOr<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Everything one case directory holds, loaded through our own readers.
@@ -125,36 +112,26 @@ absl::StatusOr<PeerCase> LoadCase(const fs::path& dir) {
   PeerCase c;
   c.name = dir.filename().string();
 
-  absl::StatusOr<std::string> spec_text = ReadText(dir / "spec.json");
-  if (!spec_text.ok()) return spec_text.status();
-  absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(*spec_text);
-  if (!spec.ok())
-    return absl::Status(spec.status().code(), absl::StrCat("spec.json: ", spec.status().message()));
+  absl::StatusOr<LayerSpec> spec = reference::ReadRecordedSpec(dir);
+  if (!spec.ok()) return spec.status();
   c.spec = *spec;
 
-  absl::StatusOr<std::string> case_text = ReadText(dir / "case.json");
-  if (!case_text.ok()) return case_text.status();
-  const nlohmann::json meta =
-      nlohmann::json::parse(*case_text, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object() || !meta.contains("layer_index") ||
-      !meta["layer_index"].is_number_integer() || !meta.contains("prefill_split") ||
-      !meta["prefill_split"].is_number_integer()) {
+  absl::StatusOr<reference::PeerCaseInfo> info = reference::ReadCaseInfo(dir);
+  if (!info.ok()) return info.status();
+  if (info->prefill_split < 0) {
     return absl::InvalidArgumentError(
         "case.json: expected an object with integer layer_index and prefill_split");
   }
-  c.layer_index = meta["layer_index"].get<int>();
-  c.prefill_split = meta["prefill_split"].get<int64_t>();
+  c.layer_index = info->layer_index;
+  c.prefill_split = info->prefill_split;
 
-  absl::StatusOr<SafetensorsFile> io = SafetensorsFile::Open((dir / "io.safetensors").string());
+  absl::StatusOr<reference::PeerIo> io = reference::ReadPeerIo(dir);
   if (!io.ok()) return io.status();
-  for (auto [name, out] : {std::pair{"hidden", &c.hidden}, std::pair{"expected", &c.expected},
-                           std::pair{"expected_split", &c.expected_split}}) {
-    absl::StatusOr<Tensor> t = io->Read(name);
-    if (!t.ok()) return t.status();
-    *out = std::move(*t);
-  }
-  absl::StatusOr<Tensor> positions = io->Read("positions");
-  if (!positions.ok()) return positions.status();
+  if (!io->has_expected_split) return absl::NotFoundError("io.safetensors: no expected_split");
+  c.hidden = std::move(io->hidden);
+  c.expected = std::move(io->expected);
+  c.expected_split = std::move(io->expected_split);
+  c.positions = std::move(io->positions);
 
   c.seq_len = c.hidden.rank() == 2 ? c.hidden.dim(0) : -1;
   const std::vector<int64_t> rows = {c.seq_len, c.spec.d_model};
@@ -164,13 +141,9 @@ absl::StatusOr<PeerCase> LoadCase(const fs::path& dir) {
     if (t->dtype() != DType::kF32)
       return absl::InvalidArgumentError(absl::StrCat(name, ": not F32"));
   }
-  if (absl::Status s = CheckShape(*positions, {c.seq_len}, "positions"); !s.ok()) return s;
-  // Positions are stored as F32 (our reader has no integer dtypes); they must be exact integers.
-  for (float p : positions->ToFloats()) {
-    if (p != std::floor(p) || p < 0.0f || p > (1 << 24)) {
-      return absl::InvalidArgumentError(absl::StrCat("positions: ", p, " is not a small integer"));
-    }
-    c.positions.push_back(static_cast<int64_t>(p));
+  if (static_cast<int64_t>(c.positions.size()) != c.seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("positions: ", c.positions.size(), " of them for ", c.seq_len, " tokens"));
   }
   if (c.prefill_split < 1 || c.prefill_split >= c.seq_len) {
     return absl::InvalidArgumentError(

@@ -21,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
+#include "tests/reference/peer_case.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -33,30 +34,26 @@ using ::testing::HasSubstr;
 // The peer test's bound for fp32 against transformers (tests/engine/peer_test.cc).
 constexpr double kMaxRelativeError = 1e-4;
 
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 fs::path PeerCasesDir() {
-  const char* env = std::getenv("ATTNSERVE_PEER_CASES");
-  return env != nullptr && *env ? fs::path(env) : fs::path(ATTNSERVE_PEER_CASES_DIR);
+  return reference::PeerCasesRoot("ATTNSERVE_PEER_CASES", ATTNSERVE_PEER_CASES_DIR);
 }
 
 // Cases with a config.json (the transformers ones; the torch.nn.MultiheadAttention cases have
 // none).
 std::vector<std::string> ConfigCases() {
   std::vector<std::string> names;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(PeerCasesDir(), ec)) {
-    if (fs::exists(entry.path() / "config.json") && fs::exists(entry.path() / "io.safetensors")) {
-      names.push_back(entry.path().filename().string());
-    }
+  for (const fs::path& dir :
+       reference::PeerCaseDirs(PeerCasesDir(), {"config.json", "io.safetensors"})) {
+    names.push_back(dir.filename().string());
   }
-  std::sort(names.begin(), names.end());
   return names;
+}
+
+// case.json's layer_index (the test fails when it cannot be read).
+int LayerIndex(const fs::path& dir) {
+  absl::StatusOr<reference::PeerCaseInfo> info = reference::ReadCaseInfo(dir);
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->layer_index : -1;
 }
 
 class CheckpointSpecTest : public ServerTest {
@@ -79,37 +76,30 @@ TEST_F(CheckpointSpecTest, EveryCaseConfiguresFromConfigJsonAlone) {
   for (const std::string& name : cases) {
     SCOPED_TRACE(name);
     const fs::path dir = PeerCasesDir() / name;
-    const nlohmann::json info = nlohmann::json::parse(ReadText(dir / "case.json"));
-    const int layer_index = info.at("layer_index").get<int>();
+    const int layer_index = LayerIndex(dir);
 
     v1::ConfigureResponse configured;
     grpc::Status status = Configure(stub(), FromCheckpoint(name, layer_index), &configured);
     ASSERT_TRUE(status.ok()) << Describe(status);
     absl::StatusOr<LayerSpec> spec = LayerSpecFromProto(configured.spec());
     ASSERT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<LayerSpec> recorded = LayerSpecFromJson(ReadText(dir / "spec.json"));
+    absl::StatusOr<LayerSpec> recorded = reference::ReadRecordedSpec(dir);
     ASSERT_TRUE(recorded.ok()) << recorded.status();
     EXPECT_EQ(LayerSpecDifference(*spec, *recorded), "");
 
-    absl::StatusOr<SafetensorsFile> io = SafetensorsFile::Open((dir / "io.safetensors").string());
+    absl::StatusOr<reference::PeerIo> io = reference::ReadPeerIo(dir);
     ASSERT_TRUE(io.ok()) << io.status();
-    absl::StatusOr<Tensor> hidden = io->Read("hidden");
-    absl::StatusOr<Tensor> positions = io->Read("positions");
-    absl::StatusOr<Tensor> expected = io->Read("expected");
-    ASSERT_TRUE(hidden.ok() && positions.ok() && expected.ok());
-    std::vector<int64_t> position_ids;
-    for (float p : positions->ToFloats()) position_ids.push_back(static_cast<int64_t>(p));
 
     v1::ForwardRequest forward;
     forward.set_session_id(configured.session_id());
-    *forward.add_items() = MakeForwardItem("r", *hidden, position_ids);
+    *forward.add_items() = MakeForwardItem("r", io->hidden, io->positions);
     v1::ForwardResponse response;
     status = Forward(stub(), forward, &response);
     ASSERT_TRUE(status.ok()) << Describe(status);
     absl::StatusOr<Tensor> output = TensorFromProto(response.results(0).output());
     ASSERT_TRUE(output.ok()) << output.status();
     const std::vector<float> actual = output->ToFloats();
-    const std::vector<float> wanted = expected->ToFloats();
+    const std::vector<float> wanted = io->expected.ToFloats();
     ASSERT_EQ(actual.size(), wanted.size());
     double error = 0, norm = 0;
     for (size_t i = 0; i < actual.size(); ++i) {
@@ -124,10 +114,9 @@ TEST_F(CheckpointSpecTest, EveryCaseConfiguresFromConfigJsonAlone) {
 TEST_F(CheckpointSpecTest, StatedSpecMustAgreeWithConfigJson) {
   const fs::path dir = PeerCasesDir() / "mistral_swa";
   ASSERT_TRUE(fs::exists(dir / "config.json"));
-  const int layer_index =
-      nlohmann::json::parse(ReadText(dir / "case.json")).at("layer_index").get<int>();
-  absl::StatusOr<LayerSpec> recorded = LayerSpecFromJson(ReadText(dir / "spec.json"));
-  ASSERT_TRUE(recorded.ok());
+  const int layer_index = LayerIndex(dir);
+  absl::StatusOr<LayerSpec> recorded = reference::ReadRecordedSpec(dir);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
 
   v1::ConfigureRequest agreeing = FromCheckpoint("mistral_swa", layer_index);
   *agreeing.mutable_spec() = LayerSpecToProto(*recorded);
@@ -166,7 +155,9 @@ class UnknownConfigKeyTest : public ServerTest {
     fs::create_directories(root_ / "model");
     const fs::path source = PeerCasesDir() / "llama_gqa";
     fs::copy_file(source / "model.safetensors", root_ / "model" / "model.safetensors");
-    nlohmann::json config = nlohmann::json::parse(ReadText(source / "config.json"));
+    absl::StatusOr<std::string> text = reference::ReadText(source / "config.json");
+    ASSERT_TRUE(text.ok()) << text.status();
+    nlohmann::json config = nlohmann::json::parse(*text);
     config["use_qk_norm"] = true;  // Llama 4's switch; our llama mapping does not know it.
     std::ofstream(root_ / "model" / "config.json") << config.dump();
     ServerTest::SetUp();

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/model/safetensors.h"
 #include "proto/codec/tensor_codec.h"
+#include "tests/reference/peer_case.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -33,8 +34,7 @@ constexpr double kMaxRelativeError = 1e-4;
 constexpr char kCase[] = "gemma3_five_to_one_stack";
 
 fs::path StackCasesDir() {
-  const char* env = std::getenv("ATTNSERVE_PEER_STACK_CASES");
-  return env != nullptr && *env ? fs::path(env) : fs::path(ATTNSERVE_PEER_STACK_CASES_DIR);
+  return reference::PeerCasesRoot("ATTNSERVE_PEER_STACK_CASES", ATTNSERVE_PEER_STACK_CASES_DIR);
 }
 
 // Relative L2 error of (actual - x) against (expected - x).
@@ -60,18 +60,14 @@ class StackPeerTest : public ServerTest {
 TEST_F(StackPeerTest, GemmaFiveToOneStackMatchesTransformers) {
   const fs::path dir = StackCasesDir() / kCase;
   ASSERT_TRUE(fs::exists(dir / "config.json")) << dir << ": run make_stack_peer_case.py";
-  absl::StatusOr<SafetensorsFile> io = SafetensorsFile::Open((dir / "io.safetensors").string());
+  absl::StatusOr<reference::PeerIo> io = reference::ReadPeerIo(dir);
   ASSERT_TRUE(io.ok()) << io.status();
-  absl::StatusOr<Tensor> hidden = io->Read("hidden");
-  absl::StatusOr<Tensor> positions = io->Read("positions");
-  absl::StatusOr<Tensor> expected = io->Read("expected");
-  ASSERT_TRUE(hidden.ok() && positions.ok() && expected.ok());
-  std::vector<int64_t> position_ids;
-  for (float p : positions->ToFloats()) position_ids.push_back(static_cast<int64_t>(p));
+  const Tensor* hidden = &io->hidden;
+  const std::vector<int64_t>& position_ids = io->positions;
   const int64_t length = hidden->dim(0);
   const int64_t d_model = hidden->dim(1);
   const std::vector<float> x = hidden->ToFloats();
-  const std::vector<float> wanted = expected->ToFloats();
+  const std::vector<float> wanted = io->expected.ToFloats();
 
   v1::ConfigureRequest configure;
   configure.mutable_weights()->mutable_checkpoint()->set_path(kCase);
