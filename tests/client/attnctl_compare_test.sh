@@ -17,17 +17,10 @@
 # Usage: tests/client/attnctl_compare_test.sh BUILD_DIR PYTHON
 set -euo pipefail
 
-readonly BUILD="${1:?usage: $0 BUILD_DIR PYTHON}"
-readonly PYTHON="${2:?usage: $0 BUILD_DIR PYTHON}"
-readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-readonly SERVER="${BUILD}/server/attnserve_server"
-readonly ATTNCTL="${BUILD}/client/attnctl"
-
 readonly TEST_NAME=attnctl_compare_test
 # shellcheck source=../support/server_test.sh
-source "${ROOT}/tests/support/server_test.sh"
-require_executables "${SERVER}" "${ATTNCTL}"
-require_python_modules "${PYTHON}" grpc grpc_tools numpy matplotlib
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_test.sh"
+attnctl_test_setup "$@" grpc grpc_tools numpy matplotlib
 
 mkdir -p "${workdir}/checkpoints"
 server_start "${SERVER}" "${workdir}" --checkpoint_root="${workdir}/checkpoints" ||

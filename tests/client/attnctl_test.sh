@@ -13,17 +13,10 @@
 # and client/attnctl)
 set -euo pipefail
 
-readonly BUILD="${1:?usage: $0 BUILD_DIR PYTHON}"
-readonly PYTHON="${2:?usage: $0 BUILD_DIR PYTHON}"
-readonly ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-readonly SERVER="${BUILD}/server/attnserve_server"
-readonly ATTNCTL="${BUILD}/client/attnctl"
-
 readonly TEST_NAME=attnctl_test
 # shellcheck source=../support/server_test.sh
-source "${ROOT}/tests/support/server_test.sh"
-require_executables "${SERVER}" "${ATTNCTL}"
-require_python_modules "${PYTHON}" grpc grpc_tools numpy
+source "$(dirname "${BASH_SOURCE[0]}")/../support/server_test.sh"
+attnctl_test_setup "$@" grpc grpc_tools numpy
 
 server_start "${SERVER}" "${workdir}" || fail "the server did not start"
 readonly ADDRESS="${SERVER_ADDRESS}"

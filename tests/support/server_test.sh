@@ -6,13 +6,23 @@
 #                                   fails unless PYTHON imports every MODULE (deploy/setup.sh
 #                                   installs them into .venv);
 #   workdir                         a scratch directory, removed on exit;
+#   attnctl_test_setup BUILD_DIR PYTHON MODULE...
+#                                   for the tests run as `TEST BUILD_DIR PYTHON`: sets BUILD,
+#                                   PYTHON, SERVER and ATTNCTL (the build's binaries) read-only and
+#                                   requires both executables and PYTHON with every MODULE;
 # and an EXIT trap that kills the server, and when the test failed shows the server's log (and,
 # when the test defines it, runs its own `show_failure_context` first, e.g. a client's stderr).
 #
 #   readonly TEST_NAME=attnctl_test
 #   source "${ROOT}/tests/support/server_test.sh"
 #
-# Needs ROOT (the repository) and TEST_NAME set, and `set -euo pipefail` in the test.
+# Needs TEST_NAME set and `set -euo pipefail` in the test; sets ROOT (the repository) read-only
+# unless the test has.
+
+if [[ -z "${ROOT:-}" ]]; then
+  ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  readonly ROOT
+fi
 
 fail() {
   printf '%s: FAIL: %s\n' "${TEST_NAME}" "$*" >&2
@@ -34,6 +44,16 @@ require_python_modules() {
   [[ -x "${python}" ]] || fail "${python} not found: run deploy/setup.sh (it makes .venv)"
   "${python}" -c "import ${modules}" 2>/dev/null ||
     fail "${python} lacks one of ${modules}: run deploy/setup.sh"
+}
+
+attnctl_test_setup() {
+  [[ $# -ge 2 && -n "$1" && -n "$2" ]] || fail "usage: $0 BUILD_DIR PYTHON"
+  readonly BUILD="$1" PYTHON="$2"
+  shift 2
+  readonly SERVER="${BUILD}/server/attnserve_server"
+  readonly ATTNCTL="${BUILD}/client/attnctl"
+  require_executables "${SERVER}" "${ATTNCTL}"
+  require_python_modules "${PYTHON}" "$@"
 }
 
 # shellcheck source=../../deploy/lib/server_process.sh
