@@ -120,9 +120,10 @@ class AttentionServiceImpl final : public RawAttentionService {
   // A typed handler: finishes `call` exactly once (now or from a task). `caller` is who is calling
   // (authenticated by Serve): the registry shows it only its own sessions.
   template <typename Request, typename Response>
-  using Handler = void (AttentionServiceImpl::*)(grpc::CallbackServerContext*,
-                                                 const Principal& caller, const Request&, Response&,
-                                                 UnaryCall*);
+  using HandlerMethod = void(grpc::CallbackServerContext* context, const Principal& caller,
+                             const Request& request, Response& response, UnaryCall* call);
+  template <typename Request, typename Response>
+  using Handler = HandlerMethod<Request, Response> AttentionServiceImpl::*;
   // Authenticates the caller (UNAUTHENTICATED ends the call), parses `wire_request` and runs
   // `handler`, or finishes with INVALID_ARGUMENT.
   template <typename Request, typename Response>
@@ -131,29 +132,14 @@ class AttentionServiceImpl final : public RawAttentionService {
                                   const grpc::ByteBuffer* wire_request,
                                   grpc::ByteBuffer* wire_response);
 
-  void HandleConfigure(grpc::CallbackServerContext* context, const Principal& caller,
-                       const v1::ConfigureRequest& request, v1::ConfigureResponse& response,
-                       UnaryCall* call);
-  void HandleForward(grpc::CallbackServerContext* context, const Principal& caller,
-                     const v1::ForwardRequest& request, v1::ForwardResponse& response,
-                     UnaryCall* call);
-  void HandleDecode(grpc::CallbackServerContext* context, const Principal& caller,
-                    const v1::DecodeRequest& request, v1::DecodeResponse& response,
-                    UnaryCall* call);
-  void HandleRelease(grpc::CallbackServerContext* context, const Principal& caller,
-                     const v1::ReleaseRequest& request, v1::ReleaseResponse& response,
-                     UnaryCall* call);
-  void HandleFork(grpc::CallbackServerContext* context, const Principal& caller,
-                  const v1::ForkRequest& request, v1::ForkResponse& response, UnaryCall* call);
-  void HandleGetSession(grpc::CallbackServerContext* context, const Principal& caller,
-                        const v1::GetSessionRequest& request, v1::GetSessionResponse& response,
-                        UnaryCall* call);
-  void HandleListSessions(grpc::CallbackServerContext* context, const Principal& caller,
-                          const v1::ListSessionsRequest& request,
-                          v1::ListSessionsResponse& response, UnaryCall* call);
-  void HandleGetServerInfo(grpc::CallbackServerContext* context, const Principal& caller,
-                           const v1::GetServerInfoRequest& request,
-                           v1::GetServerInfoResponse& response, UnaryCall* call);
+  HandlerMethod<v1::ConfigureRequest, v1::ConfigureResponse> HandleConfigure;
+  HandlerMethod<v1::ForwardRequest, v1::ForwardResponse> HandleForward;
+  HandlerMethod<v1::DecodeRequest, v1::DecodeResponse> HandleDecode;
+  HandlerMethod<v1::ReleaseRequest, v1::ReleaseResponse> HandleRelease;
+  HandlerMethod<v1::ForkRequest, v1::ForkResponse> HandleFork;
+  HandlerMethod<v1::GetSessionRequest, v1::GetSessionResponse> HandleGetSession;
+  HandlerMethod<v1::ListSessionsRequest, v1::ListSessionsResponse> HandleListSessions;
+  HandlerMethod<v1::GetServerInfoRequest, v1::GetServerInfoResponse> HandleGetServerInfo;
 
   // Runs on the executor: validates, charges the parameter budget, builds the layer, registers
   // the session. `variant` receives the spec's metrics label once the spec is valid. Polls
