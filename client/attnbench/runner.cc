@@ -323,12 +323,7 @@ void AddError(BenchResult* result, const std::string& where, const grpc::Status&
 }
 
 void ReleaseSession(const Client& client, const std::string& session, BenchResult* result) {
-  v1::ReleaseRequest release;
-  release.set_session_id(session);
-  v1::ReleaseResponse released;
-  grpc::ClientContext context;
-  client.Prepare(&context);
-  grpc::Status status = client.stub->Release(&context, release, &released);
+  grpc::Status status = CallRelease(client, session);
   if (!status.ok()) AddError(result, "Release", status);
 }
 

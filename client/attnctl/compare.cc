@@ -60,9 +60,7 @@ namespace {
 
 // "f32", "bf16", "fp8_e4m3" or "int8": the KV format the sessions are configured with.
 std::string KvFormatText(const CompareOptions& options) {
-  return KvStorageFormatName(options.kv_quantization != KvQuantization::kNone
-                                 ? KvStorageFormat::Quantized(options.kv_quantization)
-                                 : KvStorageFormat(options.kv_dtype));
+  return KvCacheFormatName(options.kv_dtype, options.kv_quantization);
 }
 
 // Inputs depend on (seed, length, repeat, what) only, so every variant sees the same ones.
@@ -106,12 +104,7 @@ class RemoteSession {
  public:
   RemoteSession(const Client& client, std::string id) : client_(client), id_(std::move(id)) {}
   ~RemoteSession() {
-    v1::ReleaseRequest request;
-    request.set_session_id(id_);
-    v1::ReleaseResponse response;
-    grpc::ClientContext context;
-    client_.Prepare(&context);
-    (void)client_.stub->Release(&context, request, &response);
+    (void)CallRelease(client_, id_);
   }
   const std::string& id() const { return id_; }
 
@@ -207,12 +200,8 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
         }
       }
       if (repeat == 0) {
-        v1::GetSessionRequest get;
-        get.set_session_id(session.id());
         v1::GetSessionResponse got;
-        grpc::ClientContext context;
-        client.Prepare(&context);
-        grpc::Status status = client.stub->GetSession(&context, get, &got);
+        grpc::Status status = CallGetSession(client, session.id(), &got);
         if (!status.ok()) return RpcError("GetSession", status);
         for (const v1::RequestInfo& request : got.session().requests()) {
           at.kv_bytes_server += request.kv_bytes();
@@ -244,13 +233,7 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
         }
       }
       for (const std::string& id : ids) {
-        v1::ReleaseRequest release;
-        release.set_session_id(session.id());
-        release.set_request_id(id);
-        v1::ReleaseResponse released;
-        grpc::ClientContext context;
-        client.Prepare(&context);
-        grpc::Status status = client.stub->Release(&context, release, &released);
+        grpc::Status status = CallRelease(client, session.id(), id);
         if (!status.ok()) return RpcError("Release", status);
       }
     }

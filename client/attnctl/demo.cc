@@ -21,9 +21,7 @@ namespace {
 
 // "f32", "bf16", "fp8_e4m3" or "int8": the KV format the sessions are configured with.
 std::string KvFormatText(const DemoOptions& options) {
-  return KvStorageFormatName(options.kv_quantization != KvQuantization::kNone
-                                 ? KvStorageFormat::Quantized(options.kv_quantization)
-                                 : KvStorageFormat(options.kv_dtype));
+  return KvCacheFormatName(options.kv_dtype, options.kv_quantization);
 }
 
 struct DemoRow {
@@ -69,12 +67,7 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
   auto fail = [&](absl::string_view what, const grpc::Status& status) {
     ReportRpcError(absl::StrCat(variant.label, " ", what), status);
     row->error = absl::StrCat(what, ": ", GrpcStatusString(status));
-    v1::ReleaseRequest release;
-    release.set_session_id(session);
-    v1::ReleaseResponse released;
-    grpc::ClientContext context;
-    client.Prepare(&context);
-    (void)client.stub->Release(&context, release, &released);
+    (void)CallRelease(client, session);
     return false;
   };
 
@@ -138,23 +131,13 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
     row->decode_server_ms = NanosToMillis(decode_server_ns) / options.steps;
   }
 
-  v1::GetSessionRequest get;
-  get.set_session_id(session);
   v1::GetSessionResponse got;
-  {
-    grpc::ClientContext context;
-    client.Prepare(&context);
-    grpc::Status status = client.stub->GetSession(&context, get, &got);
-    if (!status.ok()) return fail("GetSession", status);
+  if (grpc::Status status = CallGetSession(client, session, &got); !status.ok()) {
+    return fail("GetSession", status);
   }
   row->kv_bytes_used = got.session().kv_bytes_used();
 
-  v1::ReleaseRequest release;
-  release.set_session_id(session);
-  v1::ReleaseResponse released;
-  grpc::ClientContext context;
-  client.Prepare(&context);
-  grpc::Status status = client.stub->Release(&context, release, &released);
+  grpc::Status status = CallRelease(client, session);
   if (!status.ok()) {
     ReportRpcError(absl::StrCat(variant.label, " Release"), status);
     row->error = absl::StrCat("Release: ", GrpcStatusString(status));

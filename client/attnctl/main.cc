@@ -369,12 +369,8 @@ int Configure(const Client& client) {
 // The session's layer spec, for d_model.
 absl::StatusOr<v1::SessionInfo> FetchSession(const Client& client, const std::string& session,
                                              grpc::Status* rpc_status) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
   v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  client.Prepare(&context);
-  *rpc_status = client.stub->GetSession(&context, request, &response);
+  *rpc_status = CallGetSession(client, session, &response);
   if (!rpc_status->ok()) return absl::UnknownError("GetSession failed");
   return response.session();
 }
@@ -770,12 +766,8 @@ int List(const Client& client) {
 int Get(const Client& client) {
   const std::string session = absl::GetFlag(FLAGS_session);
   if (session.empty()) return ReportError("get needs --session");
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
   v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  client.Prepare(&context);
-  grpc::Status status = client.stub->GetSession(&context, request, &response);
+  grpc::Status status = CallGetSession(client, session, &response);
   if (!status.ok()) return ReportRpcError("GetSession", status);
   if (client.json) {
     std::printf("%s", ProtoJson(response).c_str());
@@ -834,20 +826,15 @@ int Fork(const Client& client) {
 int Release(const Client& client) {
   const std::string session = absl::GetFlag(FLAGS_session);
   if (session.empty()) return ReportError("release needs --session");
-  v1::ReleaseRequest request;
-  request.set_session_id(session);
-  request.set_request_id(absl::GetFlag(FLAGS_request));
+  const std::string request_id = absl::GetFlag(FLAGS_request);
   v1::ReleaseResponse response;
-  grpc::ClientContext context;
-  client.Prepare(&context);
-  grpc::Status status = client.stub->Release(&context, request, &response);
+  grpc::Status status = CallRelease(client, session, request_id, &response);
   if (!status.ok()) return ReportRpcError("Release", status);
   if (client.json) {
     std::printf("%s", ProtoJson(response).c_str());
   } else {
-    absl::PrintF(
-        "released %s%s: freed %s\n", request.request_id().empty() ? "session " : "request ",
-        request.request_id().empty() ? session : request.request_id(), Mib(response.freed_bytes()));
+    absl::PrintF("released %s%s: freed %s\n", request_id.empty() ? "session " : "request ",
+                 request_id.empty() ? session : request_id, Mib(response.freed_bytes()));
   }
   return kExitOk;
 }

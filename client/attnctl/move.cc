@@ -66,13 +66,7 @@ int RunMove(const Client& source, const ChannelSecurity& security) {
       spec.new_request_id.empty() ? spec.request_id : spec.new_request_id;
   bool released = false;
   if (absl::GetFlag(FLAGS_release_source)) {
-    v1::ReleaseRequest request;
-    request.set_session_id(spec.source_session);
-    request.set_request_id(spec.request_id);
-    v1::ReleaseResponse response;
-    grpc::ClientContext context;
-    source.Prepare(&context);
-    grpc::Status status = source.stub->Release(&context, request, &response);
+    grpc::Status status = CallRelease(source, spec.source_session, spec.request_id);
     if (!status.ok()) return ReportRpcError("Release (source, after the move)", status);
     released = true;
   }

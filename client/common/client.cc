@@ -19,6 +19,26 @@ void Client::Prepare(grpc::ClientContext* context) const {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+grpc::Status CallRelease(const Client& client, const std::string& session_id,
+                         const std::string& request_id, v1::ReleaseResponse* response) {
+  v1::ReleaseRequest request;
+  request.set_session_id(session_id);
+  request.set_request_id(request_id);
+  v1::ReleaseResponse unused;
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  return client.stub->Release(&context, request, response != nullptr ? response : &unused);
+}
+
+grpc::Status CallGetSession(const Client& client, const std::string& session_id,
+                            v1::GetSessionResponse* response) {
+  v1::GetSessionRequest request;
+  request.set_session_id(session_id);
+  grpc::ClientContext context;
+  client.Prepare(&context);
+  return client.stub->GetSession(&context, request, response);
+}
+
 Client MakeClient(const std::string& target, absl::Duration timeout, bool json,
                   const ChannelSecurity& security) {
   grpc::ChannelArguments args;

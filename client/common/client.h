@@ -42,6 +42,14 @@ struct Client {
 Client MakeClient(const std::string& target, absl::Duration timeout, bool json,
                   const ChannelSecurity& security = {});
 
+// Release of `session_id` (only its request `request_id` when not empty) and GetSession, each
+// with the deadline Prepare sets.
+grpc::Status CallRelease(const Client& client, const std::string& session_id,
+                         const std::string& request_id = "",
+                         v1::ReleaseResponse* response = nullptr);
+grpc::Status CallGetSession(const Client& client, const std::string& session_id,
+                            v1::GetSessionResponse* response);
+
 // Prints "attnctl: <what> failed: <CODE>: <message>" to stderr and returns kExitRpcError.
 int ReportRpcError(absl::string_view what, const grpc::Status& status);
 // Prints "attnctl: <message>" to stderr and returns `exit_code`.

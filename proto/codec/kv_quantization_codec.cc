@@ -1,6 +1,7 @@
 #include "proto/codec/kv_quantization_codec.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/kv/quantization.h"
 #include "proto/codec/tensor_codec.h"
 
 namespace attnserve {
@@ -41,6 +42,12 @@ void SetKvCacheFormat(DType kv_dtype, KvQuantization quantization, v1::Configure
   } else {
     request->set_kv_cache_dtype(DTypeToProto(kv_dtype));
   }
+}
+
+std::string KvCacheFormatName(DType kv_dtype, KvQuantization quantization) {
+  return KvStorageFormatName(quantization != KvQuantization::kNone
+                                 ? KvStorageFormat::Quantized(quantization)
+                                 : KvStorageFormat(kv_dtype));
 }
 
 }  // namespace attnserve

@@ -2,6 +2,8 @@
 #ifndef ATTNSERVE_PROTO_CODEC_KV_QUANTIZATION_CODEC_H_
 #define ATTNSERVE_PROTO_CODEC_KV_QUANTIZATION_CODEC_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention_service.pb.h"
@@ -18,6 +20,8 @@ v1::KvCacheQuantization KvQuantizationToProto(KvQuantization quantization);
 // Sets a Configure request's KV format: kv_cache_quantization when `quantization` is not kNone
 // (kv_cache_dtype then stays unset, as the server requires), else kv_cache_dtype = `kv_dtype`.
 void SetKvCacheFormat(DType kv_dtype, KvQuantization quantization, v1::ConfigureRequest* request);
+// The name of that format: "f32", "bf16", ..., or the quantization's ("fp8_e4m3", "int8").
+std::string KvCacheFormatName(DType kv_dtype, KvQuantization quantization);
 
 }  // namespace attnserve
 
