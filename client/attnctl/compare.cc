@@ -211,11 +211,7 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
       for (int step = 0; step < options.decode_steps; ++step) {
         v1::DecodeRequest decode;
         decode.set_session_id(session.id());
-        for (const std::string& id : ids) {
-          v1::DecodeItem* item = decode.add_items();
-          item->set_request_id(id);
-          TensorToProto(RandomHidden(decode_rng, 1, d_model, DType::kF32), item->mutable_hidden());
-        }
+        for (const std::string& id : ids) AddRandomDecodeItem(&decode, id, decode_rng, d_model);
         v1::DecodeResponse decoded;
         grpc::ClientContext context;
         client.Prepare(&context);

@@ -111,9 +111,7 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
     v1::DecodeRequest decode;
     decode.set_session_id(session);
     for (int b = 0; b < options.batch; ++b) {
-      v1::DecodeItem* item = decode.add_items();
-      item->set_request_id(absl::StrCat("r", b));
-      TensorToProto(RandomHidden(rng, 1, d_model, DType::kF32), item->mutable_hidden());
+      AddRandomDecodeItem(&decode, absl::StrCat("r", b), rng, d_model);
     }
     v1::DecodeResponse decoded;
     grpc::ClientContext context;

@@ -567,9 +567,7 @@ int Decode(const Client& client) {
     v1::DecodeRequest request;
     request.set_session_id(session);
     for (const std::string& id : ids) {
-      v1::DecodeItem* item = request.add_items();
-      item->set_request_id(id);
-      TensorToProto(RandomHidden(rng, 1, d_model, wire_dtype), item->mutable_hidden());
+      v1::DecodeItem* item = AddRandomDecodeItem(&request, id, rng, d_model, wire_dtype);
       if (position >= 0) item->set_position(position + step - 1);
     }
     return request;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/common/status_names.h"
+#include "proto/codec/tensor_codec.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
@@ -28,6 +29,14 @@ grpc::Status CallRelease(const Client& client, const std::string& session_id,
   grpc::ClientContext context;
   client.Prepare(&context);
   return client.stub->Release(&context, request, response != nullptr ? response : &unused);
+}
+
+v1::DecodeItem* AddRandomDecodeItem(v1::DecodeRequest* request, const std::string& request_id,
+                                    std::mt19937_64& rng, int64_t d_model, DType dtype) {
+  v1::DecodeItem* item = request->add_items();
+  item->set_request_id(request_id);
+  TensorToProto(RandomHidden(rng, 1, d_model, dtype), item->mutable_hidden());
+  return item;
 }
 
 grpc::Status CallGetSession(const Client& client, const std::string& session_id,

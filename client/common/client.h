@@ -58,6 +58,11 @@ int ReportError(absl::string_view message, int exit_code = kExitUsage);
 // [rows, d_model] of N(0, 1) samples drawn from `rng`, stored as `dtype`.
 Tensor RandomHidden(std::mt19937_64& rng, int64_t rows, int64_t d_model, DType dtype);
 
+// Adds to `request` a decode item of `request_id`: one row of RandomHidden(rng, 1, d_model, dtype).
+v1::DecodeItem* AddRandomDecodeItem(v1::DecodeRequest* request, const std::string& request_id,
+                                    std::mt19937_64& rng, int64_t d_model,
+                                    DType dtype = DType::kF32);
+
 // Root mean square of a tensor's values (a one-number fingerprint of an output).
 double Rms(const Tensor& tensor);
 
