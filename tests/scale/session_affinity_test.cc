@@ -261,6 +261,21 @@ bool AllUp(const std::map<std::string, BalancerProcess::ServerState>& states, in
   return up == count;
 }
 
+// Within 15 s the balancer counts replica-0 and replica-1 UP and its third server, replica-2,
+// DOWN; else a failure naming the states it saw.
+::testing::AssertionResult TwoUpAndReplica2Down(const BalancerProcess& balancer) {
+  std::string seen;
+  const bool reached = WaitForStates(
+      balancer, std::chrono::seconds(15),
+      [](const auto& states) {
+        return AllUp(states, 2) && states.count("replica-2") &&
+               states.at("replica-2").status == "DOWN";
+      },
+      &seen);
+  if (reached) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << seen;
+}
+
 using ScaleTest = ReplicaSetTest;
 
 TEST_F(ScaleTest, SessionsStayOnTheirReplicaAndSurviveTheLossOfAnother) {
@@ -406,16 +421,8 @@ TEST_F(ScaleTest, LostSessionIsNotFoundByNameOnceItsReplicaIsOut) {
   ASSERT_NO_FATAL_FAILURE(StartReplicas(2));
   ASSERT_NO_FATAL_FAILURE(
       StartBalancer({replicas_[0]->address(), replicas_[1]->address(), "127.0.0.1:1"}));
-  std::string seen;
   // At start HAProxy counts every server in until its checks fail: wait for replica-2's DOWN.
-  ASSERT_TRUE(WaitForStates(
-      *balancer_, std::chrono::seconds(15),
-      [](const auto& states) {
-        return AllUp(states, 2) && states.count("replica-2") &&
-               states.at("replica-2").status == "DOWN";
-      },
-      &seen))
-      << seen;
+  ASSERT_TRUE(TwoUpAndReplica2Down(*balancer_));
   std::unique_ptr<v1::AttentionService::Stub> stub =
       v1::AttentionService::NewStub(ClientChannel(balancer_->address()));
   // Sessions until one lands on replica-1, which is then killed.
@@ -428,6 +435,7 @@ TEST_F(ScaleTest, LostSessionIsNotFoundByNameOnceItsReplicaIsOut) {
   }
   ASSERT_EQ(sessions[0].replica, "replica-1");
   replicas_[1]->Signal(SIGKILL);
+  std::string seen;
   ASSERT_TRUE(WaitForStates(
       *balancer_, std::chrono::seconds(10),
       [](const auto& states) {
@@ -461,15 +469,7 @@ TEST_F(ScaleTest, HealthChecksAskGrpcHealthNotJustTcp) {
   ASSERT_TRUE(port_in >> metrics_port) << "no port in " << metrics_port_file;
   ASSERT_NO_FATAL_FAILURE(StartBalancer({replicas_[0]->address(), replicas_[1]->address(),
                                          absl::StrCat("127.0.0.1:", metrics_port)}));
-  std::string seen;
-  ASSERT_TRUE(WaitForStates(
-      *balancer_, std::chrono::seconds(15),
-      [](const auto& states) {
-        return AllUp(states, 2) && states.count("replica-2") &&
-               states.at("replica-2").status == "DOWN";
-      },
-      &seen))
-      << seen;
+  ASSERT_TRUE(TwoUpAndReplica2Down(*balancer_));
   std::map<std::string, BalancerProcess::ServerState> states = *balancer_->ServerStates();
   EXPECT_EQ(states["replica-0"].check_status, "L7OK");
   EXPECT_EQ(states["replica-1"].check_status, "L7OK");
