@@ -363,14 +363,17 @@ TEST_F(RobustnessTest, ACallIdReusedWithOtherInputsIsRefused) {
 }
 
 TEST_F(RobustnessTest, AForwardPastItsDeadlineIsRetriedSafelyByCallId) {
-  // A prompt long enough that a 1 ms deadline passes while it runs (or queues).
+  // A prompt long enough that a short deadline passes while it runs (or queues). The deadlines
+  // step from 0.25 to 2 ms, so some expire before the call leaves, some while it computes, whatever
+  // the speed of the engine and the load on the machine.
   const Tensor prompt = Hidden(200);
   int expired = 0;
   for (int attempt = 0; attempt < 20; ++attempt) {
     const std::string id = absl::StrCat("r", attempt);
     const std::string call_id = absl::StrCat("call-", attempt);
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1));
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::microseconds(250 * (1 + attempt % 8)));
     v1::ForwardResponse ignored;
     const grpc::Status status =
         stub().Forward(&context, ForwardRequest(id, prompt, call_id), &ignored);
