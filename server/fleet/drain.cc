@@ -16,6 +16,7 @@
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/logging.h"
 #include "server/rpc/request_transfer.h"
+#include "server/session/scheduler.h"
 #include "server/session/session.h"
 #include "server/fleet/session_affinity.h"
 

@@ -8,6 +8,7 @@
 #include "attnserve/v1/attention_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/observability/logging.h"
+#include "server/session/scheduler.h"
 #include "server/session/session.h"
 #include "server/fleet/session_affinity.h"
 

@@ -18,6 +18,7 @@
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
 #include "server/rpc/call_status.h"
+#include "server/session/scheduler.h"
 #include "server/session/session.h"
 #include "server/rpc/step_codec.h"
 #include "server/rpc/wire_call.h"

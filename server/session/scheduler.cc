@@ -85,27 +85,80 @@ void SessionScheduler::PostBatchTaskLocked(std::vector<Completion>* failed) {
 }
 
 bool SessionScheduler::PostOp(std::vector<std::string> request_ids, std::function<void()> task) {
+  auto turn = std::make_shared<OpTurn>([task = std::move(task)] {
+    task();
+    return true;
+  });
+  return PostOpTurns(std::move(request_ids), std::move(turn));
+}
+
+bool SessionScheduler::PostOpTurns(std::vector<std::string> request_ids,
+                                   std::shared_ptr<OpTurn> turn) {
   absl::MutexLock lock(&mu_);
   const uint64_t ticket = next_ticket_++;
   ops_.emplace(ticket, std::move(request_ids));
+  if (PostTurnLocked(ticket, std::move(turn), /*first=*/true)) return true;
+  ops_.erase(ticket);
+  return false;
+}
+
+bool SessionScheduler::PostTurnLocked(uint64_t ticket, std::shared_ptr<OpTurn> turn, bool first) {
   std::shared_ptr<Session> keep = session_->shared_from_this();
-  const bool posted = session_->queue().Post([this, keep, ticket, task = std::move(task)] {
-    FlushBefore(ticket);
-    task();
-    std::vector<Completion> failed;
+  return session_->queue().Post([this, keep, ticket, turn = std::move(turn), first] {
+    RunTurn(ticket, turn, first);
+  });
+}
+
+void SessionScheduler::RunTurn(uint64_t ticket, const std::shared_ptr<OpTurn>& turn, bool first) {
+  if (first) {
     {
       absl::MutexLock lock(&mu_);
-      ops_.erase(ticket);
-      // Steps this op held back may run now.
-      if (state_ == State::kIdle && !pending_.empty()) {
-        state_ = State::kPosted;
-        PostBatchTaskLocked(&failed);
+      // Ops run one after another: an earlier op (a Forward between two chunks) is not over yet,
+      // so this one waits for it (FinishOp posts it again).
+      if (ops_.begin()->first != ticket) {
+        held_ops_.emplace(ticket, turn);
+        return;
       }
     }
-    Complete(failed);
-  });
-  if (!posted) ops_.erase(ticket);
-  return posted;
+    FlushBefore(ticket);
+  } else {
+    // Between two turns of an op (two prefill chunks): one batch of the session's decode steps
+    // that may run now (those of the op's requests that arrived after it wait).
+    RunBatchNow();
+  }
+  if (!(*turn)()) {
+    // Another turn, at the back of the queue: other sessions' work on the executor and this
+    // session's work posted meanwhile run first.
+    absl::MutexLock lock(&mu_);
+    if (PostTurnLocked(ticket, turn, /*first=*/false)) return;
+  }
+  FinishOp(ticket);
+}
+
+void SessionScheduler::FinishOp(uint64_t ticket) {
+  std::vector<Completion> failed;
+  std::vector<std::shared_ptr<OpTurn>> dropped;  // Destroyed after unlocking.
+  {
+    absl::MutexLock lock(&mu_);
+    ops_.erase(ticket);
+    // The next op, if its turn already came and it was held back, goes now.
+    while (!ops_.empty()) {
+      auto held = held_ops_.find(ops_.begin()->first);
+      if (held == held_ops_.end()) break;
+      const uint64_t next = held->first;
+      std::shared_ptr<OpTurn> turn = std::move(held->second);
+      held_ops_.erase(held);
+      if (PostTurnLocked(next, turn, /*first=*/true)) break;
+      ops_.erase(next);  // Refused (shutting down): dropped.
+      dropped.push_back(std::move(turn));
+    }
+    // Steps this op held back may run now.
+    if (state_ == State::kIdle && !pending_.empty()) {
+      state_ = State::kPosted;
+      PostBatchTaskLocked(&failed);
+    }
+  }
+  Complete(failed);
 }
 
 bool SessionScheduler::BlockedByOpLocked(const std::string& request_id, uint64_t ticket) const {
@@ -347,62 +400,107 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   if (context_.observer) context_.observer(*session_, stats);
 }
 
-void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
-  // Shared: PostOp takes a copyable task.
-  std::shared_ptr<ForwardCall> forward = std::move(call);
-  std::vector<std::string> request_ids = forward->request_ids;
-  if (!PostOp(std::move(request_ids), [this, forward] { RunForward(*forward); })) {
-    StepTiming never;
-    never.reached_turn = false;
-    forward->done(ShuttingDownError(), never);
-  }
-}
-
-void SessionScheduler::RunForward(ForwardCall& call) {
+// A Forward between its turns. Answers its call exactly once: if it is dropped unanswered (the
+// executor refused its next turn while shutting down), with UNAVAILABLE.
+struct SessionScheduler::ForwardRun {
+  std::unique_ptr<ForwardCall> call;
+  bool started = false;                 // Its first turn came.
+  std::unique_ptr<PrefillRun> prefill;  // Once planned: the chunks, run one per turn.
   StepTiming timing;
-  absl::StatusOr<std::vector<StepOutput>> outputs = absl::UnknownError("not run");
-  try {
-    outputs = ComputeForward(call, timing);
-  } catch (const std::bad_alloc&) {
-    // The call's memory could not be allocated: it fails alone (RunPrefill gave back what it
-    // took), and the process and the other calls go on.
-    outputs = OutOfMemoryError("this Forward");
+  BatchStats stats;
+  bool answered = false;
+
+  void Answer(absl::StatusOr<std::vector<StepOutput>> result) {
+    answered = true;
+    call->done(std::move(result), timing);
   }
-  call.done(std::move(outputs), timing);
+  ~ForwardRun() {
+    if (answered) return;
+    if (!started) {
+      timing = StepTiming{};
+      timing.reached_turn = false;
+    }
+    Answer(ShuttingDownError());
+  }
+};
+
+void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
+  auto forward = std::make_shared<ForwardRun>();
+  forward->call = std::move(call);
+  std::vector<std::string> request_ids = forward->call->request_ids;
+  // Refused (shutting down): `forward` is dropped unanswered here, which answers UNAVAILABLE.
+  PostOpTurns(std::move(request_ids),
+              std::make_shared<OpTurn>([this, forward] { return ForwardTurn(*forward); }));
 }
 
-absl::StatusOr<std::vector<StepOutput>> SessionScheduler::ComputeForward(ForwardCall& call,
-                                                                          StepTiming& timing) {
-  // A call cancelled while queued is dropped before it changes any request.
-  if (call.is_cancelled && call.is_cancelled()) {
-    timing.reached_turn = false;
-    return absl::CancelledError("call cancelled");
+bool SessionScheduler::ForwardTurn(ForwardRun& forward) {
+  try {
+    return ComputeForwardTurn(forward);
+  } catch (const std::bad_alloc&) {
+    // The call's memory could not be allocated: it fails alone (a chunk that could not allocate
+    // undid its run; memory for planning or recording is taken before anything changes), and
+    // the process and the other calls go on. A run that had started is undone.
+    if (forward.prefill != nullptr) session_->AbortPrefill(*forward.prefill);
+    if (!forward.answered) forward.Answer(OutOfMemoryError("this Forward"));
+    return true;
   }
-  timing.queue_ns = NanosBetween(call.arrival, SchedulerClock::now());
-  absl::StatusOr<std::vector<StepInput>> inputs = call.read_inputs();
-  if (!inputs.ok()) return inputs.status();
-  BatchStats stats;
-  stats.decode = false;
-  stats.size = stats.calls = static_cast<int64_t>(inputs->size());
-  for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
-  timing.batch_size = static_cast<int>(stats.size);
-  absl::StatusOr<StepPlan> plan =
-      session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
-  if (!plan.ok()) return plan.status();
-  if (plan->replay) return std::move(plan->replayed);  // Already applied.
-  // Long prompts run in chunks; one batch of the session's waiting decode steps runs between two
-  // chunks, so neither starves the other.
-  int chunks = 0;
-  absl::StatusOr<std::vector<StepOutput>> outputs =
-      session_->RunPrefill(*std::move(plan), context_.options.prefill_chunk_tokens,
-                           [this] { RunBatchNow(); }, &timing.compute_ns, &chunks);
-  if (outputs.ok()) {
-    stats.chunks = chunks;
-    stats.compute_ns = timing.compute_ns;
-    prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
-    if (context_.observer) context_.observer(*session_, stats);
+}
+
+bool SessionScheduler::ComputeForwardTurn(ForwardRun& forward) {
+  ForwardCall& call = *forward.call;
+  if (!forward.started) {
+    forward.started = true;
+    // A call cancelled while queued is dropped before it changes any request.
+    if (call.is_cancelled && call.is_cancelled()) {
+      forward.timing.reached_turn = false;
+      forward.Answer(absl::CancelledError("call cancelled"));
+      return true;
+    }
+    forward.timing.queue_ns = NanosBetween(call.arrival, SchedulerClock::now());
+    absl::StatusOr<std::vector<StepInput>> inputs = call.read_inputs();
+    if (!inputs.ok()) {
+      forward.Answer(inputs.status());
+      return true;
+    }
+    BatchStats& stats = forward.stats;
+    stats.decode = false;
+    stats.size = stats.calls = static_cast<int64_t>(inputs->size());
+    for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
+    forward.timing.batch_size = static_cast<int>(stats.size);
+    absl::StatusOr<StepPlan> plan =
+        session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
+    if (!plan.ok()) {
+      forward.Answer(plan.status());
+      return true;
+    }
+    if (plan->replay) {  // Already applied.
+      forward.Answer(std::move(plan->replayed));
+      return true;
+    }
+    absl::StatusOr<std::unique_ptr<PrefillRun>> prefill =
+        session_->StartPrefill(*std::move(plan), context_.options.prefill_chunk_tokens);
+    if (!prefill.ok()) {
+      forward.Answer(prefill.status());
+      return true;
+    }
+    forward.prefill = *std::move(prefill);
   }
-  return outputs;
+  // One chunk per turn: long prompts give the executor up between chunks (see the header).
+  PrefillRun& prefill = *forward.prefill;
+  absl::Status status = session_->RunPrefillChunk(prefill);
+  forward.timing.compute_ns = prefill.compute_ns();
+  if (!status.ok()) {
+    forward.Answer(status);
+    return true;
+  }
+  if (!prefill.all_chunks_ran()) return false;
+  std::vector<StepOutput> outputs = session_->FinishPrefill(prefill);
+  forward.stats.chunks = prefill.chunks_run();
+  forward.stats.compute_ns = prefill.compute_ns();
+  prefill_chunks_.fetch_add(forward.stats.chunks, std::memory_order_relaxed);
+  if (context_.observer) context_.observer(*session_, forward.stats);
+  forward.Answer(std::move(outputs));
+  return true;
 }
 
 SchedulerCounters SessionScheduler::counters() const {

@@ -1,5 +1,5 @@
-// The per-session scheduler: continuous batching of decode steps and ordering against the other
-// work of the session (Forward with chunked prefill, Release).
+// The per-session scheduler: continuous batching of decode steps, the chunk loop of a long
+// Forward, and ordering against the other work of the session (Release, Fork, moves).
 //
 // Every decode step of a session, whatever call or stream it came from, waits in one list here.
 // A batch (one engine Decode call) takes waiting calls in arrival order, at most one step per
@@ -10,11 +10,19 @@
 //   - as many steps wait as the previous batch held (the streams of that batch are all back, and
 //     a lone client never waits).
 // Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Both roads into the engine start
-// here: SubmitDecode for decode steps, SubmitForward for a Forward. A Forward, like the session's
-// other work (Release), is an op (PostOp): it runs after every step that arrived before it (they
-// are flushed first), and steps of its requests that arrive after it wait until it is done. It
-// runs as engine Prefill calls of at most prefill_chunk_tokens rows with one decode batch
-// (RunBatchNow) between two chunks, so decodes and prefill alternate.
+// here: SubmitDecode for decode steps, SubmitForward for a Forward.
+//
+// A Forward, like the session's other work (Release, Fork, ...), is an op (PostOp): it runs after
+// every step that arrived before it (they are flushed first), steps of its requests that arrive
+// after it wait until it is done, and ops run one after another in the order they were posted
+// (an op whose turn comes while an earlier op is still running is held back and re-posted when
+// that op is over). A Forward runs as engine Prefill calls of at most prefill_chunk_tokens rows,
+// and this scheduler drives the loop (Session::StartPrefill / RunPrefillChunk / FinishPrefill):
+// each chunk is one task on the session's queue, and the next chunk is posted to the back of the
+// queue. So between two chunks the executor thread is given up: other sessions' tasks waiting on
+// the executor run (a decode step waits about one chunk behind another session's long Forward,
+// not the whole Forward), and so do this session's decode batches: one batch of the steps that may
+// run (not on the Forward's requests) runs before every chunk after the first.
 //
 // Failures stay with the calls they concern: a call whose plan is invalid (unknown request,
 // position, length) fails alone before the batch runs; a cancelled call leaves the list before it
@@ -41,16 +49,13 @@
 #include "absl/synchronization/mutex.h"
 #include "server/server_options.h"
 #include "server/runtime/timer_queue.h"
+#include "server/session/session.h"
 
 namespace attnserve::server {
-
-class Session;
-struct StepInput;
 
 // RESOURCE_EXHAUSTED for a call whose memory could not be allocated (std::bad_alloc caught where
 // the call's work runs); `what` names the call ("this Forward").
 absl::Status OutOfMemoryError(absl::string_view what);
-struct StepOutput;
 
 using SchedulerClock = std::chrono::steady_clock;
 
@@ -111,15 +116,6 @@ struct SchedulerContext {
   BatchObserver observer;       // Optional.
 };
 
-// Counters shown by GetSession (SessionInfo.batching).
-struct SchedulerCounters {
-  int64_t decode_batches = 0;
-  int64_t decode_steps = 0;
-  int64_t max_decode_batch = 0;
-  int64_t prefill_chunks = 0;
-  int64_t batches_retried_alone = 0;
-};
-
 class SessionScheduler {
  public:
   // `session` owns this scheduler.
@@ -131,13 +127,15 @@ class SessionScheduler {
   void SubmitDecode(std::unique_ptr<DecodeCall> call);
 
   // Any thread. Runs the Forward as an op (see PostOp) on request_ids: plans it against the
-  // requests, answers a retry of an applied call_id from what it left, else prefills in chunks
-  // with decode batches between them. An UNAVAILABLE `done` when the server is shutting down.
+  // requests, answers a retry of an applied call_id from what it left, else prefills in chunks,
+  // one chunk per turn on the session's queue (other work runs between them). An UNAVAILABLE
+  // `done` when the server is shutting down.
   void SubmitForward(std::unique_ptr<ForwardCall> call);
 
   // Any thread. Posts `task` on the session's queue to run after every decode step that arrived
-  // before it; steps on `request_ids` (empty = every request) that arrive later wait until it
-  // finished. False when the executor refused it (shutting down): `task` was dropped.
+  // before it and after every op posted before it; steps on `request_ids` (empty = every request)
+  // that arrive later wait until it finished. False when the executor refused it (shutting down):
+  // `task` was dropped.
   bool PostOp(std::vector<std::string> request_ids, std::function<void()> task);
 
   SchedulerCounters counters() const;
@@ -160,6 +158,10 @@ class SessionScheduler {
     SchedulerClock::time_point oldest;
   };
   using Completion = std::pair<std::unique_ptr<DecodeCall>, absl::Status>;
+  // One turn of an op on the session's queue: true when the op is over, false when it wants
+  // another turn (posted to the back of the queue, so other work runs first).
+  using OpTurn = std::function<bool()>;
+  struct ForwardRun;
 
   // Chooses the next batch among pending calls with ticket < `before`; moves cancelled calls
   // to `cancelled`.
@@ -178,12 +180,22 @@ class SessionScheduler {
   // Runs batches of every step that arrived before `ticket`.
   void FlushBefore(uint64_t ticket);
   // On the session's queue, inside an op: runs one batch of the decode steps that may run now,
-  // whatever their wait (a Forward runs this between prefill chunks).
+  // whatever their wait (before every prefill chunk but the first).
   void RunBatchNow();
-  // A Forward's turn, on the queue.
-  void RunForward(ForwardCall& call);
-  // RunForward's work; its outcome answers the call. May throw std::bad_alloc.
-  absl::StatusOr<std::vector<StepOutput>> ComputeForward(ForwardCall& call, StepTiming& timing);
+  // Posts an op; see PostOp.
+  bool PostOpTurns(std::vector<std::string> request_ids, std::shared_ptr<OpTurn> turn);
+  // Posts turn `first` (or a later one) of the op `ticket`; false when the executor refused it.
+  bool PostTurnLocked(uint64_t ticket, std::shared_ptr<OpTurn> turn, bool first)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs one turn of op `ticket`, on the queue.
+  void RunTurn(uint64_t ticket, const std::shared_ptr<OpTurn>& turn, bool first);
+  // The op `ticket` is over: held-back steps and the next held-back op may run.
+  void FinishOp(uint64_t ticket);
+  // A Forward's turns, on the queue: the first plans it and runs its first chunk; each later one
+  // runs the next chunk; the last records it and answers the call.
+  bool ForwardTurn(ForwardRun& forward);
+  // ForwardTurn's work; may throw std::bad_alloc.
+  bool ComputeForwardTurn(ForwardRun& forward);
   static void Complete(std::vector<Completion>& completions);
 
   Session* const session_;
@@ -193,6 +205,8 @@ class SessionScheduler {
   std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
   // Ops posted and not finished, by ticket: the requests they touch (empty = all).
   std::map<uint64_t, std::vector<std::string>> ops_ ABSL_GUARDED_BY(mu_);
+  // Ops whose first turn came while an earlier op was still running, by ticket.
+  std::map<uint64_t, std::shared_ptr<OpTurn>> held_ops_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   uint64_t timer_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -15,6 +15,7 @@
 #include "kernels/kv/sequence_table.h"
 #include "kernels/base/clip_for_message.h"
 #include "server/session/call_digest.h"
+#include "server/session/scheduler.h"
 
 namespace attnserve::server {
 
@@ -48,6 +49,14 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
 Session::~Session() {
   absl::MutexLock lock(&mu_);
   for (auto& [request_id, state] : requests_) DropRetained(state);
+}
+
+PrefillRun::~PrefillRun() { ReleaseReservation(); }
+
+void PrefillRun::ReleaseReservation() {
+  if (budget_ != nullptr && reserved_ > 0) budget_->Release(reserved_);
+  reserved_ = 0;
+  std::fill(reserve_per_input_.begin(), reserve_per_input_.end(), 0);
 }
 
 void Session::SetRetainedOutputs(std::shared_ptr<RetainedOutputs> store, std::string tenant,
@@ -337,133 +346,170 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StepOutput>> Session::RunPrefill(
-    StepPlan plan, int64_t chunk_tokens, const std::function<void()>& between_chunks,
-    int64_t* compute_ns, int* chunks) {
-  *compute_ns = 0;
-  *chunks = 0;
+absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefill(StepPlan plan,
+                                                                  int64_t chunk_tokens) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
-  int64_t total_rows = 0;
-  for (const StepInput& in : plan.inputs) total_rows += in.hidden.dim(0);
-  Tensor hidden(plan.inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
-  std::vector<int64_t> positions;
-  if (absl::Status s = GatherRows(plan, &hidden, &positions); !s.ok()) {
+  std::unique_ptr<PrefillRun> run(new PrefillRun());
+  for (const StepInput& in : plan.inputs) run->total_rows_ += in.hidden.dim(0);
+  run->hidden_ = Tensor(plan.inputs[0].hidden.dtype(), {run->total_rows_, spec_.d_model});
+  if (absl::Status s = GatherRows(plan, &run->hidden_, &run->positions_); !s.ok()) {
     return s;
   }
-  if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = total_rows;
+  if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = run->total_rows_;
+  run->chunk_tokens_ = chunk_tokens;
   // Allocated before anything changes (see RunDecode).
-  Tensor out(hidden.dtype(), {total_rows, spec_.d_model});
-  std::vector<Tensor> results = AllocateOutputs(plan, hidden.dtype());
+  run->out_ = Tensor(run->hidden_.dtype(), {run->total_rows_, spec_.d_model});
+  run->results_ = AllocateOutputs(plan, run->hidden_.dtype());
+  run->row_start_.assign(plan.inputs.size() + 1, 0);
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    run->row_start_[i + 1] = run->row_start_[i] + plan.inputs[i].hidden.dim(0);
+  }
+  run->reserve_per_input_.assign(plan.inputs.size(), 0);
 
   // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
-  // back just before the engine charges it.
-  int64_t reserved = 0;
-  KvMemoryBudget* budget = layer_->kv_config().budget.get();
-  const bool chunked = chunk_tokens < total_rows;
-  std::vector<int64_t> reserve_per_input(plan.inputs.size(), 0);
-  if (chunked && budget != nullptr) {
+  // to the layer's charge just before the engine call.
+  run->budget_ = kv_budget_;
+  if (chunk_tokens < run->total_rows_ && run->budget_ != nullptr) {
+    int64_t reserved = 0;
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
       const int64_t before = plan.requests[i].length;
-      reserve_per_input[i] = std::max<int64_t>(
+      run->reserve_per_input_[i] = std::max<int64_t>(
           0, layer_->KvBytesAtLength(before + plan.inputs[i].hidden.dim(0)) -
                  layer_->KvBytesAtLength(before));
-      reserved += reserve_per_input[i];
+      reserved += run->reserve_per_input_[i];
     }
-    if (!budget->TryCharge(reserved)) {
-      return KvBudgetExhaustedError(*budget, reserved, reserved / page_bytes_, page_size_,
+    if (!run->budget_->TryCharge(reserved)) {
+      return KvBudgetExhaustedError(*run->budget_, reserved, reserved / page_bytes_, page_size_,
                                     "this Forward");
     }
+    run->reserved_ = reserved;
   }
-
-  for (StepPlan::Request& r : plan.requests) {
+  // Nothing below allocates but the layer's sequence entries and the set of requests in a
+  // prefill; should either throw, the reservation goes back with the run.
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < plan.inputs.size(); ++i) {
+      if (!plan.requests[i].is_new) in_prefill_.insert(plan.inputs[i].request_id);
+    }
+  }
+  run->plan_ = std::move(plan);
+  for (StepPlan::Request& r : run->plan_.requests) {
     if (r.is_new) r.sequence = layer_->CreateSequence();
   }
-  const auto undo = [&](const absl::Status& status) {
-    if (budget != nullptr && reserved > 0) budget->Release(reserved);
-    for (const StepPlan::Request& r : plan.requests) {
-      if (r.is_new) layer_->ReleaseSequence(r.sequence).IgnoreError();
-    }
-    RefreshKvBytes();
-    return status;
-  };
+  run->started_ = true;
+  return run;
+}
 
-  // Rows [begin, end) of the concatenation, as (sequence, rows) pieces.
-  std::vector<int64_t> row_start(plan.inputs.size() + 1, 0);
-  for (size_t i = 0; i < plan.inputs.size(); ++i) {
-    row_start[i + 1] = row_start[i] + plan.inputs[i].hidden.dim(0);
+void Session::EndPrefillLocked(const PrefillRun& run) {
+  for (const StepInput& in : run.plan_.inputs) in_prefill_.erase(in.request_id);
+}
+
+absl::Status Session::UndoPrefill(PrefillRun& run, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    EndPrefillLocked(run);
   }
-  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(hidden.dtype());
-  for (int64_t begin = 0; begin < total_rows; begin += chunk_tokens) {
-    const int64_t end = std::min(total_rows, begin + chunk_tokens);
-    std::vector<PrefillChunk> pieces;
-    int64_t chunk_bytes = 0;
+  run.over_ = true;
+  run.next_row_ = run.total_rows_;
+  run.ReleaseReservation();
+  if (layer_ != nullptr && run.started_) {
+    for (const StepPlan::Request& r : run.plan_.requests) {
+      if (r.is_new && r.sequence != 0) layer_->ReleaseSequence(r.sequence).IgnoreError();
+    }
+  }
+  RefreshKvBytes();
+  return status;
+}
+
+void Session::AbortPrefill(PrefillRun& run) {
+  if (!run.over_) UndoPrefill(run, absl::AbortedError("prefill abandoned")).IgnoreError();
+}
+
+absl::Status Session::RunPrefillChunk(PrefillRun& run) {
+  if (run.over_ || run.all_chunks_ran()) {
+    return absl::FailedPreconditionError("RunPrefillChunk: the prefill run is over");
+  }
+  // The session may have closed between two chunks (Close is held back until the Forward is
+  // over, but MarkClosing and a session-TTL close are not).
+  if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
+  StepPlan& plan = run.plan_;
+  const int64_t begin = run.next_row_;
+  const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
+  std::vector<PrefillChunk> pieces;
+  int64_t chunk_bytes = 0;
+  absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.hidden_.dtype());
+  const auto start = std::chrono::steady_clock::now();
+  try {
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
-      const int64_t lo = std::max(begin, row_start[i]);
-      const int64_t hi = std::min(end, row_start[i + 1]);
+      const int64_t lo = std::max(begin, run.row_start_[i]);
+      const int64_t hi = std::min(end, run.row_start_[i + 1]);
       if (lo >= hi) continue;
       pieces.push_back({plan.requests[i].sequence, hi - lo});
-      if (reserved > 0) {
+      if (run.reserved_ > 0) {
         // This chunk's share of the reservation: the pages its rows newly need.
-        const int64_t done = plan.requests[i].length + (lo - row_start[i]);
+        const int64_t done = plan.requests[i].length + (lo - run.row_start_[i]);
         const int64_t share = std::clamp<int64_t>(
             layer_->KvBytesAtLength(done + hi - lo) - layer_->KvBytesAtLength(done), 0,
-            reserve_per_input[i]);
-        reserve_per_input[i] -= share;
+            run.reserve_per_input_[i]);
+        run.reserve_per_input_[i] -= share;
         chunk_bytes += share;
       }
     }
-    if (chunk_bytes > 0) {
-      budget->Release(chunk_bytes);
-      reserved -= chunk_bytes;
-    }
-    const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(positions).subspan(
-        static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
-    try {
-      Tensor rows(hidden.dtype(), {end - begin, spec_.d_model});
-      std::memcpy(rows.data(), hidden.data() + static_cast<size_t>(begin) * row_bytes,
-                  static_cast<size_t>(end - begin) * row_bytes);
-      chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
-    } catch (const std::bad_alloc&) {
-      // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
-      chunk_out = OutOfMemoryError("this Forward");
-    }
-    *compute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
-    ++*chunks;
-    if (!chunk_out.ok()) {
-      if (begin > 0) {
-        // Only a sliding window's eviction arithmetic can get here (the reservation covers the
-        // rest): earlier chunks stand, so record them before failing.
-        for (size_t i = 0; i < plan.inputs.size(); ++i) {
-          if (plan.requests[i].is_new || row_start[i] >= begin) continue;
-          const int64_t kv_bytes =
-              layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
-          absl::MutexLock lock(&mu_);
-          RequestState& state = requests_[plan.inputs[i].request_id];
-          // Partly applied: a retry under the same call_id must not look like a replay.
-          state.last_call_id.clear();
-          state.last_input_digest.clear();
-          DropRetained(state);
-          state.kv_bytes = kv_bytes;
-          state.length =
-              plan.requests[i].length + (std::min(begin, row_start[i + 1]) - row_start[i]);
-          state.last_position =
-              plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
-        }
-      }
-      return undo(chunk_out.status());
-    }
-    std::memcpy(out.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
+    Tensor rows(run.hidden_.dtype(), {end - begin, spec_.d_model});
+    std::memcpy(rows.data(), run.hidden_.data() + static_cast<size_t>(begin) * row_bytes,
                 static_cast<size_t>(end - begin) * row_bytes);
-    RefreshKvBytes();
-    if (end < total_rows && between_chunks) between_chunks();
-    if (layer_ == nullptr || closed()) return undo(SessionClosedError(id_));
+    if (chunk_bytes > 0) {
+      run.budget_->Release(chunk_bytes);
+      run.reserved_ -= chunk_bytes;
+    }
+    const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
+        static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+    chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+  } catch (const std::bad_alloc&) {
+    // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
+    chunk_out = OutOfMemoryError("this Forward");
   }
-  if (budget != nullptr && reserved > 0) budget->Release(reserved);
-  return Commit(plan, out, 0, absl::Now(), std::move(results));
+  run.compute_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - start)
+                         .count();
+  ++run.chunks_run_;
+  if (!chunk_out.ok()) {
+    if (begin > 0) {
+      // Only a sliding window's eviction arithmetic (or an allocation failure) can get here (the
+      // reservation covers the rest): earlier chunks stand, so record them before failing.
+      for (size_t i = 0; i < plan.inputs.size(); ++i) {
+        if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
+        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+        absl::MutexLock lock(&mu_);
+        RequestState& state = requests_[plan.inputs[i].request_id];
+        // Partly applied: a retry under the same call_id must not look like a replay.
+        state.last_call_id.clear();
+        state.last_input_digest.clear();
+        DropRetained(state);
+        state.kv_bytes = kv_bytes;
+        state.length =
+            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
+        state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
+      }
+    }
+    return UndoPrefill(run, chunk_out.status());
+  }
+  std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
+              static_cast<size_t>(end - begin) * row_bytes);
+  run.next_row_ = end;
+  RefreshKvBytes();
+  return absl::OkStatus();
+}
+
+std::vector<StepOutput> Session::FinishPrefill(PrefillRun& run) {
+  run.ReleaseReservation();  // Whatever a window's eviction left unused.
+  {
+    absl::MutexLock lock(&mu_);
+    EndPrefillLocked(run);
+  }
+  run.over_ = true;
+  return Commit(run.plan_, run.out_, 0, absl::Now(), std::move(run.results_));
 }
 
 absl::StatusOr<Session::RequestState*> Session::UseRequestLocked(const std::string& request_id) {
@@ -581,7 +627,7 @@ int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = requests_.begin(); it != requests_.end();) {
-      if (now - it->second.last_used > ttl) {
+      if (now - it->second.last_used > ttl && !in_prefill_.contains(it->first)) {
         expired.push_back(it->second.sequence);
         DropRetained(it->second);
         requests_.erase(it++);

@@ -1,11 +1,15 @@
 // A session: one attention layer (spec, weights, KV cache config) and the requests it serves.
-// It is state, not policy: its SessionScheduler decides when and in which batches its methods run
-// (both roads, Decode and Forward, go through the scheduler), and the gRPC service turns its
-// plain results into messages.
+// It is state, not policy: its SessionScheduler (server/session/scheduler.h) decides when and in
+// which batches its methods run (both roads, Decode and Forward, go through the scheduler), and
+// the gRPC service turns its plain results into messages. The session offers step-sized compute
+// (one decode batch; one prefill chunk) and never calls the scheduler: the scheduler drives the
+// chunk loop of a long Forward, so other work can run between two chunks. (scheduler.h includes
+// this header, not the reverse.)
 //
-// Threading: the compute methods (Plan, RunDecode, RunPrefill, ReleaseRequest, Close,
-// ExpireRequests) run only on the session's SerialQueue, one at a time, so the engine layer is
-// never entered concurrently and one request's steps apply in the order they arrived. The
+// Threading: the compute methods (Plan, RunDecode, StartPrefill, RunPrefillChunk, FinishPrefill,
+// ReleaseRequest, Close, ExpireRequests) run only on the session's SerialQueue, one at a time, so
+// the engine layer is never entered concurrently and one request's steps apply in the order they
+// arrived. The
 // read-only methods (Snapshot, idle time, kv_bytes_used) may run on any thread; they take `mu_`
 // only briefly and never wait on compute, so gRPC handlers can call them.
 #ifndef ATTNSERVE_SERVER_SESSION_SESSION_H_
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -34,9 +39,20 @@
 #include "server/session/parameter_budget.h"
 #include "server/session/retained_outputs.h"
 #include "server/runtime/serial_queue.h"
-#include "server/session/scheduler.h"
 
 namespace attnserve::server {
+
+class SessionScheduler;
+struct SchedulerContext;
+
+// Counters shown by GetSession (SessionInfo.batching), kept by the session's scheduler.
+struct SchedulerCounters {
+  int64_t decode_batches = 0;
+  int64_t decode_steps = 0;
+  int64_t max_decode_batch = 0;
+  int64_t prefill_chunks = 0;
+  int64_t batches_retried_alone = 0;
+};
 
 struct SessionLimits {
   int max_requests = 0;
@@ -131,11 +147,51 @@ struct StepPlan {
   std::vector<StepOutput> replayed;
 };
 
+// A Forward plan split into engine Prefill calls of at most `chunk_tokens` rows
+// (Session::StartPrefill), run one chunk per Session::RunPrefillChunk and recorded by
+// Session::FinishPrefill. The scheduler owns it between chunks. While it holds a reservation
+// (a chunked Forward reserves its KV bytes up front) destroying it unfinished gives the bytes back.
+class PrefillRun {
+ public:
+  ~PrefillRun();
+  PrefillRun(const PrefillRun&) = delete;
+  PrefillRun& operator=(const PrefillRun&) = delete;
+
+  bool all_chunks_ran() const { return next_row_ >= total_rows_; }
+  int chunks_run() const { return chunks_run_; }
+  int64_t compute_ns() const { return compute_ns_; }  // Engine time of the chunks run so far.
+  int64_t total_rows() const { return total_rows_; }
+
+ private:
+  friend class Session;
+  PrefillRun() = default;
+  // Gives back what is still reserved (idempotent).
+  void ReleaseReservation();
+
+  StepPlan plan_;
+  Tensor hidden_;                   // Every row of the plan, inputs concatenated.
+  std::vector<int64_t> positions_;  // One per row, as the plan resolved them.
+  std::vector<int64_t> row_start_;  // Input i's rows are [row_start_[i], row_start_[i + 1]).
+  Tensor out_;
+  std::vector<Tensor> results_;  // Session::AllocateOutputs: what FinishPrefill fills.
+  int64_t chunk_tokens_ = 0;
+  int64_t total_rows_ = 0;
+  int64_t next_row_ = 0;  // First row of the next chunk.
+  int chunks_run_ = 0;
+  int64_t compute_ns_ = 0;
+  // The KV bytes still reserved for the rows not yet run, in all and per input.
+  std::shared_ptr<KvMemoryBudget> budget_;
+  int64_t reserved_ = 0;
+  std::vector<int64_t> reserve_per_input_;
+  bool started_ = false;   // Its new requests' sequences exist.
+  bool over_ = false;      // Undone (a chunk failed) or recorded (FinishPrefill).
+};
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
           SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
-          Executor* executor, SchedulerContext scheduler = {});
+          Executor* executor, SchedulerContext scheduler);
   // Gives back the retained outputs of requests still held.
   ~Session();
 
@@ -170,15 +226,23 @@ class Session : public std::enable_shared_from_this<Session> {
   absl::Status RunDecode(absl::Span<StepPlan* const> plans, int64_t* compute_ns,
                          std::vector<std::vector<StepOutput>>* outputs);
 
-  // Runs a Forward plan as engine Prefill calls of at most `chunk_tokens` rows (0 = one call;
-  // non-causal layers always run in one call, since a chunk could not see the rows after it),
-  // calling `between_chunks` after every chunk but the last. The KV bytes of the whole plan are
-  // reserved from the pool before the first chunk, so a chunked Forward stays all-or-nothing
-  // against the pool even while other work runs between its chunks. `compute_ns` receives the
-  // engine time of all chunks, `chunks` their count.
-  absl::StatusOr<std::vector<StepOutput>> RunPrefill(StepPlan plan, int64_t chunk_tokens,
-                                                     const std::function<void()>& between_chunks,
-                                                     int64_t* compute_ns, int* chunks);
+  // A Forward, step by step (the scheduler runs the loop, one chunk per turn on the queue):
+  //   StartPrefill splits a Forward plan into engine Prefill calls of at most `chunk_tokens` rows
+  //     (0 = one call; non-causal layers always run in one call, since a chunk could not see the
+  //     rows after it), allocates what recording it needs, creates its new requests' sequences
+  //     and, when it is chunked, reserves the KV bytes of the whole plan from the pool, so a
+  //     chunked Forward stays all-or-nothing against the pool even while other work runs between
+  //     its chunks. On error nothing changed. May throw std::bad_alloc before changing anything.
+  //   RunPrefillChunk runs the next chunk. On error (an allocation failure included) the run is
+  //     undone (its new requests released, the reservation returned) and over.
+  //   FinishPrefill, once all chunks ran, records the call on its requests and slices the outputs.
+  //   AbortPrefill undoes a run that is neither over nor recorded (the caller gave up on it).
+  // Between two chunks the plan's requests must not be touched by anything else (the scheduler
+  // holds back their steps and later ops); other requests may run.
+  absl::StatusOr<std::unique_ptr<PrefillRun>> StartPrefill(StepPlan plan, int64_t chunk_tokens);
+  absl::Status RunPrefillChunk(PrefillRun& run);
+  std::vector<StepOutput> FinishPrefill(PrefillRun& run);
+  void AbortPrefill(PrefillRun& run);
 
   // Whether `request_id` exists now. Any thread.
   bool HasRequest(const std::string& request_id) const;
@@ -284,6 +348,10 @@ class Session : public std::enable_shared_from_this<Session> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void RefreshKvBytes();
+  // Undoes a prefill run whose chunk failed or whose session closed: new sequences released,
+  // reservation returned; returns `status`.
+  absl::Status UndoPrefill(PrefillRun& run, const absl::Status& status);
+  void EndPrefillLocked(const PrefillRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
   // Records a successful engine call: lengths, positions, last use; slices `out` per input.
@@ -322,6 +390,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, RequestState> requests_ ABSL_GUARDED_BY(mu_);
+  // Existing requests a PrefillRun is extending: ExpireRequests leaves them alone between chunks.
+  absl::flat_hash_set<std::string> in_prefill_ ABSL_GUARDED_BY(mu_);
   absl::Time last_used_ ABSL_GUARDED_BY(mu_);
 };
 
