@@ -121,10 +121,15 @@ absl::Status CpuLayer::Reserve(std::vector<BatchSequence>& batch, absl::Span<con
 absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequence> sequences,
                                      absl::Span<const int64_t> positions, bool decode) {
   const int64_t rows = hidden.dim(0);
-  const std::vector<int64_t> resolved = ResolvePositions(sequences, positions, rows);
+  // Positions given (the server always gives one per row, resolved once by Session::Plan) are
+  // used as they are; only a caller that gave none gets them resolved here.
+  std::vector<int64_t> resolved;
+  if (positions.empty()) resolved = ResolvePositions(sequences, positions, rows);
+  const absl::Span<const int64_t> row_positions =
+      positions.empty() ? absl::MakeConstSpan(resolved) : positions;
   const std::vector<float> x = hidden.ToFloats();
   Tensor out(DType::kF32, {rows, spec_.d_model});
-  CpuBatch batch{x.data(), out.f32(), rows, resolved, std::move(sequences)};
+  CpuBatch batch{x.data(), out.f32(), rows, row_positions, std::move(sequences)};
   if (decode) {
     RunDecode(batch);
   } else {

@@ -13,7 +13,7 @@ absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes,
                                     int64_t page_size, absl::string_view what) {
   // The budget that refused: a named quota inside the pool (a tenant's), or the pool itself.
   const KvMemoryBudget* full = budget.Refuser(bytes);
-  if (full == nullptr) full = &budget;  // Freed concurrently since.
+  if (full == nullptr) full = &budget.Limiting();  // Freed concurrently since.
   return absl::ResourceExhaustedError(absl::StrCat(
       "KV memory budget exhausted: ", what, " needs ", bytes, " bytes (", pages, " pages of ",
       page_size, " tokens), ", full->capacity_bytes() - full->used_bytes(), " of ",

@@ -42,8 +42,9 @@ struct BatchSequence {
 
 // Each row's RoPE position for a reserved batch of `rows` rows: positions[row] when `positions` is
 // given (one per row), else the row's index in its sequence (each sequence continues from its
-// length). Every backend resolves positions here, once per call (the server has already filled in
-// positions for every row it sends; they are copied through).
+// length). For callers that give no positions: the server resolves them once (Session::Plan) and
+// gives one per row, which the CPU backend uses as they are (the CUDA backend's PlanBatch copies
+// them through here into the plan it uploads).
 std::vector<int64_t> ResolvePositions(absl::Span<const BatchSequence> batch,
                                       absl::Span<const int64_t> positions, int64_t rows);
 

@@ -358,7 +358,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     const int64_t bytes = request.held_pages() * request.page_bytes();
     KvMemoryBudget* budget = (*session)->kv_budget().get();
     if (budget != nullptr && bytes > 0) {
-      if (!budget->TryCharge(bytes)) {
+      if (!budget->TryReserve(bytes)) {
         return KvBudgetExhaustedError(*budget, bytes, request.held_pages(), request.page_size(),
                                       "this import");
       }
@@ -381,9 +381,19 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     watch_->reactor = nullptr;  // No longer reading: the idle watch is done with this call.
     const bool queued = session_->scheduler().PostOp({request_id_}, [this] {
       const Clock::time_point start = Clock::now();
-      // Handed from the reservation to the layer, which charges the same bytes for its pages.
-      ReleaseReservation();
+      // Handed from the reservation to the layer, which charges the same bytes for its pages: as
+      // credit on the layer's own account (the bytes stay charged throughout), else released
+      // just before the layer charges them.
+      KvMemoryBudget* budget = session_->kv_budget().get();
+      const bool transfer = budget != nullptr && budget->is_account() && reserved_bytes_ > 0;
+      if (transfer) {
+        budget->Prepay(reserved_bytes_);
+        reserved_bytes_ = 0;
+      } else {
+        ReleaseReservation();
+      }
       absl::StatusOr<ImportOutcome> imported = session_->ImportRequest(request_id_, exported_);
+      if (transfer) reserved_bytes_ = budget->TakeCredit();  // Released by Done.
       compute_ns_ =
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
       if (!imported.ok()) return Done(ToGrpc(imported.status()));

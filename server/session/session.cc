@@ -378,7 +378,7 @@ absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefill(StepPlan plan,
                  layer_->KvBytesAtLength(before));
       reserved += run->reserve_per_input_[i];
     }
-    if (!run->budget_->TryCharge(reserved)) {
+    if (!run->budget_->TryReserve(reserved)) {
       return KvBudgetExhaustedError(*run->budget_, reserved, reserved / page_bytes_, page_size_,
                                     "this Forward");
     }
@@ -438,6 +438,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   std::vector<PrefillChunk> pieces;
   int64_t chunk_bytes = 0;
   absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
+  bool transfer = false;
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.hidden_.dtype());
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -459,9 +460,17 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     Tensor rows(run.hidden_.dtype(), {end - begin, spec_.d_model});
     std::memcpy(rows.data(), run.hidden_.data() + static_cast<size_t>(begin) * row_bytes,
                 static_cast<size_t>(end - begin) * row_bytes);
+    // The chunk's share goes to the layer's charge: handed over as credit on the layer's own
+    // account (nothing released, so no other session can take the bytes in between), or, on a
+    // budget shared with others, released just before the layer charges it again.
+    transfer = chunk_bytes > 0 && run.budget_->is_account();
     if (chunk_bytes > 0) {
-      run.budget_->Release(chunk_bytes);
       run.reserved_ -= chunk_bytes;
+      if (transfer) {
+        run.budget_->Prepay(chunk_bytes);
+      } else {
+        run.budget_->Release(chunk_bytes);
+      }
     }
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
@@ -470,6 +479,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");
   }
+  if (transfer) run.reserved_ += run.budget_->TakeCredit();  // What the layer did not take.
   run.compute_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - start)
                          .count();
