@@ -257,10 +257,16 @@ std::vector<Tensor> Session::AllocateOutputs(const StepPlan& plan, DType dtype) 
 std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64_t first_row,
                                         absl::Time now, std::vector<Tensor> outputs) {
   std::vector<StepOutput> results(plan.inputs.size());
-  // The layer owns the accounting: each request's bytes as its pages now hold them.
+  // The layer owns the accounting and the lengths (its sequence table): each request's bytes as
+  // its pages now hold them and its length as the layer counts it; the request's state keeps a
+  // copy for readers on other threads (Snapshot, the scheduler's batch sizing), refreshed here
+  // after every engine call.
   std::vector<int64_t> kv_bytes(plan.inputs.size(), 0);
+  std::vector<int64_t> lengths(plan.inputs.size(), 0);
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
     kv_bytes[i] = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+    lengths[i] = layer_->SequenceLength(plan.requests[i].sequence)
+                     .value_or(plan.requests[i].length + plan.inputs[i].hidden.dim(0));
   }
   absl::MutexLock lock(&mu_);
   last_used_ = now;
@@ -270,7 +276,7 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     const int64_t rows = plan.inputs[i].hidden.dim(0);
     RequestState& state = requests_[plan.inputs[i].request_id];
     state.sequence = plan.requests[i].sequence;
-    state.length = plan.requests[i].length + rows;
+    state.length = lengths[i];
     state.last_position = plan.inputs[i].positions.back();
     state.kv_bytes = kv_bytes[i];
     state.last_used = now;
