@@ -208,9 +208,9 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
                      " more would pass max_requests = ", limits_.max_requests,
                      " (release requests or raise the limit)"));
   }
-  // RoPE positions: an input without positions continues from its request's length, so every
-  // engine call gets one position per row. The backend resolves them again per call
-  // (ResolvePositions, kernels/kv/sequence_table.h), which copies given positions through.
+  // RoPE positions, resolved here once: an input without positions continues from its request's
+  // length, so every engine call gets one position per row, which the backends use as given
+  // (ResolvePositions, kernels/kv/sequence_table.h, fills them in only for callers that give none).
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<int64_t>& positions = inputs[i].positions;
     if (!positions.empty()) continue;

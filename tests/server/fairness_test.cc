@@ -7,9 +7,10 @@
 //
 // The chunk time is measured in the same run (A's Forward compute time over the chunks GetSession
 // counted), never hard-coded: B's largest step latency while A's Forwards run must stay below
-// 6 mean chunk times (a step waits for the chunk running when it arrives, and the last chunks of
-// an 8,000-token prompt attend to twice the mean's keys: measured 2.1-3.0 mean chunks; the rest is
-// room for a machine shared with other work). Before the change a step that arrived as A's
+// 6 mean chunk times plus B's largest step latency alone (a step waits for the chunk running when
+// it arrives, and the last chunks of an 8,000-token prompt attend to twice the mean's keys:
+// measured 2.0-3.0 mean chunks; the rest is room for a machine shared with other work, and B's own
+// worst step without load). Before the change a step that arrived as A's
 // Forward started waited for all of its ~16 chunks (measured 16.5).
 //
 // B's p50/p99/max step latency without A's load and during it are printed (docs/reliability.md,
@@ -188,7 +189,7 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
     if (step.end_ns > load_begin_ns && step.begin_ns < load_end_ns) loaded.push_back(ms);
   }
   ASSERT_FALSE(alone.empty());
-  const double bound_ms = 6 * chunk_ms;
+  const double bound_ms = 6 * chunk_ms + Percentile(alone, 1.0);
   const double max_loaded = Percentile(loaded, 1.0);
   std::cout << "A: " << kForwards << " Forwards of " << kPromptTokens << " tokens in " << chunks
             << " chunks of 512, mean chunk " << chunk_ms << " ms, load lasted "
@@ -198,7 +199,7 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
             << " ms\n"
             << "B during A's Forwards (" << loaded.size() << " steps): p50 "
             << Percentile(loaded, 0.5) << " ms, p99 " << Percentile(loaded, 0.99) << " ms, max "
-            << max_loaded << " ms; bound " << bound_ms << " ms (6 mean chunks)\n";
+            << max_loaded << " ms; bound " << bound_ms << " ms (6 mean chunks + B's max alone)\n";
   RecordProperty("chunk_ms", std::to_string(chunk_ms));
   RecordProperty("max_step_ms", std::to_string(max_loaded));
   // B kept being served during the load: more than one step per Forward.
