@@ -235,4 +235,16 @@ absl::Status UnservedOperation(LayerOperation operation) {
                                                " = false)"));
 }
 
+absl::StatusOr<KvCacheConfig> CheckLayerRequest(const BackendCapabilities& capabilities,
+                                                const LayerSpec& spec, const LayerWeights& weights,
+                                                const KvCacheConfig& kv_config) {
+  if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
+  if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
+  if (absl::Status s = CheckCapabilities(capabilities, spec, kv_config); !s.ok()) return s;
+  KvCacheConfig config = kv_config;
+  if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
+  if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
+  return config;
+}
+
 }  // namespace attnserve

@@ -19,9 +19,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/core/dtype.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/storage_format.h"
+#include "kernels/model/layer_weights.h"
 #include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
@@ -78,6 +80,13 @@ enum class LayerOperation : uint8_t {
 
 // OK when `capabilities` serve `operation`, else UNIMPLEMENTED naming it and the backend.
 absl::Status CheckOperation(const BackendCapabilities& capabilities, LayerOperation operation);
+
+// What every backend's CreateLayer checks before it builds anything, in this order: the spec and
+// the weights are valid, the backend serves them (CheckCapabilities), and the KV paging is valid
+// once the spec's default page size fills a page_size of 0. Returns the KV configuration to build.
+absl::StatusOr<KvCacheConfig> CheckLayerRequest(const BackendCapabilities& capabilities,
+                                                const LayerSpec& spec, const LayerWeights& weights,
+                                                const KvCacheConfig& kv_config);
 
 // The UNIMPLEMENTED answer of an AttentionLayer that does not override `operation` (the
 // interface's defaults): the server refuses earlier, through CheckOperation, naming the backend.

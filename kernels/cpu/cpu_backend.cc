@@ -30,13 +30,11 @@ class CpuBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
-    if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
     // KV formats: f32, bf16, or 8-bit codes with per-page scales (kv_page_rows.h).
-    if (absl::Status s = CheckCapabilities(capabilities(), spec, kv_config); !s.ok()) return s;
-    KvCacheConfig config = kv_config;
-    if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
-    if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
+    absl::StatusOr<KvCacheConfig> checked =
+        CheckLayerRequest(capabilities(), spec, weights, kv_config);
+    if (!checked.ok()) return checked.status();
+    const KvCacheConfig& config = *checked;
     if (spec.variant == AttentionVariant::kMLA) {
       return std::make_unique<MlaLayer>(spec, weights, config, options_.mla_absorbed_decode,
                                         &pool_);

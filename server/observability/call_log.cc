@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -39,26 +40,9 @@ CallLogState& State() {
 
 }  // namespace
 
-const char* StatusCodeName(absl::StatusCode code) {
-  static constexpr const char* kNames[kNumCodes] = {"OK",
-                                                    "CANCELLED",
-                                                    "UNKNOWN",
-                                                    "INVALID_ARGUMENT",
-                                                    "DEADLINE_EXCEEDED",
-                                                    "NOT_FOUND",
-                                                    "ALREADY_EXISTS",
-                                                    "PERMISSION_DENIED",
-                                                    "RESOURCE_EXHAUSTED",
-                                                    "FAILED_PRECONDITION",
-                                                    "ABORTED",
-                                                    "OUT_OF_RANGE",
-                                                    "UNIMPLEMENTED",
-                                                    "INTERNAL",
-                                                    "UNAVAILABLE",
-                                                    "DATA_LOSS",
-                                                    "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i < kNumCodes ? kNames[i] : "UNKNOWN";
+std::string StatusCodeName(absl::StatusCode code) {
+  std::string name = absl::StatusCodeToString(code);  // Empty for a code outside the enum.
+  return name.empty() ? "UNKNOWN" : name;
 }
 
 void SetFailedCallLogRate(int64_t per_second) { State().per_second.store(per_second); }
@@ -88,7 +72,7 @@ void LogFailedCall(absl::string_view rpc, absl::string_view peer, absl::StatusCo
     dropped = w.suppressed;
     w.suppressed = 0;
   }
-  const char* name = StatusCodeName(code);
+  const std::string name = StatusCodeName(code);
   if (dropped > 0) {
     SERVER_LOG_FIELDS(WARNING, (LogFields{{"code", name}, {"suppressed", absl::StrCat(dropped)}}),
                       "call failures suppressed (at most %d log lines per second per code)", limit);

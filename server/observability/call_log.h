@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -27,8 +29,8 @@ void SetFailedCallLogRate(int64_t per_second);
 void LogFailedCall(absl::string_view rpc, absl::string_view peer, absl::StatusCode code,
                    absl::string_view message);
 
-// The canonical name of a status code ("NOT_FOUND").
-const char* StatusCodeName(absl::StatusCode code);
+// The canonical name of a status code ("NOT_FOUND"; "UNKNOWN" for a code outside the enum).
+std::string StatusCodeName(absl::StatusCode code);
 
 }  // namespace attnserve::server
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/model/layer_weights.h"
@@ -147,25 +148,10 @@ v1::DecodeItem MakeDecodeItem(const std::string& request_id, const Tensor& hidde
 }
 
 std::string Describe(const grpc::Status& status) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
+  // gRPC's codes are absl's, number for number.
   const int code = status.error_code();
-  const std::string name = code >= 0 && code <= 16 ? kNames[code] : std::to_string(code);
+  std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+  if (name.empty()) name = std::to_string(code);
   return absl::StrCat(name, ": ", status.error_message());
 }
 

@@ -37,14 +37,12 @@ class CudaBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
-    if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
     // MLA, the CPU-only variations, YaRN's attention factor, 8-bit pages, head dims the kernels
-    // are not built for: refused by name rather than computed differently.
-    if (absl::Status s = CheckCapabilities(capabilities(), spec, kv_config); !s.ok()) return s;
-    KvCacheConfig config = kv_config;
-    if (config.page_size == 0) config.page_size = DefaultPageSize(spec);
-    if (absl::Status s = ValidateKvPaging(config); !s.ok()) return s;
+    // are not built for: refused by name (CudaCapabilities) rather than computed differently.
+    absl::StatusOr<KvCacheConfig> checked =
+        CheckLayerRequest(capabilities(), spec, weights, kv_config);
+    if (!checked.ok()) return checked.status();
+    const KvCacheConfig& config = *checked;
     return cuda::CudaGqaLayer::Create(spec, weights, config, context_);
   }
 
