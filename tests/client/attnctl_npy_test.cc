@@ -44,6 +44,15 @@ TEST(ParseNpyTest, AcceptsAZeroDimensionBesideAHugeOne) {
   EXPECT_EQ(tensor->num_elements(), 0);
 }
 
+TEST(ParseNpyTest, AcceptsAZeroDimensionAfterDimensionsWhoseProductOverflows) {
+  // The fuzzer's file: the dimensions before the 0 multiply past int64 (undefined behaviour in the
+  // tensor's element count until the count looked for an empty dimension first).
+  absl::StatusOr<Tensor> tensor =
+      ParseNpy(NpyFile("(1, 41, 40, 81, 40, 8, 6840, 8, 5, 81, 40, 8, 1, 40, 0, 8)", 0));
+  ASSERT_TRUE(tensor.ok()) << tensor.status();
+  EXPECT_EQ(tensor->num_elements(), 0);
+}
+
 TEST(ParseNpyTest, RejectsAShapeWhoseElementCountOverflows) {
   // 2^62 * 4 elements wrapped around to 0 in int64 (undefined behaviour), which matched the empty
   // data region: the reader accepted a tensor whose shape claimed 2^64 elements.
