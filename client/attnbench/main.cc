@@ -298,6 +298,14 @@ void PrintTable(const std::vector<BenchResult>& results) {
   }
 }
 
+// The "server" object of both modes' JSON output.
+nlohmann::json ServerJson(const Client& client, const v1::GetServerInfoResponse& info) {
+  return {{"target", client.target},
+          {"backend", info.backend()},
+          {"device", info.device()},
+          {"version", info.version()}};
+}
+
 nlohmann::json LatencyJson(const LatencySummary& l) {
   return {{"mean", l.mean}, {"p50", l.p50}, {"p90", l.p90}, {"p99", l.p99}, {"max", l.max}};
 }
@@ -638,10 +646,7 @@ int Main() {
     }
     {
       nlohmann::json out;
-      out["server"] = {{"target", client.target},
-                       {"backend", info.backend()},
-                       {"device", info.device()},
-                       {"version", info.version()}};
+      out["server"] = ServerJson(client, info);
       out["workload"] = {{"mode", "open_loop"},
                          {"prompt_tokens", open.prompt_tokens},
                          {"decode_steps", open.decode_steps},
@@ -748,10 +753,7 @@ int Main() {
 
   {
     nlohmann::json out;
-    out["server"] = {{"target", client.target},
-                     {"backend", info.backend()},
-                     {"device", info.device()},
-                     {"version", info.version()}};
+    out["server"] = ServerJson(client, info);
     out["workload"] = {{"mode", "closed_loop"},
                        {"stop", options.steps > 0 ? "steps" : "duration"},
                        {"steps_per_stream", options.steps},

@@ -36,18 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-LayerSpec SmallGqa() {
-  LayerSpec spec;
-  spec.variant = AttentionVariant::kGQA;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 16;
-  spec.qkv_bias = true;
-  spec.rope = RopeLayout::kHalf;
-  spec.causal = true;
-  return spec;
-}
 
 // Elementwise |a - b| <= abs_tol + rel_tol * |b|; `identical` is set when the bytes are equal.
 ::testing::AssertionResult Close(const v1::Tensor& actual, const Tensor& expected,
@@ -95,7 +83,7 @@ TEST_F(BatchingTest, ThirtyTwoStreamsShareDecodeBatchesAndMatchUnbatchedEngine) 
   constexpr int kStreams = 32;
   constexpr int kSteps = 16;
   constexpr uint64_t kSeed = 5;
-  const LayerSpec spec = SmallGqa();
+  const LayerSpec spec = SmallBiasedGqa();
   v1::ConfigureResponse configured;
   grpc::Status status = Configure(stub(), SeedConfigure(spec, kSeed), &configured);
   ASSERT_TRUE(status.ok()) << Describe(status);
@@ -216,7 +204,7 @@ void RunPrefillBesideDecodes(ServerTest& test, v1::AttentionService::Stub& stub,
   constexpr int64_t kPromptTokens = 8192;
   // A bound on each wait for the streams below, so a broken server fails the test, not hangs it.
   constexpr std::chrono::seconds kWaitLimit{60};
-  const LayerSpec spec = SmallGqa();
+  const LayerSpec spec = SmallBiasedGqa();
   v1::ConfigureResponse configured;
   grpc::Status status = Configure(stub, SeedConfigure(spec, 9), &configured);
   ASSERT_TRUE(status.ok()) << Describe(status);

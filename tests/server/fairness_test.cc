@@ -39,18 +39,6 @@ constexpr int64_t kPromptTokens = 8000;
 constexpr int kForwards = 2;
 constexpr int kBaselineSteps = 100;  // B's steps without A's load.
 
-LayerSpec SmallGqa() {
-  LayerSpec spec;
-  spec.variant = AttentionVariant::kGQA;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 16;
-  spec.qkv_bias = true;
-  spec.rope = RopeLayout::kHalf;
-  spec.causal = true;
-  return spec;
-}
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
@@ -67,7 +55,7 @@ class FairnessTest : public ServerTest {
 };
 
 TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
-  const LayerSpec spec = SmallGqa();
+  const LayerSpec spec = SmallBiasedGqa();
   std::string sessions[2];
   for (int s = 0; s < 2; ++s) {
     v1::ConfigureResponse configured;

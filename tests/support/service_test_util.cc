@@ -79,6 +79,19 @@ void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout
   context.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
+LayerSpec SmallBiasedGqa() {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kGQA;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 16;
+  spec.qkv_bias = true;
+  spec.rope = RopeLayout::kHalf;
+  spec.causal = true;
+  return spec;
+}
+
 v1::ConfigureRequest SeedConfigure(const LayerSpec& spec, uint64_t seed) {
   v1::ConfigureRequest request;
   *request.mutable_spec() = LayerSpecToProto(spec);

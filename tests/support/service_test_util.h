@@ -54,6 +54,10 @@ inline constexpr std::chrono::seconds kRpcTimeout(30);
 
 void SetDeadline(grpc::ClientContext& context, std::chrono::milliseconds timeout = kRpcTimeout);
 
+// A small causal GQA layer (d_model 64, 4 query / 2 KV heads of 16, q/k/v biases, RoPE half):
+// cheap enough for tests that run many steps or long prompts.
+LayerSpec SmallBiasedGqa();
+
 // A Configure request for `spec` with seed weights (and default cache settings).
 v1::ConfigureRequest SeedConfigure(const LayerSpec& spec, uint64_t seed);
 
