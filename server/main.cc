@@ -55,6 +55,10 @@ ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
           "CUDA backend: size the device KV pool as this fraction (0, 0.95] of the GPU memory free "
           "at startup (0 = the default, 0.8, unless --kv_pool_bytes is set). Refused when the "
           "backend is cpu.");
+ABSL_FLAG(std::string, cuda_attention, kDefaults.cuda_attention,
+          "CUDA backend: the attention kernels for f16/bf16 pages, native (attnserve's own) or "
+          "flashinfer (FlashInfer's paged decode and prefill; f32 pages stay native). Refused "
+          "when the backend is cpu or the build has no FlashInfer.");
 ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
           "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "
           "refused before anything is allocated. 0 = half of the machine's physical memory.");
@@ -165,6 +169,7 @@ int main(int argc, char** argv) {
   options.engine_threads = absl::GetFlag(FLAGS_threads);
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
+  options.cuda_attention = absl::GetFlag(FLAGS_cuda_attention);
   options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
   options.max_parameter_bytes = absl::GetFlag(FLAGS_max_parameter_bytes);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);

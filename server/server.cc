@@ -55,6 +55,14 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_pool_fraction = ", o.kv_pool_fraction,
                                                    ", must be 0 (unused) or in (0, 0.95]"));
   }
+  if (absl::StatusOr<CudaAttentionImpl> impl = ParseCudaAttentionImpl(o.cuda_attention);
+      !impl.ok()) {
+    return impl.status();
+  }
+  if (o.backend == "cpu" && o.cuda_attention != "native") {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda_attention = ", o.cuda_attention,
+                                                   " chooses CUDA kernels, but --backend = cpu"));
+  }
   if (o.max_parameter_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_parameter_bytes = ", o.max_parameter_bytes, ", must be >= 0 (0 = default)"));
@@ -133,6 +141,7 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
                                         ? o.kv_pool_fraction
                                         : ServerOptions::kDefaultCudaKvPoolFraction;
   }
+  backend.cuda.attention = *ParseCudaAttentionImpl(o.cuda_attention);  // ValidateOptions checked it.
   // Errors name the flag's value ("backend = cuda: no CUDA device: ...").
   return CreateBackend(backend);
 }
@@ -221,6 +230,10 @@ absl::Status RunServer(const ServerOptions& options) {
         absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
                      " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
                      choice->reason, "); use --kv_pool_bytes"));
+  }
+  if (options.cuda_attention != "native" && (*backend)->name() != "cuda") {
+    SERVER_LOG(WARNING, "--cuda_attention = %s has no effect: the backend is %s (%s)",
+               options.cuda_attention, (*backend)->name(), choice->reason);
   }
   SERVER_LOG(INFO, "KV pool: %d bytes (%s)", kv_pool_bytes,
              options.kv_pool_bytes > 0 ? "--kv_pool_bytes"

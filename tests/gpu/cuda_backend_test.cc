@@ -62,6 +62,7 @@ using reference::ToTensor;
 struct SummaryRow {
   std::string name;
   std::string kv;
+  std::string impl;  // --cuda_attention: native or flashinfer.
   std::string phase;
   int calls = 0;
   double worst = 0.0;
@@ -73,29 +74,44 @@ std::vector<SummaryRow>& Summary() {
   return *rows;
 }
 
-// One backend for the whole binary (its pool is allocated once); null with the reason when there
-// is no usable device.
+// One backend per attention implementation for the whole binary (its pool is allocated once);
+// null with the reason when there is no usable device.
 struct GpuBackend {
   std::unique_ptr<AttentionBackend> backend;
   std::string why_not;
 };
 
-GpuBackend& Gpu() {
-  static GpuBackend* gpu = [] {
-    auto* g = new GpuBackend;
-    CudaBackendOptions options;
-    options.kv_pool_bytes = int64_t{1} << 30;
-    options.poison_for_testing = true;
-    absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCudaBackend(options);
-    if (backend.ok()) {
-      g->backend = std::move(*backend);
-      std::printf("[cuda] %s\n", g->backend->device_description().c_str());
-    } else {
-      g->why_not = backend.status().ToString();
-    }
-    return g;
-  }();
-  return *gpu;
+GpuBackend* MakeGpu(CudaAttentionImpl impl) {
+  auto* g = new GpuBackend;
+  CudaBackendOptions options;
+  options.kv_pool_bytes = int64_t{1} << 30;
+  options.poison_for_testing = true;
+  options.attention = impl;
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCudaBackend(options);
+  if (backend.ok()) {
+    g->backend = std::move(*backend);
+    std::printf("[cuda] %s\n", g->backend->device_description().c_str());
+  } else {
+    g->why_not = backend.status().ToString();
+  }
+  return g;
+}
+
+GpuBackend& Gpu(CudaAttentionImpl impl = CudaAttentionImpl::kNative) {
+  static GpuBackend* native = MakeGpu(CudaAttentionImpl::kNative);
+  if (impl == CudaAttentionImpl::kNative) return *native;
+  static GpuBackend* flashinfer = MakeGpu(CudaAttentionImpl::kFlashInfer);
+  return *flashinfer;
+}
+
+// The implementations the CUDA-vs-CPU cases run under: FlashInfer where this build has it and the
+// device is real (FlashInfer's kernels cannot run on the emulated device).
+std::vector<CudaAttentionImpl> Implementations() {
+  std::vector<CudaAttentionImpl> impls = {CudaAttentionImpl::kNative};
+#if !defined(ATTNSERVE_EMULATED_DEVICE)
+  if (FlashInferBuilt()) impls.push_back(CudaAttentionImpl::kFlashInfer);
+#endif
+  return impls;
 }
 
 #if defined(ATTNSERVE_EMULATED_DEVICE)
@@ -193,17 +209,25 @@ const DtypeCase kDtypes[] = {
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
 void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
 
-class CudaVsCpuTest : public ::testing::TestWithParam<std::tuple<GpuCase, DtypeCase>> {};
+class CudaVsCpuTest
+    : public ::testing::TestWithParam<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>> {};
 
 TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   SKIP_WITHOUT_GPU();
   const GpuCase& c = std::get<0>(GetParam());
   const DtypeCase& dt = std::get<1>(GetParam());
+  const CudaAttentionImpl impl = std::get<2>(GetParam());
+  if (impl == CudaAttentionImpl::kFlashInfer && dt.kv == DType::kF32) {
+    GTEST_SKIP() << "f32 pages run the native kernels under either implementation";
+  }
+  GpuBackend& backend = Gpu(impl);
+  if (backend.backend == nullptr) GTEST_FAIL() << backend.why_not;
+  const std::string impl_name = CudaAttentionImplName(impl);
   const uint64_t seed =
       std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
-  std::printf("[case] %s kv=%s seed=%" PRIu64 "\n", c.name.c_str(),
-              std::string(DTypeName(dt.kv)).c_str(), seed);
+  std::printf("[case] %s kv=%s impl=%s seed=%" PRIu64 "\n", c.name.c_str(),
+              std::string(DTypeName(dt.kv)).c_str(), impl_name.c_str(), seed);
   std::mt19937_64 rng(seed);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -212,7 +236,7 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   KvCacheConfig gpu_config{dt.kv, c.page_size, 4096, nullptr};
   KvCacheConfig cpu_config{dt.cpu_kv, c.page_size, 4096, nullptr};
   absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu =
-      Gpu().backend->CreateLayer(c.spec, *weights, gpu_config);
+      backend.backend->CreateLayer(c.spec, *weights, gpu_config);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu =
       (*cpu_backend)->CreateLayer(c.spec, *weights, cpu_config);
@@ -227,8 +251,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
     gpu_ids.push_back((*gpu)->CreateSequence());
     cpu_ids.push_back((*cpu)->CreateSequence());
   }
-  SummaryRow prefill{c.name, std::string(DTypeName(dt.kv)), "prefill", 0, 0.0, dt.bound};
-  SummaryRow decode{c.name, std::string(DTypeName(dt.kv)), "decode", 0, 0.0, dt.bound};
+  SummaryRow prefill{c.name, std::string(DTypeName(dt.kv)), impl_name, "prefill", 0, 0.0, dt.bound};
+  SummaryRow decode{c.name, std::string(DTypeName(dt.kv)), impl_name, "decode", 0, 0.0, dt.bound};
   auto compare = [&](const Tensor& g, const Tensor& r, SummaryRow& row, const std::string& what) {
     const double err = RelativeError(ToDoubles(g), ToDoubles(r));
     ++row.calls;
@@ -291,13 +315,16 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   Summary().push_back(decode);
 }
 
-std::string CaseName(const ::testing::TestParamInfo<std::tuple<GpuCase, DtypeCase>>& info) {
-  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv));
+std::string CaseName(
+    const ::testing::TestParamInfo<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>>& info) {
+  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv),
+                      "_", CudaAttentionImplName(std::get<2>(info.param)));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, CudaVsCpuTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
-                                            ::testing::ValuesIn(kDtypes)),
+                                            ::testing::ValuesIn(kDtypes),
+                                            ::testing::ValuesIn(Implementations())),
                          CaseName);
 
 TEST(CudaBackendContractTest, MlaIsUnimplemented) {
@@ -563,11 +590,29 @@ class SummaryPrinter : public ::testing::EmptyTestEventListener {
       return;
     }
     std::printf("\nCUDA vs CPU summary (%s)\n", Gpu().backend->device_description().c_str());
-    std::printf("%-30s %-5s %-8s %5s %12s %10s %s\n", "case", "kv", "phase", "calls", "worst_rel",
-                "bound", "result");
+    std::printf("%-30s %-5s %-10s %-8s %5s %12s %10s %s\n", "case", "kv", "impl", "phase",
+                "calls", "worst_rel", "bound", "result");
+    int flashinfer_rows = 0, flashinfer_failed = 0;
     for (const SummaryRow& r : Summary()) {
-      std::printf("%-30s %-5s %-8s %5d %12.3e %10.1e %s\n", r.name.c_str(), r.kv.c_str(),
-                  r.phase.c_str(), r.calls, r.worst, r.bound, r.worst <= r.bound ? "PASS" : "FAIL");
+      const bool pass = r.worst <= r.bound;  // NaN fails.
+      std::printf("%-30s %-5s %-10s %-8s %5d %12.3e %10.1e %s\n", r.name.c_str(), r.kv.c_str(),
+                  r.impl.c_str(), r.phase.c_str(), r.calls, r.worst, r.bound,
+                  pass ? "PASS" : "FAIL");
+      if (r.impl == "flashinfer") {
+        ++flashinfer_rows;
+        if (!pass) ++flashinfer_failed;
+      }
+    }
+    // A case that stopped before its summary rows (an ASSERT) is a failed test: count those too.
+    const int failed_tests = ::testing::UnitTest::GetInstance()->failed_test_count();
+    if (flashinfer_rows == 0) {
+      std::printf("flashinfer correct: no (no FlashInfer case ran)\n");
+    } else if (flashinfer_failed > 0 || failed_tests > 0) {
+      std::printf("flashinfer correct: no (%d of %d FlashInfer rows failed, %d tests failed)\n",
+                  flashinfer_failed, flashinfer_rows, failed_tests);
+    } else {
+      std::printf("flashinfer correct: yes (%d FlashInfer rows passed, no test failed)\n",
+                  flashinfer_rows);
     }
     std::fflush(stdout);
   }

@@ -194,6 +194,22 @@ TEST(ServerFlagsTest, KvPoolFractionIsRefusedOffTheCudaBackendAndOutOfRange) {
               ::testing::HasSubstr("--kv_pool_fraction = 1.5, must be 0 (unused) or in (0, 0.95]"));
 }
 
+// --cuda_attention picks the CUDA attention kernels: an unknown name, or a CUDA choice with
+// --backend=cpu, is refused at startup naming the flag.
+TEST(ServerFlagsTest, CudaAttentionIsCheckedAtStartup) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> unknown = ServerProcess::Start(
+      {"--backend=cpu", "--cuda_attention=triton", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()),
+              ::testing::HasSubstr("--cuda_attention = 'triton': must be native or flashinfer"));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> on_cpu = ServerProcess::Start(
+      {"--backend=cpu", "--cuda_attention=flashinfer", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(on_cpu.ok());
+  EXPECT_THAT(std::string(on_cpu.status().message()),
+              ::testing::HasSubstr("--cuda_attention = flashinfer chooses CUDA kernels, but "
+                                   "--backend = cpu"));
+}
+
 // Two servers on one port: with gRPC's default SO_REUSEPORT the second would bind it too and take
 // half of the connections. It must fail to start instead, exiting non-zero and naming the port.
 TEST_F(ServerTest, SecondServerOnATakenPortExitsNamingThePort) {

@@ -25,6 +25,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/runtime/cublas_api.h"
+#include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/cuda/runtime/device_memory.h"
 #include "kernels/cuda/layer/projection.h"
 #include "kernels/kv/sequence_table.h"
@@ -36,6 +37,8 @@ struct CudaContext {
   int multiprocessors = 0;
   const CublasApi* cublas = nullptr;
   std::shared_ptr<DeviceSlabPool> pool;
+  // FlashInfer for 16-bit pages where it has an instance; f32 pages always run the native kernels.
+  CudaAttentionImpl attention = CudaAttentionImpl::kNative;
 };
 
 class CudaGqaLayer : public AttentionLayer {

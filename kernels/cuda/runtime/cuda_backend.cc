@@ -24,11 +24,11 @@ class CudaBackend : public AttentionBackend {
   absl::string_view name() const override { return "cuda"; }
 
   std::string device_description() const override {
-    return absl::StrFormat("%s (sm_%d, %d SMs, %.1f GiB), KV pool %.2f GiB, %s", device_.name,
-                           device_.compute_capability, device_.multiprocessors,
+    return absl::StrFormat("%s (sm_%d, %d SMs, %.1f GiB), KV pool %.2f GiB, %s, attention %s",
+                           device_.name, device_.compute_capability, device_.multiprocessors,
                            device_.total_memory_bytes / double(1 << 30),
                            context_.pool->capacity_bytes() / double(1 << 30),
-                           context_.cublas->library);
+                           context_.cublas->library, CudaAttentionImplName(context_.attention));
   }
 
   int64_t kv_device_pool_bytes() const override { return context_.pool->capacity_bytes(); }
@@ -53,8 +53,21 @@ class CudaBackend : public AttentionBackend {
 
 }  // namespace
 
+bool FlashInferBuilt() {
+#if defined(ATTNSERVE_HAVE_FLASHINFER)
+  return true;
+#else
+  return false;
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
     const CudaBackendOptions& options) {
+  if (options.attention == CudaAttentionImpl::kFlashInfer && !FlashInferBuilt()) {
+    return absl::FailedPreconditionError(
+        "--cuda_attention = flashinfer: this build has no FlashInfer kernels (its headers were not "
+        "found when it was configured; deploy/setup.sh installs them into .venv)");
+  }
   absl::StatusOr<std::vector<CudaDeviceInfo>> devices = ListCudaDevices();
   if (!devices.ok()) return devices.status();
   if (options.device < 0 || options.device >= static_cast<int>(devices->size())) {
@@ -86,6 +99,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
   cuda::CudaContext context;
   context.device = options.device;
   context.multiprocessors = device.multiprocessors;
+  context.attention = options.attention;
   context.cublas = *cublas;
   context.pool = std::shared_ptr<cuda::DeviceSlabPool>(std::move(*pool));
   return std::make_unique<CudaBackend>(std::move(context), device);

@@ -9,9 +9,29 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 
 namespace attnserve {
+
+// Which kernels compute attention over 16-bit pages (f32 pages always use attnserve's own).
+enum class CudaAttentionImpl {
+  kNative,      // attnserve's kernels (kernels/cuda/attention/).
+  kFlashInfer,  // FlashInfer 0.5.3's paged decode and prefill (kernels/cuda/flashinfer/).
+};
+// "native" or "flashinfer" (inline: the server parses the flag without loading the CUDA module).
+inline absl::StatusOr<CudaAttentionImpl> ParseCudaAttentionImpl(absl::string_view name) {
+  if (name == "native") return CudaAttentionImpl::kNative;
+  if (name == "flashinfer") return CudaAttentionImpl::kFlashInfer;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--cuda_attention = '", name, "': must be native or flashinfer"));
+}
+inline const char* CudaAttentionImplName(CudaAttentionImpl impl) {
+  return impl == CudaAttentionImpl::kFlashInfer ? "flashinfer" : "native";
+}
+// True when this build compiled FlashInfer's kernels (its headers were found at configure time).
+bool FlashInferBuilt();
 
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal.
@@ -24,6 +44,8 @@ struct CudaBackendOptions {
   // Tests: fill the pool and every newly reserved page with NaN (0xFF bytes) and every workspace
   // output with NaN before each call, so reads of unwritten memory and unwritten outputs show.
   bool poison_for_testing = false;
+  // kFlashInfer in a build without FlashInfer fails at creation with FAILED_PRECONDITION.
+  CudaAttentionImpl attention = CudaAttentionImpl::kNative;
 };
 
 // UNAVAILABLE when there is no usable device or cuBLAS cannot be loaded (with the reason);
