@@ -130,6 +130,14 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
       !s.ok()) {
     return s;
   }
+  if (context_.attention == CudaAttentionImpl::kFlashInfer &&
+      FlashInferAttention::Serves(spec_, kv_config_)) {
+    absl::StatusOr<FlashInferAttention> flashinfer = FlashInferAttention::Create(
+        spec_, kv_config_, store_.page_bytes(), context_.pool->slab_bytes(),
+        context_.pool->capacity_bytes());
+    if (!flashinfer.ok()) return flashinfer.status();
+    flashinfer_ = *std::move(flashinfer);
+  }
   const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   if (rotary > 0) {
     // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64. Its cos/sin factor
@@ -219,6 +227,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
   if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
   if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
+  timer_.Begin();
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
   // An earlier failed call may have left a non-sticky error behind, which this call's launch
   // checks (cudaGetLastError) would report as their own: clear it. A sticky error (a kernel
@@ -240,7 +249,18 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
     return out.status();
   }
   for (const BatchSequence& seq : batch) sequences_.EvictOutsideWindow(*seq.table);
+  timer_.EndHost(LayerStage::kFinish);
   return out;
+}
+
+void CudaGqaLayer::EnableStageTiming(bool on) {
+  absl::MutexLock lock(&mu_);
+  timer_.Enable(on);
+}
+
+LayerCallStages CudaGqaLayer::last_call_stages() const {
+  absl::MutexLock lock(&mu_);
+  return timer_.last();
 }
 
 // Where one call's buffers sit. The workspace starts with the upload region (the input and the
@@ -248,11 +268,15 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
 // partials; the staging buffer holds the upload region and then the downloaded output.
 struct CudaGqaLayer::CallLayout {
   // Upload region.
-  Section x, positions, row_sequence, sequences, pages, items, item_begin;
+  Section x, positions, row_sequence, sequences, pages, items, item_begin, flashinfer_words;
   size_t upload_bytes = 0;
-  // Device only.
-  Section qkv, attn, attn16, out, partial_max, partial_sum, partial_acc;
+  // Device only. FlashInfer: qkv16 is q in the page dtype, flashinfer_scratch its split-KV
+  // partials.
+  Section qkv, attn, attn16, out, out_wire, partial_max, partial_sum, partial_acc, qkv16,
+      flashinfer_scratch;
   size_t device_bytes = 0;
+  DType wire = DType::kF32;  // The output's dtype: out_wire when 16-bit, else out (fp32).
+  const Section& download() const { return wire == DType::kF32 ? out : out_wire; }
 };
 
 absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
@@ -266,10 +290,18 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
       PlanBatch(batch, rows, positions, decode, PlanShape(),
                 [this](int32_t page) { return store_.PageOffset(page); });
   if (!plan.ok()) return plan.status();
-  const CallLayout layout = LayOut(*plan, rows, decode);
-  if (absl::Status s = Stage(hidden, *plan, layout); !s.ok()) return s;
-  absl::StatusOr<Tensor> out = Launch(*plan, layout, rows, decode);
-  if (!out.ok()) return out.status();
+  FlashInferCall fi;
+  if (flashinfer_.has_value()) {
+    absl::StatusOr<FlashInferAttention::CallPlan> call = flashinfer_->Plan(*plan, decode);
+    if (!call.ok()) return call.status();
+    fi = *std::move(call);
+  }
+  const CallLayout layout = LayOut(*plan, fi, rows, decode, hidden.dtype());
+  timer_.EndHost(LayerStage::kPlan);
+  if (absl::Status s = Stage(hidden, *plan, fi, layout); !s.ok()) return s;
+  timer_.EndHost(LayerStage::kStage);
+  absl::StatusOr<Tensor> out = Launch(*plan, fi, layout, rows, decode);
+  if (!out.ok() || out->dtype() == hidden.dtype()) return out;
   return out->CastTo(hidden.dtype());
 }
 
@@ -284,9 +316,11 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   return shape;
 }
 
-CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t rows,
-                                              bool decode) const {
+CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
+                                              int64_t rows, bool decode, DType wire) const {
   CallLayout l;
+  // 16-bit wire dtypes are produced on the device; anything else downloads fp32 (Compute casts).
+  l.wire = wire == DType::kF16 || wire == DType::kBF16 ? wire : DType::kF32;
   SectionLayout up;
   const size_t activation_bytes = DTypeSize(activation_);
   l.x = up.Add(activation_bytes * rows * spec_.d_model);
@@ -296,15 +330,21 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t row
   l.pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, plan.page_offsets.size()));
   l.items = up.Add(sizeof(WorkItem) * plan.items.size());
   l.item_begin = up.Add(sizeof(int) * plan.item_begin.size());
+  l.flashinfer_words = up.Add(fi.has_value() ? sizeof(int32_t) * fi->words.size() : 0);
   l.upload_bytes = up.total();
   SectionLayout dev = up;
   l.qkv = dev.Add(sizeof(float) * rows * qkv_width_);
-  l.attn = dev.Add(sizeof(float) * rows * q_width_);
+  l.attn = dev.Add(fi.has_value() ? 0 : sizeof(float) * rows * q_width_);  // Native only.
   // The attention output in the activation dtype, when the output projection reads 16-bit.
   l.attn16 = dev.Add(activation_ == DType::kF32 ? 0 : activation_bytes * rows * q_width_);
   l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
+  // The output in a 16-bit wire dtype, converted on the device: half the download, no host pass.
+  l.out_wire = dev.Add(l.wire == DType::kF32 ? 0 : DTypeSize(l.wire) * rows * spec_.d_model);
+  l.qkv16 = dev.Add(fi.has_value() ? activation_bytes * rows * qkv_width_ : 0);
+  l.flashinfer_scratch = dev.Add(fi.has_value() ? fi->scratch_bytes : 0);
+  // The native decode's split partials (none when FlashInfer computes the attention).
   const int64_t partial_rows =
-      decode ? static_cast<int64_t>(plan.items.size()) * spec_.num_heads : 0;
+      decode && !fi.has_value() ? static_cast<int64_t>(plan.items.size()) * spec_.num_heads : 0;
   l.partial_max = dev.Add(sizeof(float) * partial_rows);
   l.partial_sum = dev.Add(sizeof(float) * partial_rows);
   l.partial_acc = dev.Add(sizeof(float) * partial_rows * spec_.head_dim);
@@ -312,9 +352,11 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, int64_t row
   return l;
 }
 
-absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& l) {
+absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
+                                 const FlashInferCall& fi, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
-  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.out.bytes)); !s.ok()) {
+  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes));
+      !s.ok()) {
     return s;
   }
   std::byte* host = staging_.data();
@@ -333,18 +375,18 @@ absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan, co
   if (!plan.page_offsets.empty()) put(l.pages, plan.page_offsets.data());
   put(l.items, plan.items.data());
   put(l.item_begin, plan.item_begin.data());
+  if (fi.has_value()) put(l.flashinfer_words, fi->words.data());
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLayout& l,
-                                            int64_t rows, bool decode) {
-  const int heads = spec_.num_heads, head_dim = spec_.head_dim;
-  const BatchPlanShape shape = PlanShape();
+absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashInferCall& fi,
+                                            const CallLayout& l, int64_t rows, bool decode) {
   std::byte* host = staging_.data();
   auto* device = static_cast<std::byte*>(workspace_.data());
   auto dptr = [&](const Section& section) { return device + section.offset; };
   auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
 
+  timer_.StartDevice(stream_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(device, host, l.upload_bytes, cudaMemcpyHostToDevice, stream_),
       "uploading the batch");
@@ -353,6 +395,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
                                    "poisoning the workspace");
   }
+  timer_.EndDevice(LayerStage::kUpload, stream_);
   // qkv[rows, q | k | v] = x . [Wq; Wk; Wv]^T (+ bias)
   const int m_rows = static_cast<int>(rows);
   if (absl::Status s =
@@ -360,67 +403,37 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
       !s.ok()) {
     return s;
   }
-  PagedKv kv;
-  kv.pool = store_.pool_base();
-  kv.page_offsets = reinterpret_cast<const int64_t*>(dptr(l.pages));
-  kv.page_size = kv_config_.page_size;
-  kv.num_kv_heads = spec_.num_kv_heads;
-  kv.head_dim = head_dim;
-  const auto* d_descs = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
-
+  timer_.EndDevice(LayerStage::kQkvGemm, stream_);
   // RoPE(q, k) at the plan's positions; k, v -> pages.
   RopeAppendParams rope;
   rope.qkv = fptr(l.qkv);
   rope.qkv_stride = qkv_width_;
   rope.positions = reinterpret_cast<const int64_t*>(dptr(l.positions));
   rope.row_sequence = reinterpret_cast<const int*>(dptr(l.row_sequence));
-  rope.sequences = d_descs;
+  rope.sequences = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
   rope.inv_freq = static_cast<const double*>(inv_freq_.data());
   rope.rows = m_rows;
-  rope.num_heads = heads;
+  rope.num_heads = spec_.num_heads;
   rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
   rope.kv_type = ToKvType(kv_config_.storage.element);
-  rope.kv = kv;
+  rope.kv = PagedView(l);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
+  timer_.EndDevice(LayerStage::kRopeAppend, stream_);
 
-  // attn[rows, heads * head_dim]: one block per work item of the plan.
-  AttentionParams attn;
-  attn.q = fptr(l.qkv);
-  attn.q_stride = qkv_width_;
-  attn.out = fptr(l.attn);
-  attn.num_heads = heads;
-  attn.group = shape.group;
-  attn.scale = EffectiveSoftmaxScale(spec_);
-  attn.mask = shape.mask;
-  attn.kv = kv;
-  attn.sequences = d_descs;
-  attn.batch = static_cast<int>(plan.sequences.size());
-  attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
-  attn.num_items = static_cast<int>(plan.items.size());
-  if (decode) {
-    attn.partial_max = fptr(l.partial_max);
-    attn.partial_sum = fptr(l.partial_sum);
-    attn.partial_acc = fptr(l.partial_acc);
-    attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
-    if (absl::Status s = RunDecodeAttention(kv_config_.storage.element, head_dim, attn,
-                                            shape.decode_row_blocks, stream_);
-        !s.ok()) {
-      return s;
-    }
-  } else if (absl::Status s =
-                 RunPrefillAttention(kv_config_.storage.element, head_dim, attn, stream_);
-             !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = RunAttention(plan, fi, l, rows, decode); !s.ok()) return s;
+  timer_.EndDevice(LayerStage::kAttention, stream_);
 
-  // out[rows, d_model] = attn . Wo^T (+ bias)
+  // out[rows, d_model] = attn . Wo^T (+ bias), from attn16 when the projection reads 16-bit (the
+  // native kernels write fp32 attn, converted here; FlashInfer writes attn16 itself).
   const void* attn_in = fptr(l.attn);
   if (activation_ != DType::kF32) {
-    ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        LaunchConvertFloats(fptr(l.attn), ToKvType(activation_), dptr(l.attn16),
-                            int64_t{rows} * q_width_, stream_),
-        "attention output to the activation dtype");
+    if (!fi.has_value()) {
+      ATTNSERVE_CUDA_RETURN_IF_ERROR(
+          LaunchConvertFloats(fptr(l.attn), ToKvType(activation_), dptr(l.attn16),
+                              int64_t{rows} * q_width_, stream_),
+          "attention output to the activation dtype");
+    }
     attn_in = dptr(l.attn16);
   }
   if (absl::Status s =
@@ -428,15 +441,76 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const CallLay
       !s.ok()) {
     return s;
   }
+  if (l.wire != DType::kF32) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(l.out), ToKvType(l.wire), dptr(l.out_wire),
+                            int64_t{rows} * spec_.d_model, stream_),
+        "output to the wire dtype");
+  }
+  timer_.EndDevice(LayerStage::kOutGemm, stream_);
+  const Section& download = l.download();
   std::byte* host_out = host + l.upload_bytes;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host_out, dptr(l.out), l.out.bytes, cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(host_out, dptr(download), download.bytes, cudaMemcpyDeviceToHost, stream_),
       "downloading the output");
+  timer_.EndDevice(LayerStage::kDownload, stream_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "running the batch");
+  timer_.Collect();
 
-  Tensor out(DType::kF32, {rows, spec_.d_model});
-  std::memcpy(out.data(), host_out, l.out.bytes);
+  Tensor out(l.wire, {rows, spec_.d_model});
+  std::memcpy(out.data(), host_out, download.bytes);
   return out;
+}
+
+PagedKv CudaGqaLayer::PagedView(const CallLayout& l) const {
+  PagedKv kv;
+  kv.pool = store_.pool_base();
+  kv.page_offsets = reinterpret_cast<const int64_t*>(
+      static_cast<std::byte*>(workspace_.data()) + l.pages.offset);
+  kv.page_size = kv_config_.page_size;
+  kv.num_kv_heads = spec_.num_kv_heads;
+  kv.head_dim = spec_.head_dim;
+  return kv;
+}
+
+absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferCall& fi,
+                                        const CallLayout& l, int64_t rows, bool decode) {
+  auto* device = static_cast<std::byte*>(workspace_.data());
+  auto dptr = [&](const Section& section) { return device + section.offset; };
+  auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
+  if (fi.has_value()) {
+    // q in the page dtype for FlashInfer (the whole fused row: one contiguous conversion), then
+    // its output straight into the output projection's 16-bit input.
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(l.qkv), ToKvType(kv_config_.storage.element), dptr(l.qkv16),
+                            int64_t{rows} * qkv_width_, stream_),
+        "q to the page dtype");
+    return flashinfer_->Launch(*fi, reinterpret_cast<const int32_t*>(dptr(l.flashinfer_words)),
+                               store_.pool_base(), dptr(l.qkv16), qkv_width_, dptr(l.attn16),
+                               dptr(l.flashinfer_scratch), stream_);
+  }
+  // attn[rows, heads * head_dim]: one block per work item of the plan.
+  const BatchPlanShape shape = PlanShape();
+  AttentionParams attn;
+  attn.q = fptr(l.qkv);
+  attn.q_stride = qkv_width_;
+  attn.out = fptr(l.attn);
+  attn.num_heads = spec_.num_heads;
+  attn.group = shape.group;
+  attn.scale = EffectiveSoftmaxScale(spec_);
+  attn.mask = shape.mask;
+  attn.kv = PagedView(l);
+  attn.sequences = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
+  attn.batch = static_cast<int>(plan.sequences.size());
+  attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
+  attn.num_items = static_cast<int>(plan.items.size());
+  if (!decode) return RunPrefillAttention(kv_config_.storage.element, spec_.head_dim, attn, stream_);
+  attn.partial_max = fptr(l.partial_max);
+  attn.partial_sum = fptr(l.partial_sum);
+  attn.partial_acc = fptr(l.partial_acc);
+  attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
+  return RunDecodeAttention(kv_config_.storage.element, spec_.head_dim, attn,
+                            shape.decode_row_blocks, stream_);
 }
 
 }  // namespace attnserve::cuda

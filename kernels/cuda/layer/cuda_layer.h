@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -27,7 +28,9 @@
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/cuda/runtime/device_memory.h"
+#include "kernels/cuda/layer/flashinfer_attention.h"
 #include "kernels/cuda/layer/projection.h"
+#include "kernels/cuda/layer/stage_timer.h"
 #include "kernels/kv/sequence_table.h"
 
 namespace attnserve::cuda {
@@ -80,15 +83,33 @@ class CudaGqaLayer : public AttentionLayer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
   BatchPlanShape PlanShape() const;
-  CallLayout LayOut(const BatchPlan& plan, int64_t rows, bool decode) const;
+  // `fi`: the FlashInfer side of the call when FlashInfer computes the attention.
+  using FlashInferCall = std::optional<FlashInferAttention::CallPlan>;
+  // `wire`: the caller's dtype, which the output is converted to on the device and downloaded in.
+  CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
+                    DType wire) const;
   // Sizes the workspace and staging buffers and writes the input and the plan into staging.
-  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const CallLayout& layout)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const FlashInferCall& fi,
+                     const CallLayout& layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Upload, qkv projection, RoPE + KV append, attention, output projection, download and
-  // synchronise; returns the fp32 output [rows, d_model].
-  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const CallLayout& layout, int64_t rows,
-                                bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // synchronise; returns the output [rows, d_model] in the wire dtype.
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const FlashInferCall& fi,
+                                const CallLayout& layout, int64_t rows, bool decode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The attention step alone: the native kernels, or FlashInfer's when `fi` is set.
+  absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
+                            int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitPages(absl::Span<const int32_t> pages);
+
+ public:
+  // Per-stage times of each call from now on (attnserve_cuda_bench); last_call_stages() reads
+  // the last call's.
+  void EnableStageTiming(bool on);
+  LayerCallStages last_call_stages() const;
+
+ private:
+  // The native kernels' view of the pages, with this call's page table.
+  PagedKv PagedView(const CallLayout& layout) const;
 
   const LayerSpec spec_;
   const KvCacheConfig kv_config_;
@@ -107,9 +128,13 @@ class CudaGqaLayer : public AttentionLayer {
   cublasHandle_t cublas_ = nullptr;
   Projection qkv_proj_;  // [Wq; Wk; Wv] stacked: q, k and v side by side in each row.
   Projection o_proj_;
+  // Set when FlashInfer computes this layer's attention (--cuda_attention=flashinfer and
+  // FlashInferAttention::Serves); else the native kernels do.
+  std::optional<FlashInferAttention> flashinfer_;
   DeviceBuffer inv_freq_;   // RoPE frequencies (fp64).
   DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
   PinnedBuffer staging_;    // Host side of the upload and of the output.
+  StageTimer timer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::cuda

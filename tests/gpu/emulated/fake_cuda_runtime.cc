@@ -5,6 +5,7 @@
 // cudart, never alongside it.
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -101,6 +102,29 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int /*flags
 
 cudaError_t cudaStreamDestroy(cudaStream_t /*stream*/) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return cudaSuccess; }
+
+// Events: the host clock at record time (streams are synchronous here), for the layer's stage
+// timer (kernels/cuda/layer/stage_timer.h).
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = reinterpret_cast<cudaEvent_t>(new std::chrono::steady_clock::time_point());
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t /*stream*/) {
+  *reinterpret_cast<std::chrono::steady_clock::time_point*>(event) =
+      std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = std::chrono::duration<float, std::milli>(
+            *reinterpret_cast<std::chrono::steady_clock::time_point*>(end) -
+            *reinterpret_cast<std::chrono::steady_clock::time_point*>(start))
+            .count();
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError(void) {
   const cudaError_t error = last_error;
