@@ -23,7 +23,7 @@ void ExpectValidPlan(const FlashInferPrefillPlan& plan, const Sequences& sequenc
                      int group_size) {
   const int batch = static_cast<int>(sequences.size());
   ASSERT_EQ(plan.batch, batch);
-  ASSERT_TRUE(plan.cta_tile_q == 16 || plan.cta_tile_q == 64 || plan.cta_tile_q == 128);
+  ASSERT_TRUE(plan.cta_tile_q == 64 || plan.cta_tile_q == 128);
   // Arrays inside `packed`, 16-byte aligned, not overlapping, in the documented order.
   for (int offset : {plan.request_indices_offset, plan.qo_tile_indices_offset,
                      plan.kv_tile_indices_offset, plan.o_indptr_offset}) {
@@ -83,15 +83,16 @@ void ExpectValidPlan(const FlashInferPrefillPlan& plan, const Sequences& sequenc
 }
 
 TEST(FlashInferPrefillPlanTest, CtaTileFollowsFlashInfersRule) {
-  // FA2DetermineCtaTileQ on sm80+: > 64 packed rows -> 128 (not for head dim 256), > 16 -> 64.
-  EXPECT_EQ(FlashInferPrefillCtaTileQ(1, 128), 16);
-  EXPECT_EQ(FlashInferPrefillCtaTileQ(16, 128), 16);
+  // FA2DetermineCtaTileQ on sm80+: > 64 packed rows -> 128 (not for head dim 256), else 64 (its
+  // 16-row tile for <= 16 rows is not built and folds into 64).
+  EXPECT_EQ(FlashInferPrefillCtaTileQ(1, 128), 64);
+  EXPECT_EQ(FlashInferPrefillCtaTileQ(16, 128), 64);
   EXPECT_EQ(FlashInferPrefillCtaTileQ(17, 128), 64);
   EXPECT_EQ(FlashInferPrefillCtaTileQ(64, 64), 64);
   EXPECT_EQ(FlashInferPrefillCtaTileQ(65, 64), 128);
   EXPECT_EQ(FlashInferPrefillCtaTileQ(65, 128), 128);
   EXPECT_EQ(FlashInferPrefillCtaTileQ(5000, 256), 64);
-  EXPECT_EQ(FlashInferPrefillCtaTileQ(16, 256), 16);
+  EXPECT_EQ(FlashInferPrefillCtaTileQ(16, 256), 64);
 }
 
 TEST(FlashInferPrefillPlanTest, TileSizedByAveragePackedLength) {
@@ -127,10 +128,11 @@ TEST(FlashInferPrefillPlanTest, RaggedBatchesCoverEveryRowOnce) {
 }
 
 TEST(FlashInferPrefillPlanTest, DecodeThroughPrefill) {
-  // qo_len 1 everywhere: group 4 packs 4 rows (tile 16, one block each); MQA with 32 heads packs
-  // 32 rows (tile 64, still one block per sequence).
+  // qo_len 1 everywhere: 1 to 64 packed rows per sequence (MQA with 32 heads packs 32), one
+  // 64-row block per sequence; group 65 takes the 128-row tile.
   const Sequences decode = {{1, 1}, {1, 15}, {1, 16}, {1, 17}, {1, 200}, {1, 1000}};
-  for (const auto& [group, tile] : std::vector<std::pair<int, int>>{{1, 16}, {4, 16}, {32, 64}}) {
+  for (const auto& [group, tile] :
+       std::vector<std::pair<int, int>>{{1, 64}, {4, 64}, {32, 64}, {64, 64}, {65, 128}}) {
     SCOPED_TRACE(group);
     const std::optional<FlashInferPrefillPlan> plan = PlanFlashInferPrefill(decode, group, 128);
     ASSERT_TRUE(plan.has_value());

@@ -19,10 +19,10 @@ int AlignTo16Bytes(size_t elements) {
 }  // namespace
 
 int FlashInferPrefillCtaTileQ(int64_t avg_packed_qo_len, int head_dim) {
-  // FA2DetermineCtaTileQ (flashinfer/utils.cuh) on sm80 and later; CUDA_ARCHITECTURES are 80;90.
+  // FA2DetermineCtaTileQ (flashinfer/utils.cuh) on sm80 and later (CUDA_ARCHITECTURES are 80;90),
+  // its 16-row tile folded into 64 (see the header).
   if (avg_packed_qo_len > 64 && head_dim < 256) return 128;
-  if (avg_packed_qo_len > 16) return 64;
-  return 16;
+  return 64;
 }
 
 std::optional<FlashInferPrefillPlan> PlanFlashInferPrefill(

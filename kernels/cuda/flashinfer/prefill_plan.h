@@ -33,13 +33,17 @@ struct FlashInferPrefillSequence {
   int kv_len = 0;
 };
 
-// FlashInfer's FA2DetermineCtaTileQ for compute capability >= 8.0 (128 rows for long packed
-// queries unless head_dim is 256, 64 for medium, 16 for short), limited to the tiles instantiated
-// in paged_prefill_*.cu: 16, 64 and 128.
+// FlashInfer's FA2DetermineCtaTileQ for compute capability >= 8.0 (128 rows when the average
+// packed query length exceeds 64, unless head_dim is 256; otherwise 64), limited to the tiles
+// instantiated in paged_prefill_*.cu. FlashInfer would take 16 rows for at most 16 packed rows;
+// that tile is not built (it would add half again to the FlashInfer build on CI's 2-core
+// machine, docs/building.md), so such calls run on 64-row tiles, a quarter of them used: short
+// chunks and decode through prefill with groups up to 16 (groups 1-8 decode on FlashInfer's
+// decode kernel instead).
 int FlashInferPrefillCtaTileQ(int64_t avg_packed_qo_len, int head_dim);
 
 struct FlashInferPrefillPlan {
-  int cta_tile_q = 0;         // Packed rows per block: 16, 64 or 128.
+  int cta_tile_q = 0;         // Packed rows per block: 64 or 128.
   int padded_batch_size = 0;  // Blocks along grid.x: the (sequence, query tile) pairs.
   int batch = 0;
   int total_rows = 0;     // Query rows of the call: the sum of qo_len.
