@@ -376,6 +376,12 @@ TEST(FlashInferPrefillShapes, UnsupportedShapesAreRefused) {
   bad.q_stride_row = 8 * 256 - 1;  // Narrower than the heads.
   EXPECT_EQ(FlashInferPrefill(bad, 0), cudaErrorInvalidValue);
   bad = args;
+  bad.q_stride_row = 8 * 256 + 4;  // Rows not 16-byte aligned.
+  EXPECT_EQ(FlashInferPrefill(bad, 0), cudaErrorInvalidValue);
+  bad = args;
+  bad.kv.page_stride_elements = 2 * 2 * 16 * 256 + 4;  // Pages not 16-byte aligned.
+  EXPECT_EQ(FlashInferPrefill(bad, 0), cudaErrorInvalidValue);
+  bad = args;
   bad.kv.page_stride_elements = int64_t{1} << 32;  // Beyond paged_kv_t's uint32 stride.
   EXPECT_EQ(FlashInferPrefill(bad, 0), cudaErrorInvalidValue);
   bad = args;

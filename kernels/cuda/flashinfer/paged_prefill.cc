@@ -38,8 +38,12 @@ cudaError_t FlashInferPrefill(const FlashInferPrefillArgs& args, cudaStream_t st
       !FlashInferPrefillSupports(kv.kv_type, kv.head_dim, args.num_heads / kv.num_kv_heads)) {
     return cudaErrorInvalidValue;
   }
-  // FlashInfer holds the page stride in uint32 and the query row stride in int32.
-  if (kv.page_stride_elements <= 0 ||
+  // FlashInfer holds the page stride in uint32 and the query row stride in int32, and copies q,
+  // K and V rows to shared memory 16 bytes (8 elements) at a time, so both strides are multiples
+  // of 8 elements.
+  constexpr int64_t kElementsPer16Bytes = 8;
+  if (kv.page_stride_elements <= 0 || kv.page_stride_elements % kElementsPer16Bytes != 0 ||
+      args.q_stride_row % kElementsPer16Bytes != 0 ||
       kv.page_stride_elements > std::numeric_limits<uint32_t>::max() ||
       args.q_stride_row < int64_t{args.num_heads} * kv.head_dim ||
       args.q_stride_row > std::numeric_limits<int32_t>::max() || args.schedule.packed == nullptr ||

@@ -62,7 +62,8 @@ struct FlashInferPrefillArgs {
   int num_heads = 0;   // Query heads; num_heads / kv.num_kv_heads is the GQA group.
   int batch = 0;       // Sequences: the plan's batch, kv.indptr's size - 1.
   // Query row r, head h at q + r * q_stride_row + h * head_dim (kv_type elements); q_stride_row
-  // >= num_heads * head_dim and fits int32.
+  // >= num_heads * head_dim, a multiple of 8 (16-byte copies) and fits int32. Likewise
+  // kv.page_stride_elements is a multiple of 8, and q, out and kv.pool are 16-byte aligned.
   const void* q = nullptr;
   int64_t q_stride_row = 0;
   // [batch + 1] first query row of each sequence, on the device; rows in sequence order, so the
