@@ -17,11 +17,12 @@ BUILD="${1:-${ROOT}/build-gpu-bundle}"
 cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
   -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
 ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench attention_kernel_bench
-# FlashInfer's decode adapter test, where deploy/setup.sh installed FlashInfer's headers.
+# FlashInfer's decode and prefill adapter tests, where deploy/setup.sh installed FlashInfer's
+# headers.
 extra_bins=()
 if ninja -C "${BUILD}" -t targets all | grep -q '^flashinfer_decode_test:'; then
-  ninja -C "${BUILD}" -j2 flashinfer_decode_test
-  extra_bins+=(tests/gpu/flashinfer_decode_test)
+  ninja -C "${BUILD}" -j2 flashinfer_decode_test flashinfer_prefill_test
+  extra_bins+=(tests/gpu/flashinfer_decode_test tests/gpu/flashinfer_prefill_test)
 fi
 OUT="${ROOT}/.gpu-bundle"
 rm -rf "${OUT}"

@@ -82,6 +82,17 @@ if [[ -x "${BUNDLE}/flashinfer_decode_test" ]]; then
   grep -E "^\[flashinfer\]|FAILED|Failure|SKIPPED|PASSED" "${LOGS}/flashinfer_test.txt" | head -60
   if grep -q "^FlashInfer decode: SKIPPED" "${LOGS}/flashinfer_test.txt"; then status=3; fi
 fi
+if [[ -x "${BUNDLE}/flashinfer_prefill_test" ]]; then
+  # FlashInfer's prefill kernel over our pages against float64 (not yet used by the layer).
+  echo "== FlashInfer prefill adapter =="
+  "${BUNDLE}/flashinfer_prefill_test" >"${LOGS}/flashinfer_prefill_test.txt" 2>&1 || status=1
+  # A failing case's seed is in the log, on the "[case]" line before its result.
+  grep -E "^\[flashinfer prefill\]|FAILED|Failure|SKIPPED|PASSED" \
+    "${LOGS}/flashinfer_prefill_test.txt" | head -80
+  if grep -q "^FlashInfer prefill: SKIPPED" "${LOGS}/flashinfer_prefill_test.txt"; then
+    status=3
+  fi
+fi
 echo "== GPU tests (CUDA vs CPU engine) =="
 "${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
 # Failures first (if any), then the summary table, printed last.

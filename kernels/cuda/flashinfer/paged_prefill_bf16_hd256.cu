@@ -1,0 +1,9 @@
+// FlashInfer prefill instances for bf16 pages, head dim 256 (see paged_prefill_launch.cuh).
+#include "kernels/cuda/flashinfer/paged_prefill_launch.cuh"
+
+namespace attnserve::cuda {
+
+template cudaError_t LaunchFlashInferPrefillInstance<KvType::kBF16, 256>(
+    const FlashInferPrefillArgs& args, cudaStream_t stream);
+
+}  // namespace attnserve::cuda
