@@ -160,7 +160,7 @@ AttentionParams MakeAttentionParams(PagedBatch& batch, const std::vector<float>&
 }
 
 std::vector<double> ReferenceAttention(const PagedBatch& batch, const float* q, int64_t q_stride,
-                                       int heads, int group, double scale) {
+                                       int heads, int group, double scale, double soft_cap) {
   const int d = batch.head_dim;
   std::vector<double> expected(static_cast<size_t>(batch.rows) * heads * d);
   for (size_t b = 0; b < batch.sequences.size(); ++b) {
@@ -179,7 +179,8 @@ std::vector<double> ReferenceAttention(const PagedBatch& batch, const float* q, 
           double dot = 0.0;
           for (int e = 0; e < d; ++e)
             dot += double{q[row * q_stride + head * d + e]} * keys[j][h * d + e];
-          score.push_back(dot * scale);
+          score.push_back(soft_cap > 0.0 ? soft_cap * std::tanh(dot * scale / soft_cap)
+                                         : dot * scale);
           max_score = std::max(max_score, score.back());
         }
         double sum = 0.0;

@@ -86,9 +86,10 @@ AttentionParams MakeAttentionParams(PagedBatch& batch, const std::vector<float>&
 // Float64 attention of every new token of `batch` over its stored keys and values: query head
 // `head` of row r at q[r * q_stride + head * head_dim], of KV head head / group, under batch.mask.
 // Returns [batch.rows, heads, head_dim] with row = first_row + t, as the kernels write it, so any
-// row order of batch.sequences (decode's reversed one) carries over.
+// row order of batch.sequences (decode's reversed one) carries over. soft_cap > 0 caps each
+// score s to soft_cap * tanh(s / soft_cap) (Gemma 2's logit soft-cap).
 std::vector<double> ReferenceAttention(const PagedBatch& batch, const float* q, int64_t q_stride,
-                                       int heads, int group, double scale);
+                                       int heads, int group, double scale, double soft_cap = 0.0);
 
 struct OutputError {
   double relative;    // ||actual - expected||_2 / ||expected||_2.

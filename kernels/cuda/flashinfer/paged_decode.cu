@@ -160,6 +160,7 @@ bool FlashInferDecodeSupports(KvType kv_type, int head_dim, int group_size) {
 
 cudaError_t FlashInferDecodeGridBudget(KvType kv_type, int head_dim, int group_size,
                                        bool soft_cap, int* budget) {
+  if (!FlashInferDecodeSupports(kv_type, head_dim, group_size)) return cudaErrorInvalidValue;
   int device = 0, multiprocessors = 0, blocks_per_sm = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) {
