@@ -42,7 +42,9 @@ absl::StatusOr<FlashInferDecodeTiming> TimeFlashInferDecode(const FlashInferDeco
                                                             cudaStream_t stream) {
   const int group = in.heads / in.kv_heads;
   if (!cuda::FlashInferDecodeSupports(in.kv_type, in.head_dim, group)) {
-    return absl::InvalidArgumentError("no FlashInfer decode instance for this shape");
+    return absl::UnimplementedError(
+        absl::StrCat("no FlashInfer decode instance for group ", group, " head_dim ",
+                     in.head_dim, " (FlashInfer runs such groups with its prefill kernel)"));
   }
   const int64_t elem = 2;
   const int64_t page_bytes = int64_t{2} * in.kv_heads * in.page_size * in.head_dim * elem;

@@ -45,6 +45,7 @@ using MedianMsFn =
 
 // Plans (budget from the device, leading pages outside the window left out, as the layer will),
 // uploads, times FlashInferDecode with `median_ms` on `stream`, then checks every output is finite.
+// Unimplemented where FlashInfer's decode has no instance (GQA groups other than 1, 2, 3, 4, 8).
 absl::StatusOr<FlashInferDecodeTiming> TimeFlashInferDecode(const FlashInferDecodeInputs& in,
                                                             const MedianMsFn& median_ms,
                                                             cudaStream_t stream);

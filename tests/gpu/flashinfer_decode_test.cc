@@ -158,9 +158,6 @@ void RunCase(const DecodeCase& c) {
   if (c.expect_split >= 0) {
     ASSERT_EQ(plan.info.split_kv, c.expect_split == 1);
   }
-  std::printf("[flashinfer] %s: budget %d, %s, %d items of %d pages\n", CaseName(c).c_str(),
-              shape.grid_budget, plan.info.split_kv ? "split" : "not split",
-              plan.info.padded_batch_size, plan.info.kv_chunk_pages);
 
   // The pool shifted by pool_shift bytes; the shift itself is NaN too.
   std::vector<uint8_t> pool_bytes(c.pool_shift + batch.pool.size() * sizeof(uint32_t), 0xFF);
@@ -221,8 +218,9 @@ void RunCase(const DecodeCase& c) {
     }
   }
   const emulation::OutputError error = CompareWithReference(actual, expected);
-  std::printf("[flashinfer] %-40s rel err %.2e (bound %.0e)\n", CaseName(c).c_str(),
-              error.relative, Tolerance(c.type));
+  std::printf("[flashinfer] %-44s rel err %.2e (bound %.0e); budget %d, %s: %d items\n",
+              CaseName(c).c_str(), error.relative, Tolerance(c.type), shape.grid_budget,
+              plan.info.split_kv ? "split" : "not split", plan.info.padded_batch_size);
   EXPECT_EQ(error.nan_count, 0);
   EXPECT_LE(error.relative, Tolerance(c.type));
 }
