@@ -20,6 +20,11 @@
 // 4 * head_dim per (query head, query token, visible key), causal and sliding-window masks counted
 // exactly (masked pairs are not work).
 //
+// Where FlashInfer's headers were found at build time (ATTNSERVE_BENCH_FLASHINFER), every bf16/f16
+// decode case also times FlashInfer's paged decode (tests/gpu/flashinfer_decode_bench.h) on the
+// same pages and q values (rounded to the page type), same timing, same KV byte count; its row
+// follows ours with its time over ours.
+//
 // --csv writes every measured row (ceilings included) for tests/gpu/torch_peer_bench.py --ours.
 // Without a usable device it prints "no usable CUDA device, benchmark skipped: <reason>" and
 // exits 0. Exit 1 when a measurement failed.
@@ -48,6 +53,9 @@
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/core/dtype.h"
 #include "tests/gpu/bench_device_kernels.h"
+#if ATTNSERVE_BENCH_FLASHINFER
+#include "tests/gpu/flashinfer_decode_bench.h"
+#endif
 
 namespace attnserve {
 namespace {
@@ -61,6 +69,8 @@ using cuda::WorkItem;
 
 // DefaultPageSize for GQA, MHA and MQA (kernels/spec/layer_spec.cc).
 constexpr int kPageSize = 16;
+// Seed of the q fill (FlashInfer's 16-bit q reuses it: the same values, rounded).
+constexpr uint64_t kQuerySeed = 0x0123;
 
 #define BENCH_RETURN_IF_ERROR(expr)                    \
   do {                                                 \
@@ -347,10 +357,11 @@ class AttentionSetup {
     const int64_t q_stride = int64_t{s.heads + 2 * s.kv_heads} * s.head_dim;  // Fused qkv rows.
     BENCH_RETURN_IF_ERROR(q_.Allocate(sizeof(float) * rows * q_stride, "q"));
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        bench::LaunchFillUniform(q_.get(), KvType::kF32, rows * q_stride, 0x0123, 1.0f, stream),
+        bench::LaunchFillUniform(q_.get(), KvType::kF32, rows * q_stride, kQuerySeed, 1.0f, stream),
         "filling q");
     BENCH_RETURN_IF_ERROR(out_.Allocate(sizeof(float) * out_count_, "output"));
     BENCH_RETURN_IF_ERROR(page_table_.Upload(page_offsets, "page table"));
+    page_offsets_ = page_offsets;
     BENCH_RETURN_IF_ERROR(sequences_.Upload(descs, "sequences"));
     BENCH_RETURN_IF_ERROR(items_.Upload(items, "work items"));
     BENCH_RETURN_IF_ERROR(item_begin_.Upload(item_begin, "item_begin"));
@@ -389,6 +400,8 @@ class AttentionSetup {
   }
 
   const AttentionParams& params() const { return params_; }
+  void* pool() const { return pool_.get(); }
+  const std::vector<int64_t>& page_offsets() const { return page_offsets_; }
   int row_blocks() const { return row_blocks_; }
   int num_items() const { return num_items_; }
   double work() const { return work_; }
@@ -410,6 +423,7 @@ class AttentionSetup {
 
  private:
   DeviceMem pool_, q_, out_, page_table_, sequences_, items_, item_begin_, pmax_, psum_, pacc_;
+  std::vector<int64_t> page_offsets_;  // Bytes from the pool base, sequence-major.
   AttentionParams params_;
   int row_blocks_ = 1;
   int num_items_ = 0;
@@ -453,6 +467,47 @@ absl::StatusOr<Row> RunAttentionCase(const Case& c, bool decode, const DeviceInf
   row.work = setup.work();
   return row;
 }
+
+#if ATTNSERVE_BENCH_FLASHINFER
+// FlashInfer's paged decode on the inputs RunAttentionCase builds for `c` (the same seeds: same
+// pages in the same order, same q values rounded to the page type), timed by the same timer.
+absl::StatusOr<Row> RunFlashInferDecodeCase(const Case& c, const DeviceInfo& device,
+                                            const Timer& timer) {
+  AttentionSetup setup;
+  BENCH_RETURN_IF_ERROR(setup.Build(c, /*decode=*/true, device, timer.stream));
+  bench::FlashInferDecodeInputs in;
+  in.kv_type = cuda::ToKvType(c.shape.dtype);
+  in.heads = c.shape.heads;
+  in.kv_heads = c.shape.kv_heads;
+  in.head_dim = c.shape.head_dim;
+  in.page_size = kPageSize;
+  in.batch = c.batch;
+  in.tokens = c.tokens;
+  in.window = c.window;
+  in.pool = setup.pool();
+  in.page_offsets = &setup.page_offsets();
+  in.q_stride = setup.params().q_stride;
+  in.q_seed = kQuerySeed;
+  absl::StatusOr<bench::FlashInferDecodeTiming> t = bench::TimeFlashInferDecode(
+      in, [&](const std::function<absl::Status()>& launch) { return timer.MedianMs(launch); },
+      timer.stream);
+  if (!t.ok()) return t.status();
+  Row row;
+  row.kind = "flashinfer_decode";
+  row.name = c.shape.name;
+  row.dtype = std::string(DTypeName(c.shape.dtype));
+  row.heads = c.shape.heads;
+  row.kv_heads = c.shape.kv_heads;
+  row.head_dim = c.shape.head_dim;
+  row.batch = c.batch;
+  row.tokens = c.tokens;
+  row.window = c.window;
+  row.items = t->items;
+  row.ms = t->ms;
+  row.work = setup.work();  // The same KV bytes as ours.
+  return row;
+}
+#endif
 
 // ---- Ceilings -----------------------------------------------------------------------------------
 
@@ -687,8 +742,15 @@ int Run(const Options& options) {
   std::printf(
       "\ndecode: RunDecodeAttention (split-KV kernel + combine); KV bytes = visible keys x"
       " KV heads x (K + V) x head_dim x element size\n");
-  std::printf("%-20s %4s %5s %6s %6s %5s %9s %8s %8s %8s %8s\n", "case", "kv", "batch", "ctx",
-              "window", "items", "ms", "KV MiB", "TB/s", "of read", "of copy");
+  const char* vs_ours = "";  // The column of FlashInfer's rows, where they are built.
+#if ATTNSERVE_BENCH_FLASHINFER
+  std::printf(
+      "  + flashinfer: FlashInfer 0.5.3's paged decode on the same pages and q (rounded to the"
+      " page type), its own split-KV plan and merge; time/ours = its ms / ours\n");
+  vs_ours = "time/ours";
+#endif
+  std::printf("%-20s %4s %5s %6s %6s %5s %9s %8s %8s %8s %8s %9s\n", "case", "kv", "batch", "ctx",
+              "window", "items", "ms", "KV MiB", "TB/s", "of read", "of copy", vs_ours);
   for (const Case& c : DecodeCases(options.quick)) {
     absl::StatusOr<Row> r = RunAttentionCase(c, /*decode=*/true, device, timer);
     if (!r.ok()) {
@@ -701,6 +763,24 @@ int Run(const Options& options) {
                 r->work / 1048576.0, r->Rate() / 1e12, Ratio(r->Rate(), read_rate).c_str(),
                 Ratio(r->Rate(), copy_rate).c_str());
     rows.push_back(*r);
+#if ATTNSERVE_BENCH_FLASHINFER
+    if (c.shape.dtype == DType::kF32) continue;  // FlashInfer reads 16-bit pages only.
+    absl::StatusOr<Row> fi = RunFlashInferDecodeCase(c, device, timer);
+    if (absl::IsUnimplemented(fi.status())) {
+      std::printf("%-20s %s\n", "  + flashinfer", std::string(fi.status().message()).c_str());
+      continue;
+    }
+    if (!fi.ok()) {
+      fail(absl::StrCat("flashinfer decode ", c.shape.name, " batch ", c.batch, " ctx ", c.tokens),
+           fi.status());
+      continue;
+    }
+    std::printf("%-20s %4s %5d %6d %6d %5d %9.4f %8.1f %8.3f %8s %8s %8.2fx\n", "  + flashinfer",
+                fi->dtype.c_str(), fi->batch, fi->tokens, fi->window, fi->items, fi->ms,
+                fi->work / 1048576.0, fi->Rate() / 1e12, Ratio(fi->Rate(), read_rate).c_str(),
+                Ratio(fi->Rate(), copy_rate).c_str(), r->ms > 0.0 ? fi->ms / r->ms : 0.0);
+    rows.push_back(*fi);
+#endif
   }
 
   // ---- Prefill.

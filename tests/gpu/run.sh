@@ -79,7 +79,7 @@ if [[ -x "${BUNDLE}/flashinfer_decode_test" ]]; then
   # FlashInfer's decode kernel over our pages against float64 (not yet used by the layer).
   echo "== FlashInfer decode adapter =="
   "${BUNDLE}/flashinfer_decode_test" >"${LOGS}/flashinfer_test.txt" 2>&1 || status=1
-  grep -E "^\[flashinfer\]|FAILED|Failure|SKIPPED|PASSED" "${LOGS}/flashinfer_test.txt" | head -60
+  grep -E "^\[flashinfer\]|FAILED|Failure|SKIPPED|PASSED" "${LOGS}/flashinfer_test.txt" | head -100
   if grep -q "^FlashInfer decode: SKIPPED" "${LOGS}/flashinfer_test.txt"; then status=3; fi
 fi
 if [[ -x "${BUNDLE}/flashinfer_prefill_test" ]]; then
