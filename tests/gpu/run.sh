@@ -76,14 +76,14 @@ python3 "${ROOT}/tests/gpu/torch_peer_bench.py" ${KERNEL_BENCH_ARGS} \
   --ours "${LOGS}/kernel_bench.csv" --csv "${LOGS}/torch_peer.csv" 2>&1 |
   tee "${LOGS}/torch_peer.txt" || status=1
 if [[ -x "${BUNDLE}/flashinfer_decode_test" ]]; then
-  # FlashInfer's decode kernel over our pages against float64 (not yet used by the layer).
+  # FlashInfer's decode kernel over our pages against float64 (the layer's --cuda_attention=flashinfer).
   echo "== FlashInfer decode adapter =="
   "${BUNDLE}/flashinfer_decode_test" >"${LOGS}/flashinfer_test.txt" 2>&1 || status=1
   grep -E "^\[flashinfer\]|FAILED|Failure|SKIPPED|PASSED" "${LOGS}/flashinfer_test.txt" | head -100
   if grep -q "^FlashInfer decode: SKIPPED" "${LOGS}/flashinfer_test.txt"; then status=3; fi
 fi
 if [[ -x "${BUNDLE}/flashinfer_prefill_test" ]]; then
-  # FlashInfer's prefill kernel over our pages against float64 (not yet used by the layer).
+  # FlashInfer's prefill kernel over our pages against float64 (the layer's --cuda_attention=flashinfer).
   echo "== FlashInfer prefill adapter =="
   "${BUNDLE}/flashinfer_prefill_test" >"${LOGS}/flashinfer_prefill_test.txt" 2>&1 || status=1
   # A failing case's seed is in the log, on the "[case]" line before its result.
@@ -100,5 +100,9 @@ grep -E "^\[  FAILED|Failure|error:|Expected|Which is|seed [0-9]" "${LOGS}/gpu_t
 # On the GPU machine a skip means the device or cuBLAS was not usable: that is a failure here.
 if grep -q "^CUDA vs CPU summary: SKIPPED" "${LOGS}/gpu_test.txt"; then status=3; fi
 sed -n '/^CUDA vs CPU summary/,$p' "${LOGS}/gpu_test.txt"
+# The one verdict table: correctness per implementation, each target of the GPU issue against
+# this run's numbers, and `flashinfer default: yes|no (reason)` (docs/gpu_benchmarks.md).
+echo "== verdict =="
+python3 "${ROOT}/tests/gpu/verdict.py" "${LOGS}" 2>&1 | tee "${LOGS}/verdict.txt" || status=1
 echo "run.sh: exit ${status} (logs in ${LOGS})"
 exit "${status}"
