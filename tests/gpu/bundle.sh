@@ -41,5 +41,10 @@ for bin in cuda_backend_test attention_kernel_bench; do
     exit 1
   fi
 done
+# Symbols off (the device tool carries at most 64 MiB with the tree); the device code stays.
+strip --strip-unneeded "${OUT}"/* "${OUT}"/lib/* 2>/dev/null || true
 du -sh "${OUT}"
+if (( $(du -sm "${OUT}" | cut -f1) > 56 )); then
+  echo "bundle.sh: ${OUT} is over 56 MiB; with the tree it may not fit the device tool's 64 MiB" >&2
+fi
 echo "bundle ready: ${OUT} (carry it as .gpu-bundle)"
