@@ -69,8 +69,8 @@ struct PrefillCase {
   int kv_heads = 2;
   int group = 4;
   bool causal = true;
-  int window = 0;         // 0 = none.
-  float soft_cap = 0.0f;  // 0 = none.
+  int window = 0;                     // 0 = none.
+  float soft_cap = 0.0f;              // 0 = none.
   std::vector<SequenceShape> shapes;  // {tokens already cached, new tokens} per sequence.
 };
 
@@ -239,8 +239,7 @@ class FlashInferPrefillTest : public ::testing::Test {
 const std::vector<SequenceShape> kRaggedPrefill = {{0, 1},  {0, 15},  {0, 16},
                                                    {3, 14}, {0, 200}, {936, 64}};
 // One new token per sequence (decode through the prefill kernel), same lengths.
-const std::vector<SequenceShape> kDecode = {{0, 1},   {14, 1},  {15, 1},
-                                            {16, 1},  {199, 1}, {999, 1}};
+const std::vector<SequenceShape> kDecode = {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {199, 1}, {999, 1}};
 
 TEST_F(FlashInferPrefillTest, HeadDimsAndGroups) {
   for (KvType type : {KvType::kBF16, KvType::kF16}) {
