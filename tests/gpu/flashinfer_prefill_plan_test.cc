@@ -2,8 +2,6 @@
 // prefill over our pages, on the CPU: FlashInfer's CTA tile rule, every packed (token, group head)
 // row of every sequence covered by exactly one block, the row offsets, the packing into one array,
 // and the input it refuses.
-#include "kernels/cuda/flashinfer/prefill_plan.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -12,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/flashinfer/prefill_plan.h"
 
 namespace attnserve::cuda {
 namespace {
@@ -96,7 +95,7 @@ TEST(FlashInferPrefillPlanTest, CtaTileFollowsFlashInfersRule) {
 }
 
 TEST(FlashInferPrefillPlanTest, TileSizedByAveragePackedLength) {
-  // Average packed rows (rounded down): (1 + 1 + 190) / 3 = 64 -> 64; (1 + 1 + 193) / 3 = 65 -> 128.
+  // Average packed rows, rounded down: 192 / 3 = 64 -> 64; 195 / 3 = 65 -> 128.
   std::optional<FlashInferPrefillPlan> plan =
       PlanFlashInferPrefill({{1, 10}, {1, 10}, {190, 190}}, 1, 128);
   ASSERT_TRUE(plan.has_value());

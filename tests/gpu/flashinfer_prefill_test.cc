@@ -69,8 +69,8 @@ struct PrefillCase {
   int kv_heads = 2;
   int group = 4;
   bool causal = true;
-  int window = 0;         // 0 = none.
-  float soft_cap = 0.0f;  // 0 = none.
+  int window = 0;                     // 0 = none.
+  float soft_cap = 0.0f;              // 0 = none.
   std::vector<SequenceShape> shapes;  // {tokens already cached, new tokens} per sequence.
 };
 
@@ -89,8 +89,8 @@ std::string CaseName(const PrefillCase& c) {
 double Tolerance(KvType type) { return type == KvType::kBF16 ? 8e-3 : 2e-3; }
 
 // The batch's pages moved to offsets that are multiples of a quarter page only: slot s of
-// LayOutPagedBatch's pool lands at s pages plus a growing gap of 0..3 quarter pages per slot, as
-// pages of two slabs whose sizes are not page multiples would. The gaps stay NaN.
+// LayOutPagedBatch's pool lands at s pages plus a gap growing by 1..3 quarter pages per slot, as
+// pages of slabs whose sizes are not page multiples would. The gaps stay NaN.
 struct SubPagePool {
   std::vector<uint8_t> bytes;
   int64_t unit_bytes = 0;            // The page index unit: a quarter page.
@@ -102,7 +102,7 @@ SubPagePool ScatterAtSubPageOffsets(const PagedBatch& batch, std::mt19937_64& rn
   SubPagePool pool;
   pool.unit_bytes = page_bytes / 4;
   std::vector<int64_t> slot_offset(batch.pool_pages);
-  std::uniform_int_distribution<int> gap_units(0, 3);
+  std::uniform_int_distribution<int> gap_units(1, 3);
   int64_t gap = 0;
   for (int slot = 0; slot < batch.pool_pages; ++slot) {
     gap += gap_units(rng) * pool.unit_bytes;
@@ -239,8 +239,7 @@ class FlashInferPrefillTest : public ::testing::Test {
 const std::vector<SequenceShape> kRaggedPrefill = {{0, 1},  {0, 15},  {0, 16},
                                                    {3, 14}, {0, 200}, {936, 64}};
 // One new token per sequence (decode through the prefill kernel), same lengths.
-const std::vector<SequenceShape> kDecode = {{0, 1},   {14, 1},  {15, 1},
-                                            {16, 1},  {199, 1}, {999, 1}};
+const std::vector<SequenceShape> kDecode = {{0, 1}, {14, 1}, {15, 1}, {16, 1}, {199, 1}, {999, 1}};
 
 TEST_F(FlashInferPrefillTest, HeadDimsAndGroups) {
   for (KvType type : {KvType::kBF16, KvType::kF16}) {

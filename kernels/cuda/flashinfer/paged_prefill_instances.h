@@ -15,8 +15,7 @@ namespace attnserve::cuda {
 // Launches the instance for the schedule's CTA tile and the mask and variant `args` ask for;
 // cudaErrorInvalidValue for a tile with no instance. The caller has checked the shapes.
 template <KvType kKvType, int kHeadDim>
-cudaError_t LaunchFlashInferPrefillInstance(const FlashInferPrefillArgs& args,
-                                            cudaStream_t stream);
+cudaError_t LaunchFlashInferPrefillInstance(const FlashInferPrefillArgs& args, cudaStream_t stream);
 
 }  // namespace attnserve::cuda
 

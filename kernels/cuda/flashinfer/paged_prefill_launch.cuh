@@ -49,8 +49,7 @@ cudaError_t Launch(const FlashInferPrefillArgs& args, cudaStream_t stream) {
   using Params = flashinfer::BatchPrefillPagedParams<T, T, T, int32_t>;
   const FlashInferPages& kv = args.kv;
   // Strides of [page index, head, slot, dim] (paged_kv_t's kHND reading of kv_strides).
-  const int64_t strides[3] = {kv.page_stride_elements, int64_t{kv.page_size} * kHeadDim,
-                              kHeadDim};
+  const int64_t strides[3] = {kv.page_stride_elements, int64_t{kv.page_size} * kHeadDim, kHeadDim};
   T* const k_data = static_cast<T*>(kv.pool);
   flashinfer::paged_kv_t<T, int32_t> paged_kv(
       kv.num_kv_heads, kv.page_size, kHeadDim, args.batch, flashinfer::QKVLayout::kHND, k_data,
@@ -71,7 +70,7 @@ cudaError_t Launch(const FlashInferPrefillArgs& args, cudaStream_t stream) {
   params.kv_tile_indices = packed + schedule.kv_tile_indices_offset;
   params.o_indptr = packed + schedule.o_indptr_offset;
   params.kv_chunk_size_ptr = packed + schedule.kv_chunk_size_offset;
-  params.merge_indptr = nullptr;     // Only read when merging split-KV partial outputs.
+  params.merge_indptr = nullptr;      // Only read when merging split-KV partial outputs.
   params.block_valid_mask = nullptr;  // Every block of the schedule has work.
   params.padded_batch_size = schedule.padded_batch_size;
   params.partition_kv = false;
@@ -92,8 +91,9 @@ cudaError_t LaunchForTile(const FlashInferPrefillArgs& args, cudaStream_t stream
   using flashinfer::MaskMode;
   const bool soft_cap = args.soft_cap > 0.0f;
   if (args.causal) {
-    return soft_cap ? Launch<T, kHeadDim, kCtaTileQ, MaskMode::kCausal, SoftCapVariant>(args, stream)
-                    : Launch<T, kHeadDim, kCtaTileQ, MaskMode::kCausal, WindowVariant>(args, stream);
+    return soft_cap
+               ? Launch<T, kHeadDim, kCtaTileQ, MaskMode::kCausal, SoftCapVariant>(args, stream)
+               : Launch<T, kHeadDim, kCtaTileQ, MaskMode::kCausal, WindowVariant>(args, stream);
   }
   return soft_cap ? Launch<T, kHeadDim, kCtaTileQ, MaskMode::kNone, SoftCapVariant>(args, stream)
                   : Launch<T, kHeadDim, kCtaTileQ, MaskMode::kNone, WindowVariant>(args, stream);
