@@ -17,7 +17,14 @@
 # printed last.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-BUNDLE="${ROOT}/.gpu-bundle"
+# bundle.sh packs the binaries into .gpu-bundle/bundle.tar.xz (the device tool's size limit);
+# unpacked with Python's tarfile, which every machine with python3 has (xz may not be installed).
+BUNDLE="${TMPDIR:-/tmp}/attnserve-gpu-bundle"
+if [[ -f "${ROOT}/.gpu-bundle/bundle.tar.xz" ]]; then
+  rm -rf "${BUNDLE}" && mkdir -p "${BUNDLE}"
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "${ROOT}/.gpu-bundle/bundle.tar.xz" "${BUNDLE}" || exit 2
+fi
 LOGS="${OUT:-/tmp/attnserve-gpu}"
 mkdir -p "${LOGS}"
 
