@@ -56,9 +56,10 @@ ABSL_FLAG(double, kv_pool_fraction, kDefaults.kv_pool_fraction,
           "at startup (0 = the default, 0.8, unless --kv_pool_bytes is set). Refused when the "
           "backend is cpu.");
 ABSL_FLAG(std::string, cuda_attention, kDefaults.cuda_attention,
-          "CUDA backend: the attention kernels for f16/bf16 pages, native (attnserve's own) or "
-          "flashinfer (FlashInfer's paged decode and prefill; f32 pages stay native). Refused "
-          "when the backend is cpu or the build has no FlashInfer.");
+          "CUDA backend: the attention kernels for f16/bf16 pages: auto (flashinfer where this "
+          "build has it, else native), native (attnserve's own) or flashinfer (FlashInfer's paged "
+          "decode and prefill; f32 pages stay native). native/flashinfer are refused when the "
+          "backend is cpu; flashinfer also when the build has no FlashInfer.");
 ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
           "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "
           "refused before anything is allocated. 0 = half of the machine's physical memory.");

@@ -59,7 +59,7 @@ absl::Status ValidateOptions(const ServerOptions& o) {
       !impl.ok()) {
     return impl.status();
   }
-  if (o.backend == "cpu" && o.cuda_attention != "native") {
+  if (o.backend == "cpu" && o.cuda_attention != "auto") {
     return absl::InvalidArgumentError(absl::StrCat("--cuda_attention = ", o.cuda_attention,
                                                    " chooses CUDA kernels, but --backend = cpu"));
   }
@@ -231,7 +231,7 @@ absl::Status RunServer(const ServerOptions& options) {
                      " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
                      choice->reason, "); use --kv_pool_bytes"));
   }
-  if (options.cuda_attention != "native" && (*backend)->name() != "cuda") {
+  if (options.cuda_attention != "auto" && (*backend)->name() != "cuda") {
     SERVER_LOG(WARNING, "--cuda_attention = %s has no effect: the backend is %s (%s)",
                options.cuda_attention, (*backend)->name(), choice->reason);
   }

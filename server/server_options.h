@@ -76,8 +76,8 @@ struct ServerOptions {
   // CUDA only: when > 0, the device page pool (and so the sessions' KV budget) is this fraction of
   // the device memory free at startup, instead of kv_pool_bytes.
   double kv_pool_fraction = 0.0;
-  // CUDA only: "native" or "flashinfer" (kernels/cuda/runtime/cuda_backend.h).
-  std::string cuda_attention = "native";
+  // CUDA only: "auto", "native" or "flashinfer" (kernels/cuda/runtime/cuda_backend.h).
+  std::string cuda_attention = "auto";
 
   static constexpr int64_t kDefaultCpuKvPoolBytes = int64_t{1} << 30;
   // What is left beside it holds the layers' device weights and cuBLAS's workspace.

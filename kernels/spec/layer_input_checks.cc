@@ -34,6 +34,10 @@ absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
 absl::Status CheckOutputFinite(const Tensor& output) {
   const int64_t bad = FirstNonFiniteElement(output);
   if (bad < 0) return absl::OkStatus();
+  return NonFiniteOutputError(output, bad);
+}
+
+absl::Status NonFiniteOutputError(const Tensor& output, int64_t bad) {
   const int64_t width = output.rank() == 2 ? output.dim(1) : 1;
   return absl::InvalidArgumentError(
       absl::StrCat("the layer's output is not finite (row ", bad / width, ", column ", bad % width,

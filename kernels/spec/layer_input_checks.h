@@ -25,6 +25,9 @@ absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows);
 // must roll the call back, since the same overflow has reached the K/V it appended and would
 // poison every later step of those sequences.
 absl::Status CheckOutputFinite(const Tensor& output);
+// CheckOutputFinite's error for element `bad` (row-major) of `output`, for layers that find the
+// first non-finite element elsewhere (the CUDA layer does it on the device).
+absl::Status NonFiniteOutputError(const Tensor& output, int64_t bad);
 
 }  // namespace attnserve
 

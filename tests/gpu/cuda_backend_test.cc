@@ -516,6 +516,33 @@ TEST(CudaBackendContractTest, StageTimerCoversTheCall) {
   EXPECT_LE(stages.Total(), wall_ms * 1.01 + 0.05);
 }
 
+// An output that is not finite (here from an infinite input) is found on the device: the call
+// fails with INVALID_ARGUMENT naming the element, and nothing is appended.
+TEST(CudaBackendContractTest, NonFiniteOutputFailsTheCallAndAppendsNothing) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 6);
+  ASSERT_TRUE(weights.ok());
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        Gpu().backend->CreateLayer(spec, *weights, {dtype, 16, 64, nullptr});
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const SequenceId a = (*layer)->CreateSequence();
+    std::mt19937_64 rng(5);
+    std::vector<double> values = RandomHidden(20, 256, rng);
+    ASSERT_TRUE((*layer)->Prefill({{a, 20}}, ToTensor(values, {20, 256}, dtype), {}).ok());
+    values = RandomHidden(3, 256, rng);
+    // Row 1's K and V become infinite; a kernel may multiply them by a zero weight for row 0 too
+    // (0 x inf = NaN), so which row fails first is the kernel's business.
+    values[256 + 7] = INFINITY;
+    absl::StatusOr<Tensor> out = (*layer)->Prefill({{a, 3}}, ToTensor(values, {3, 256}, dtype), {});
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << DTypeName(dtype);
+    EXPECT_NE(out.status().message().find("output is not finite (row "), absl::string_view::npos)
+        << out.status();
+    EXPECT_EQ(*(*layer)->SequenceLength(a), 20);
+  }
+}
+
 TEST(CudaBackendContractTest, PoolExhaustionIsAllOrNothing) {
   SKIP_WITHOUT_GPU();
   const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);

@@ -201,7 +201,8 @@ TEST(ServerFlagsTest, CudaAttentionIsCheckedAtStartup) {
       {"--backend=cpu", "--cuda_attention=triton", "--threads=1"}, std::chrono::seconds(10));
   ASSERT_FALSE(unknown.ok());
   EXPECT_THAT(std::string(unknown.status().message()),
-              ::testing::HasSubstr("--cuda_attention = 'triton': must be native or flashinfer"));
+              ::testing::HasSubstr("--cuda_attention = 'triton': must be auto, native or "
+                                   "flashinfer"));
   absl::StatusOr<std::unique_ptr<ServerProcess>> on_cpu = ServerProcess::Start(
       {"--backend=cpu", "--cuda_attention=flashinfer", "--threads=1"}, std::chrono::seconds(10));
   ASSERT_FALSE(on_cpu.ok());

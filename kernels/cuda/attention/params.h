@@ -133,6 +133,11 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream
 // dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/layer/convert.cu).
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
                                 cudaStream_t stream);
+// *first_bad = min(*first_bad, e) for every e < count whose data[e] is not finite or has
+// |data[e]| >= limit (the magnitude that rounds to infinity in the output's dtype). The caller
+// sets *first_bad to ~0 first (kernels/cuda/layer/convert.cu).
+cudaError_t LaunchFindNonFinite(const float* data, int64_t count, float limit,
+                                unsigned long long* first_bad, cudaStream_t stream);
 // dst[r, :] = bias for r < rows (before a GEMM with beta = 1).
 cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols,
                                 cudaStream_t stream);

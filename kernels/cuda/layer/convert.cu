@@ -31,7 +31,24 @@ __global__ void ConvertFloatsKernel(const float* src, T* dst, int64_t count) {
   }
 }
 
+__global__ void FindNonFiniteKernel(const float* data, int64_t count, float limit,
+                                    unsigned long long* first_bad) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const float x = data[e];
+    if (!isfinite(x) || fabsf(x) >= limit) atomicMin(first_bad, static_cast<unsigned long long>(e));
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchFindNonFinite(const float* data, int64_t count, float limit,
+                                unsigned long long* first_bad, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::min<int64_t>((count + 255) / 256, 1024));
+  FindNonFiniteKernel<<<blocks, 256, 0, stream>>>(data, count, limit, first_bad);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
                                 cudaStream_t stream) {

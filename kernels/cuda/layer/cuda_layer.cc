@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -240,10 +241,9 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
       !s.ok()) {
     return s;
   }
+  // Compute checks the output's finiteness on the device (a host pass over a prefill's output
+  // cost more than its kernels).
   absl::StatusOr<Tensor> out = Compute(hidden, batch, positions, decode);
-  if (out.ok()) {
-    if (absl::Status s = CheckOutputFinite(*out); !s.ok()) out = s;
-  }
   if (!out.ok()) {
     sequences_.Rollback(batch);
     return out.status();
@@ -272,7 +272,8 @@ struct CudaGqaLayer::CallLayout {
   size_t upload_bytes = 0;
   // Device only. FlashInfer: qkv16 is q in the page dtype, flashinfer_scratch its split-KV
   // partials.
-  Section qkv, attn, attn16, out, out_wire, partial_max, partial_sum, partial_acc, qkv16,
+  // first_bad: the first output element that is not finite in the wire dtype, ~0 if none.
+  Section qkv, attn, attn16, out, out_wire, first_bad, partial_max, partial_sum, partial_acc, qkv16,
       flashinfer_scratch;
   size_t device_bytes = 0;
   DType wire = DType::kF32;  // The output's dtype: out_wire when 16-bit, else out (fp32).
@@ -340,6 +341,7 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const Flash
   l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
   // The output in a 16-bit wire dtype, converted on the device: half the download, no host pass.
   l.out_wire = dev.Add(l.wire == DType::kF32 ? 0 : DTypeSize(l.wire) * rows * spec_.d_model);
+  l.first_bad = dev.Add(sizeof(unsigned long long));
   l.qkv16 = dev.Add(fi.has_value() ? activation_bytes * rows * qkv_width_ : 0);
   l.flashinfer_scratch = dev.Add(fi.has_value() ? fi->scratch_bytes : 0);
   // The native decode's split partials (none when FlashInfer computes the attention).
@@ -355,7 +357,8 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const Flash
 absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
                                  const FlashInferCall& fi, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
-  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes));
+  if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes) +
+                                             sizeof(unsigned long long));
       !s.ok()) {
     return s;
   }
@@ -441,6 +444,17 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
       !s.ok()) {
     return s;
   }
+  // The first element that is not finite once in the wire dtype (f16 overflows at 65520, bf16
+  // just below FLT_MAX), found on the fp32 output before the conversion.
+  auto* first_bad = reinterpret_cast<unsigned long long*>(dptr(l.first_bad));
+  const float limit = l.wire == DType::kF16    ? 65520.0f
+                      : l.wire == DType::kBF16 ? 3.3961776e38f
+                                               : std::numeric_limits<float>::infinity();
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(first_bad, 0xFF, sizeof(*first_bad), stream_),
+                                 "resetting the finiteness flag");
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      LaunchFindNonFinite(fptr(l.out), int64_t{rows} * spec_.d_model, limit, first_bad, stream_),
+      "checking the output's finiteness");
   if (l.wire != DType::kF32) {
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
         LaunchConvertFloats(fptr(l.out), ToKvType(l.wire), dptr(l.out_wire),
@@ -453,11 +467,19 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
   ATTNSERVE_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host_out, dptr(download), download.bytes, cudaMemcpyDeviceToHost, stream_),
       "downloading the output");
+  unsigned long long* host_first_bad =
+      reinterpret_cast<unsigned long long*>(host_out + AlignUp(download.bytes));
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_first_bad, first_bad, sizeof(*first_bad),
+                                                 cudaMemcpyDeviceToHost, stream_),
+                                 "downloading the finiteness flag");
   timer_.EndDevice(LayerStage::kDownload, stream_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "running the batch");
   timer_.Collect();
 
   Tensor out(l.wire, {rows, spec_.d_model});
+  if (*host_first_bad != ~0ULL) {
+    return NonFiniteOutputError(out, static_cast<int64_t>(*host_first_bad));
+  }
   std::memcpy(out.data(), host_out, download.bytes);
   return out;
 }

@@ -99,7 +99,9 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCudaBackend(
   cuda::CudaContext context;
   context.device = options.device;
   context.multiprocessors = device.multiprocessors;
-  context.attention = options.attention;
+  context.attention = options.attention != CudaAttentionImpl::kAuto ? options.attention
+                      : FlashInferBuilt()                             ? CudaAttentionImpl::kFlashInfer
+                                                                      : CudaAttentionImpl::kNative;
   context.cublas = *cublas;
   context.pool = std::shared_ptr<cuda::DeviceSlabPool>(std::move(*pool));
   return std::make_unique<CudaBackend>(std::move(context), device);

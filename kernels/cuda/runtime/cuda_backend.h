@@ -17,18 +17,31 @@ namespace attnserve {
 
 // Which kernels compute attention over 16-bit pages (f32 pages always use attnserve's own).
 enum class CudaAttentionImpl {
+  // FlashInfer where this build has it, else native: the default since a GPU run (H200,
+  // 2026-11-26, docs/gpu_benchmarks.md) passed every CUDA-vs-CPU case under FlashInfer.
+  kAuto,
   kNative,      // attnserve's kernels (kernels/cuda/attention/).
   kFlashInfer,  // FlashInfer 0.5.3's paged decode and prefill (kernels/cuda/flashinfer/).
 };
-// "native" or "flashinfer" (inline: the server parses the flag without loading the CUDA module).
+// "auto", "native" or "flashinfer" (inline: the server parses the flag without loading the CUDA
+// module).
 inline absl::StatusOr<CudaAttentionImpl> ParseCudaAttentionImpl(absl::string_view name) {
+  if (name == "auto") return CudaAttentionImpl::kAuto;
   if (name == "native") return CudaAttentionImpl::kNative;
   if (name == "flashinfer") return CudaAttentionImpl::kFlashInfer;
   return absl::InvalidArgumentError(
-      absl::StrCat("--cuda_attention = '", name, "': must be native or flashinfer"));
+      absl::StrCat("--cuda_attention = '", name, "': must be auto, native or flashinfer"));
 }
 inline const char* CudaAttentionImplName(CudaAttentionImpl impl) {
-  return impl == CudaAttentionImpl::kFlashInfer ? "flashinfer" : "native";
+  switch (impl) {
+    case CudaAttentionImpl::kAuto:
+      return "auto";
+    case CudaAttentionImpl::kFlashInfer:
+      return "flashinfer";
+    case CudaAttentionImpl::kNative:
+      break;
+  }
+  return "native";
 }
 // True when this build compiled FlashInfer's kernels (its headers were found at configure time).
 bool FlashInferBuilt();
@@ -44,8 +57,9 @@ struct CudaBackendOptions {
   // Tests: fill the pool and every newly reserved page with NaN (0xFF bytes) and every workspace
   // output with NaN before each call, so reads of unwritten memory and unwritten outputs show.
   bool poison_for_testing = false;
-  // kFlashInfer in a build without FlashInfer fails at creation with FAILED_PRECONDITION.
-  CudaAttentionImpl attention = CudaAttentionImpl::kNative;
+  // kFlashInfer in a build without FlashInfer fails at creation with FAILED_PRECONDITION; kAuto
+  // resolves to one of the other two there.
+  CudaAttentionImpl attention = CudaAttentionImpl::kAuto;
 };
 
 // UNAVAILABLE when there is no usable device or cuBLAS cannot be loaded (with the reason);

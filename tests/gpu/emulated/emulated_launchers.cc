@@ -3,6 +3,7 @@
 // kernels' own block functions (the same source nvcc compiles). Replaces the .cu launchers and,
 // like them, ends with cudaGetLastError(), which returns (and clears) the thread's last error.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -121,6 +122,17 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
 // Element-wise kernels: plain loops (nothing block-shaped to emulate).
 cudaError_t LaunchBroadcastRows(float* dst, const float* bias, int rows, int cols, cudaStream_t) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * cols, bias, sizeof(float) * cols);
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
+}
+
+cudaError_t LaunchFindNonFinite(const float* data, int64_t count, float limit,
+                                unsigned long long* first_bad, cudaStream_t) {
+  for (int64_t e = 0; e < count; ++e) {
+    if (!std::isfinite(data[e]) || std::fabs(data[e]) >= limit) {
+      *first_bad = std::min(*first_bad, static_cast<unsigned long long>(e));
+      break;
+    }
+  }
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
