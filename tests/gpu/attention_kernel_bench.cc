@@ -23,7 +23,9 @@
 // Where FlashInfer's headers were found at build time (ATTNSERVE_BENCH_FLASHINFER), every bf16/f16
 // decode case also times FlashInfer's paged decode (tests/gpu/flashinfer_decode_bench.h) on the
 // same pages and q values (rounded to the page type), same timing, same KV byte count; its row
-// follows ours with its time over ours.
+// follows ours with its time over ours. Likewise every bf16/f16 prefill case times FlashInfer's
+// paged prefill (tests/gpu/flashinfer_prefill_bench.h): same pages, same q values (rounded), same
+// timing, same FLOP count.
 //
 // --csv writes every measured row (ceilings included) for tests/gpu/torch_peer_bench.py --ours.
 // Without a usable device it prints "no usable CUDA device, benchmark skipped: <reason>" and
@@ -55,6 +57,7 @@
 #include "tests/gpu/bench_device_kernels.h"
 #if ATTNSERVE_BENCH_FLASHINFER
 #include "tests/gpu/flashinfer_decode_bench.h"
+#include "tests/gpu/flashinfer_prefill_bench.h"
 #endif
 
 namespace attnserve {
@@ -507,6 +510,44 @@ absl::StatusOr<Row> RunFlashInferDecodeCase(const Case& c, const DeviceInfo& dev
   row.work = setup.work();  // The same KV bytes as ours.
   return row;
 }
+
+// FlashInfer's paged prefill on the inputs RunAttentionCase builds for `c`, as above.
+absl::StatusOr<Row> RunFlashInferPrefillCase(const Case& c, const DeviceInfo& device,
+                                             const Timer& timer) {
+  AttentionSetup setup;
+  BENCH_RETURN_IF_ERROR(setup.Build(c, /*decode=*/false, device, timer.stream));
+  bench::FlashInferPrefillInputs in;
+  in.kv_type = cuda::ToKvType(c.shape.dtype);
+  in.heads = c.shape.heads;
+  in.kv_heads = c.shape.kv_heads;
+  in.head_dim = c.shape.head_dim;
+  in.page_size = kPageSize;
+  in.batch = c.batch;
+  in.tokens = c.tokens;
+  in.window = c.window;
+  in.pool = setup.pool();
+  in.page_offsets = &setup.page_offsets();
+  in.q_stride = setup.params().q_stride;
+  in.q_seed = kQuerySeed;
+  absl::StatusOr<bench::FlashInferPrefillTiming> t = bench::TimeFlashInferPrefill(
+      in, [&](const std::function<absl::Status()>& launch) { return timer.MedianMs(launch); },
+      timer.stream);
+  if (!t.ok()) return t.status();
+  Row row;
+  row.kind = "flashinfer_prefill";
+  row.name = c.shape.name;
+  row.dtype = std::string(DTypeName(c.shape.dtype));
+  row.heads = c.shape.heads;
+  row.kv_heads = c.shape.kv_heads;
+  row.head_dim = c.shape.head_dim;
+  row.batch = c.batch;
+  row.tokens = c.tokens;
+  row.window = c.window;
+  row.items = t->items;
+  row.ms = t->ms;
+  row.work = setup.work();  // The same FLOPs as ours.
+  return row;
+}
 #endif
 
 // ---- Ceilings -----------------------------------------------------------------------------------
@@ -787,8 +828,13 @@ int Run(const Options& options) {
   std::printf(
       "\nprefill: RunPrefillAttention (f16/bf16: tensor-core mma.sync; f32: CUDA cores),"
       " causal; FLOPs = 4 x head_dim x heads x visible (query, key) pairs\n");
-  std::printf("%-20s %4s %5s %6s %6s %5s %9s %8s %9s %9s\n", "case", "kv", "batch", "tokens",
-              "window", "items", "ms", "GFLOP", "TFLOP/s", "of GEMM");
+#if ATTNSERVE_BENCH_FLASHINFER
+  std::printf(
+      "  + flashinfer: FlashInfer 0.5.3's paged prefill on the same pages and q (rounded to the"
+      " page type), its own tile schedule (no split-KV); time/ours = its ms / ours\n");
+#endif
+  std::printf("%-20s %4s %5s %6s %6s %5s %9s %8s %9s %9s %9s\n", "case", "kv", "batch", "tokens",
+              "window", "items", "ms", "GFLOP", "TFLOP/s", "of GEMM", vs_ours);
   for (const Case& c : PrefillCases(options.quick)) {
     absl::StatusOr<Row> r = RunAttentionCase(c, /*decode=*/false, device, timer);
     if (!r.ok()) {
@@ -801,6 +847,26 @@ int Run(const Options& options) {
                 r->Rate() / 1e12,
                 Ratio(r->Rate(), gemm_rate[static_cast<int>(c.shape.dtype)]).c_str());
     rows.push_back(*r);
+#if ATTNSERVE_BENCH_FLASHINFER
+    if (c.shape.dtype == DType::kF32) continue;  // FlashInfer reads 16-bit pages only.
+    absl::StatusOr<Row> fi = RunFlashInferPrefillCase(c, device, timer);
+    if (absl::IsUnimplemented(fi.status())) {
+      std::printf("%-20s %s\n", "  + flashinfer", std::string(fi.status().message()).c_str());
+      continue;
+    }
+    if (!fi.ok()) {
+      fail(absl::StrCat("flashinfer prefill ", c.shape.name, " batch ", c.batch, " tokens ",
+                        c.tokens),
+           fi.status());
+      continue;
+    }
+    std::printf("%-20s %4s %5d %6d %6d %5d %9.4f %8.1f %9.2f %9s %8.2fx\n", "  + flashinfer",
+                fi->dtype.c_str(), fi->batch, fi->tokens, fi->window, fi->items, fi->ms,
+                fi->work / 1e9, fi->Rate() / 1e12,
+                Ratio(fi->Rate(), gemm_rate[static_cast<int>(c.shape.dtype)]).c_str(),
+                r->ms > 0.0 ? fi->ms / r->ms : 0.0);
+    rows.push_back(*fi);
+#endif
   }
   std::printf(
       "\nof read / of copy: decode KV bytes per second / the read sweep's (resp. the D2D copy's,"

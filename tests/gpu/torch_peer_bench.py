@@ -98,7 +98,8 @@ def read_ours(path: str) -> tuple[list[Case], dict[Case, float], dict[str, dict]
                 ceilings[row["case"]] = {"ms": float(row["ms"]), "work": float(row["work"])}
                 continue
             if row["kind"] not in ("decode", "prefill"):
-                continue  # Other implementations' rows (flashinfer_decode): not ours.
+                # Other implementations' rows (flashinfer_decode, flashinfer_prefill): not ours.
+                continue
             case = Case(row["kind"], row["case"], row["dtype"], int(row["heads"]),
                         int(row["kv_heads"]), int(row["head_dim"]), int(row["batch"]),
                         int(row["tokens"]), int(row["window"]))

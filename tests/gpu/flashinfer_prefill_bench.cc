@@ -1,0 +1,132 @@
+#include "tests/gpu/flashinfer_prefill_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/flashinfer/paged_kv_view.h"
+#include "kernels/cuda/flashinfer/paged_prefill.h"
+#include "kernels/cuda/flashinfer/prefill_plan.h"
+#include "kernels/cuda/runtime/cuda_status.h"
+#include "tests/gpu/bench_device_kernels.h"
+
+namespace attnserve::bench {
+namespace {
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, CudaFree>;
+
+absl::StatusOr<DevicePtr> Allocate(size_t bytes, const char* what) {
+  void* p = nullptr;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
+                                 absl::StrCat("cudaMalloc ", bytes, " bytes for ", what));
+  return DevicePtr(p);
+}
+
+absl::StatusOr<DevicePtr> Upload(const std::vector<int32_t>& host, const char* what) {
+  absl::StatusOr<DevicePtr> d = Allocate(host.size() * sizeof(int32_t), what);
+  if (!d.ok()) return d.status();
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(d->get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+      absl::StrCat("uploading ", what));
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<FlashInferPrefillTiming> TimeFlashInferPrefill(const FlashInferPrefillInputs& in,
+                                                              const MedianMsFn& median_ms,
+                                                              cudaStream_t stream) {
+  const int group = in.heads / in.kv_heads;
+  if (!cuda::FlashInferPrefillSupports(in.kv_type, in.head_dim, group)) {
+    return absl::UnimplementedError(absl::StrCat("no FlashInfer prefill instance for head_dim ",
+                                                 in.head_dim, " group ", group));
+  }
+  const int64_t elem = 2;
+  const int64_t page_bytes = int64_t{2} * in.kv_heads * in.page_size * in.head_dim * elem;
+  const int pages_per_seq = (in.tokens + in.page_size - 1) / in.page_size;
+
+  // Every page stays, window or not: the sequence's first queries see its first pages, as in
+  // our prefill case (the layer drops only pages no query of the call sees).
+  std::vector<int32_t> indptr = {0}, page_indices, last_page_len;
+  std::vector<cuda::FlashInferPrefillSequence> sequences;
+  for (int b = 0; b < in.batch; ++b) {
+    for (int p = 0; p < pages_per_seq; ++p) {
+      const int64_t offset = (*in.page_offsets)[static_cast<size_t>(b) * pages_per_seq + p];
+      page_indices.push_back(static_cast<int32_t>(offset / page_bytes));
+    }
+    indptr.push_back(static_cast<int32_t>(page_indices.size()));
+    last_page_len.push_back(in.tokens - (pages_per_seq - 1) * in.page_size);
+    sequences.push_back({/*qo_len=*/in.tokens, /*kv_len=*/in.tokens});
+  }
+  std::optional<cuda::FlashInferPrefillPlan> plan =
+      cuda::PlanFlashInferPrefill(sequences, group, in.head_dim);
+  if (!plan.has_value()) return absl::InternalError("PlanFlashInferPrefill refused the batch");
+
+  const int64_t rows = int64_t{in.batch} * in.tokens;
+  const int64_t q_count = rows * in.q_stride;
+  const int64_t out_count = rows * in.heads * in.head_dim;
+  absl::StatusOr<DevicePtr> q = Allocate(q_count * elem, "16-bit q");
+  absl::StatusOr<DevicePtr> out = Allocate(out_count * elem, "FlashInfer output");
+  absl::StatusOr<DevicePtr> d_indptr = Upload(indptr, "indptr");
+  absl::StatusOr<DevicePtr> d_pages = Upload(page_indices, "page indices");
+  absl::StatusOr<DevicePtr> d_last = Upload(last_page_len, "last page lengths");
+  absl::StatusOr<DevicePtr> d_plan = Upload(plan->packed, "prefill plan");
+  for (const absl::StatusOr<DevicePtr>* d : {&q, &out, &d_indptr, &d_pages, &d_last, &d_plan}) {
+    if (!d->ok()) return d->status();
+  }
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      LaunchFillUniform(q->get(), in.kv_type, q_count, in.q_seed, 1.0f, stream), "filling q");
+  // 0xFF bytes are NaN: an output row the kernel never wrote fails the check below.
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(out->get(), 0xFF, out_count * elem, stream),
+                                 "poisoning the output");
+
+  const int32_t* packed = static_cast<const int32_t*>(d_plan->get());
+  cuda::FlashInferPrefillArgs args;
+  args.kv.kv_type = in.kv_type;
+  args.kv.head_dim = in.head_dim;
+  args.kv.num_kv_heads = in.kv_heads;
+  args.kv.page_size = in.page_size;
+  args.kv.pool = in.pool;
+  args.kv.page_stride_elements = page_bytes / elem;
+  args.kv.indptr = static_cast<const int32_t*>(d_indptr->get());
+  args.kv.page_indices = static_cast<const int32_t*>(d_pages->get());
+  args.kv.last_page_len = static_cast<const int32_t*>(d_last->get());
+  args.num_heads = in.heads;
+  args.batch = in.batch;
+  args.q = q->get();
+  args.q_stride_row = in.q_stride;
+  // q's rows are in sequence order, so the plan's o_indptr serves as q_indptr.
+  args.q_indptr = packed + plan->o_indptr_offset;
+  args.out = out->get();
+  args.causal = true;
+  args.window = in.window;
+  args.sm_scale = 1.0f / std::sqrt(static_cast<float>(in.head_dim));
+  args.schedule = cuda::FlashInferPrefillSchedule::Of(*plan, packed);
+  absl::StatusOr<double> ms = median_ms([&]() {
+    return cuda::CudaStatus(cuda::FlashInferPrefill(args, stream), "FlashInferPrefill");
+  });
+  if (!ms.ok()) return ms.status();
+
+  std::vector<uint16_t> host(static_cast<size_t>(out_count));
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(host.data(), out->get(), host.size() * elem, cudaMemcpyDeviceToHost),
+      "downloading the FlashInfer output");
+  // f16 and bf16 alike: exponent bits all ones is Inf or NaN.
+  const uint16_t exponent = in.kv_type == cuda::KvType::kF16 ? 0x7C00 : 0x7F80;
+  int64_t bad = 0;
+  for (uint16_t x : host) bad += (x & exponent) == exponent ? 1 : 0;
+  if (bad > 0) return absl::InternalError(absl::StrCat(bad, " non-finite FlashInfer outputs"));
+
+  FlashInferPrefillTiming timing;
+  timing.ms = *ms;
+  timing.items = plan->padded_batch_size;
+  timing.cta_tile_q = plan->cta_tile_q;
+  return timing;
+}
+
+}  // namespace attnserve::bench
