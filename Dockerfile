@@ -25,7 +25,9 @@
 #
 # tests/deploy/check_deploy_files.py checks that the files it copies exist and that it uses
 # setup.sh and the release preset; tests/image/image_test.sh builds the CPU image with podman from
-# a Debian 12 base made by mmdebstrap and runs it (health, attnctl demo, non-root; docs/deploy.md).
+# a Debian 12 base made by mmdebstrap and runs it (health on a non-default port, backend auto,
+# attnctl demo, non-root), and tests/image/compose_test.sh runs it under deploy/compose.yaml with
+# Prometheus (docs/deploy.md).
 
 ARG WITH_CUDA=1
 ARG CUDA_VERSION=12.6
