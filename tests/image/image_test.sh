@@ -105,24 +105,27 @@ phase() {
 }
 total_start=${SECONDS}
 
+build_images() {
+  # 1. The base: Debian 12 from Debian's mirror, as the host's apt sees it (with its updates and
+  #    security suites, as mmdebstrap writes them for bookworm).
+  mmdebstrap --quiet --variant=minbase bookworm "${work}/base.tar" >"${work}/mmdebstrap.log" 2>&1 ||
+    { tail -n 20 "${work}/mmdebstrap.log" >&2; fail "mmdebstrap"; }
+  podman import --quiet "${work}/base.tar" "${base_image}" >/dev/null
+  rm -f "${work}/base.tar"
+  phase "base image ${base_image} made by mmdebstrap and imported"
+
+  # 2. The Dockerfile, CPU only. Docker format keeps its HEALTHCHECK (OCI has no such field).
+  nice -n 10 podman build --isolation=chroot --format docker --network=host \
+    --build-arg WITH_CUDA=0 --build-arg BASE_IMAGE="${base_image}" \
+    --build-arg RUNTIME_BASE_IMAGE="${base_image}" \
+    -f "${ROOT}/Dockerfile" -t "${image}" "${context}" >"${work}/build.log" 2>&1 ||
+    { tail -n 40 "${work}/build.log" >&2; fail "podman build"; }
+  phase "image ${image} built ($(podman image inspect --format '{{.Size}}' "${image}") bytes)"
+}
 if [[ "${mode}" == "prebuilt" ]]; then
   podman image exists "${image}" || fail "${image} does not exist (made by --build-only: ctest image_build)"
 else
-# 1. The base: Debian 12 from Debian's mirror, as the host's apt sees it (with its updates and
-#    security suites, as mmdebstrap writes them for bookworm).
-mmdebstrap --quiet --variant=minbase bookworm "${work}/base.tar" >"${work}/mmdebstrap.log" 2>&1 ||
-  { tail -n 20 "${work}/mmdebstrap.log" >&2; fail "mmdebstrap"; }
-podman import --quiet "${work}/base.tar" "${base_image}" >/dev/null
-rm -f "${work}/base.tar"
-phase "base image ${base_image} made by mmdebstrap and imported"
-
-# 2. The Dockerfile, CPU only. Docker format keeps its HEALTHCHECK (OCI has no such field).
-nice -n 10 podman build --isolation=chroot --format docker --network=host \
-  --build-arg WITH_CUDA=0 --build-arg BASE_IMAGE="${base_image}" \
-  --build-arg RUNTIME_BASE_IMAGE="${base_image}" \
-  -f "${ROOT}/Dockerfile" -t "${image}" "${context}" >"${work}/build.log" 2>&1 ||
-  { tail -n 40 "${work}/build.log" >&2; fail "podman build"; }
-phase "image ${image} built ($(podman image inspect --format '{{.Size}}' "${image}") bytes)"
+  build_images
 fi
 if [[ "${mode}" == "build-only" ]]; then
   echo "image_test: built ${image} (base ${base_image}) in $((SECONDS - total_start)) s"
