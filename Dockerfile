@@ -9,7 +9,11 @@
 #   (or deploy/compose.yaml, which adds Prometheus and Grafana)
 #
 # Ports: 50051 gRPC (attnserve.v1.AttentionService, grpc.health.v1, reflection); 9464 Prometheus
-# metrics at /metrics. The health check asks grpc.health.v1 through `attnctl health`.
+# metrics at /metrics. The server's default --backend=auto takes the GPU when the container has a
+# usable one (and this image was built WITH_CUDA=1), else the CPU, and logs which and why. The
+# health check asks grpc.health.v1 through `attnctl health` on the port the server bound
+# (deploy/healthcheck.sh reads the --port_file the ENTRYPOINT sets), so a --listen given in the
+# command moves it too.
 #
 # Why debian:12 and not nvidia/cuda:*-devel-ubuntu*: setup.sh and the build target Debian 12's
 # packages (gRPC 1.51, protobuf 3.21, Abseil 20220623, prometheus-cpp 1.0, CMake 3.25). NVIDIA
@@ -21,7 +25,9 @@
 #
 # tests/deploy/check_deploy_files.py checks that the files it copies exist and that it uses
 # setup.sh and the release preset; tests/image/image_test.sh builds the CPU image with podman from
-# a Debian 12 base made by mmdebstrap and runs it (health, attnctl demo, non-root; docs/deploy.md).
+# a Debian 12 base made by mmdebstrap and runs it (health on a non-default port, backend auto,
+# attnctl demo, non-root), and tests/image/compose_test.sh runs it under deploy/compose.yaml with
+# Prometheus (docs/deploy.md).
 
 ARG WITH_CUDA=1
 ARG CUDA_VERSION=12.6
@@ -96,6 +102,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 COPY --from=build /out/bin/ /usr/local/bin/
+COPY deploy/healthcheck.sh /usr/local/bin/attnserve-healthcheck
 
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin attnserve
 USER attnserve:attnserve
@@ -104,10 +111,12 @@ USER attnserve:attnserve
 EXPOSE 50051 9464
 
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
-  CMD ["attnctl", "--server=127.0.0.1:50051", "--timeout_s=3", "health"]
+  CMD ["attnserve-healthcheck"]
 
 # SIGTERM drains in-flight calls for up to --shutdown_grace (default 10 s, as long as docker stop's
 # default wait before SIGKILL: give it more, `docker stop -t 30`, as compose's stop_grace_period).
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["attnserve_server"]
+# --port_file in the ENTRYPOINT, not the CMD, so that a command's own flags keep it: the health
+# check reads the bound port there (deploy/healthcheck.sh; /tmp, where the non-root user writes).
+ENTRYPOINT ["attnserve_server", "--port_file=/tmp/attnserve.port"]
 CMD ["--listen=0.0.0.0:50051", "--metrics_address=0.0.0.0:9464"]

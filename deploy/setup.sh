@@ -5,7 +5,8 @@
 #      binary the deploy test runs itself on 127.0.0.1 — the test does not use the prometheus
 #      service that Debian enables on :9090 where systemd runs; HAProxy, which the scale test runs
 #      the same way; podman, runc and mmdebstrap, with which the image test builds and runs the
-#      Dockerfile);
+#      Dockerfile, and podman-compose with the dnsname CNI plugin, with which the compose test runs
+#      deploy/compose.yaml);
 #   2. the Python packages of the peer tests (tests/peer/requirements.txt), of the Python client
 #      (client/python/requirements.txt) and of the deploy tests (tests/deploy/requirements.txt),
 #      pinned, into ./.venv, a virtual environment made with Debian's /usr/bin/python3, and those
@@ -21,8 +22,8 @@
 # Usage: deploy/setup.sh [--no-python | --runtime-only] [--no-image-tools] [--help]
 #   --runtime-only: only the shared libraries attnserve_server and attnctl load (the Dockerfile's
 #   runtime stage); no compiler, no Python.
-#   --no-image-tools: not podman, runc and mmdebstrap (tests/image builds and runs the image with
-#   them; the Dockerfile's build stage needs none).
+#   --no-image-tools: not podman, runc, mmdebstrap and podman-compose (tests/image builds and runs
+#   the image and deploy/compose.yaml with them; the Dockerfile's build stage needs none).
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
 # A step that fails under `set -e` says where, instead of ending the script without a word.
 trap 'echo "[setup] failed (exit $?) at deploy/setup.sh line ${LINENO}: ${BASH_COMMAND}" >&2' ERR
@@ -54,8 +55,12 @@ readonly PACKAGES=(
 )
 
 # tests/image: the Dockerfile built with podman (runc runtime) from a base made by mmdebstrap, and
-# run. Not installed by --no-image-tools (the Dockerfile's build stage: no containers inside).
-readonly IMAGE_TOOL_PACKAGES=(podman runc mmdebstrap)
+# run; deploy/compose.yaml run with podman-compose. Its services find each other by name
+# (Prometheus scrapes attnserve:9464) through the dnsname CNI plugin, which podman (CNI networks,
+# Debian 12) only recommends. Not installed by --no-image-tools (the Dockerfile's build stage: no
+# containers inside).
+readonly IMAGE_TOOL_PACKAGES=(podman runc mmdebstrap podman-compose
+                              golang-github-containernetworking-plugin-dnsname)
 
 # What the built binaries load at run time (ldd of attnserve_server and attnctl, mapped to
 # packages with dpkg -S); the Dockerfile's runtime stage installs only these. Keep in step with
@@ -70,7 +75,7 @@ runtime_only=0
 with_image_tools=1
 
 usage() {
-  sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 log() { printf '[setup] %s\n' "$*"; }

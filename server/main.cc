@@ -42,8 +42,9 @@ ABSL_FLAG(std::string, replica_id, "",
           "client behind a load balancer knows where its session lives (docs/deploy.md); empty = "
           "<hostname>:<bound port>.");
 ABSL_FLAG(std::string, backend, kDefaults.backend,
-          "auto, cpu or cuda. auto: CUDA when this binary has it and a device is usable (the log "
-          "says which and why), else CPU. cuda with no usable device fails at startup.");
+          "auto, cpu or cuda. auto (the default): CUDA when this binary has it and a device is "
+          "usable, else CPU; the log says which and why. cuda with no usable device fails at "
+          "startup.");
 ABSL_FLAG(int, threads, kDefaults.engine_threads,
           "CPU backend threads; 0 = one per hardware thread.");
 ABSL_FLAG(int, compute_threads, kDefaults.compute_threads,

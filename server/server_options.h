@@ -62,7 +62,9 @@ struct ServerOptions {
   // Prometheus /metrics endpoint, host:port (port 0 picks a free port); empty = not served.
   std::string metrics_address;
   std::string metrics_port_file;  // When set, the metrics port is written here before serving.
-  std::string backend = "cpu";    // "auto", "cpu" or "cuda" (kernels/backend_factory.h).
+  // "auto", "cpu" or "cuda" (kernels/backend_factory.h). auto: CUDA when a device is usable, else
+  // CPU, so one image serves with or without a GPU in its container; the log says which and why.
+  std::string backend = "auto";
   // This replica's name in Configure's and GetServerInfo's `replica`; empty = "<hostname>:<port>".
   std::string replica_id;
   int engine_threads = 0;         // CPU backend threads; 0 = one per hardware thread.

@@ -24,7 +24,9 @@ server_start() {
     shift
   fi
   SERVER_WORKDIR="${workdir}"
-  local flags=(--listen=127.0.0.1:0 --port_file="${workdir}/port")
+  # --backend=cpu: the tests' expectations are the CPU backend's (the server's default is auto,
+  # CUDA where a device is usable); a --backend among the caller's flags comes later and wins.
+  local flags=(--listen=127.0.0.1:0 --port_file="${workdir}/port" --backend=cpu)
   ((with_metrics)) && flags+=(--metrics_address=127.0.0.1:0 --metrics_port_file="${workdir}/metrics_port")
   "${binary}" "${flags[@]}" "$@" >"${workdir}/server.log" 2>&1 &
   SERVER_PID=$!

@@ -30,7 +30,7 @@ fail() {
 
 # Starts a server writing its port to $workdir/$1.port; waits (bounded: 30 s) for the port.
 start_server() {
-  "${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/$1.port" --threads=2 \
+  "${SERVER}" --listen=127.0.0.1:0 --port_file="${workdir}/$1.port" --backend=cpu --threads=2 \
     --shutdown_grace=5s >"${workdir}/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do

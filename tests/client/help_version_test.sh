@@ -2,6 +2,7 @@
 # ctest: --help and --version of attnserve_server, attnctl and attnbench.
 #   - --help lists the binary's own flags (Abseil's default looked for a file named after the
 #     program and printed "No flags matched" for the server);
+#   - the server's --backend defaults to auto;
 #   - --version prints the version, git revision, build type and backends (Abseil's default
 #     printed "Debug build (NDEBUG not #defined)" for a Release build and no version).
 #
@@ -43,6 +44,12 @@ ${help}"
 
 check_binary "${BUILD}/server/attnserve_server" attnserve_server listen port_file backend \
   checkpoint_root
+# The server's backend default is auto (CUDA when a device is usable, else CPU): one image serves
+# with or without a GPU (deploy/compose.yaml passes no --backend).
+server_help="$(timeout 20 "${BUILD}/server/attnserve_server" --help 2>&1)" || true
+backend_help="$(printf '%s\n' "${server_help}" | sed -n '/^ *--backend (/,/default:/p')"
+[[ "${backend_help}" == *'default: "auto";'* ]] ||
+  fail "attnserve_server --help does not give --backend the default \"auto\": ${backend_help}"
 check_binary "${BUILD}/client/attnctl" attnctl server session tokens to_session tls_ca
 check_binary "${BUILD}/client/attnbench" attnbench server variants concurrency tls_ca
 echo "${TEST_NAME}: PASS"

@@ -2,8 +2,8 @@
 """Static checks of the deployment files (ctest deploy_files_test, label "deploy").
 
 Docker is not run (CI has no Docker engine), so this checks what can be checked without it:
-  * deploy/compose.yaml, deploy/prometheus/prometheus.yml and every Grafana provisioning YAML
-    parse (PyYAML, tests/deploy/requirements.txt), and deploy/grafana/attnserve.json parses;
+  * deploy/compose.yaml (its ${VAR:-default} settings at their defaults), deploy/compose.gpu.yaml,
+    deploy/prometheus/prometheus.yml and every Grafana provisioning YAML parse (PyYAML, tests/deploy/requirements.txt), and deploy/grafana/attnserve.json parses;
   * every file they reference exists in the repository: the build context and Dockerfile, every
     bind-mounted source, the dashboard folder a Grafana provider loads (resolved through the
     grafana service's mounts), Grafana's home dashboard path, the Dockerfile's COPY sources;
@@ -11,7 +11,13 @@ Docker is not run (CI has no Docker engine), so this checks what can be checked 
     --metrics_address flag names, the ports the Dockerfile EXPOSEs are those compose publishes,
     the dashboard's datasource uid is the provisioned one, every panel expression filters by
     variant with =~"$variant" (or has no variant label), the Dockerfile builds with
-    deploy/setup.sh and the release preset, runs as a non-root user and has a HEALTHCHECK.
+    deploy/setup.sh and the release preset, runs as a non-root user and has a HEALTHCHECK;
+  * the CPU default and GPU override: compose.yaml builds WITH_CUDA=0 and passes no --backend
+    (the server's auto), compose.gpu.yaml builds WITH_CUDA=1 under another image name and gives
+    the container a GPU device; --checkpoint_root is the target of a read-only mount;
+  * the health check follows the configured port: the image's HEALTHCHECK and compose's run
+    deploy/healthcheck.sh (attnserve-healthcheck), which asks attnctl health on the port read
+    from the file the ENTRYPOINT's --port_file names.
 
 Usage: check_deploy_files.py [--root REPO]     (exit status 0 = all checks passed)
 """
@@ -73,6 +79,20 @@ class Checker:
             return False
 
 
+_VARIABLE = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\})")
+
+
+def with_defaults(value):
+    """`value` with compose's ${VAR:-default} at its default (${VAR} empty, $$ a $)."""
+    if isinstance(value, dict):
+        return {key: with_defaults(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [with_defaults(item) for item in value]
+    if isinstance(value, str):
+        return _VARIABLE.sub(lambda m: "$" if m.group(1) else (m.group(3) or ""), value)
+    return value
+
+
 def bind_mounts(checker: Checker, service_name: str, service: dict):
     """(host path, container path) of the service's bind mounts; named volumes are skipped."""
     mounts = []
@@ -111,6 +131,7 @@ def check_compose(checker: Checker):
     compose = checker.load_yaml(compose_path)
     if compose is None:
         return None
+    compose = with_defaults(compose)
     services = compose.get("services") or {}
     for name in ("attnserve", "prometheus", "grafana"):
         checker.check(name in services, f"compose.yaml has a service '{name}'")
@@ -152,6 +173,41 @@ def flag_value(command, flag: str):
         if str(arg).startswith(flag + "="):
             return str(arg).split("=", 1)[1]
     return None
+
+
+def check_cpu_default_and_gpu(checker: Checker, compose: dict):
+    attnserve = (compose.get("services") or {}).get("attnserve") or {}
+    build_args = (attnserve.get("build") or {}).get("args") or {}
+    checker.check(str(build_args.get("WITH_CUDA")) == "0",
+                  "compose.yaml builds the CPU image by default (build args WITH_CUDA: \"0\")")
+    command = attnserve.get("command") or []
+    checker.check(flag_value(command, "--backend") is None,
+                  "compose.yaml passes no --backend (the server's default, auto, follows the device)")
+    root = flag_value(command, "--checkpoint_root")
+    ro_targets = [str(v).split(":")[1] for v in attnserve.get("volumes", []) or []
+                  if isinstance(v, str) and str(v).endswith(":ro")]
+    checker.check(root is not None and root in ro_targets,
+                  f"compose.yaml: --checkpoint_root={root} is a read-only mount ({ro_targets})")
+    health = ((attnserve.get("healthcheck") or {}).get("test")) or []
+    checker.check(list(health) == ["CMD", "attnserve-healthcheck"],
+                  f"compose.yaml's healthcheck runs attnserve-healthcheck: {health}")
+
+    gpu = checker.load_yaml(checker.deploy / "compose.gpu.yaml")
+    if gpu is None:
+        return
+    gpu = with_defaults(gpu)
+    gpu_services = gpu.get("services") or {}
+    checker.check(set(gpu_services) == {"attnserve"},
+                  f"compose.gpu.yaml overrides only attnserve: {sorted(gpu_services)}")
+    gpu_attnserve = gpu_services.get("attnserve") or {}
+    gpu_args = (gpu_attnserve.get("build") or {}).get("args") or {}
+    checker.check(str(gpu_args.get("WITH_CUDA")) == "1",
+                  "compose.gpu.yaml builds the CUDA image (WITH_CUDA: \"1\")")
+    checker.check(gpu_attnserve.get("image") not in (None, attnserve.get("image")),
+                  "compose.gpu.yaml names its image apart from the CPU one "
+                  f"({gpu_attnserve.get('image')} vs {attnserve.get('image')})")
+    checker.check(any("gpu" in str(d) for d in gpu_attnserve.get("devices", []) or []),
+                  f"compose.gpu.yaml gives the container a GPU: {gpu_attnserve.get('devices')}")
 
 
 def check_prometheus(checker: Checker, compose: dict):
@@ -318,8 +374,20 @@ def check_dockerfile(checker: Checker, compose: dict):
     checker.check(bool(users) and users[-1].split(":")[0] not in ("root", "0"),
                   f"Dockerfile runs as a non-root user (USER {users[-1] if users else None})")
     health = [line for line in instructions if line.upper().startswith("HEALTHCHECK ")]
-    checker.check(bool(health) and "health" in health[-1] and "attnctl" in health[-1],
-                  "Dockerfile has a HEALTHCHECK through attnctl health (grpc.health.v1)")
+    checker.check(bool(health) and '"attnserve-healthcheck"' in health[-1],
+                  "Dockerfile has a HEALTHCHECK through attnserve-healthcheck")
+    checker.check(any(line.split()[1:] == ["deploy/healthcheck.sh",
+                                            "/usr/local/bin/attnserve-healthcheck"]
+                      for line in instructions if line.upper().startswith("COPY ")),
+                  "Dockerfile copies deploy/healthcheck.sh to /usr/local/bin/attnserve-healthcheck")
+    entrypoints = [line for line in instructions if line.upper().startswith("ENTRYPOINT ")]
+    entrypoint = json.loads(entrypoints[-1].split(None, 1)[1]) if entrypoints else []
+    port_files = [a.split("=", 1)[1] for a in entrypoint if a.startswith("--port_file=")]
+    script = (checker.root / "deploy" / "healthcheck.sh").read_text()
+    checker.check(len(port_files) == 1 and f'ATTNSERVE_PORT_FILE:-{port_files[0]}}}' in script,
+                  f"the ENTRYPOINT's --port_file {port_files} is the file deploy/healthcheck.sh reads")
+    checker.check("attnctl" in script and " health" in script and "${port}" in script,
+                  "deploy/healthcheck.sh asks attnctl health on the port read from that file")
     exposed = {int(p.split("/")[0]) for line in instructions if line.upper().startswith("EXPOSE ")
                for p in line.split()[1:]}
     attnserve = (compose.get("services") or {}).get("attnserve") or {}
@@ -341,6 +409,7 @@ def main() -> int:
     dashboard = check_dashboard(checker)
     if compose is not None:
         check_prometheus(checker, compose)
+        check_cpu_default_and_gpu(checker, compose)
         check_dockerfile(checker, compose)
         if dashboard is not None:
             check_grafana(checker, compose, dashboard)

@@ -425,7 +425,7 @@ def start_server(args, workdir: Path, processes: Processes, index: int):
     grpc_port_file = workdir / f"port{index}"
     metrics_port = free_port()
     processes.start(f"attnserve_server{index}", [
-        args.server, "--listen=127.0.0.1:0", f"--port_file={grpc_port_file}",
+        args.server, "--listen=127.0.0.1:0", f"--port_file={grpc_port_file}", "--backend=cpu",
         f"--metrics_address=127.0.0.1:{metrics_port}", "--threads=1", "--compute_threads=2",
         f"--kv_pool_bytes={POOL_BYTES[index]}", f"--replica_id=replica-{index}"])
     return grpc_port_file, metrics_port

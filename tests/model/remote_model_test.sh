@@ -28,7 +28,7 @@ models="$(cd "${models}" && pwd)"
 
 # One thread per process: client and servers share the machine's cores, and PyTorch's thread
 # pool spins badly when they are oversubscribed.
-server_flags=(--checkpoint_root="${models}" --threads=1 --compute_threads=1 --max_queue_delay=0)
+server_flags=(--backend=cpu --checkpoint_root="${models}" --threads=1 --compute_threads=1 --max_queue_delay=0)
 
 # The second server first, by hand; server_start then owns the first (SERVER_PID).
 mkdir -p "${workdir}/second"

@@ -103,8 +103,10 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartImpl(
   process->log_path_ = process->temp_dir_ + "/server.log";
   const std::string port_file = process->temp_dir_ + "/port";
 
+  // --backend=cpu: the tests' expectations are the CPU backend's, whether or not this binary has
+  // CUDA and a device (the server's default is auto); a --backend in `flags` comes later and wins.
   std::vector<std::string> args = {ServerBinaryPath(), "--listen=" + host + ":0",
-                                   "--port_file=" + port_file};
+                                   "--port_file=" + port_file, "--backend=cpu"};
   args.insert(args.end(), flags.begin(), flags.end());
   absl::StatusOr<pid_t> pid = SpawnLogged(args, process->log_path_, nullptr, limits);
   if (!pid.ok()) return pid.status();
