@@ -173,8 +173,12 @@ absl::StatusOr<bool> RawGrpcCall::ReadFrame(absl::Time deadline) {
       for (size_t i = 0; i + 6 <= payload.size(); i += 6) {
         const int id = (static_cast<unsigned char>(payload[i]) << 8) |
                        static_cast<unsigned char>(payload[i + 1]);
-        if (id == 4) {  // SETTINGS_INITIAL_WINDOW_SIZE moves every open stream's window.
-          stream_window_ += static_cast<int64_t>(Be32(payload.data() + i + 2)) - 65535;
+        if (id == 4) {
+          // SETTINGS_INITIAL_WINDOW_SIZE moves every open stream's window by the change from the
+          // value before (gRPC sends it more than once: it shrinks it under memory pressure).
+          const int64_t value = Be32(payload.data() + i + 2);
+          stream_window_ += value - initial_window_;
+          initial_window_ = value;
         }
       }
       if (absl::Status s = WriteFrame(kSettings, kAck, 0, ""); !s.ok()) return s;

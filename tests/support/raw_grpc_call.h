@@ -55,6 +55,7 @@ class RawGrpcCall {
   int fd_ = -1;
   int64_t connection_window_ = 65535;
   int64_t stream_window_ = 65535;
+  int64_t initial_window_ = 65535;  // The server's SETTINGS_INITIAL_WINDOW_SIZE.
   bool ended_ = false;
   End end_;
   std::string header_block_;  // HEADERS + CONTINUATION of the stream, until END_HEADERS.
