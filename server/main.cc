@@ -67,9 +67,9 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaultLimits.max_message_bytes,
           "Largest gRPC message received or sent, in bytes.");
 ABSL_FLAG(int64_t, max_inflight_message_bytes, kDefaultLimits.max_inflight_message_bytes,
           "Memory gRPC may hold for all connections and the messages they are receiving, "
-          "together (a grpc::ResourceQuota): past it gRPC throttles and then cancels streams "
-          "instead of the process running out of memory. 0 = 4 x --max_message_bytes. Must be "
-          ">= --max_message_bytes.");
+          "together (a grpc::ResourceQuota): past it gRPC resets streams (clients see "
+          "RESOURCE_EXHAUSTED) instead of the process running out of memory. 0 = 4 x "
+          "--max_message_bytes. Must be >= --max_message_bytes.");
 ABSL_FLAG(int64_t, max_retained_output_bytes, kDefaultLimits.max_retained_output_bytes,
           "Bytes of call outputs kept for call_id retries, all sessions together (each request "
           "keeps its last call_id's output); past it the oldest are evicted, and a retry of an "

@@ -293,7 +293,8 @@ absl::Status RunServer(const ServerOptions& options) {
   // included: without it, callers that send most of a large message and go quiet grow the process
   // without limit (issue 21). Callers are authenticated before their request is read
   // (server/rpc/streamed_unary_call.h), so this is spent on authenticated calls and on
-  // connections' own buffers.
+  // connections' own buffers. Past it gRPC resets streams (its destructive reclaimer), of the
+  // connection it picks, not necessarily the one holding the most (AuthBeforeBodyTest).
   const int64_t inflight_bytes = InflightMessageBytes(options.limits);
   grpc::ResourceQuota quota("attnserve");
   quota.Resize(static_cast<size_t>(inflight_bytes));

@@ -114,16 +114,16 @@ TEST_F(AuthBeforeBodyTest, UnauthenticatedBodiesDoNotGrowTheServer) {
     ASSERT_TRUE(n.ok()) << n.status();
     sent += *n;
   }
-  for (const auto& call : calls) {
-    absl::StatusOr<RawGrpcCall::End> end = call->AwaitEnd(absl::Now() + absl::Seconds(30));
-    ASSERT_TRUE(end.ok()) << end.status();
-    EXPECT_EQ(RawGrpcCall::GrpcStatus(end->trailers), kGrpcUnauthenticated);
-  }
   // The peak, not the resident size now: memory held for a while and freed counts too.
   const int64_t growth = server_->PeakResidentBytes() - before;
   std::cout << "16 unauthenticated calls: client sent " << sent << " body bytes; server peak RSS +"
             << growth << " bytes\n";
   EXPECT_LT(growth, int64_t{64} << 20);
+  for (const auto& call : calls) {
+    absl::StatusOr<RawGrpcCall::End> end = call->AwaitEnd(absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(end.ok()) << end.status();
+    EXPECT_EQ(RawGrpcCall::GrpcStatus(end->trailers), kGrpcUnauthenticated);
+  }
 }
 
 // Authenticated callers' unfinished messages are bounded by --max_inflight_message_bytes. gRPC
