@@ -71,6 +71,11 @@ ABSL_FLAG(int64_t, max_sequence_length, kDefaultLimits.max_sequence_length,
           "Tokens per request at most.");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaultLimits.max_message_bytes,
           "Largest gRPC message received or sent, in bytes.");
+ABSL_FLAG(int64_t, max_inflight_message_bytes, kDefaultLimits.max_inflight_message_bytes,
+          "Memory gRPC may hold for all connections and the messages they are receiving, "
+          "together (a grpc::ResourceQuota): past it gRPC resets streams (clients see "
+          "RESOURCE_EXHAUSTED) instead of the process running out of memory. 0 = 4 x "
+          "--max_message_bytes. Must be >= --max_message_bytes.");
 ABSL_FLAG(int64_t, max_retained_output_bytes, kDefaultLimits.max_retained_output_bytes,
           "Bytes of call outputs kept for call_id retries, all sessions together (each request "
           "keeps its last call_id's output); past it the oldest are evicted, and a retry of an "
@@ -182,6 +187,7 @@ int main(int argc, char** argv) {
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_inflight_message_bytes = absl::GetFlag(FLAGS_max_inflight_message_bytes);
   options.limits.max_retained_output_bytes = absl::GetFlag(FLAGS_max_retained_output_bytes);
   options.limits.import_idle_timeout = absl::GetFlag(FLAGS_import_idle_timeout);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);

@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -104,6 +105,12 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes = ", l.max_message_bytes,
                                                    ", must be in [1024, 2^31 - 1]"));
   }
+  if (l.max_inflight_message_bytes != 0 && l.max_inflight_message_bytes < l.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_message_bytes = ", l.max_inflight_message_bytes,
+        ", must be 0 (4 x --max_message_bytes) or >= --max_message_bytes = ", l.max_message_bytes,
+        " (one largest message must fit)"));
+  }
   if (l.import_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--import_idle_timeout must be >= 0 (0 = never)");
   }
@@ -144,6 +151,12 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   backend.cuda.attention = *ParseCudaAttentionImpl(o.cuda_attention);  // ValidateOptions checked it.
   // Errors name the flag's value ("backend = cuda: no CUDA device: ...").
   return CreateBackend(backend);
+}
+
+// --max_inflight_message_bytes, its default resolved.
+int64_t InflightMessageBytes(const ServerLimits& limits) {
+  return limits.max_inflight_message_bytes > 0 ? limits.max_inflight_message_bytes
+                                               : 4 * limits.max_message_bytes;
 }
 
 // Writes the port to `path` via a rename, so a reader never sees a partial file.
@@ -289,6 +302,16 @@ absl::Status RunServer(const ServerOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.limits.max_message_bytes));
+  // Bounds what gRPC holds for every connection and call together, the messages being received
+  // included: without it, callers that send most of a large message and go quiet grow the process
+  // without limit (issue 21). Callers are authenticated before their request is read
+  // (server/rpc/streamed_unary_call.h), so this is spent on authenticated calls and on
+  // connections' own buffers. Past it gRPC resets streams (its destructive reclaimer), of the
+  // connection it picks, not necessarily the one holding the most (AuthBeforeBodyTest).
+  const int64_t inflight_bytes = InflightMessageBytes(options.limits);
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(inflight_bytes));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -330,10 +353,11 @@ absl::Status RunServer(const ServerOptions& options) {
              options.scheduler.prefill_chunk_tokens);
   SERVER_LOG(INFO,
              "KV pool %d bytes; parameter budget %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
-             "message bytes, request_ttl %s, session_ttl %s",
+             "message bytes, %d in-flight message bytes, request_ttl %s, session_ttl %s",
              pool.capacity_bytes(), parameters.capacity_bytes(), options.limits.max_sessions,
              options.limits.max_requests_per_session, options.limits.max_sequence_length,
-             options.limits.max_message_bytes, absl::FormatDuration(options.limits.request_ttl),
+             options.limits.max_message_bytes, inflight_bytes,
+             absl::FormatDuration(options.limits.request_ttl),
              absl::FormatDuration(options.limits.session_ttl));
   if (!options.port_file.empty()) {
     if (absl::Status s = WritePortFile(options.port_file, port); !s.ok()) {
@@ -386,7 +410,7 @@ absl::Status RunServer(const ServerOptions& options) {
   sweeper.Stop();
   executor.Shutdown();
   for (const std::shared_ptr<Session>& session : registry.All()) {
-    if (std::shared_ptr<Session> s = registry.Remove(session->id())) s->Close();
+    if (std::shared_ptr<Session> s = registry.Remove(session)) s->Close();
   }
   SERVER_LOG(INFO, "stopped; KV pool used %d bytes", pool.used_bytes());
   if (listener_failed.load()) {

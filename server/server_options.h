@@ -15,6 +15,12 @@ struct ServerLimits {
   int max_requests_per_session = 256;
   int64_t max_sequence_length = 32768;   // Tokens per request.
   int64_t max_message_bytes = 64 << 20;  // Both directions; gRPC answers RESOURCE_EXHAUSTED.
+  // Memory gRPC may hold for all connections together (their buffers and the messages being
+  // received), as a grpc::ResourceQuota: past it gRPC resets streams (RST_STREAM
+  // ENHANCE_YOUR_CALM; it still opens its window for the whole of a message being read), rather
+  // than the process growing until the kernel ends it. 0 = 4 x
+  // max_message_bytes (256 MiB by default: four largest messages in flight at once).
+  int64_t max_inflight_message_bytes = 0;
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.
   // Configure's checkpoint paths must resolve inside this directory

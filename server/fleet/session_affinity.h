@@ -19,7 +19,8 @@ namespace attnserve::server {
 // The id of the session a Configure call creates: the call's `x-attnserve-session` when present
 // (INVALID_ARGUMENT unless it is exactly 32 lowercase hex digits — 128 bits, the form of the
 // server's own ids, so an id chosen by a client is as hard to guess), else NewSessionId(). A
-// client-chosen id that is already live is refused by SessionRegistry::Add (ALREADY_EXISTS).
+// client-chosen id that is already live for the caller's tenant is refused by SessionRegistry::Add
+// (ALREADY_EXISTS); one that another tenant uses is no obstacle (ids are scoped by tenant).
 absl::StatusOr<std::string> SessionIdForConfigure(const grpc::ServerContextBase& context);
 
 // The replica name reported by Configure and GetServerInfo when --replica_id is empty: this host's

@@ -50,7 +50,7 @@ void SessionRebalancer::Run() {
       const std::string owner = Owner(session->id());
       if (owner.empty() || owner == options_.own_replica) continue;
       // Unlisted first: no new step lands here after the copy is made.
-      if (registry_->Remove(session->id()) == nullptr) continue;
+      if (registry_->Remove(session) == nullptr) continue;
       SERVER_LOG(INFO, "rebalance: session %s hashes to %s now; moving it there", session->id(),
                  owner);
       DrainReport report;

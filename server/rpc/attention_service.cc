@@ -30,6 +30,7 @@
 #include "server/fleet/session_affinity.h"
 #include "server/session/scheduler.h"
 #include "server/rpc/step_codec.h"
+#include "server/rpc/streamed_unary_call.h"
 #include "server/session/weight_source.h"
 
 #ifndef ATTNSERVE_VERSION
@@ -153,98 +154,68 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
                 limits.import_idle_timeout, &timer_},
       retained_(std::make_shared<RetainedOutputs>(
           limits.max_retained_output_bytes,
-          registry->tenant_quotas().max_retained_output_bytes)) {}
+          registry->tenant_quotas().max_retained_output_bytes)) {
+  // The indices of attention_service.proto's methods, in gRPC's generated order.
+  ServeUnary(0, Rpc::kConfigure, &AttentionServiceImpl::HandleConfigure);
+  ServeUnary(1, Rpc::kForward, &AttentionServiceImpl::HandleForward);
+  ServeUnary(2, Rpc::kDecode, &AttentionServiceImpl::HandleDecode);
+  ServeUnary(4, Rpc::kFork, &AttentionServiceImpl::HandleFork);
+  ServeUnary(5, Rpc::kRelease, &AttentionServiceImpl::HandleRelease);
+  ServeUnary(6, Rpc::kGetSession, &AttentionServiceImpl::HandleGetSession);
+  ServeUnary(7, Rpc::kListSessions, &AttentionServiceImpl::HandleListSessions);
+  ServeUnary(8, Rpc::kGetServerInfo, &AttentionServiceImpl::HandleGetServerInfo);
+  RegisterStreamMethod(9, [this](grpc::CallbackServerContext* context) {
+    return StartExportRequest(transfer_, context);
+  });
+}
 
 // ---- The wire ----------------------------------------------------------------------------------
 
+void AttentionServiceImpl::RegisterStreamMethod(
+    int index, std::function<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*(
+                   grpc::CallbackServerContext*)>
+                   factory) {
+  using StreamHandler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  // MarkMethodStreamed makes it BIDI_STREAMING (the core surfaces the call at its metadata, not
+  // after reading its request); MarkMethodRawCallback then serves it on the callback API. Each
+  // takes ownership of its handler, and the first is replaced by the second.
+  MarkMethodStreamed(index, new StreamHandler(factory));
+  MarkMethodRawCallback(index, new StreamHandler(std::move(factory)));
+}
+
 template <typename Request, typename Response>
-grpc::ServerUnaryReactor* AttentionServiceImpl::Serve(Rpc rpc, Handler<Request, Response> handler,
-                                                      grpc::CallbackServerContext* context,
-                                                      const grpc::ByteBuffer* wire_request,
-                                                      grpc::ByteBuffer* wire_response) {
-  auto* call =
-      new UnaryExchange<Request, Response>(context, wire_response, limits_.max_message_bytes);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  // Before parsing: a caller without a valid token learns nothing, not even what parses.
-  absl::StatusOr<Principal> caller = Authenticate(*context);
-  if (!caller.ok()) {
-    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(), ToGrpc(caller.status()));
-    return reactor;
-  }
-  const bool changes_sessions = rpc != Rpc::kGetSession && rpc != Rpc::kListSessions &&
-                                rpc != Rpc::kGetServerInfo;
-  if (grpc::Status draining = DrainingStatus(); changes_sessions && !draining.ok()) {
-    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(), std::move(draining));
-    return reactor;
-  }
-  if (!ParseMessage(*wire_request, &call->request())) {
-    FinishCall(call, *metrics_, rpc, kNoVariant, CallTimer(),
-               UnparseableMessage(call->request(), wire_request->Length()));
-    return reactor;
-  }
-  (this->*handler)(context, *caller, call->request(), call->response(), call);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Configure(grpc::CallbackServerContext* context,
-                                                          const grpc::ByteBuffer* request,
-                                                          grpc::ByteBuffer* response) {
-  return Serve(Rpc::kConfigure, &AttentionServiceImpl::HandleConfigure, context, request, response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Forward(grpc::CallbackServerContext* context,
-                                                        const grpc::ByteBuffer* request,
-                                                        grpc::ByteBuffer* response) {
-  return Serve(Rpc::kForward, &AttentionServiceImpl::HandleForward, context, request, response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Decode(grpc::CallbackServerContext* context,
-                                                       const grpc::ByteBuffer* request,
-                                                       grpc::ByteBuffer* response) {
-  return Serve(Rpc::kDecode, &AttentionServiceImpl::HandleDecode, context, request, response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Release(grpc::CallbackServerContext* context,
-                                                        const grpc::ByteBuffer* request,
-                                                        grpc::ByteBuffer* response) {
-  return Serve(Rpc::kRelease, &AttentionServiceImpl::HandleRelease, context, request, response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::Fork(grpc::CallbackServerContext* context,
-                                                     const grpc::ByteBuffer* request,
-                                                     grpc::ByteBuffer* response) {
-  return Serve(Rpc::kFork, &AttentionServiceImpl::HandleFork, context, request, response);
-}
-
-grpc::ServerWriteReactor<grpc::ByteBuffer>* AttentionServiceImpl::ExportRequest(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return StartExportRequest(transfer_, context, request);
+void AttentionServiceImpl::ServeUnary(int index, Rpc rpc, Handler<Request, Response> handler) {
+  RegisterStreamMethod(index, [this, rpc, handler](grpc::CallbackServerContext* context) {
+    using Call = StreamedUnaryCall<Request, Response>;
+    auto* call = new Call(context, limits_.max_message_bytes);
+    auto refuse = [this, rpc](UnaryCall* refused, grpc::Status status) {
+      FinishCall(refused, *metrics_, rpc, kNoVariant, CallTimer(), std::move(status));
+    };
+    // From the metadata alone: a caller without a valid token learns nothing, not even what
+    // parses, and costs no more than its headers (the request is never read).
+    absl::StatusOr<Principal> caller = Authenticate(*context);
+    if (!caller.ok()) {
+      refuse(call, ToGrpc(caller.status()));
+      return call->reactor();
+    }
+    const bool changes_sessions = rpc != Rpc::kGetSession && rpc != Rpc::kListSessions &&
+                                  rpc != Rpc::kGetServerInfo;
+    if (grpc::Status draining = DrainingStatus(); changes_sessions && !draining.ok()) {
+      refuse(call, std::move(draining));
+      return call->reactor();
+    }
+    call->ReadRequest(
+        [this, handler, caller = *std::move(caller)](Call& read) {
+          (this->*handler)(read.context(), caller, read.request(), read.response(), &read);
+        },
+        std::move(refuse));
+    return call->reactor();
+  });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* AttentionServiceImpl::ImportRequest(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return StartImportRequest(transfer_, context, response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::GetSession(grpc::CallbackServerContext* context,
-                                                           const grpc::ByteBuffer* request,
-                                                           grpc::ByteBuffer* response) {
-  return Serve(Rpc::kGetSession, &AttentionServiceImpl::HandleGetSession, context, request,
-               response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
-                                                             const grpc::ByteBuffer* request,
-                                                             grpc::ByteBuffer* response) {
-  return Serve(Rpc::kListSessions, &AttentionServiceImpl::HandleListSessions, context, request,
-               response);
-}
-
-grpc::ServerUnaryReactor* AttentionServiceImpl::GetServerInfo(grpc::CallbackServerContext* context,
-                                                              const grpc::ByteBuffer* request,
-                                                              grpc::ByteBuffer* response) {
-  return Serve(Rpc::kGetServerInfo, &AttentionServiceImpl::HandleGetServerInfo, context, request,
-               response);
 }
 
 // ---- Configure ---------------------------------------------------------------------------------
@@ -449,7 +420,7 @@ void AttentionServiceImpl::HandleConfigure(grpc::CallbackServerContext* context,
     if (status.ok()) timer->Fill(response.mutable_timing());
     if (status.ok() && context->client_metadata().count(kMovedSessionMetadataKey) > 0) {
       // Re-created by a draining replica: it may go home later (server/fleet/session_rebalancer.h).
-      if (absl::StatusOr<std::shared_ptr<Session>> s = registry_->Find(session_id); s.ok()) {
+      if (absl::StatusOr<std::shared_ptr<Session>> s = registry_->Find(session_id, caller); s.ok()) {
         (*s)->MarkAdopted();
       }
     }
@@ -715,7 +686,7 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
   bool queued;
   if (request.request_id().empty()) {
     // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
-    if (registry_->Remove(session->id()) == nullptr) {
+    if (registry_->Remove(session) == nullptr) {
       FinishCall(
           call, metrics, Rpc::kRelease, variant, timer,
           ToGrpc(absl::NotFoundError(absl::StrCat("session_id: session '", request.session_id(),

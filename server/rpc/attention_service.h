@@ -43,19 +43,13 @@ struct StackMethods<First, Rest...> {
 };
 
 // Every method is a raw one: the wire layer (server/rpc/wire_call.h) parses each request itself, so
-// malformed bytes get INVALID_ARGUMENT, and serializes each response.
-using RawAttentionService = StackMethods<
-    v1::AttentionService::WithRawCallbackMethod_Configure,
-    v1::AttentionService::WithRawCallbackMethod_Forward,
-    v1::AttentionService::WithRawCallbackMethod_Decode,
-    v1::AttentionService::WithRawCallbackMethod_DecodeStream,
-    v1::AttentionService::WithRawCallbackMethod_Release,
-    v1::AttentionService::WithRawCallbackMethod_GetSession,
-    v1::AttentionService::WithRawCallbackMethod_ListSessions,
-    v1::AttentionService::WithRawCallbackMethod_GetServerInfo,
-    v1::AttentionService::WithRawCallbackMethod_Fork,
-    v1::AttentionService::WithRawCallbackMethod_ExportRequest,
-    v1::AttentionService::WithRawCallbackMethod_ImportRequest>::type;
+// malformed bytes get INVALID_ARGUMENT, and serializes each response. The two client-streaming
+// methods use gRPC's generated mixins; the others are registered in the constructor as streams of
+// one request, so that the caller is authenticated before its request is read
+// (server/rpc/streamed_unary_call.h).
+using RawAttentionService =
+    StackMethods<v1::AttentionService::WithRawCallbackMethod_DecodeStream,
+                 v1::AttentionService::WithRawCallbackMethod_ImportRequest>::type;
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
@@ -68,39 +62,12 @@ class AttentionServiceImpl final : public RawAttentionService {
                        const ServerLimits& limits, const SchedulerOptions& scheduler = {},
                        const Authenticator* authenticator = nullptr);
 
-  // The wire: each parses its request (INVALID_ARGUMENT when it does not parse) and hands it to
-  // the typed handler below of the same name.
-  grpc::ServerUnaryReactor* Configure(grpc::CallbackServerContext* context,
-                                      const grpc::ByteBuffer* request,
-                                      grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
-                                    const grpc::ByteBuffer* request,
-                                    grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* Decode(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
+  // The streaming wire methods (the others are registered in the constructor).
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecodeStream(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
-                                    const grpc::ByteBuffer* request,
-                                    grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* Fork(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override;
   // Moving a request between replicas (server/rpc/request_transfer.h).
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportRequest(
-      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerReadReactor<grpc::ByteBuffer>* ImportRequest(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer* request,
-                                       grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const grpc::ByteBuffer* request,
-                                         grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response) override;
 
   // The name Configure and GetServerInfo report as `replica` (--replica_id, or host:port once the
   // port is bound; docs/deploy.md). Empty until set.
@@ -118,19 +85,23 @@ class AttentionServiceImpl final : public RawAttentionService {
   class DecodeStreamReactor;
 
   // A typed handler: finishes `call` exactly once (now or from a task). `caller` is who is calling
-  // (authenticated by Serve): the registry shows it only its own sessions.
+  // (authenticated by ServeUnary): the registry shows it only its own sessions.
   template <typename Request, typename Response>
   using HandlerMethod = void(grpc::CallbackServerContext* context, const Principal& caller,
                              const Request& request, Response& response, UnaryCall* call);
   template <typename Request, typename Response>
   using Handler = HandlerMethod<Request, Response> AttentionServiceImpl::*;
-  // Authenticates the caller (UNAUTHENTICATED ends the call), parses `wire_request` and runs
-  // `handler`, or finishes with INVALID_ARGUMENT.
+  // Registers the method at `index` of attention_service.proto (the order in which gRPC's
+  // generated code numbers them) as a stream of bytes whose reactors `factory` makes.
+  void RegisterStreamMethod(
+      int index, std::function<grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*(
+                     grpc::CallbackServerContext*)>
+                     factory);
+  // Registers a unary method: each call authenticates its caller from the metadata
+  // (UNAUTHENTICATED ends it before its request is read), is refused while draining when it
+  // changes sessions, reads and parses its request, and runs `handler`.
   template <typename Request, typename Response>
-  grpc::ServerUnaryReactor* Serve(Rpc rpc, Handler<Request, Response> handler,
-                                  grpc::CallbackServerContext* context,
-                                  const grpc::ByteBuffer* wire_request,
-                                  grpc::ByteBuffer* wire_response);
+  void ServeUnary(int index, Rpc rpc, Handler<Request, Response> handler);
 
   HandlerMethod<v1::ConfigureRequest, v1::ConfigureResponse> HandleConfigure;
   HandlerMethod<v1::ForwardRequest, v1::ForwardResponse> HandleForward;

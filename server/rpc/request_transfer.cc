@@ -92,12 +92,31 @@ absl::Status CheckSameLayer(const v1::ExportedRequest& header, const Session& se
 
 // ---- ExportRequest -----------------------------------------------------------------------------
 
-class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+// A server-streaming method served as a bidi stream (server/rpc/streamed_unary_call.h says why):
+// the caller is authenticated from its metadata before its request is read.
+class ExportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call,
-                const grpc::ByteBuffer* wire_request)
-      : context_(context), peer_(call->peer()) {
-    Start(call, wire_request);
+  ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call)
+      : context_(context), call_(call), peer_(call->peer()) {
+    if (grpc::Status draining = context_.draining(); !draining.ok()) {
+      Done(draining);
+      return;
+    }
+    absl::StatusOr<Principal> caller = context_.authenticate(*call);
+    if (!caller.ok()) {
+      Done(ToGrpc(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
+    StartRead(&wire_request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      return Done(call_->IsCancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled")
+                                       : MissingMessage(request_));
+    }
+    Start();
   }
 
   void OnWriteDone(bool ok) override {
@@ -108,14 +127,12 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
-  // Checks the call and posts the copy on the session's queue, or finishes the call.
-  void Start(grpc::CallbackServerContext* call, const grpc::ByteBuffer* wire_request) {
-    if (grpc::Status draining = context_.draining(); !draining.ok()) return Done(draining);
-    absl::StatusOr<Principal> caller = context_.authenticate(*call);
-    if (!caller.ok()) return Done(ToGrpc(caller.status()));
-    if (!ParseMessage(*wire_request, &request_)) {
-      return Done(UnparseableMessage(request_, wire_request->Length()));
-    }
+  // Checks the request and posts the copy on the session's queue, or finishes the call.
+  void Start() {
+    const bool parsed = ParseMessage(wire_request_, &request_);
+    const size_t num_bytes = wire_request_.Length();
+    wire_request_.Clear();
+    if (!parsed) return Done(UnparseableMessage(request_, num_bytes));
     absl::Status checked = CheckId(request_.session_id(), "session_id", kMaxSessionIdBytes);
     if (checked.ok()) checked = CheckId(request_.request_id(), "request_id", kMaxRequestIdBytes);
     if (checked.ok() && context_.capabilities != nullptr) {
@@ -127,7 +144,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
           "max_chunk_bytes = ", request_.max_chunk_bytes(), ", must be >= 0 (0 = server limit)"))));
     }
     absl::StatusOr<std::shared_ptr<Session>> session =
-        context_.registry->Find(request_.session_id(), *caller);
+        context_.registry->Find(request_.session_id(), caller_);
     if (!session.ok()) return Done(ToGrpc(session.status()));
     session_ = *std::move(session);
     variant_ = VariantLabel(session_->spec());
@@ -181,10 +198,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   const TransferContext& context_;
+  grpc::CallbackServerContext* const call_;
   const std::string peer_;  // The caller, for the log of a failure.
   const Clock::time_point arrival_ = Clock::now();
   int64_t compute_ns_ = 0;
   std::string variant_ = kNoVariant;
+  Principal caller_;
+  grpc::ByteBuffer wire_request_;
   v1::ExportRequestRequest request_;
   std::shared_ptr<Session> session_;
   int64_t chunk_bytes_ = 0;
@@ -451,10 +471,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartExportRequest(const TransferContext& context,
-                                                               grpc::CallbackServerContext* call,
-                                                               const grpc::ByteBuffer* request) {
-  return new ExportReactor(context, call, request);
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartExportRequest(
+    const TransferContext& context, grpc::CallbackServerContext* call) {
+  return new ExportReactor(context, call);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartImportRequest(const TransferContext& context,

@@ -54,9 +54,10 @@ struct TransferContext {
 v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestExport& exported);
 
 // The reactors of one ExportRequest / ImportRequest call; each deletes itself when done.
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartExportRequest(const TransferContext& context,
-                                                               grpc::CallbackServerContext* call,
-                                                               const grpc::ByteBuffer* request);
+// ExportRequest is served as a bidi stream that reads its one request only once the caller is
+// authenticated (server/rpc/streamed_unary_call.h).
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartExportRequest(
+    const TransferContext& context, grpc::CallbackServerContext* call);
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartImportRequest(const TransferContext& context,
                                                               grpc::CallbackServerContext* call,
                                                               grpc::ByteBuffer* response);

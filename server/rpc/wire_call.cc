@@ -35,6 +35,12 @@ grpc::Status UnparseableMessage(const google::protobuf::Message& message, size_t
                                    num_bytes, " bytes could not be parsed)"));
 }
 
+grpc::Status MissingMessage(const google::protobuf::Message& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat("the stream ended before its ", message.GetTypeName(),
+                                   " request message"));
+}
+
 grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t max_bytes,
                               grpc::ByteBuffer* buffer) {
   const size_t size = message.ByteSizeLong();

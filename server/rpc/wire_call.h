@@ -26,6 +26,10 @@ bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* mes
 // INVALID_ARGUMENT: "request is not a valid attnserve.v1.X (N bytes could not be parsed)".
 grpc::Status UnparseableMessage(const google::protobuf::Message& message, size_t num_bytes);
 
+// INVALID_ARGUMENT: "the stream ended before its attnserve.v1.X request message" (a unary method
+// served as a stream, server/rpc/streamed_unary_call.h, whose caller sent no message).
+grpc::Status MissingMessage(const google::protobuf::Message& message);
+
 // Serializes `message` into `buffer`. RESOURCE_EXHAUSTED (and `buffer` untouched) when it is
 // larger than `max_bytes`.
 grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t max_bytes,

@@ -2,7 +2,11 @@
 //
 // Each session belongs to the tenant that configured it (server/security/principal.h). Lookups on
 // behalf of a caller see only the caller's own sessions (an admin sees all): another tenant's
-// session id is answered exactly as an unknown id, so ids neither leak nor work across tenants. The
+// session id is answered exactly as an unknown id, so ids neither leak nor work across tenants.
+// Session ids are scoped by tenant: the same id may name one session of each tenant, so that
+// Configure with a client-chosen id (server/fleet/session_affinity.h) answers the same whether or
+// not another tenant uses that id — ALREADY_EXISTS only when the caller's own tenant has it (issue
+// 21, item 10: no existence oracle). The
 // registry also enforces the per-tenant session and parameter-byte quotas (TenantQuotas) of
 // non-admins.
 //
@@ -13,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -40,17 +45,20 @@ class SessionRegistry {
   absl::Status CheckCapacity(const Principal& owner, int64_t parameter_bytes) const;
   absl::Status CheckCapacity() const;
   // Adds a session owned by `owner`, holding `parameter_bytes` of weights; the same checks as
-  // CheckCapacity, atomically with the insertion (nothing added on error).
+  // CheckCapacity, atomically with the insertion (nothing added on error). ALREADY_EXISTS when
+  // `owner`'s tenant already has a session of that id (other tenants' sessions do not count).
   absl::Status Add(std::shared_ptr<Session> session, const Principal& owner,
                    int64_t parameter_bytes);
   absl::Status Add(std::shared_ptr<Session> session);
   // INVALID_ARGUMENT for an empty id; NOT_FOUND for an unknown id and, with the very same message,
-  // for a session that `caller` may not access. The overload without a caller is the admin's.
+  // for a session that `caller` may not access. A non-admin finds its own tenant's session of that
+  // id; an admin its own tenant's, else the one of the first tenant by name that has it. The
+  // overload without a caller is the admin's.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& session_id,
                                                 const Principal& caller) const;
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& session_id) const;
-  // Removes and returns the session; nullptr when absent.
-  std::shared_ptr<Session> Remove(const std::string& session_id);
+  // Removes and returns `session`; nullptr when it is no longer registered.
+  std::shared_ptr<Session> Remove(const std::shared_ptr<Session>& session);
   // The live sessions `caller` may access, ordered by id; without a caller, every live session.
   std::vector<std::shared_ptr<Session>> All(const Principal& caller) const;
   std::vector<std::shared_ptr<Session>> All() const;
@@ -73,7 +81,8 @@ class SessionRegistry {
   const int max_sessions_;
   const TenantQuotas quotas_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  // By (owner tenant, session id).
+  absl::flat_hash_map<std::pair<std::string, std::string>, Entry> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::server

@@ -49,7 +49,7 @@ void TtlSweeper::Loop() {
 void TtlSweeper::SweepOnce(absl::Time now) {
   for (const std::shared_ptr<Session>& session : registry_->All()) {
     if (session_ttl_ > absl::ZeroDuration() && session->IdleTime(now) > session_ttl_) {
-      if (std::shared_ptr<Session> removed = registry_->Remove(session->id())) {
+      if (std::shared_ptr<Session> removed = registry_->Remove(session)) {
         removed->queue().Post([removed, metrics = metrics_] {
           const int64_t freed = removed->Close();
           if (metrics != nullptr) {

@@ -353,6 +353,47 @@ TEST_F(SecurityTest, TenantsCannotSeeOrTouchEachOthersSessions) {
   EXPECT_EQ(GetSession(*alice, a).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// Issue 21, item 10: Configure with another tenant's live id in x-attnserve-session answers as a
+// never-used id does (a new session of the caller's own), so it cannot tell whether the id is
+// live; only the caller's own live id is ALREADY_EXISTS.
+TEST_F(SecurityTest, ConfigureWithAnotherTenantsIdIsNoExistenceOracle) {
+  StartServer({"--auth_tokens=" + Path("tokens")});
+  auto alice = TokenStub(kAliceToken);
+  auto bob = TokenStub(kBobToken);
+  const std::string a = NewSession(*alice);
+  ASSERT_TRUE(Prefill(*alice, a, "r", 20).ok());
+  const std::string unused(a.size(), 'e');
+  const auto configure_as_bob = [&](const std::string& id, v1::ConfigureResponse* response) {
+    grpc::ClientContext context;
+    SetDeadline(context, std::chrono::seconds(30));
+    context.AddMetadata("x-attnserve-session", id);
+    return bob->Configure(&context, SeedConfigure(Spec(), 2), response);
+  };
+  v1::ConfigureResponse on_a;
+  v1::ConfigureResponse on_unused;
+  const grpc::Status taken = configure_as_bob(a, &on_a);
+  const grpc::Status fresh = configure_as_bob(unused, &on_unused);
+  EXPECT_TRUE(fresh.ok()) << Describe(fresh);
+  EXPECT_EQ(taken.error_code(), fresh.error_code()) << Describe(taken);
+  EXPECT_EQ(on_a.session_id(), a);
+  // Bob's own ids are his to refuse: a second Configure of either is ALREADY_EXISTS alike.
+  v1::ConfigureResponse again;
+  EXPECT_EQ(configure_as_bob(a, &again).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(configure_as_bob(unused, &again).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  // Two sessions of one id, one per tenant, neither touching the other.
+  ASSERT_TRUE(Prefill(*bob, a, "r", 5).ok());
+  v1::GetSessionResponse alices;
+  grpc::ClientContext context;
+  SetDeadline(context, std::chrono::seconds(10));
+  v1::GetSessionRequest request;
+  request.set_session_id(a);
+  ASSERT_TRUE(alice->GetSession(&context, request, &alices).ok());
+  ASSERT_EQ(alices.session().requests_size(), 1);
+  EXPECT_EQ(alices.session().requests(0).sequence_length(), 20);
+  EXPECT_TRUE(Release(*bob, a, "").ok());
+  EXPECT_TRUE(GetSession(*alice, a).ok()) << "Bob's Release freed his session, not Alice's";
+}
+
 // ---- Quotas ------------------------------------------------------------------------------------
 
 TEST_F(SecurityTest, SessionQuotaPerTenant) {

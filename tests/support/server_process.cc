@@ -204,19 +204,28 @@ absl::StatusOr<ExitState> ServerProcess::Terminate(std::chrono::milliseconds tim
       absl::StrCat("server did not exit within ", timeout.count(), " ms of SIGTERM; killed"));
 }
 
-int64_t ServerProcess::ResidentBytes() const {
-  std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
+namespace {
+
+// A "Name:    12345 kB" field of /proc/<pid>/status, in bytes; -1 if unreadable.
+int64_t ProcStatusBytes(pid_t pid, const std::string& name) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      std::istringstream fields(line.substr(6));
+    if (line.rfind(name, 0) == 0) {
+      std::istringstream fields(line.substr(name.size()));
       int64_t kib = -1;
-      fields >> kib;  // "VmRSS:    12345 kB"
+      fields >> kib;
       return kib < 0 ? -1 : kib * 1024;
     }
   }
   return -1;
 }
+
+}  // namespace
+
+int64_t ServerProcess::ResidentBytes() const { return ProcStatusBytes(pid_, "VmRSS:"); }
+
+int64_t ServerProcess::PeakResidentBytes() const { return ProcStatusBytes(pid_, "VmHWM:"); }
 
 std::string ServerProcess::LogTail(size_t max_bytes) const {
   std::ifstream in(log_path_, std::ios::binary);

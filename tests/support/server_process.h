@@ -76,6 +76,8 @@ class ServerProcess {
 
   // Resident set size from /proc/<pid>/status (VmRSS), in bytes; -1 if unreadable.
   int64_t ResidentBytes() const;
+  // The most it has been since the process started (VmHWM), in bytes; -1 if unreadable.
+  int64_t PeakResidentBytes() const;
 
   // The last `max_bytes` of the server's combined stdout/stderr.
   std::string LogTail(size_t max_bytes = 4000) const;
