@@ -472,13 +472,14 @@ absl::StatusOr<Row> RunAttentionCase(const Case& c, bool decode, const DeviceInf
 }
 
 #if ATTNSERVE_BENCH_FLASHINFER
-// FlashInfer's paged decode on the inputs RunAttentionCase builds for `c` (the same seeds: same
-// pages in the same order, same q values rounded to the page type), timed by the same timer.
-absl::StatusOr<Row> RunFlashInferDecodeCase(const Case& c, const DeviceInfo& device,
-                                            const Timer& timer) {
+// FlashInfer's paged decode or prefill on the inputs RunAttentionCase builds for `c` (the same
+// seeds: same pages in the same order, same q values rounded to the page type), timed by the same
+// timer and charged the same work (KV bytes or FLOPs) as ours.
+absl::StatusOr<Row> RunFlashInferCase(const Case& c, bool decode, const DeviceInfo& device,
+                                      const Timer& timer) {
   AttentionSetup setup;
-  BENCH_RETURN_IF_ERROR(setup.Build(c, /*decode=*/true, device, timer.stream));
-  bench::FlashInferDecodeInputs in;
+  BENCH_RETURN_IF_ERROR(setup.Build(c, decode, device, timer.stream));
+  bench::FlashInferBenchInputs in;
   in.kv_type = cuda::ToKvType(c.shape.dtype);
   in.heads = c.shape.heads;
   in.kv_heads = c.shape.kv_heads;
@@ -491,12 +492,15 @@ absl::StatusOr<Row> RunFlashInferDecodeCase(const Case& c, const DeviceInfo& dev
   in.page_offsets = &setup.page_offsets();
   in.q_stride = setup.params().q_stride;
   in.q_seed = kQuerySeed;
-  absl::StatusOr<bench::FlashInferDecodeTiming> t = bench::TimeFlashInferDecode(
-      in, [&](const std::function<absl::Status()>& launch) { return timer.MedianMs(launch); },
-      timer.stream);
+  const bench::MedianMsFn median_ms = [&](const std::function<absl::Status()>& launch) {
+    return timer.MedianMs(launch);
+  };
+  absl::StatusOr<bench::FlashInferTiming> t =
+      decode ? bench::TimeFlashInferDecode(in, median_ms, timer.stream)
+             : bench::TimeFlashInferPrefill(in, median_ms, timer.stream);
   if (!t.ok()) return t.status();
   Row row;
-  row.kind = "flashinfer_decode";
+  row.kind = decode ? "flashinfer_decode" : "flashinfer_prefill";
   row.name = c.shape.name;
   row.dtype = std::string(DTypeName(c.shape.dtype));
   row.heads = c.shape.heads;
@@ -507,45 +511,7 @@ absl::StatusOr<Row> RunFlashInferDecodeCase(const Case& c, const DeviceInfo& dev
   row.window = c.window;
   row.items = t->items;
   row.ms = t->ms;
-  row.work = setup.work();  // The same KV bytes as ours.
-  return row;
-}
-
-// FlashInfer's paged prefill on the inputs RunAttentionCase builds for `c`, as above.
-absl::StatusOr<Row> RunFlashInferPrefillCase(const Case& c, const DeviceInfo& device,
-                                             const Timer& timer) {
-  AttentionSetup setup;
-  BENCH_RETURN_IF_ERROR(setup.Build(c, /*decode=*/false, device, timer.stream));
-  bench::FlashInferPrefillInputs in;
-  in.kv_type = cuda::ToKvType(c.shape.dtype);
-  in.heads = c.shape.heads;
-  in.kv_heads = c.shape.kv_heads;
-  in.head_dim = c.shape.head_dim;
-  in.page_size = kPageSize;
-  in.batch = c.batch;
-  in.tokens = c.tokens;
-  in.window = c.window;
-  in.pool = setup.pool();
-  in.page_offsets = &setup.page_offsets();
-  in.q_stride = setup.params().q_stride;
-  in.q_seed = kQuerySeed;
-  absl::StatusOr<bench::FlashInferPrefillTiming> t = bench::TimeFlashInferPrefill(
-      in, [&](const std::function<absl::Status()>& launch) { return timer.MedianMs(launch); },
-      timer.stream);
-  if (!t.ok()) return t.status();
-  Row row;
-  row.kind = "flashinfer_prefill";
-  row.name = c.shape.name;
-  row.dtype = std::string(DTypeName(c.shape.dtype));
-  row.heads = c.shape.heads;
-  row.kv_heads = c.shape.kv_heads;
-  row.head_dim = c.shape.head_dim;
-  row.batch = c.batch;
-  row.tokens = c.tokens;
-  row.window = c.window;
-  row.items = t->items;
-  row.ms = t->ms;
-  row.work = setup.work();  // The same FLOPs as ours.
+  row.work = setup.work();
   return row;
 }
 #endif
@@ -806,7 +772,7 @@ int Run(const Options& options) {
     rows.push_back(*r);
 #if ATTNSERVE_BENCH_FLASHINFER
     if (c.shape.dtype == DType::kF32) continue;  // FlashInfer reads 16-bit pages only.
-    absl::StatusOr<Row> fi = RunFlashInferDecodeCase(c, device, timer);
+    absl::StatusOr<Row> fi = RunFlashInferCase(c, /*decode=*/true, device, timer);
     if (absl::IsUnimplemented(fi.status())) {
       std::printf("%-20s %s\n", "  + flashinfer", std::string(fi.status().message()).c_str());
       continue;
@@ -849,7 +815,7 @@ int Run(const Options& options) {
     rows.push_back(*r);
 #if ATTNSERVE_BENCH_FLASHINFER
     if (c.shape.dtype == DType::kF32) continue;  // FlashInfer reads 16-bit pages only.
-    absl::StatusOr<Row> fi = RunFlashInferPrefillCase(c, device, timer);
+    absl::StatusOr<Row> fi = RunFlashInferCase(c, /*decode=*/false, device, timer);
     if (absl::IsUnimplemented(fi.status())) {
       std::printf("%-20s %s\n", "  + flashinfer", std::string(fi.status().message()).c_str());
       continue;

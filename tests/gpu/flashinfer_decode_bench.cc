@@ -12,39 +12,15 @@
 #include "tests/gpu/bench_device_kernels.h"
 
 namespace attnserve::bench {
-namespace {
 
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevicePtr = std::unique_ptr<void, CudaFree>;
-
-absl::StatusOr<DevicePtr> Allocate(size_t bytes, const char* what) {
-  void* p = nullptr;
-  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
-                                 absl::StrCat("cudaMalloc ", bytes, " bytes for ", what));
-  return DevicePtr(p);
-}
-
-absl::StatusOr<DevicePtr> Upload(const std::vector<int32_t>& host, const char* what) {
-  absl::StatusOr<DevicePtr> d = Allocate(host.size() * sizeof(int32_t), what);
-  if (!d.ok()) return d.status();
-  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(d->get(), host.data(), host.size() * sizeof(int32_t),
-                                            cudaMemcpyHostToDevice),
-                                 absl::StrCat("uploading ", what));
-  return d;
-}
-
-}  // namespace
-
-absl::StatusOr<FlashInferDecodeTiming> TimeFlashInferDecode(const FlashInferDecodeInputs& in,
-                                                            const MedianMsFn& median_ms,
-                                                            cudaStream_t stream) {
+absl::StatusOr<FlashInferTiming> TimeFlashInferDecode(const FlashInferBenchInputs& in,
+                                                      const MedianMsFn& median_ms,
+                                                      cudaStream_t stream) {
   const int group = in.heads / in.kv_heads;
   if (!cuda::FlashInferDecodeSupports(in.kv_type, in.head_dim, group)) {
     return absl::UnimplementedError(
-        absl::StrCat("no FlashInfer decode instance for group ", group, " head_dim ",
-                     in.head_dim, " (FlashInfer runs such groups with its prefill kernel)"));
+        absl::StrCat("no FlashInfer decode instance for group ", group, " head_dim ", in.head_dim,
+                     " (FlashInfer runs such groups with its prefill kernel)"));
   }
   const int64_t elem = 2;
   const int64_t page_bytes = int64_t{2} * in.kv_heads * in.page_size * in.head_dim * elem;
@@ -120,9 +96,8 @@ absl::StatusOr<FlashInferDecodeTiming> TimeFlashInferDecode(const FlashInferDeco
     args.tmp_v = tmp_v->get();
     args.tmp_s = static_cast<float*>(tmp_s->get());
   }
-  absl::StatusOr<double> ms = median_ms([&]() {
-    return cuda::CudaStatus(cuda::FlashInferDecode(args, stream), "FlashInferDecode");
-  });
+  absl::StatusOr<double> ms = median_ms(
+      [&]() { return cuda::CudaStatus(cuda::FlashInferDecode(args, stream), "FlashInferDecode"); });
   if (!ms.ok()) return ms.status();
 
   std::vector<uint16_t> host(static_cast<size_t>(out_count));
@@ -135,7 +110,7 @@ absl::StatusOr<FlashInferDecodeTiming> TimeFlashInferDecode(const FlashInferDeco
   for (uint16_t x : host) bad += (x & exponent) == exponent ? 1 : 0;
   if (bad > 0) return absl::InternalError(absl::StrCat(bad, " non-finite FlashInfer outputs"));
 
-  FlashInferDecodeTiming timing;
+  FlashInferTiming timing;
   timing.ms = *ms;
   timing.items = plan.info.padded_batch_size;
   timing.split_kv = plan.info.split_kv;

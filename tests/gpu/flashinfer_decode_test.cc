@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/flashinfer/paged_decode.h"
+#include "tests/gpu/device_test_buffer.h"
 #include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {
@@ -31,30 +32,6 @@ using emulation::MakePagedBatch;
 using emulation::PagedBatch;
 using emulation::SequenceShape;
 using emulation::StoreElement;
-
-bool HaveDevice() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-// Device copy of a host vector, freed with the object.
-class DeviceBuffer {
- public:
-  DeviceBuffer(const void* host, size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cudaMalloc(&data_, bytes_ == 0 ? 1 : bytes_), cudaSuccess);
-    if (host != nullptr && bytes_ > 0) {
-      EXPECT_EQ(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_;
-};
 
 struct DecodeCase {
   KvType type;

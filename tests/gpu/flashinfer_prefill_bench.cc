@@ -13,34 +13,10 @@
 #include "tests/gpu/bench_device_kernels.h"
 
 namespace attnserve::bench {
-namespace {
 
-struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevicePtr = std::unique_ptr<void, CudaFree>;
-
-absl::StatusOr<DevicePtr> Allocate(size_t bytes, const char* what) {
-  void* p = nullptr;
-  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 16)),
-                                 absl::StrCat("cudaMalloc ", bytes, " bytes for ", what));
-  return DevicePtr(p);
-}
-
-absl::StatusOr<DevicePtr> Upload(const std::vector<int32_t>& host, const char* what) {
-  absl::StatusOr<DevicePtr> d = Allocate(host.size() * sizeof(int32_t), what);
-  if (!d.ok()) return d.status();
-  ATTNSERVE_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(d->get(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
-      absl::StrCat("uploading ", what));
-  return d;
-}
-
-}  // namespace
-
-absl::StatusOr<FlashInferPrefillTiming> TimeFlashInferPrefill(const FlashInferPrefillInputs& in,
-                                                              const MedianMsFn& median_ms,
-                                                              cudaStream_t stream) {
+absl::StatusOr<FlashInferTiming> TimeFlashInferPrefill(const FlashInferBenchInputs& in,
+                                                       const MedianMsFn& median_ms,
+                                                       cudaStream_t stream) {
   const int group = in.heads / in.kv_heads;
   if (!cuda::FlashInferPrefillSupports(in.kv_type, in.head_dim, group)) {
     return absl::UnimplementedError(absl::StrCat("no FlashInfer prefill instance for head_dim ",
@@ -122,7 +98,7 @@ absl::StatusOr<FlashInferPrefillTiming> TimeFlashInferPrefill(const FlashInferPr
   for (uint16_t x : host) bad += (x & exponent) == exponent ? 1 : 0;
   if (bad > 0) return absl::InternalError(absl::StrCat(bad, " non-finite FlashInfer outputs"));
 
-  FlashInferPrefillTiming timing;
+  FlashInferTiming timing;
   timing.ms = *ms;
   timing.items = plan->padded_batch_size;
   timing.cta_tile_q = plan->cta_tile_q;

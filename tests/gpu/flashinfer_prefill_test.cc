@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/flashinfer/paged_prefill.h"
 #include "kernels/cuda/flashinfer/prefill_plan.h"
+#include "tests/gpu/device_test_buffer.h"
 #include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {
@@ -37,31 +38,6 @@ using emulation::SequenceShape;
 using emulation::StoreElement;
 
 constexpr int kPageSize = 16;
-
-bool HaveDevice() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-// Device copy of host bytes, freed with the object.
-class DeviceBuffer {
- public:
-  DeviceBuffer(const void* host, size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cudaMalloc(&data_, bytes_ == 0 ? 1 : bytes_), cudaSuccess);
-    if (host != nullptr && bytes_ > 0) {
-      EXPECT_EQ(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  ~DeviceBuffer() { cudaFree(data_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return data_; }
-  const int32_t* ints() const { return static_cast<const int32_t*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_;
-};
 
 struct PrefillCase {
   KvType type = KvType::kBF16;
