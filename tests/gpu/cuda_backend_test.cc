@@ -650,7 +650,16 @@ class SummaryPrinter : public ::testing::EmptyTestEventListener {
       std::printf("\nCUDA vs CPU summary: SKIPPED (%s)\n", Gpu().why_not.c_str());
       return;
     }
-    std::printf("\nCUDA vs CPU summary (%s)\n", Gpu().backend->device_description().c_str());
+    // Each implementation's own description (device, attention kernels), over the rows it ran.
+    std::printf("\nCUDA vs CPU summary\n");
+    for (CudaAttentionImpl impl : Implementations()) {
+      const std::string name = CudaAttentionImplName(impl);
+      const bool ran = std::any_of(Summary().begin(), Summary().end(),
+                                   [&](const SummaryRow& r) { return r.impl == name; });
+      if (ran && Gpu(impl).backend != nullptr) {
+        std::printf("  %s: %s\n", name.c_str(), Gpu(impl).backend->device_description().c_str());
+      }
+    }
     std::printf("%-30s %-5s %-10s %-8s %5s %12s %10s %s\n", "case", "kv", "impl", "phase",
                 "calls", "worst_rel", "bound", "result");
     int flashinfer_rows = 0, flashinfer_failed = 0;

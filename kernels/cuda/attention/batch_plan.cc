@@ -37,6 +37,7 @@ absl::StatusOr<BatchPlan> PlanBatch(absl::Span<const BatchSequence> batch, int64
     }
     for (int64_t i = 0; i < seq.num_new; ++i) plan.row_sequence[seq.first_row + i] = b;
     plan.item_begin.push_back(static_cast<int>(plan.items.size()));
+    if (!shape.native_work_items) continue;
     if (decode) {
       PlanDecodeSplits(desc, b, shape.mask, wanted_splits, kDecodeMinKeysPerSplit, plan.items);
     } else {

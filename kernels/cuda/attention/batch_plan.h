@@ -36,6 +36,9 @@ struct BatchPlanShape {
   int prefill_rows_per_block = 1;  // Prefill: flattened (token, group head) rows per item.
   int multiprocessors = 1;         // Decode: splits are planned for about two waves over these.
   MaskSpec mask;
+  // False when FlashInfer runs the attention: the native kernels' work items (and item_begin's
+  // counts) are then left empty, saving their host work on every call.
+  bool native_work_items = true;
 };
 
 // Plans a batch whose pages are reserved (`batch` from KvSequenceTable::Reserve; the tables count

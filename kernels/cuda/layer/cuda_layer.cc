@@ -314,6 +314,7 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element);
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
+  shape.native_work_items = !flashinfer_.has_value();
   return shape;
 }
 

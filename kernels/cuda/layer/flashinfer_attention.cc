@@ -107,8 +107,9 @@ absl::StatusOr<FlashInferAttention::CallPlan> FlashInferAttention::Plan(const Ba
     call.schedule = Append(call.words, schedule.packed);
     call.decode = schedule.info;
     const size_t element = DTypeSize(kv_config_.storage.element);
-    const size_t v_bytes = (static_cast<size_t>(call.decode.tmp_v_elements) * element + 15) / 16 * 16;
-    call.scratch_bytes = v_bytes + static_cast<size_t>(call.decode.tmp_s_elements) * sizeof(float);
+    call.tmp_s_offset = (static_cast<size_t>(call.decode.tmp_v_elements) * element + 15) / 16 * 16;
+    call.scratch_bytes =
+        call.tmp_s_offset + static_cast<size_t>(call.decode.tmp_s_elements) * sizeof(float);
   } else {
     std::vector<FlashInferPrefillSequence> sequences;
     for (size_t b = 0; b < plan.sequences.size(); ++b) {
@@ -156,11 +157,8 @@ absl::Status FlashInferAttention::Launch(const CallPlan& call, const int32_t* wo
     args.plan_info = call.decode;
     args.plan = words + call.schedule;
     if (call.decode.split_kv) {
-      const size_t element = DTypeSize(kv_config_.storage.element);
-      const size_t v_bytes =
-          (static_cast<size_t>(call.decode.tmp_v_elements) * element + 15) / 16 * 16;
       args.tmp_v = scratch;
-      args.tmp_s = reinterpret_cast<float*>(static_cast<char*>(scratch) + v_bytes);
+      args.tmp_s = reinterpret_cast<float*>(static_cast<char*>(scratch) + call.tmp_s_offset);
     }
     ATTNSERVE_CUDA_RETURN_IF_ERROR(FlashInferDecode(args, stream), "FlashInfer decode launch");
     return absl::OkStatus();

@@ -49,7 +49,8 @@ class FlashInferAttention {
     int indptr = 0, page_indices = 0, last_page_len = 0, q_indptr = 0, schedule = 0;
     FlashInferDecodePlanInfo decode;  // decode_kernel: its schedule's scalars.
     FlashInferPrefillPlan prefill;    // !decode_kernel: its schedule's scalars (packed cleared).
-    size_t scratch_bytes = 0;         // Split-KV partials (decode kernel only).
+    size_t scratch_bytes = 0;         // Split-KV partials (decode kernel only): tmp_v, then tmp_s.
+    size_t tmp_s_offset = 0;          // Bytes from the scratch's start to tmp_s (16-aligned).
   };
   absl::StatusOr<CallPlan> Plan(const BatchPlan& plan, bool decode) const;
 

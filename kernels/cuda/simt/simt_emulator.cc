@@ -2,7 +2,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <ucontext.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,7 +9,9 @@
 #include <memory>
 #include <vector>
 
-// Each emulated CUDA thread is a fiber (ucontext) of the calling OS thread, so a block of 128
+#include "kernels/cuda/simt/fiber_context.h"
+
+// Each emulated CUDA thread is a fiber (fiber_context.h) of the calling OS thread, so a block of 128
 // threads costs 128 context switches per barrier rather than 128 OS threads contending for two
 // cores. Fibers run round-robin; one that reaches a barrier yields until every live thread of its
 // scope (warp or block) has arrived. As on a GPU, a thread that has exited no longer counts.
@@ -39,7 +40,7 @@ struct WarpSlots {
 };
 
 struct Fiber {
-  ucontext_t context;
+  FiberContext context;
   bool done = false;
 };
 
@@ -48,7 +49,7 @@ struct Block {
   int threads = 0;
   int current = 0;  // The running fiber = threadIdx.x.
   uint64_t progress = 0;
-  ucontext_t scheduler;
+  FiberContext scheduler;
   std::vector<Fiber> fibers;
   Barrier barrier;
   std::vector<WarpSlots> warps;
@@ -60,7 +61,7 @@ thread_local std::vector<std::unique_ptr<char[]>> stacks;
 
 void Yield() {
   Block& block = *current_block;
-  swapcontext(&block.fibers[block.current].context, &block.scheduler);
+  SwitchFiber(block.fibers[block.current].context, block.scheduler);
 }
 
 void Arrive(Barrier& barrier) {
@@ -90,7 +91,10 @@ void FiberMain() {
   ++block.progress;
   Leave(block.barrier);
   Leave(block.warps[thread / kWarpSize].barrier);
-  // Returning resumes uc_link, the scheduler.
+  // The last switch out: the scheduler never resumes a finished fiber, and a fiber's entry has no
+  // frame to return to.
+  SwitchFiber(block.fibers[thread].context, block.scheduler);
+  std::abort();
 }
 
 WarpSlots& MyWarp() { return current_block->warps[current_block->current / kWarpSize]; }
@@ -126,20 +130,15 @@ double BElement(const WarpSlots& w, int row, int col, bool bf16) {
   return Element(w.b[lane][reg], row % 2, bf16);
 }
 
-// Makes fiber t start at FiberMain on its stack (its own frame: getcontext "returns twice").
-__attribute__((noinline)) void InitFiber(Block& block, int t) {
-  ucontext_t& context = block.fibers[t].context;
-  getcontext(&context);
-  context.uc_stack.ss_sp = stacks[t].get();
-  context.uc_stack.ss_size = kStackBytes;
-  context.uc_link = &block.scheduler;
-  makecontext(&context, FiberMain, 0);
+// Makes fiber t start at FiberMain on its stack at the next Resume.
+void InitFiber(Block& block, int t) {
+  MakeFiber(block.fibers[t].context, stacks[t].get(), kStackBytes, FiberMain);
 }
 
-// Runs fiber t until it yields or returns (its own frame: swapcontext "returns twice").
-__attribute__((noinline)) void Resume(Block& block, int t) {
+// Runs fiber t until it yields or finishes.
+void Resume(Block& block, int t) {
   block.current = t;
-  swapcontext(&block.scheduler, &block.fibers[t].context);
+  SwitchFiber(block.scheduler, block.fibers[t].context);
 }
 
 }  // namespace
