@@ -121,6 +121,7 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
                                        const std::string& call_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
+  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(inputs.size())); !s.ok()) return s;
   StepPlan plan;
   plan.decode = decode;
   plan.call_id = call_id;
@@ -438,6 +439,11 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   // The session may have closed between two chunks (Close is held back until the Forward is
   // over, but MarkClosing and a session-TTL close are not).
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
+  // Sealed between two chunks only when a drain gave up waiting for this Forward (its deadline):
+  // the run is undone, so no OK answers a request the drain did not move.
+  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(run.plan_.inputs.size())); !s.ok()) {
+    return UndoPrefill(run, s);
+  }
   StepPlan& plan = run.plan_;
   const int64_t begin = run.next_row_;
   const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
@@ -550,6 +556,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
   if (new_ids.empty()) {
     return absl::InvalidArgumentError("new_request_ids: must name at least one new request");
   }
+  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(new_ids.size())); !s.ok()) return s;
   RequestState original;
   {
     absl::MutexLock lock(&mu_);
@@ -601,6 +608,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (absl::Status s = drain_seal_.Check(1); !s.ok()) return s;
   SequenceId sequence;
   {
     absl::MutexLock lock(&mu_);
@@ -638,7 +646,8 @@ int64_t Session::Close() {
 }
 
 int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
-  if (layer_ == nullptr) return 0;
+  // Sealed: the drain moves what it listed; a request expired here would still live there.
+  if (layer_ == nullptr || drain_seal_.sealed()) return 0;
   std::vector<SequenceId> expired;
   {
     absl::MutexLock lock(&mu_);
