@@ -257,6 +257,17 @@ class DrainOwnerTest : public ::testing::Test {
     return configured.session_id();
   }
 
+  // Configure at `server` with `token` acting for `owner` (x-attnserve-owner).
+  static grpc::Status ConfigureFor(SecondServer& server, const std::string& token,
+                                   const std::string& owner) {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    if (!token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    context.AddMetadata("x-attnserve-owner", owner);
+    v1::ConfigureResponse configured;
+    return server.stub().Configure(&context, SeedConfigure(Spec(), 7), &configured);
+  }
+
   std::string dir_;
 };
 
@@ -281,6 +292,12 @@ TEST_F(DrainOwnerTest, TheOwnerTravelsWithAMovedSession) {
   EXPECT_EQ(*alice, (std::map<std::string, int64_t>{{"r", 9}}));
   absl::StatusOr<std::map<std::string, int64_t>> bob = Requests(b.stub(), session, kBobToken);
   EXPECT_EQ(bob.status().code(), absl::StatusCode::kNotFound) << bob.status();
+  // Only an admin acts for another tenant, and only for a tenant with a token here.
+  grpc::Status status = ConfigureFor(b, kAliceToken, "bob");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(status);
+  status = ConfigureFor(b, kOpsToken, "nobody");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("tenant 'nobody' has no token on this server"));
 }
 
 // A peer that cannot keep owners gets nothing: B without --auth_tokens (was: the session was
@@ -311,6 +328,12 @@ TEST_F(DrainOwnerTest, ADrainToAPeerThatCannotAuthenticateItIsRefused) {
                     absl::StrCat("--drain_token_file=", Path(c.token_file))});
     ASSERT_TRUE(a.ok());
     AliceSession(a);
+    if (c.peer_flags.empty()) {
+      // The peer without tenants refuses an owner rather than dropping it.
+      const grpc::Status status = ConfigureFor(b, "", "alice");
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
+      EXPECT_THAT(status.error_message(), HasSubstr("cannot keep a session's owner"));
+    }
     absl::StatusOr<ExitState> ended = a.Terminate();
     ASSERT_TRUE(ended.ok()) << ended.status();
     EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
