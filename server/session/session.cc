@@ -440,10 +440,9 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   // over, but MarkClosing and a session-TTL close are not).
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
   // Sealed between two chunks only when a drain gave up waiting for this Forward (its deadline):
-  // the run is undone, so no OK answers a request the drain did not move.
-  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(run.plan_.inputs.size())); !s.ok()) {
-    return UndoPrefill(run, s);
-  }
+  // the chunk fails as a failed engine call would (earlier chunks recorded, the run undone), so
+  // no OK answers a request the drain did not move.
+  const absl::Status sealed = drain_seal_.Check(static_cast<int64_t>(run.plan_.inputs.size()));
   StepPlan& plan = run.plan_;
   const int64_t begin = run.next_row_;
   const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
@@ -486,7 +485,8 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     }
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    chunk_out = sealed.ok() ? layer_->Prefill(pieces, rows, chunk_positions)
+                            : absl::StatusOr<Tensor>(sealed);
   } catch (const std::bad_alloc&) {
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");

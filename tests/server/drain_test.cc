@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <future>
 #include <memory>
 #include <random>
@@ -132,6 +133,47 @@ TEST(DrainCutTest, ForwardsRunningOrQueuedAtSigtermAreMovedOrRefused) {
   }
   EXPECT_THAT(a.final_log(), HasSubstr(absl::StrCat("drain: done: 1 sessions moved, 0 lost; ",
                                                     moved, " requests moved, 0 lost")));
+}
+
+// A Forward still running when the drain's deadline passes: the session is sealed at once and
+// the Forward is undone at its next chunk, answered UNAVAILABLE (not OK for a request that was
+// never moved); the session's requests are counted lost, the refused one refused.
+TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
+  SecondServer b({"--replica_id=B"});
+  ASSERT_TRUE(b.ok());
+  SecondServer a({"--replica_id=A", absl::StrCat("--drain_to=", b.address()),
+                  "--drain_timeout=1s", "--compute_threads=1", "--prefill_chunk_tokens=32"});
+  ASSERT_TRUE(a.ok());
+  v1::ConfigureResponse configured;
+  ASSERT_TRUE(Configure(a.stub(), SeedConfigure(Spec(), 7), &configured).ok());
+  const std::string session = configured.session_id();
+  std::mt19937_64 rng(6);
+  v1::ForwardResponse unused;
+  ASSERT_TRUE(Forward(a.stub(), ForwardOf(session, "before", 5, rng), &unused).ok());
+  const int64_t used_before = PoolUsed(a.stub());
+  // Several seconds of chunks on one thread: far past the 1 s deadline.
+  const v1::ForwardRequest long_forward = ForwardOf(session, "long", 16000, rng);
+  v1::ForwardResponse long_response;
+  std::future<grpc::Status> long_status = std::async(std::launch::async, [&] {
+    return Forward(a.stub(), long_forward, &long_response);
+  });
+  ASSERT_TRUE(AwaitPoolAbove(a.stub(), used_before)) << "the long Forward never started";
+  a.process().Signal(SIGTERM);
+  const grpc::Status status = long_status.get();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("replica 'A' is draining"));
+  absl::StatusOr<ExitState> ended = a.Terminate();
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
+  EXPECT_THAT(a.final_log(), HasSubstr("did not finish before --drain_timeout"));
+  EXPECT_THAT(a.final_log(), HasSubstr("drain: done: 0 sessions moved, 1 lost; 0 requests moved, "
+                                       "1 lost"));
+  // Counted once the call is over (the drain's own line may come before the Forward's next chunk).
+  EXPECT_THAT(a.final_log(),
+              HasSubstr("drain: in all, 1 requests of calls after the cut were refused"));
+  absl::StatusOr<std::map<std::string, int64_t>> on_b = Requests(b.stub(), session);
+  ASSERT_TRUE(on_b.ok()) << on_b.status();
+  EXPECT_EQ(on_b->count("long"), 0u);
 }
 
 // Item 5: an ImportRequest whose header came before SIGTERM and its pages after the drain's cut
