@@ -1,5 +1,6 @@
 #include "server/security/acting_owner.h"
 
+#include <iterator>
 #include <optional>
 #include <string>
 

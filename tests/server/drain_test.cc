@@ -6,6 +6,7 @@
 #include <openssl/sha.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <future>
@@ -121,7 +122,9 @@ TEST(DrainCutTest, ForwardsRunningOrQueuedAtSigtermAreMovedOrRefused) {
   ASSERT_TRUE(long_result.ok()) << Describe(long_result);
   EXPECT_EQ(on_b->count("long"), 1u) << "the long Forward answered OK, its request must be on B\n"
                                      << a.final_log();
-  if (on_b->count("long") > 0) EXPECT_EQ((*on_b)["long"], kLongTokens);
+  if (on_b->count("long") > 0) {
+    EXPECT_EQ((*on_b)["long"], kLongTokens);
+  }
   int64_t moved = 2;
   if (queued_result.ok()) {
     ++moved;
