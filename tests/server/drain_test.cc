@@ -4,8 +4,10 @@
 // session travels with it, a drain to a peer that cannot keep owners being refused (item 10).
 // The peer drains a replica as it would in a rolling restart, so each test runs two servers.
 #include <openssl/sha.h>
+#include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -21,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/http_get.h"
 #include "tests/support/second_server.h"
 #include "tests/support/service_test_util.h"
 
@@ -182,16 +185,27 @@ TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
 // Item 5: an ImportRequest whose header came before SIGTERM and its pages after the drain's cut
 // (was: OK, and the request never reached the peer). Now it is refused UNAVAILABLE saying the
 // replica drains, the peer holds the session's other request only, and the drain's last line
-// counts the refused request.
+// and its metric count the refused request.
 TEST(DrainCutTest, AnImportWhosePagesArriveAfterTheCutIsRefused) {
   SecondServer b({"--replica_id=B"});
   ASSERT_TRUE(b.ok());
+  const std::string port_file =
+      absl::StrCat(::testing::TempDir(), "attnserve_drain_metrics_port_", getpid());
   SecondServer a({"--replica_id=A", absl::StrCat("--drain_to=", b.address()),
-                  "--drain_timeout=20s"});
+                  "--drain_timeout=20s", "--metrics_address=127.0.0.1:0",
+                  absl::StrCat("--metrics_port_file=", port_file)});
   ASSERT_TRUE(a.ok());
+  int metrics_port = 0;
+  ASSERT_TRUE(std::ifstream(port_file) >> metrics_port) << "no port in " << port_file;
+  std::remove(port_file.c_str());
   v1::ConfigureResponse configured;
   ASSERT_TRUE(Configure(a.stub(), SeedConfigure(Spec(), 7), &configured).ok());
   const std::string session = configured.session_id();
+  // A stream left open keeps A serving (its shutdown waits for it) until the metrics are read.
+  grpc::ClientContext stream_context;
+  SetDeadline(stream_context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>> stream =
+      a.stub().DecodeStream(&stream_context);
   std::mt19937_64 rng(4);
   v1::ForwardResponse unused;
   ASSERT_TRUE(Forward(a.stub(), ForwardOf(session, "src", 70, rng), &unused).ok());
@@ -240,6 +254,13 @@ TEST(DrainCutTest, AnImportWhosePagesArriveAfterTheCutIsRefused) {
   const grpc::Status status = writer->Finish();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("replica 'A' is draining"));
+  absl::StatusOr<std::string> metrics = ScrapeMetrics(metrics_port);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("attnserve_drain_requests_total{outcome=\"moved\",variant=\"gqa\"} 1\n"));
+  EXPECT_THAT(*metrics,
+              HasSubstr("attnserve_drain_requests_total{outcome=\"refused\",variant=\"gqa\"} 1\n"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 
   absl::StatusOr<ExitState> ended = a.Terminate();
   ASSERT_TRUE(ended.ok()) << ended.status();
