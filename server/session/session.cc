@@ -120,8 +120,8 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
 absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
                                        const std::string& call_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
-  if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
   if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(inputs.size())); !s.ok()) return s;
+  if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
   StepPlan plan;
   plan.decode = decode;
   plan.call_id = call_id;
