@@ -439,12 +439,37 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   // The session may have closed between two chunks (Close is held back until the Forward is
   // over, but MarkClosing and a session-TTL close are not).
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
-  // Sealed between two chunks only when a drain gave up waiting for this Forward (its deadline):
-  // the chunk fails as a failed engine call would (earlier chunks recorded, the run undone), so
-  // no OK answers a request the drain did not move.
-  const absl::Status sealed = drain_seal_.Check(static_cast<int64_t>(run.plan_.inputs.size()));
   StepPlan& plan = run.plan_;
   const int64_t begin = run.next_row_;
+  // Fails the run at this chunk: what earlier chunks appended to existing requests stands and is
+  // recorded; the run is undone.
+  const auto fail = [&](const absl::Status& status) {
+    if (begin > 0) {
+      // Only a sliding window's eviction arithmetic, an allocation failure or a drain's seal can
+      // get here (the reservation covers the rest): earlier chunks stand, so record them first.
+      for (size_t i = 0; i < plan.inputs.size(); ++i) {
+        if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
+        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+        absl::MutexLock lock(&mu_);
+        RequestState& state = requests_[plan.inputs[i].request_id];
+        // Partly applied: a retry under the same call_id must not look like a replay.
+        state.last_call_id.clear();
+        state.last_input_digest.clear();
+        DropRetained(state);
+        state.kv_bytes = kv_bytes;
+        state.length =
+            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
+        state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
+      }
+    }
+    return UndoPrefill(run, status);
+  };
+  // Sealed between two chunks only when a drain gave up waiting for this Forward (its deadline):
+  // the run fails here, so no OK answers a request the drain did not move.
+  if (absl::Status sealed = drain_seal_.Check(static_cast<int64_t>(plan.inputs.size()));
+      !sealed.ok()) {
+    return fail(sealed);
+  }
   const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
   std::vector<PrefillChunk> pieces;
   int64_t chunk_bytes = 0;
@@ -485,8 +510,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     }
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    chunk_out = sealed.ok() ? layer_->Prefill(pieces, rows, chunk_positions)
-                            : absl::StatusOr<Tensor>(sealed);
+    chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
   } catch (const std::bad_alloc&) {
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");
@@ -496,27 +520,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
                          std::chrono::steady_clock::now() - start)
                          .count();
   ++run.chunks_run_;
-  if (!chunk_out.ok()) {
-    if (begin > 0) {
-      // Only a sliding window's eviction arithmetic (or an allocation failure) can get here (the
-      // reservation covers the rest): earlier chunks stand, so record them before failing.
-      for (size_t i = 0; i < plan.inputs.size(); ++i) {
-        if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
-        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
-        absl::MutexLock lock(&mu_);
-        RequestState& state = requests_[plan.inputs[i].request_id];
-        // Partly applied: a retry under the same call_id must not look like a replay.
-        state.last_call_id.clear();
-        state.last_input_digest.clear();
-        DropRetained(state);
-        state.kv_bytes = kv_bytes;
-        state.length =
-            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
-        state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
-      }
-    }
-    return UndoPrefill(run, chunk_out.status());
-  }
+  if (!chunk_out.ok()) return fail(chunk_out.status());
   std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
               static_cast<size_t>(end - begin) * row_bytes);
   run.next_row_ = end;
