@@ -99,6 +99,11 @@ ABSL_FLAG(std::string, drain_to, "",
           "ImportRequest), answering other calls UNAVAILABLE meanwhile. Empty = no drain.");
 ABSL_FLAG(absl::Duration, drain_timeout, kDefaults.drain_timeout,
           "With --drain_to: how long the drain may take in all; what is not moved by then is lost.");
+ABSL_FLAG(std::string, drain_token_file, "",
+          "With --drain_to: a file whose first line is the bearer token the drain presents to "
+          "the peer. A peer with --auth_tokens must take it as an admin, who re-creates each "
+          "session for its owning tenant; a server with --auth_tokens refuses to drain to a peer "
+          "without them. Empty = no token.");
 ABSL_FLAG(absl::Duration, rebalance_period, kDefaults.rebalance_period,
           "With --drain_to=<the balancer>: how often sessions this replica took over in a drain "
           "are checked against the balancer's hash; one that hashes to another replica now (the "
@@ -182,6 +187,7 @@ int main(int argc, char** argv) {
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   options.drain_to = absl::GetFlag(FLAGS_drain_to);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.drain_token_file = absl::GetFlag(FLAGS_drain_token_file);
   options.rebalance_period = absl::GetFlag(FLAGS_rebalance_period);
   options.limits.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.limits.max_requests_per_session = absl::GetFlag(FLAGS_max_requests_per_session);

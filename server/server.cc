@@ -48,6 +48,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (o.kv_pool_bytes > 0 && o.kv_pool_fraction > 0.0) {
     return absl::InvalidArgumentError("--kv_pool_bytes and --kv_pool_fraction exclude each other");
   }
+  if (o.drain_to.empty() && !o.drain_token_file.empty()) {
+    return absl::InvalidArgumentError("--drain_token_file is only used with --drain_to");
+  }
   if (!o.drain_to.empty() && o.drain_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--drain_timeout = ", absl::FormatDuration(o.drain_timeout), ", must be > 0"));
@@ -224,6 +227,13 @@ absl::Status RunServer(const ServerOptions& options) {
   absl::StatusOr<Authenticator> authenticator = Authenticator();
   if (!options.auth_tokens.empty()) authenticator = Authenticator::FromFile(options.auth_tokens);
   if (!authenticator.ok()) return authenticator.status();
+  std::string drain_token;
+  if (!options.drain_token_file.empty()) {
+    absl::StatusOr<std::string> token =
+        ReadBearerTokenFile(options.drain_token_file, "--drain_token_file");
+    if (!token.ok()) return token.status();
+    drain_token = *std::move(token);
+  }
   if (const std::string warning = ExposureWarning(options); !warning.empty()) {
     SERVER_LOG(WARNING, "%s", warning);
   }
@@ -368,8 +378,10 @@ absl::Status RunServer(const ServerOptions& options) {
 
   TtlSweeper sweeper(&registry, options.limits.request_ttl, options.limits.session_ttl,
                      SweepPeriod(options.limits.request_ttl, options.limits.session_ttl), &metrics);
-  const DrainOptions drain{options.drain_to, service.replica(), options.drain_timeout,
-                           options.limits.max_message_bytes};
+  DrainOptions drain{options.drain_to, service.replica(), options.drain_timeout,
+                     options.limits.max_message_bytes};
+  drain.token = drain_token;
+  drain.tenants = authenticator->enabled();
   std::unique_ptr<SessionRebalancer> rebalancer;
   if (!options.drain_to.empty() && options.rebalance_period > absl::ZeroDuration()) {
     rebalancer = std::make_unique<SessionRebalancer>(&registry, &metrics, drain,
@@ -407,6 +419,11 @@ absl::Status RunServer(const ServerOptions& options) {
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoNanoseconds(options.shutdown_grace));
   server->Wait();
+  if (!options.drain_to.empty()) {
+    // Calls still in flight after the drain's log line may have been refused since.
+    SERVER_LOG(INFO, "drain: in all, %d requests of calls after the cut were refused UNAVAILABLE",
+               DrainRefusedRequests(registry));
+  }
   sweeper.Stop();
   executor.Shutdown();
   for (const std::shared_ptr<Session>& session : registry.All()) {

@@ -95,6 +95,9 @@ struct ServerOptions {
   // before exiting, for at most drain_timeout (server/fleet/drain.h); empty = no drain.
   std::string drain_to;
   absl::Duration drain_timeout = absl::Seconds(60);
+  // A file holding the bearer token a drain presents to its peer (first line); empty = none. With
+  // authentication on at the peer the token must be an admin's there (server/fleet/drain.h).
+  std::string drain_token_file;
   // With drain_to (the balancer): how often sessions taken over in a drain are checked against
   // the balancer's hash and moved to the replica it names now (server/fleet/session_rebalancer.h);
   // zero = never. Off by default: with drain_to naming a peer replica rather than a balancer,

@@ -19,6 +19,8 @@
 #include "server/session/scheduler.h"
 #include "server/session/session.h"
 #include "server/fleet/session_affinity.h"
+#include "server/security/acting_owner.h"
+#include "server/session/drain_seal.h"
 
 namespace attnserve::server {
 
@@ -46,47 +48,131 @@ class Drainer {
         grpc::CreateCustomChannel(options.peer, grpc::InsecureChannelCredentials(), args));
   }
 
+  // Whether the peer can keep what a drain hands it: OK, or FAILED_PRECONDITION saying why not
+  // (it refuses this replica's credentials, or this replica has tenants and the peer does not
+  // authenticate its callers, or does not take this replica as an admin acting for them). A peer
+  // that does not answer before the deadline is no verdict: the sessions then fail on their own.
+  // `session_id` (when not empty) routes the question through a balancer to where that session
+  // goes.
+  absl::Status CheckPeer(const std::string& session_id = "") {
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline_));
+      Authorize(context);
+      if (!session_id.empty()) context.AddMetadata(kSessionMetadataKey, session_id);
+      v1::GetServerInfoRequest request;
+      v1::GetServerInfoResponse info;
+      const grpc::Status status = stub_->GetServerInfo(&context, request, &info);
+      if (status.ok() && info.replica() == options_.own_replica) {
+        // The balancer still routes to this replica: ask again, as Recreate does.
+        if (absl::Now() + kRetryPause >= deadline_) return absl::OkStatus();
+        absl::SleepFor(kRetryPause);
+        continue;
+      }
+      if (status.ok()) return CheckPeerInfo(info);
+      switch (status.error_code()) {
+        case grpc::StatusCode::UNAVAILABLE:
+          if (absl::Now() + kRetryPause >= deadline_) return absl::OkStatus();
+          absl::SleepFor(kRetryPause);
+          continue;
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+          return absl::OkStatus();
+        case grpc::StatusCode::UNAUTHENTICATED:
+        case grpc::StatusCode::PERMISSION_DENIED:
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the peer refuses this replica's credentials (",
+              options_.token.empty() ? "none sent: set --drain_token_file" : "--drain_token_file",
+              "): ", status.error_message()));
+        default:
+          return absl::FailedPreconditionError(
+              absl::StrCat("the peer's GetServerInfo failed: ", FromGrpc("GetServerInfo", status)
+                                                                    .ToString()));
+      }
+    }
+  }
+
   // Moves one session and its requests; adds the outcome to `report`.
   void Drain(const std::shared_ptr<Session>& shared, DrainReport& report) {
     Session& session = *shared;
     const std::string variant = VariantLabel(session.spec());
-    std::vector<std::string> requests;
-    for (const RequestSnapshot& r : session.Snapshot(absl::Now(), true).requests) {
-      requests.push_back(r.request_id);
-    }
     absl::Status recreated = Recreate(session);
     if (!recreated.ok()) {
+      // Not sealed: its calls go on as in a shutdown without a drain, and end with the process.
+      const int64_t held = session.num_requests();
       SERVER_LOG(ERROR, "drain: session %s not re-created at %s (%d requests lost): %s",
-                 session.id(), options_.peer, requests.size(), recreated.ToString());
+                 session.id(), options_.peer, held, recreated.ToString());
       ++report.sessions_lost;
-      report.requests_lost += static_cast<int64_t>(requests.size());
-      metrics_.CountDrainedRequests(variant, false, static_cast<int64_t>(requests.size()));
+      report.requests_lost += held;
+      metrics_.CountDrainedRequests(variant, Metrics::DrainOutcome::kLost, held);
       return;
     }
+    absl::StatusOr<std::vector<std::string>> listed = SealAndList(shared, variant);
+    if (!listed.ok()) {
+      const int64_t held = session.num_requests();
+      SERVER_LOG(ERROR, "drain: session %s: %d requests lost: %s", session.id(), held,
+                 listed.status().ToString());
+      ++report.sessions_lost;
+      report.requests_lost += held;
+      metrics_.CountDrainedRequests(variant, Metrics::DrainOutcome::kLost, held);
+      return;
+    }
+    const std::vector<std::string>& requests = *listed;
     int64_t lost = 0;
     for (const std::string& request_id : requests) {
       absl::Status moved = MoveRequest(shared, request_id);
       if (moved.ok()) {
         ++report.requests_moved;
-        metrics_.CountDrainedRequests(variant, true, 1);
+        metrics_.CountDrainedRequests(variant, Metrics::DrainOutcome::kMoved, 1);
       } else {
         SERVER_LOG(ERROR, "drain: request %s of session %s lost: %s", request_id, session.id(),
                    moved.ToString());
         ++lost;
-        metrics_.CountDrainedRequests(variant, false, 1);
+        metrics_.CountDrainedRequests(variant, Metrics::DrainOutcome::kLost, 1);
       }
     }
     report.requests_lost += lost;
     ++(lost == 0 ? report.sessions_moved : report.sessions_lost);
-    SERVER_LOG(INFO, "drain: session %s re-created at %s; %d of %d requests moved", session.id(),
-               options_.peer, static_cast<int64_t>(requests.size()) - lost, requests.size());
+    SERVER_LOG(INFO,
+               "drain: session %s re-created at %s; %d of %d requests moved, %d refused to calls "
+               "after its cut so far",
+               session.id(), options_.peer, static_cast<int64_t>(requests.size()) - lost,
+               requests.size(), session.drain_seal().refused_requests());
   }
 
  private:
-  void Prepare(grpc::ClientContext& context, const std::string& session_id) const {
+  // The peer's answer to CheckPeer's GetServerInfo: can it keep the sessions' owners?
+  absl::Status CheckPeerInfo(const v1::GetServerInfoResponse& info) const {
+    if (options_.tenants && !info.authentication()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the peer (replica '", info.replica(),
+          "') does not authenticate its callers (no --auth_tokens there, or a version that does "
+          "not say so): this replica's sessions belong to tenants, and there they would have no "
+          "owner (any caller could list and decode them)"));
+    }
+    if (info.authentication() && !info.caller_is_admin()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the peer (replica '", info.replica(), "') takes this replica's token as tenant '",
+          info.caller_tenant(),
+          "', not an admin: it may not re-create sessions for their owners (--drain_token_file "
+          "must hold a token marked admin in the peer's --auth_tokens)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The credentials every call to the peer carries.
+  void Authorize(grpc::ClientContext& context) const {
+    if (!options_.token.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+    }
+  }
+
+  void Prepare(grpc::ClientContext& context, const Session& session) const {
     context.set_deadline(absl::ToChronoTime(deadline_));
-    context.AddMetadata(kSessionMetadataKey, session_id);
+    Authorize(context);
+    context.AddMetadata(kSessionMetadataKey, session.id());
     context.AddMetadata(kMovedSessionMetadataKey, "1");
+    // Whose session it is: the peer's admin acts for that tenant (server/security/acting_owner.h).
+    if (!session.owner().empty()) context.AddMetadata(kOwnerMetadataKey, session.owner());
   }
 
   // Configure at the peer under the session's id, until a replica other than this one answers.
@@ -100,13 +186,13 @@ class Drainer {
     }
     while (true) {
       grpc::ClientContext context;
-      Prepare(context, session.id());
+      Prepare(context, session);
       v1::ConfigureResponse response;
       grpc::Status status = stub_->Configure(&context, request, &response);
       std::string fingerprint = response.fingerprint();
       if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
         // An earlier attempt whose answer was lost created it: its fingerprint decides.
-        absl::StatusOr<std::string> existing = PeerFingerprint(session.id());
+        absl::StatusOr<std::string> existing = PeerFingerprint(session);
         if (!existing.ok()) return existing.status();
         fingerprint = *existing;
         status = grpc::Status::OK;
@@ -131,15 +217,55 @@ class Drainer {
     }
   }
 
-  absl::StatusOr<std::string> PeerFingerprint(const std::string& session_id) {
+  absl::StatusOr<std::string> PeerFingerprint(const Session& session) {
     grpc::ClientContext context;
-    Prepare(context, session_id);
+    Prepare(context, session);
     v1::GetSessionRequest request;
-    request.set_session_id(session_id);
+    request.set_session_id(session.id());
     v1::GetSessionResponse response;
     grpc::Status status = stub_->GetSession(&context, request, &response);
     if (!status.ok()) return FromGrpc("GetSession", status);
     return response.session().fingerprint();
+  }
+
+  // The drain's cut: seals the session in its turn on the queue, after every step and op queued
+  // before (a Forward running at SIGTERM finishes, its new requests included), and lists the
+  // requests it holds then. Whatever reaches the session after the cut is refused UNAVAILABLE
+  // (DrainSeal), so every request an OK answered is in the list. When the queue does not get
+  // there before the deadline the session is sealed at once (a Forward still running is undone
+  // at its next chunk) and its requests are lost.
+  absl::StatusOr<std::vector<std::string>> SealAndList(const std::shared_ptr<Session>& session,
+                                                       const std::string& variant) {
+    std::string message = absl::StrCat(
+        "replica '", options_.own_replica, "' is draining (shutting down): session '",
+        session->id(), "' was handed to ", options_.peer,
+        " before this call's turn came; retry, through the balancer, in a moment");
+    Metrics* metrics = &metrics_;
+    DrainSeal::RefusalObserver on_refused = [metrics, variant, id = session->id()](int64_t n) {
+      metrics->CountDrainedRequests(variant, Metrics::DrainOutcome::kRefused, n);
+      SERVER_LOG(WARNING,
+                 "drain: a call on %d requests of session %s came after its cut: refused "
+                 "UNAVAILABLE",
+                 n, id);
+    };
+    auto promise = std::make_shared<std::promise<std::vector<std::string>>>();
+    std::future<std::vector<std::string>> listed = promise->get_future();
+    const bool queued =
+        session->scheduler().PostOp({}, [session, promise, message, on_refused] {
+          session->drain_seal().Seal(message, on_refused);
+          std::vector<std::string> ids;
+          for (const RequestSnapshot& r : session->Snapshot(absl::Now(), true).requests) {
+            ids.push_back(r.request_id);
+          }
+          promise->set_value(std::move(ids));
+        });
+    if (queued && listed.wait_until(absl::ToChronoTime(deadline_)) == std::future_status::ready) {
+      return listed.get();
+    }
+    session->drain_seal().Seal(std::move(message), std::move(on_refused));
+    return absl::DeadlineExceededError(
+        queued ? "the calls queued before the drain did not finish before --drain_timeout"
+               : "the session's queue refused the drain's cut");
   }
 
   // The request's copy, made in its turn on the session's queue (after its queued steps).
@@ -163,7 +289,7 @@ class Drainer {
     absl::StatusOr<RequestExport> exported = Export(shared, request_id);
     if (!exported.ok()) return exported.status();
     grpc::ClientContext context;
-    Prepare(context, session.id());
+    Prepare(context, session);
     v1::ImportRequestResponse response;
     const size_t chunk =
         static_cast<size_t>(std::max<int64_t>(1, options_.max_message_bytes - kChunkHeadroomBytes));
@@ -189,19 +315,60 @@ DrainReport DrainSessions(SessionRegistry& registry, Metrics& metrics,
   SERVER_LOG(INFO, "drain: moving %d sessions to %s for up to %s", sessions.size(), options.peer,
              absl::FormatDuration(options.timeout));
   Drainer drainer(metrics, options);
+  if (absl::Status peer = drainer.CheckPeer(); !peer.ok()) {
+    // Refused: nothing is sealed or sent; the sessions stay here, their calls in flight finish,
+    // and they end with the process as in a shutdown without --drain_to.
+    report.refused = true;
+    for (const std::shared_ptr<Session>& session : sessions) {
+      if (session->closed()) continue;
+      const int64_t held = session->num_requests();
+      ++report.sessions_lost;
+      report.requests_lost += held;
+      metrics.CountDrainedRequests(VariantLabel(session->spec()), Metrics::DrainOutcome::kLost,
+                                   held);
+    }
+    SERVER_LOG(ERROR,
+               "drain: refused, no session is moved to %s: %s; the %d sessions (%d requests) stay "
+               "here and end with this process, as in a shutdown without --drain_to",
+               options.peer, peer.message(), report.sessions_lost, report.requests_lost);
+    return report;
+  }
   for (const std::shared_ptr<Session>& session : sessions) {
     if (session->closed()) continue;
     drainer.Drain(session, report);
   }
-  SERVER_LOG(INFO, "drain: done: %d sessions moved, %d lost; %d requests moved, %d lost",
+  report.requests_refused = DrainRefusedRequests(registry);
+  SERVER_LOG(INFO,
+             "drain: done: %d sessions moved, %d lost; %d requests moved, %d lost, %d refused "
+             "(calls after the cut)",
              report.sessions_moved, report.sessions_lost, report.requests_moved,
-             report.requests_lost);
+             report.requests_lost, report.requests_refused);
   return report;
+}
+
+int64_t DrainRefusedRequests(const SessionRegistry& registry) {
+  int64_t refused = 0;
+  for (const std::shared_ptr<Session>& session : registry.All()) {
+    refused += session->drain_seal().refused_requests();
+  }
+  return refused;
 }
 
 void DrainSession(const std::shared_ptr<Session>& session, Metrics& metrics,
                   const DrainOptions& options, DrainReport& report) {
-  Drainer(metrics, options).Drain(session, report);
+  Drainer drainer(metrics, options);
+  if (absl::Status peer = drainer.CheckPeer(session->id()); !peer.ok()) {
+    const int64_t held = session->num_requests();
+    SERVER_LOG(ERROR, "drain: session %s not moved to %s: %s", session->id(), options.peer,
+               peer.message());
+    report.refused = true;
+    ++report.sessions_lost;
+    report.requests_lost += held;
+    metrics.CountDrainedRequests(VariantLabel(session->spec()), Metrics::DrainOutcome::kLost,
+                                 held);
+    return;
+  }
+  drainer.Drain(session, report);
 }
 
 }  // namespace attnserve::server

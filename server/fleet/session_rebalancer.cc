@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attnserve/v1/attention_service.grpc.pb.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "server/observability/logging.h"
 #include "server/session/scheduler.h"
@@ -36,6 +37,9 @@ std::string SessionRebalancer::Owner(const std::string& session_id) const {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   context.AddMetadata(kSessionMetadataKey, session_id);
+  if (!options_.token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+  }
   v1::GetServerInfoRequest request;
   v1::GetServerInfoResponse response;
   if (!stub_->GetServerInfo(&context, request, &response).ok()) return "";

@@ -307,7 +307,8 @@ Metrics::Metrics(const BuildInfo& build, const KvPool* pool, const SessionRegist
       drained_(prometheus::BuildCounter()
                    .Name("attnserve_drain_requests_total")
                    .Help("Requests a drain on SIGTERM (--drain_to) moved to its peer "
-                         "(outcome=moved) or could not (outcome=lost).")
+                         "(outcome=moved), could not (outcome=lost), or refused to a call that "
+                         "came after the drain's cut (outcome=refused, UNAVAILABLE).")
                    .Register(*registry_)),
       device_memory_(prometheus::BuildGauge()
                          .Name("attnserve_device_memory_bytes")
@@ -410,11 +411,14 @@ void Metrics::CountKvRejection(const std::string& variant) {
   Get(kv_rejections_, {{"variant", variant}}).Increment();
 }
 
-void Metrics::CountDrainedRequests(const std::string& variant, bool moved, int64_t count) {
+void Metrics::CountDrainedRequests(const std::string& variant, DrainOutcome outcome,
+                                   int64_t count) {
+  const char* label = outcome == DrainOutcome::kMoved  ? "moved"
+                      : outcome == DrainOutcome::kLost ? "lost"
+                                                       : "refused";
   absl::MutexLock lock(&mu_);
   NoteVariant(variant);
-  Get(drained_, {{"variant", variant}, {"outcome", moved ? "moved" : "lost"}})
-      .Increment(static_cast<double>(count));
+  Get(drained_, {{"variant", variant}, {"outcome", label}}).Increment(static_cast<double>(count));
 }
 
 void Metrics::CountExpired(const std::string& variant, ExpiryKind kind, int64_t count) {

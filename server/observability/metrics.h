@@ -122,8 +122,10 @@ class Metrics {
   void CountKvRejection(const std::string& variant);
   // `count` requests or sessions freed by their TTL.
   void CountExpired(const std::string& variant, ExpiryKind kind, int64_t count);
-  // Requests a drain (--drain_to) handed to its peer (`moved`) or could not (server/fleet/drain.h).
-  void CountDrainedRequests(const std::string& variant, bool moved, int64_t count);
+  // Requests a drain (--drain_to) handed to its peer (kMoved), could not (kLost), or whose calls
+  // came after the drain's cut and were refused UNAVAILABLE (kRefused; server/fleet/drain.h).
+  enum class DrainOutcome { kMoved, kLost, kRefused };
+  void CountDrainedRequests(const std::string& variant, DrainOutcome outcome, int64_t count);
 
   // Adds `replica` (--replica_id, or <hostname>:<port> once the port is bound) to
   // attnserve_build_info, so that a dashboard can name each scraped instance.

@@ -831,6 +831,9 @@ void AttentionServiceImpl::HandleGetServerInfo(grpc::CallbackServerContext* cont
   const CallTimer timer;
   response.set_version(ATTNSERVE_VERSION);
   response.set_replica(replica());
+  response.set_authentication(authenticator_ != nullptr && authenticator_->enabled());
+  response.set_caller_tenant(caller.tenant);
+  response.set_caller_is_admin(caller.is_admin);
   response.set_backend(std::string(backend_->name()));
   response.set_device(backend_->device_description());
   response.set_kv_pool_capacity_bytes(pool_->capacity_bytes());

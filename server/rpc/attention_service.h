@@ -17,6 +17,7 @@
 #include "attnserve/v1/attention_service.grpc.pb.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
+#include "server/security/acting_owner.h"
 #include "server/security/auth.h"
 #include "server/runtime/executor.h"
 #include "server/session/kv_pool.h"
@@ -123,10 +124,14 @@ class AttentionServiceImpl final : public RawAttentionService {
                            const Principal& owner, const std::string& session_id);
   // UNAVAILABLE "replica ... is draining" once StartDraining ran, else OK.
   grpc::Status DrainingStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
-  // Who is calling (server/security/auth.h).
+  // Who is calling (server/security/auth.h), and for whom: an admin may act for the owner a
+  // drain names (server/security/acting_owner.h).
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
-    return authenticator_ == nullptr ? Principal::Unauthenticated()
-                                     : authenticator_->Authenticate(context);
+    absl::StatusOr<Principal> caller = authenticator_ == nullptr
+                                           ? Principal::Unauthenticated()
+                                           : authenticator_->Authenticate(context);
+    if (!caller.ok()) return caller;
+    return ActingPrincipal(authenticator_, *caller, context);
   }
 
   AttentionBackend* const backend_;

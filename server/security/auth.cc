@@ -48,6 +48,27 @@ bool IsLowerOrUpperHex(absl::string_view s) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (!in || !std::getline(in, line)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot read a token from '", path, "'"));
+  }
+  const std::string token(absl::StripAsciiWhitespace(line));
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", path, "' must hold a token of 1-", kMaxTokenBytes, " bytes on its first line"));
+  }
+  for (char c : token) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": the token in '", path, "' holds whitespace or a control character"));
+    }
+  }
+  return token;
+}
+
 absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -144,6 +165,13 @@ absl::StatusOr<Principal> Authenticator::AuthenticateToken(absl::string_view tok
   OPENSSL_cleanse(hash.data(), hash.size());
   if (match == 0) return Unauthenticated();
   return entries_[match - 1].principal;
+}
+
+std::optional<Principal> Authenticator::FindTenant(absl::string_view tenant) const {
+  for (const Entry& entry : entries_) {
+    if (entry.principal.tenant == tenant) return entry.principal;
+  }
+  return std::nullopt;
 }
 
 }  // namespace attnserve::server

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@
 #include "server/security/principal.h"
 
 namespace attnserve::server {
+
+// The bearer token in the file at `path` (its first line, surrounding whitespace trimmed), as a
+// client presents it: INVALID_ARGUMENT naming `flag` for an unreadable file, an empty token, one
+// with whitespace or control characters inside, or one longer than a server accepts.
+absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path, absl::string_view flag);
 
 class Authenticator {
  public:
@@ -52,6 +58,9 @@ class Authenticator {
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const;
   // The same for a token itself (the part after "Bearer ").
   absl::StatusOr<Principal> AuthenticateToken(absl::string_view token) const;
+  // The principal of `tenant` when a token of the table belongs to it (a drain's admin acting for
+  // that tenant, server/security/acting_owner.h), else nullopt.
+  std::optional<Principal> FindTenant(absl::string_view tenant) const;
 
  private:
   using Sha256 = std::array<uint8_t, 32>;

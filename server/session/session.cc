@@ -120,6 +120,7 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
 absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
                                        const std::string& call_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(inputs.size())); !s.ok()) return s;
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
   StepPlan plan;
   plan.decode = decode;
@@ -440,6 +441,35 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
   StepPlan& plan = run.plan_;
   const int64_t begin = run.next_row_;
+  // Fails the run at this chunk: what earlier chunks appended to existing requests stands and is
+  // recorded; the run is undone.
+  const auto fail = [&](const absl::Status& status) {
+    if (begin > 0) {
+      // Only a sliding window's eviction arithmetic, an allocation failure or a drain's seal can
+      // get here (the reservation covers the rest): earlier chunks stand, so record them first.
+      for (size_t i = 0; i < plan.inputs.size(); ++i) {
+        if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
+        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+        absl::MutexLock lock(&mu_);
+        RequestState& state = requests_[plan.inputs[i].request_id];
+        // Partly applied: a retry under the same call_id must not look like a replay.
+        state.last_call_id.clear();
+        state.last_input_digest.clear();
+        DropRetained(state);
+        state.kv_bytes = kv_bytes;
+        state.length =
+            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
+        state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
+      }
+    }
+    return UndoPrefill(run, status);
+  };
+  // Sealed between two chunks only when a drain gave up waiting for this Forward (its deadline):
+  // the run fails here, so no OK answers a request the drain did not move.
+  if (absl::Status sealed = drain_seal_.Check(static_cast<int64_t>(plan.inputs.size()));
+      !sealed.ok()) {
+    return fail(sealed);
+  }
   const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
   std::vector<PrefillChunk> pieces;
   int64_t chunk_bytes = 0;
@@ -490,27 +520,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
                          std::chrono::steady_clock::now() - start)
                          .count();
   ++run.chunks_run_;
-  if (!chunk_out.ok()) {
-    if (begin > 0) {
-      // Only a sliding window's eviction arithmetic (or an allocation failure) can get here (the
-      // reservation covers the rest): earlier chunks stand, so record them before failing.
-      for (size_t i = 0; i < plan.inputs.size(); ++i) {
-        if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
-        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
-        absl::MutexLock lock(&mu_);
-        RequestState& state = requests_[plan.inputs[i].request_id];
-        // Partly applied: a retry under the same call_id must not look like a replay.
-        state.last_call_id.clear();
-        state.last_input_digest.clear();
-        DropRetained(state);
-        state.kv_bytes = kv_bytes;
-        state.length =
-            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
-        state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
-      }
-    }
-    return UndoPrefill(run, chunk_out.status());
-  }
+  if (!chunk_out.ok()) return fail(chunk_out.status());
   std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
               static_cast<size_t>(end - begin) * row_bytes);
   run.next_row_ = end;
@@ -550,6 +560,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
   if (new_ids.empty()) {
     return absl::InvalidArgumentError("new_request_ids: must name at least one new request");
   }
+  if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(new_ids.size())); !s.ok()) return s;
   RequestState original;
   {
     absl::MutexLock lock(&mu_);
@@ -601,6 +612,7 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
+  if (absl::Status s = drain_seal_.Check(1); !s.ok()) return s;
   SequenceId sequence;
   {
     absl::MutexLock lock(&mu_);
@@ -638,7 +650,8 @@ int64_t Session::Close() {
 }
 
 int Session::ExpireRequests(absl::Time now, absl::Duration ttl) {
-  if (layer_ == nullptr) return 0;
+  // Sealed: the drain moves what it listed; a request expired here would still live there.
+  if (layer_ == nullptr || drain_seal_.sealed()) return 0;
   std::vector<SequenceId> expired;
   {
     absl::MutexLock lock(&mu_);

@@ -36,6 +36,7 @@
 #include "kernels/spec/layer_spec.h"
 #include "kernels/stack/layer_stack.h"
 #include "kernels/core/tensor.h"
+#include "server/session/drain_seal.h"
 #include "server/session/parameter_budget.h"
 #include "server/session/retained_outputs.h"
 #include "server/runtime/serial_queue.h"
@@ -204,6 +205,8 @@ class Session : public std::enable_shared_from_this<Session> {
   static constexpr int64_t kDefaultRetainedOutputBytes = int64_t{256} << 20;
 
   const std::string& id() const { return id_; }
+  // The tenant that configured it (SetRetainedOutputs); "" with authentication off.
+  const std::string& owner() const { return tenant_; }
   const LayerSpec& spec() const { return spec_; }
   SerialQueue& queue() { return *queue_; }
   // Continuous batching of decode steps and ordering of the session's other work.
@@ -312,6 +315,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   const std::shared_ptr<const StackKvUsage>& stack_kv() const { return stack_kv_; }
   int num_requests() const;
+  // The drain's cut (server/session/drain_seal.h): once sealed, Plan, Fork, ImportRequest,
+  // ReleaseRequest, ExportRequest with release and RunPrefillChunk refuse UNAVAILABLE and
+  // ExpireRequests keeps every request. Any thread.
+  DrainSeal& drain_seal() { return drain_seal_; }
   // True once Close ran or was scheduled.
   bool closed() const { return closed_.load(std::memory_order_relaxed); }
   void MarkClosing() { closed_.store(true, std::memory_order_relaxed); }
@@ -383,6 +390,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<SessionScheduler> scheduler_;
   std::atomic<int64_t> kv_bytes_used_{0};
   std::atomic<bool> closed_{false};
+  DrainSeal drain_seal_;
 
   std::shared_ptr<RetainedOutputs> retained_;
   std::string tenant_;

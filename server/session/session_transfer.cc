@@ -16,6 +16,9 @@ absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_
   if (layer_ == nullptr || closed()) {
     return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
   }
+  if (release) {
+    if (absl::Status s = drain_seal_.Check(1); !s.ok()) return s;
+  }
   RequestState state;
   {
     absl::MutexLock lock(&mu_);
@@ -45,6 +48,7 @@ absl::StatusOr<ImportOutcome> Session::ImportRequest(const std::string& request_
   if (layer_ == nullptr || closed()) {
     return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
   }
+  if (absl::Status s = drain_seal_.Check(1); !s.ok()) return s;
   const int64_t length = exported.kv.num_tokens;
   if (length > limits_.max_sequence_length) {
     return absl::OutOfRangeError(absl::StrCat("sequence_length = ", length,

@@ -5,7 +5,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -60,6 +65,47 @@ TEST(AuthenticatorTest, MapsTokensToTenants) {
   }
   EXPECT_EQ(auth->AuthenticateToken(std::string(5000, 'a')).status().code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+// A drain's admin acts for the owner of the session it moves (server/security/acting_owner.h):
+// the owner is found by tenant name, with its own admin marking.
+TEST(AuthenticatorTest, FindsTenantsByName) {
+  absl::StatusOr<Authenticator> auth = Authenticator::FromText(
+      "4813494d137e1631bba301d5acab6e7bb7aa74ce1185d456565ef51d737677b2 root admin\n"
+      "2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90 alice\n",
+      "tokens");
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  std::optional<Principal> alice = auth->FindTenant("alice");
+  ASSERT_TRUE(alice.has_value());
+  EXPECT_EQ(alice->tenant, "alice");
+  EXPECT_FALSE(alice->is_admin);
+  ASSERT_TRUE(auth->FindTenant("root").has_value());
+  EXPECT_TRUE(auth->FindTenant("root")->is_admin);
+  EXPECT_FALSE(auth->FindTenant("bob").has_value());
+  EXPECT_FALSE(auth->FindTenant("").has_value());
+}
+
+// --drain_token_file: the token on the first line, trimmed; a file that cannot serve as a token
+// is a startup error naming the flag.
+TEST(BearerTokenFileTest, ReadsTheFirstLineAndRefusesWhatIsNoToken) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "drain_token_", getpid());
+  const auto write = [&path](const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+  };
+  write("  s3cret-token\t\nsecond line\n");
+  absl::StatusOr<std::string> token = ReadBearerTokenFile(path, "--drain_token_file");
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "s3cret-token");
+  for (const std::string& bad : {std::string(""), std::string("\n"), std::string("two words\n"),
+                                 std::string(5000, 'a')}) {
+    write(bad);
+    token = ReadBearerTokenFile(path, "--drain_token_file");
+    EXPECT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+    EXPECT_THAT(token.status().message(), HasSubstr("--drain_token_file"));
+  }
+  std::remove(path.c_str());
+  EXPECT_EQ(ReadBearerTokenFile(path, "--drain_token_file").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AuthenticatorTest, RefusesMalformedFiles) {

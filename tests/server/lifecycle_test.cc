@@ -194,6 +194,22 @@ TEST(ServerFlagsTest, KvPoolFractionIsRefusedOffTheCudaBackendAndOutOfRange) {
               ::testing::HasSubstr("--kv_pool_fraction = 1.5, must be 0 (unused) or in (0, 0.95]"));
 }
 
+// --drain_token_file is read at startup: without --drain_to, or naming a file that holds no
+// token, the server refuses to start, naming the flag (not at SIGTERM, when the drain needs it).
+TEST(ServerFlagsTest, DrainTokenFileIsCheckedAtStartup) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> alone = ServerProcess::Start(
+      {"--drain_token_file=/dev/null", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(std::string(alone.status().message()),
+              ::testing::HasSubstr("--drain_token_file is only used with --drain_to"));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> empty = ServerProcess::Start(
+      {"--drain_to=127.0.0.1:1", "--drain_token_file=/dev/null", "--threads=1"},
+      std::chrono::seconds(10));
+  ASSERT_FALSE(empty.ok());
+  EXPECT_THAT(std::string(empty.status().message()),
+              ::testing::HasSubstr("--drain_token_file: cannot read a token from '/dev/null'"));
+}
+
 // --cuda_attention picks the CUDA attention kernels: an unknown name, or a CUDA choice with
 // --backend=cpu, is refused at startup naming the flag.
 TEST(ServerFlagsTest, CudaAttentionIsCheckedAtStartup) {

@@ -18,6 +18,7 @@
 #include "proto/codec/import_stream.h"
 #include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/second_server.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -100,52 +101,6 @@ int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t expected) {
   }
   return used;
 }
-
-// A second server process beside the fixture's, stopped (SIGTERM, must exit 0) at the end.
-class SecondServer {
- public:
-  explicit SecondServer(std::vector<std::string> extra_flags = {}) {
-    std::vector<std::string> flags = {absl::StrCat("--threads=", kBackendThreads),
-                                      "--shutdown_grace=10s"};
-    for (std::string& flag : extra_flags) flags.push_back(std::move(flag));
-    absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(flags);
-    EXPECT_TRUE(started.ok()) << started.status();
-    if (!started.ok()) return;
-    process_ = *std::move(started);
-    stub_ = v1::AttentionService::NewStub(process_->NewChannel());
-  }
-  ~SecondServer() {
-    if (process_ == nullptr) {
-      if (::testing::Test::HasFailure()) std::cerr << "---- stopped server log ----\n" << log_;
-      return;
-    }
-    stub_.reset();
-    absl::StatusOr<ExitState> ended = process_->Terminate(std::chrono::seconds(20));
-    EXPECT_TRUE(ended.ok() && ended->exited && ended->exit_code == 0);
-    if (::testing::Test::HasFailure()) {
-      std::cerr << "---- second server log ----\n" << process_->LogTail() << "\n";
-    }
-  }
-  bool ok() const { return stub_ != nullptr; }
-  v1::AttentionService::Stub& stub() { return *stub_; }
-  std::string address() const { return process_->address(); }
-  std::string LogTail() const { return process_->LogTail(20000); }
-  // SIGTERM and a bounded wait; the destructor then has nothing left to stop.
-  absl::StatusOr<ExitState> Terminate() {
-    stub_.reset();
-    absl::StatusOr<ExitState> ended = process_->Terminate(std::chrono::seconds(30));
-    log_ = process_->LogTail(20000);
-    process_.reset();
-    return ended;
-  }
-  const std::string& final_log() const { return log_; }
-  ServerProcess& process() { return *process_; }
-
- private:
-  std::unique_ptr<ServerProcess> process_;
-  std::unique_ptr<v1::AttentionService::Stub> stub_;
-  std::string log_;
-};
 
 class RequestTransferTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
 
