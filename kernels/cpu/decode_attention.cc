@@ -110,8 +110,8 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
   };
   std::vector<BlockPage> block(pages_per_block);
 
-  // Software prefetch, one KV head's block ahead: the rows of head h + 1 (or of the next block's
-  // head 0) are requested while head h computes. Each head's rows of a 16-token page are one 4 KiB
+  // Software prefetch, one KV head's block ahead: the rows of head h + 1 are requested while head
+  // h computes. Each head's rows of a 16-token page are one 4 KiB
   // run (f32, head_dim 64), which the hardware prefetcher, stopping at 4 KiB boundaries, would
   // only pick up after a few misses.
   const int64_t element_bytes = sizeof(Element);
