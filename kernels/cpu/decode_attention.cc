@@ -40,87 +40,135 @@ struct PartialState {
   float* acc;  // [rows, value_dim], unnormalised
 };
 
-// Attends one KV head's query rows to `count` keys of one page, updating their softmax state.
-template <typename Element>
-void AttendPage(const DecodeAttentionParams& p, const float* q, const Element* page, int kv_head,
-                int first_slot, int count, float* scores, int padded_page, const Element** key_rows,
-                const Element** value_rows, PartialState state) {
-  const int rows = p.rows_per_kv_head;
-  for (int s = 0; s < count; ++s) {
-    key_rows[s] = page + p.layout.KeyElement(kv_head, first_slot + s);
-    value_rows[s] = page + p.layout.ValueElement(kv_head, first_slot + s);
-  }
-  // Many query rows on large float pages (absorbed MLA): the page's rows are already a strided
-  // matrix, so sgemm's register tiling beats row-at-a-time dot products.
-  const bool use_gemm =
-      std::is_same_v<Element, float> && rows >= kMinRowsForGemm && count >= kMinKeysForGemm;
+// A softmax block: up to this many keys (whole pages) per online-softmax update, so the rescale,
+// the exp set-up and the accumulator loads and stores are paid once per block rather than per
+// 16-token page. 128 f32 keys of head_dim 64 are 32 KiB of K and as much V: they stay in L2.
+constexpr int kBlockKeys = 128;
 
-  // S = Q · K^T for this page; the page's keys stay in L1 across rows.
+// Attends one KV head's query rows to `count` keys whose key and value rows are listed, updating
+// their softmax state. `page_rows` > 0: the rows are one float page's slots, consecutive at
+// p.layout.row_stride, which sgemm takes as a strided matrix.
+template <typename Element>
+void AttendBlock(const DecodeAttentionParams& p, const float* q, int count, float* scores,
+                 int padded_block, const Element* const* key_rows,
+                 const Element* const* value_rows, bool use_gemm, PartialState state) {
+  const int rows = p.rows_per_kv_head;
+  // S = Q · K^T for this block; the block's keys stay in cache across rows.
   if (use_gemm) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, count, p.key_dim, 1.0f, q, p.key_dim,
                 reinterpret_cast<const float*>(key_rows[0]), static_cast<int>(p.layout.row_stride),
-                0.0f, scores, padded_page);
+                0.0f, scores, padded_block);
   } else {
-    // Every query row of the group from each 8-key register tile (simd_kernels.h).
-    GroupScores(q, rows, p.key_dim, key_rows, count, scores, padded_page);
+    // Every query row of the group from each register tile of keys (simd_kernels.h).
+    GroupScores(q, rows, p.key_dim, key_rows, count, scores, padded_block);
   }
   // Online softmax: rescale what was accumulated when a row's running max grows.
   for (int r = 0; r < rows; ++r) {
-    OnlineSoftmaxRow(&scores[r * padded_page], count, 0, count, p.scale, p.softcap, &state.max[r],
+    OnlineSoftmaxRow(&scores[r * padded_block], count, 0, count, p.scale, p.softcap, &state.max[r],
                      &state.sum[r], state.acc + int64_t{r} * p.value_dim, p.value_dim);
   }
   // O += P · V
   if (use_gemm) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, p.value_dim, count, 1.0f, scores,
-                padded_page, reinterpret_cast<const float*>(value_rows[0]),
+                padded_block, reinterpret_cast<const float*>(value_rows[0]),
                 static_cast<int>(p.layout.row_stride), 1.0f, state.acc, p.value_dim);
     return;
   }
-  GroupAccumulate(scores, padded_page, rows, value_rows, count, p.value_dim, state.acc);
+  GroupAccumulate(scores, padded_block, rows, value_rows, count, p.value_dim, state.acc);
 }
 
-// Attends all of one sequence's query rows to keys [keys.begin, keys.end). Pages are visited in
-// order and each is read whole (every KV head) before the next, so the hardware prefetcher sees
-// one sequential stream per page instead of num_kv_heads short strided ones. kDequantize (8-bit
-// pages, Element float): each page's visited rows are first dequantized into a float32 copy of
-// the page, which the float loops then read.
+// Attends all of one sequence's query rows to keys [keys.begin, keys.end), in blocks of whole
+// pages (kBlockKeys keys, at least one page). Each block is read whole (every KV head) before the
+// next, so the hardware prefetcher sees a few sequential page streams. kDequantize (8-bit pages,
+// Element float): each page's visited rows are first dequantized into a float32 copy of the page,
+// which the float loops then read.
 template <typename Element, bool kDequantize = false>
 void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable& table,
                 KeyRange keys, PartialState state) {
   const int rows = p.rows_per_kv_head;
   const int64_t total_rows = int64_t{p.num_kv_heads} * rows;
   const int page_size = p.layout.page_size;
-  // Scores of one page, padded to a multiple of 4 keys: [rows, padded_page].
-  const int padded_page = (page_size + 3) / 4 * 4;
-  std::vector<float> scores(static_cast<size_t>(rows) * padded_page);
+  // Many query rows on large float pages (absorbed MLA): a page's rows are already a strided
+  // matrix, so sgemm's register tiling beats the vector loops; blocks are then single pages.
+  const bool use_gemm = std::is_same_v<Element, float> && rows >= kMinRowsForGemm &&
+                        page_size >= kMinKeysForGemm;
+  const int pages_per_block = use_gemm ? 1 : std::max(1, kBlockKeys / page_size);
+  const int block_keys = pages_per_block * page_size;
+  // Scores of one block, padded to a multiple of 4 keys: [rows, padded_block].
+  const int padded_block = (block_keys + 3) / 4 * 4;
+  std::vector<float> scores(static_cast<size_t>(rows) * padded_block);
   std::fill(state.max, state.max + total_rows, -std::numeric_limits<float>::infinity());
   std::fill(state.sum, state.sum + total_rows, 0.0f);
   std::fill(state.acc, state.acc + total_rows * p.value_dim, 0.0f);
-  std::vector<const Element*> key_rows(padded_page), value_rows(padded_page);
-  std::vector<float> dequantized(kDequantize ? p.layout.page_elements : 0);
+  std::vector<const Element*> key_rows(padded_block), value_rows(padded_block);
+  std::vector<float> dequantized(kDequantize ? p.layout.page_elements * pages_per_block : 0);
+  // The block's pages: base pointer, first slot and key count of each.
+  struct BlockPage {
+    const Element* page;
+    int first_slot;
+    int count;
+  };
+  std::vector<BlockPage> block(pages_per_block);
+
+  // Software prefetch, one KV head's block ahead: the rows of head h + 1 are requested while head
+  // h computes. Each head's rows of a 16-token page are one 4 KiB
+  // run (f32, head_dim 64), which the hardware prefetcher, stopping at 4 KiB boundaries, would
+  // only pick up after a few misses.
+  const int64_t element_bytes = sizeof(Element);
+  const int64_t key_bytes = int64_t{p.key_dim} * element_bytes;
+  const int64_t value_bytes = int64_t{p.value_dim} * element_bytes;
+  const bool separate_values = p.layout.value_offset != p.layout.key_offset;
+  auto prefetch_head = [&](const BlockPage* pages, int num, int h) {
+    for (int i = 0; i < num; ++i) {
+      for (int slot = pages[i].first_slot; slot < pages[i].first_slot + pages[i].count; ++slot) {
+        const char* k = reinterpret_cast<const char*>(pages[i].page + p.layout.KeyElement(h, slot));
+        for (int64_t b = 0; b < key_bytes; b += 64) __builtin_prefetch(k + b);
+        if (!separate_values) continue;
+        const char* v =
+            reinterpret_cast<const char*>(pages[i].page + p.layout.ValueElement(h, slot));
+        for (int64_t b = 0; b < value_bytes; b += 64) __builtin_prefetch(v + b);
+      }
+    }
+  };
 
   for (int64_t block_begin = keys.begin; block_begin < keys.end;) {
-    const int64_t page_index = block_begin / page_size;
-    const int first_slot = static_cast<int>(block_begin - page_index * page_size);
-    const int end_slot =
-        static_cast<int>(std::min<int64_t>(keys.end - page_index * page_size, page_size));
-    const int count = end_slot - first_slot;
-    const Element* page;
-    if constexpr (kDequantize) {
-      DequantizePageRows(p.layout, p.store->page(table.pages[page_index]), p.num_kv_heads,
-                         p.key_dim, p.value_dim, first_slot, end_slot, dequantized.data());
-      page = dequantized.data();
-    } else {
-      page = reinterpret_cast<const Element*>(p.store->page(table.pages[page_index]));
+    int num_pages = 0;
+    int count = 0;
+    while (num_pages < pages_per_block && block_begin < keys.end) {
+      const int64_t page_index = block_begin / page_size;
+      const int first_slot = static_cast<int>(block_begin - page_index * page_size);
+      const int end_slot =
+          static_cast<int>(std::min<int64_t>(keys.end - page_index * page_size, page_size));
+      const Element* page;
+      if constexpr (kDequantize) {
+        float* copy = dequantized.data() + num_pages * p.layout.page_elements;
+        DequantizePageRows(p.layout, p.store->page(table.pages[page_index]), p.num_kv_heads,
+                           p.key_dim, p.value_dim, first_slot, end_slot, copy);
+        page = copy;
+      } else {
+        page = reinterpret_cast<const Element*>(p.store->page(table.pages[page_index]));
+      }
+      block[num_pages++] = {page, first_slot, end_slot - first_slot};
+      count += end_slot - first_slot;
+      block_begin += end_slot - first_slot;
     }
     for (int h = 0; h < p.num_kv_heads; ++h) {
+      int s = 0;
+      for (int i = 0; i < num_pages; ++i) {
+        const BlockPage& bp = block[i];
+        for (int slot = bp.first_slot; slot < bp.first_slot + bp.count; ++slot, ++s) {
+          key_rows[s] = bp.page + p.layout.KeyElement(h, slot);
+          value_rows[s] = bp.page + p.layout.ValueElement(h, slot);
+        }
+      }
+      if (h + 1 < p.num_kv_heads) prefetch_head(block.data(), num_pages, h + 1);
       const int64_t first_row = int64_t{h} * rows;
       PartialState head_state{state.max + first_row, state.sum + first_row,
                               state.acc + first_row * p.value_dim};
-      AttendPage(p, q + first_row * p.key_dim, page, h, first_slot, count, scores.data(),
-                 padded_page, key_rows.data(), value_rows.data(), head_state);
+      AttendBlock(p, q + first_row * p.key_dim, count, scores.data(), padded_block,
+                  key_rows.data(), value_rows.data(), use_gemm && count >= kMinKeysForGemm,
+                  head_state);
     }
-    block_begin += count;
   }
 }
 

@@ -186,40 +186,106 @@ ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
   return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
-// dim % 8 == 0.
+// Scores of query rows r and r + 1 against key rows [s, s + 4): a 2 x 4 register tile, so each
+// loaded key chunk serves two rows (6 loads per 8 FMAs instead of 9 with one row x 8 keys).
+template <typename Element>
+ATTNSERVE_AVX2 inline void ScoresTile2x4(const float* q0, const float* q1, int64_t dim,
+                                         const Element* const* keys, float* out0, float* out1) {
+  const Element* k0 = keys[0];
+  const Element* k1 = keys[1];
+  const Element* k2 = keys[2];
+  const Element* k3 = keys[3];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 x0 = _mm256_loadu_ps(q0 + d);
+    const __m256 x1 = _mm256_loadu_ps(q1 + d);
+    const __m256 y0 = Load8(k0 + d);
+    a0 = _mm256_fmadd_ps(x0, y0, a0);
+    b0 = _mm256_fmadd_ps(x1, y0, b0);
+    const __m256 y1 = Load8(k1 + d);
+    a1 = _mm256_fmadd_ps(x0, y1, a1);
+    b1 = _mm256_fmadd_ps(x1, y1, b1);
+    const __m256 y2 = Load8(k2 + d);
+    a2 = _mm256_fmadd_ps(x0, y2, a2);
+    b2 = _mm256_fmadd_ps(x1, y2, b2);
+    const __m256 y3 = Load8(k3 + d);
+    a3 = _mm256_fmadd_ps(x0, y3, a3);
+    b3 = _mm256_fmadd_ps(x1, y3, b3);
+  }
+  const __m256 sums = Reduce8(a0, a1, a2, a3, b0, b1, b2, b3);
+  _mm_storeu_ps(out0, _mm256_castps256_ps128(sums));
+  _mm_storeu_ps(out1, _mm256_extractf128_ps(sums, 1));
+}
+
+// One query row against key rows [s, s + 8).
+template <typename Element>
+ATTNSERVE_AVX2 inline void ScoresTile1x8(const float* q_row, int64_t dim,
+                                         const Element* const* keys, float* out) {
+  const Element* k0 = keys[0];
+  const Element* k1 = keys[1];
+  const Element* k2 = keys[2];
+  const Element* k3 = keys[3];
+  const Element* k4 = keys[4];
+  const Element* k5 = keys[5];
+  const Element* k6 = keys[6];
+  const Element* k7 = keys[7];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 x = _mm256_loadu_ps(q_row + d);
+    a0 = _mm256_fmadd_ps(x, Load8(k0 + d), a0);
+    a1 = _mm256_fmadd_ps(x, Load8(k1 + d), a1);
+    a2 = _mm256_fmadd_ps(x, Load8(k2 + d), a2);
+    a3 = _mm256_fmadd_ps(x, Load8(k3 + d), a3);
+    a4 = _mm256_fmadd_ps(x, Load8(k4 + d), a4);
+    a5 = _mm256_fmadd_ps(x, Load8(k5 + d), a5);
+    a6 = _mm256_fmadd_ps(x, Load8(k6 + d), a6);
+    a7 = _mm256_fmadd_ps(x, Load8(k7 + d), a7);
+  }
+  _mm256_storeu_ps(out, Reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+}
+
+// One query row against key rows [s, s + 4).
+template <typename Element>
+ATTNSERVE_AVX2 inline void ScoresTile1x4(const float* q_row, int64_t dim,
+                                         const Element* const* keys, float* out) {
+  const Element* k0 = keys[0];
+  const Element* k1 = keys[1];
+  const Element* k2 = keys[2];
+  const Element* k3 = keys[3];
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 x = _mm256_loadu_ps(q_row + d);
+    a0 = _mm256_fmadd_ps(x, Load8(k0 + d), a0);
+    a1 = _mm256_fmadd_ps(x, Load8(k1 + d), a1);
+    a2 = _mm256_fmadd_ps(x, Load8(k2 + d), a2);
+    a3 = _mm256_fmadd_ps(x, Load8(k3 + d), a3);
+  }
+  _mm_storeu_ps(out, _mm256_castps256_ps128(Reduce8(a0, a1, a2, a3, a0, a1, a2, a3)));
+}
+
+// dim % 8 == 0. One row: 1 x 8 tiles. Several: 4 keys at a time (they stay in L1) against row
+// pairs in 2 x 4 tiles and a last odd row in a 1 x 4 tile. Keys past the last tile one at a time.
 template <typename Element>
 ATTNSERVE_AVX2 void GroupScoresAvx2(const float* q, int rows, int64_t dim,
                                     const Element* const* key_rows, int count, float* scores,
                                     int64_t ld) {
-  const int count8 = count / 8 * 8;
-  for (int s = 0; s < count8; s += 8) {
-    const Element* k0 = key_rows[s];
-    const Element* k1 = key_rows[s + 1];
-    const Element* k2 = key_rows[s + 2];
-    const Element* k3 = key_rows[s + 3];
-    const Element* k4 = key_rows[s + 4];
-    const Element* k5 = key_rows[s + 5];
-    const Element* k6 = key_rows[s + 6];
-    const Element* k7 = key_rows[s + 7];
-    for (int r = 0; r < rows; ++r) {
-      const float* q_row = q + r * dim;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-             a7 = a0;
-      for (int64_t d = 0; d < dim; d += 8) {
-        const __m256 x = _mm256_loadu_ps(q_row + d);
-        a0 = _mm256_fmadd_ps(x, Load8(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(x, Load8(k1 + d), a1);
-        a2 = _mm256_fmadd_ps(x, Load8(k2 + d), a2);
-        a3 = _mm256_fmadd_ps(x, Load8(k3 + d), a3);
-        a4 = _mm256_fmadd_ps(x, Load8(k4 + d), a4);
-        a5 = _mm256_fmadd_ps(x, Load8(k5 + d), a5);
-        a6 = _mm256_fmadd_ps(x, Load8(k6 + d), a6);
-        a7 = _mm256_fmadd_ps(x, Load8(k7 + d), a7);
-      }
-      _mm256_storeu_ps(scores + r * ld + s, Reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+  const int tile = rows == 1 ? 8 : 4;
+  const int tiled = count / tile * tile;
+  const int pairs_end = rows / 2 * 2;
+  for (int s = 0; s < tiled; s += tile) {
+    if (rows == 1) {
+      ScoresTile1x8(q, dim, key_rows + s, scores + s);
+      continue;
+    }
+    for (int r = 0; r < pairs_end; r += 2) {
+      ScoresTile2x4(q + r * dim, q + (r + 1) * dim, dim, key_rows + s, scores + r * ld + s,
+                    scores + (r + 1) * ld + s);
+    }
+    if (pairs_end < rows) {
+      ScoresTile1x4(q + pairs_end * dim, dim, key_rows + s, scores + pairs_end * ld + s);
     }
   }
-  for (int s = count8; s < count; ++s) {
+  for (int s = tiled; s < count; ++s) {
     const Element* k = key_rows[s];
     for (int r = 0; r < rows; ++r) {
       const float* q_row = q + r * dim;
@@ -232,12 +298,63 @@ ATTNSERVE_AVX2 void GroupScoresAvx2(const float* q, int rows, int64_t dim,
   }
 }
 
-// dim % 8 == 0. Columns in chunks of up to 64 (8 registers), each chunk's accumulator held in
-// registers over all `count` value rows.
+// acc rows r and r + 1, columns [d0, d0 + 32) += P · V: a 2 x 32 register tile held over all
+// `count` value rows, each loaded value chunk serving both rows (6 loads per 8 FMAs).
+template <typename Element>
+ATTNSERVE_AVX2 inline void AccumulateTile2x32(const float* w0, const float* w1,
+                                              const Element* const* value_rows, int count,
+                                              int64_t d0, float* y0, float* y1) {
+  __m256 a0 = _mm256_loadu_ps(y0), a1 = _mm256_loadu_ps(y0 + 8), a2 = _mm256_loadu_ps(y0 + 16),
+         a3 = _mm256_loadu_ps(y0 + 24);
+  __m256 b0 = _mm256_loadu_ps(y1), b1 = _mm256_loadu_ps(y1 + 8), b2 = _mm256_loadu_ps(y1 + 16),
+         b3 = _mm256_loadu_ps(y1 + 24);
+  for (int s = 0; s < count; ++s) {
+    const __m256 p0 = _mm256_broadcast_ss(w0 + s);
+    const __m256 p1 = _mm256_broadcast_ss(w1 + s);
+    const Element* x = value_rows[s] + d0;
+    const __m256 x0 = Load8(x);
+    a0 = _mm256_fmadd_ps(p0, x0, a0);
+    b0 = _mm256_fmadd_ps(p1, x0, b0);
+    const __m256 x1 = Load8(x + 8);
+    a1 = _mm256_fmadd_ps(p0, x1, a1);
+    b1 = _mm256_fmadd_ps(p1, x1, b1);
+    const __m256 x2 = Load8(x + 16);
+    a2 = _mm256_fmadd_ps(p0, x2, a2);
+    b2 = _mm256_fmadd_ps(p1, x2, b2);
+    const __m256 x3 = Load8(x + 24);
+    a3 = _mm256_fmadd_ps(p0, x3, a3);
+    b3 = _mm256_fmadd_ps(p1, x3, b3);
+  }
+  _mm256_storeu_ps(y0, a0);
+  _mm256_storeu_ps(y0 + 8, a1);
+  _mm256_storeu_ps(y0 + 16, a2);
+  _mm256_storeu_ps(y0 + 24, a3);
+  _mm256_storeu_ps(y1, b0);
+  _mm256_storeu_ps(y1 + 8, b1);
+  _mm256_storeu_ps(y1 + 16, b2);
+  _mm256_storeu_ps(y1 + 24, b3);
+}
+
+// dim % 8 == 0. With dim % 32 == 0, row pairs take 2 x 32 tiles (AccumulateTile2x32); the other
+// rows go column chunks of up to 64 (8 registers), each chunk's accumulator held in registers
+// over all `count` value rows.
 template <typename Element>
 ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int rows,
                                         const Element* const* value_rows, int count, int64_t dim,
                                         float* acc) {
+  if (dim % 32 == 0 && rows >= 2) {
+    const int pairs_end = rows / 2 * 2;
+    for (int64_t d0 = 0; d0 < dim; d0 += 32) {
+      for (int r = 0; r < pairs_end; r += 2) {
+        AccumulateTile2x32(weights + r * ld, weights + (r + 1) * ld, value_rows, count, d0,
+                           acc + r * dim + d0, acc + (r + 1) * dim + d0);
+      }
+    }
+    if (pairs_end == rows) return;
+    weights += pairs_end * ld;
+    acc += pairs_end * dim;
+    rows -= pairs_end;
+  }
   for (int64_t d0 = 0; d0 < dim; d0 += 64) {
     if (dim - d0 >= 64) {
       for (int r = 0; r < rows; ++r) {

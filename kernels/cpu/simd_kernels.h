@@ -6,8 +6,12 @@
 //                     soft-cap, mask to [lo, hi), running max/sum, rescale of the accumulator,
 //                     scores -> weights (zero outside [lo, hi)), vectorised exp.
 //   GroupScores       S[g][s] = q_g . k_s for all query rows of a KV group and a run of key rows
-//                     (float or bf16 bits, widened in registers): 8 keys per register tile.
-//   GroupAccumulate   acc[g] += sum_s P[g][s] v_s, the accumulator held in registers over the run.
+//                     (float or bf16 bits, widened in registers): register tiles of 1 row x 8
+//                     keys for one row, 2 rows x 4 keys for a group (each key chunk loaded once
+//                     per row pair).
+//   GroupAccumulate   acc[g] += sum_s P[g][s] v_s, the accumulator held in registers over the run:
+//                     2 rows x 32 columns for a group (each value chunk loaded once per row pair),
+//                     1 row x 64 columns otherwise.
 #ifndef ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 #define ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 

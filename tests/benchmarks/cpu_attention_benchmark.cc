@@ -4,10 +4,13 @@
 //   BM_ReadCeiling   - a 512 MiB read-only sum over every thread (bytes read per second)
 //   BM_Prefill       - whole-sequence prefill per variant: useful GFLOP/s
 //   BM_Decode        - one decode step per variant at a long context: GB/s of KV read
+//   BM_DecodeAttention - the paged decode attention kernel alone at BM_Decode's shapes (no
+//                      projections, no KV append): GB/s of KV read, for the read-ceiling ratio
 // tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
 // docs/benchmarks.md.
 #include <cblas.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -15,7 +18,12 @@
 
 #include "benchmark/benchmark.h"
 #include "client/common/demo_variants.h"
+#include "kernels/core/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/decode_attention.h"
+#include "kernels/cpu/gqa_layer.h"
+#include "kernels/cpu/host_page_store.h"
+#include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {
@@ -188,6 +196,68 @@ BENCHMARK(BM_Decode)
     ->Args({0, 1024, 0, 1})
     ->UseRealTime()
     ->Iterations(64)
+    ->Unit(benchmark::kMillisecond);
+
+// Args: variant index, context length, KV dtype (0 f32, 1 bf16), batch. Random pages, each
+// sequence's pages allocated in order (as a prefill leaves them); the same step every iteration.
+void BM_DecodeAttention(benchmark::State& state) {
+  const LayerSpec& spec = Variant(state.range(0)).spec;
+  const int64_t context = state.range(1);
+  const int batch = static_cast<int>(state.range(3));
+  KvCacheConfig kv;
+  kv.storage = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.page_size = DefaultPageSize(spec);
+  const bool mla = spec.variant == AttentionVariant::kMLA;
+  DecodeAttentionParams p;
+  p.layout = mla ? MlaLayer::MakePageLayout(spec, kv) : GqaLayer::MakePageLayout(spec, kv);
+  p.num_kv_heads = mla ? 1 : spec.num_kv_heads;
+  p.rows_per_kv_head = mla ? spec.num_heads : spec.num_heads / spec.num_kv_heads;
+  p.key_dim = mla ? spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim : spec.head_dim;
+  p.value_dim = mla ? spec.mla.kv_lora_rank : spec.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(p.key_dim));
+  p.batch = batch;
+  HostPageStore store(p.layout.page_elements * DTypeSize(kv.storage.element));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<float> page_values(p.layout.page_elements);
+  std::vector<PageTable> tables(batch);
+  int32_t next_page = 0;
+  for (PageTable& table : tables) {
+    table.num_tokens = context;
+    for (int64_t i = 0; i < PagesForTokens(context, kv.page_size); ++i) {
+      table.pages.push_back(next_page++);
+    }
+    if (!store.Commit(table.pages).ok()) state.SkipWithError("commit failed");
+    for (int32_t id : table.pages) {
+      for (float& v : page_values) v = normal(rng);
+      ConvertFromFloat(page_values.data(), kv.storage.element, store.page(id),
+                       page_values.size());
+    }
+  }
+  std::vector<const PageTable*> table_pointers;
+  for (const PageTable& table : tables) table_pointers.push_back(&table);
+  const int64_t rows = int64_t{batch} * p.num_kv_heads * p.rows_per_kv_head;
+  std::vector<float> q(rows * p.key_dim), out(rows * p.value_dim);
+  for (float& v : q) v = normal(rng);
+  p.q = q.data();
+  p.out = out.data();
+  p.store = &store;
+  p.tables = table_pointers;
+  ThreadPool pool(Threads());
+  for (auto _ : state) {
+    PagedDecodeAttention(p, pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(absl::StrCat(Variant(state.range(0)).label, " kv=", DTypeName(kv.storage.element)));
+  state.counters["KV_GBps"] = benchmark::Counter(
+      static_cast<double>(batch) * context * KvBytesPerToken(spec, kv.storage.element) *
+          state.iterations() / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgsProduct({{0, 1, 2, 3}, {4096}, {0, 1}, {8}})
+    ->UseRealTime()
+    ->Iterations(32)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
