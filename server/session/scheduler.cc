@@ -272,7 +272,8 @@ void SessionScheduler::BatchTask() {
                                              std::chrono::nanoseconds(answered_batch_ns_));
       const bool ready = s.full || s.steps >= o.max_batch_size ||
                          s.context_tokens >= o.max_batch_tokens || returning_.empty() ||
-                         now >= give_up || context_.timer == nullptr;
+                         now >= give_up || o.max_queue_delay == absl::ZeroDuration() ||
+                         context_.timer == nullptr;
       if (!ready) {
         state_ = State::kWaiting;
         const uint64_t generation = ++timer_generation_;

@@ -11,7 +11,7 @@
 //   - none of those streams came back for a while: the gap since the answers went out, or since
 //     the last of them came back, reached the longer of max_queue_delay and the engine time of
 //     the batch that answered them (a stream that slow has stopped, or would have waited about
-//     that long for the next batch anyway).
+//     that long for the next batch anyway); max_queue_delay 0 never waits.
 // Waiting for the streams the previous batch answered, rather than launching with the steps that
 // arrived while it ran, is what keeps C ready streams in one batch of C: launching early splits
 // them into two cohorts that take turns, each batch about C/2. So a step may wait for the others

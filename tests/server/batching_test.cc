@@ -288,6 +288,45 @@ TEST_F(BatchingTest, SixtyFourStreamsDecodeInBatchesOfNearlySixtyFour) {
   EXPECT_GE(mean, 56.0) << "64 ready streams should decode together, not in two cohorts";
 }
 
+// A lone stream never waits for a batch to form, however long --max_queue_delay is: its request is
+// the only one the previous batch answered, so its next step finds nothing else to wait for.
+class LoneStreamTest : public ServerTest {
+ protected:
+  std::vector<std::string> ExtraFlags() const override { return {"--max_queue_delay=1s"}; }
+};
+
+TEST_F(LoneStreamTest, StepsLaunchAtOnce) {
+  constexpr int kSteps = 16;
+  const LayerSpec spec = SmallBiasedGqa();
+  v1::ConfigureResponse configured;
+  grpc::Status status = Configure(stub(), SeedConfigure(spec, 3), &configured);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  std::mt19937_64 rng(3);
+  v1::ForwardRequest forward;
+  forward.set_session_id(configured.session_id());
+  *forward.add_items() = MakeForwardItem("only", RandomHidden(16, spec.d_model, rng));
+  v1::ForwardResponse forwarded;
+  status = Forward(stub(), forward, &forwarded);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  auto stream = stub().DecodeStream(&context);
+  v1::DecodeRequest request;
+  request.set_session_id(configured.session_id());
+  *request.add_items() = MakeDecodeItem("only", RandomHidden(1, spec.d_model, rng));
+  int64_t longest_queue_ns = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    v1::DecodeResponse response;
+    ASSERT_TRUE(stream->Write(request) && stream->Read(&response)) << "step " << step;
+    longest_queue_ns = std::max(longest_queue_ns, response.timing().queue_ns());
+  }
+  stream->WritesDone();
+  status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  // Far below the 1 s a wait for the batch to fill would take.
+  EXPECT_LT(longest_queue_ns, 500'000'000) << "a lone stream's step waited for its batch";
+}
+
 // ---- 2. Chunked prefill ----------------------------------------------------------------------
 
 // Runs an 8192-token Forward beside 4 decode streams (on other requests of the same session) and
