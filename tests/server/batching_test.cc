@@ -13,6 +13,8 @@
 //    |out - ref| <= 1e-5 + 1e-5 * |ref| per element (float32 results of O(1)), and record how
 //    many outputs were nevertheless bit-identical. (Prompts over --prefill_chunk_tokens = 512 run
 //    in two chunks, which rounds differently from the reference's one call as well.)
+//    Issue 23: 64 streams decode in batches of nearly 64 once under way (the server's counters,
+//    mean >= 56), and a lone stream's steps never wait for a batch to form.
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
 //    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with
