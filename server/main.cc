@@ -116,8 +116,9 @@ ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.scheduler.max_batch_tokens,
           "Continuous batching: tokens one decode batch may attend to in all (sum of its steps' "
           "context lengths); a batch launches once it would pass this.");
 ABSL_FLAG(absl::Duration, max_queue_delay, kDefaults.scheduler.max_queue_delay,
-          "Continuous batching: longest a decode step waits for its batch to fill (e.g. 500us); "
-          "0 = launch with whatever waits.");
+          "Continuous batching: a batch waits for the streams the previous batch answered until "
+          "all are back or none came back for the longer of this (e.g. 500us) and that batch's "
+          "engine time; a lone client never waits; 0 = launch with whatever waits.");
 ABSL_FLAG(int64_t, prefill_chunk_tokens, kDefaults.scheduler.prefill_chunk_tokens,
           "Chunked prefill: Forward prompts longer than this run in chunks of this many tokens, "
           "with decode batches of the session between them; 0 = never split.");

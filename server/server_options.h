@@ -42,10 +42,10 @@ struct SchedulerOptions {
   // ...or when its steps attend to this many tokens in all (sum of each step's context length,
   // the new token included: TGI's max_batch_total_tokens), which bounds one batch's compute...
   int64_t max_batch_tokens = 262144;
-  // ...or when its oldest step has waited this long...
+  // ...or at once when every stream the previous batch answered is back (a lone client never
+  // waits), or when none of them came back for the longer of this and that batch's engine time
+  // (server/session/scheduler.h); 0 = never wait: launch with whatever waits.
   absl::Duration max_queue_delay = absl::Microseconds(500);
-  // ...or at once when as many steps wait as the previous batch held (every stream that was in it
-  // is back, so waiting longer gains nothing; a lone client never waits).
   // Forward prompts longer than this run as several engine Prefill calls of this many tokens,
   // with one decode batch of the session between two chunks. 0 = never split.
   int64_t prefill_chunk_tokens = 512;

@@ -58,15 +58,18 @@ void SessionScheduler::SubmitDecode(std::unique_ptr<DecodeCall> call) {
   std::vector<Completion> failed;
   {
     absl::MutexLock lock(&mu_);
+    for (const StepInput& in : call->inputs) {
+      if (returning_.erase(in.request_id) > 0) last_return_ = call->arrival;
+    }
     pending_.push_back({next_ticket_++, std::move(call)});
     if (state_ == State::kIdle) {
       state_ = State::kPosted;
       PostBatchTaskLocked(&failed);
     } else if (state_ == State::kWaiting) {
-      // Waiting for more steps: launch now once as many wait as the batch would take anyway.
-      const int64_t enough =
-          std::min<int64_t>(context_.options.max_batch_size, std::max<int64_t>(1, expected_steps_));
-      if (static_cast<int64_t>(pending_.size()) >= enough) {
+      // Waiting for the streams the last batch answered: launch once they are all back, or once
+      // the batch would be full anyway.
+      if (returning_.empty() ||
+          static_cast<int64_t>(pending_.size()) >= context_.options.max_batch_size) {
         state_ = State::kPosted;
         ++timer_generation_;  // The armed timer finds itself stale.
         PostBatchTaskLocked(&failed);
@@ -96,6 +99,13 @@ bool SessionScheduler::PostOpTurns(std::vector<std::string> request_ids,
                                    std::shared_ptr<OpTurn> turn) {
   absl::MutexLock lock(&mu_);
   const uint64_t ticket = next_ticket_++;
+  // The op's requests step again only after it: a batch being formed does not wait for them
+  // (an empty list, every request, leaves nothing to wait for).
+  if (request_ids.empty()) {
+    returning_.clear();
+  } else {
+    for (const std::string& id : request_ids) returning_.erase(id);
+  }
   ops_.emplace(ticket, std::move(request_ids));
   if (PostTurnLocked(ticket, std::move(turn), /*first=*/true)) return true;
   ops_.erase(ticket);
@@ -253,20 +263,27 @@ void SessionScheduler::BatchTask() {
     } else {
       const SchedulerClock::time_point now = SchedulerClock::now();
       const SchedulerOptions& o = context_.options;
+      // While the streams the last batch answered keep coming back, each within one batch time
+      // (at least max_queue_delay) of the one before, the batch waits for the rest: one left out
+      // would wait for the next batch about that long anyway, and would start a second cohort.
+      const SchedulerClock::time_point give_up =
+          std::max(answered_at_, last_return_) +
+          std::max<SchedulerClock::duration>(absl::ToChronoNanoseconds(o.max_queue_delay),
+                                             std::chrono::nanoseconds(answered_batch_ns_));
       const bool ready = s.full || s.steps >= o.max_batch_size ||
-                         s.context_tokens >= o.max_batch_tokens || s.steps >= expected_steps_ ||
-                         now - s.oldest >= absl::ToChronoNanoseconds(o.max_queue_delay) ||
+                         s.context_tokens >= o.max_batch_tokens || returning_.empty() ||
+                         now >= give_up || o.max_queue_delay == absl::ZeroDuration() ||
                          context_.timer == nullptr;
       if (!ready) {
         state_ = State::kWaiting;
         const uint64_t generation = ++timer_generation_;
-        const absl::Time deadline =
-            absl::Now() + absl::Nanoseconds(NanosBetween(now, s.oldest)) + o.max_queue_delay;
+        const absl::Time deadline = absl::Now() + absl::Nanoseconds(NanosBetween(now, give_up));
         std::shared_ptr<Session> keep = session_->shared_from_this();
         context_.timer->Schedule(deadline, [this, keep, generation] { OnTimer(generation); });
       } else {
         batch = TakeLocked(s);
-        expected_steps_ = s.steps;
+        returning_.clear();  // Those not back yet join a later batch.
+        answered_batch_ns_ = 0;
       }
     }
   }
@@ -367,6 +384,7 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   stats.calls = static_cast<int64_t>(planned.size());
   stats.compute_ns = compute_ns;
   if (status.ok()) {
+    NoteAnswered(outputs, compute_ns);
     for (size_t i = 0; i < planned.size(); ++i) {
       planned[i]->done(std::move(outputs[i]), StepTiming{NanosBetween(planned[i]->arrival, start),
                                                          compute_ns, static_cast<int>(steps)});
@@ -388,6 +406,7 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
       const StepTiming timing{NanosBetween(planned[i]->arrival, retry), one_ns,
                               static_cast<int>(plans[i].inputs.size())};
       if (s.ok()) {
+        NoteAnswered(absl::MakeConstSpan(&outputs[0], 1), one_ns);
         planned[i]->done(std::move(outputs[0]), timing);
       } else {
         planned[i]->done(s, timing);
@@ -398,6 +417,26 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
   decode_steps_.fetch_add(steps, std::memory_order_relaxed);
   RaiseMax(max_decode_batch_, steps);
   if (context_.observer) context_.observer(*session_, stats);
+}
+
+void SessionScheduler::NoteAnswered(absl::Span<const std::vector<StepOutput>> answers,
+                                     int64_t compute_ns) {
+  absl::MutexLock lock(&mu_);
+  // A request whose next step is already here (a client with steps in flight) is not coming back.
+  absl::flat_hash_set<absl::string_view> waiting;
+  for (const Pending& p : pending_) {
+    if (p.call == nullptr) continue;
+    for (const StepInput& in : p.call->inputs) waiting.insert(in.request_id);
+  }
+  for (const std::vector<StepOutput>& answer : answers) {
+    for (const StepOutput& out : answer) {
+      if (!waiting.contains(out.request_id)) returning_.insert(out.request_id);
+    }
+  }
+  answered_at_ = SchedulerClock::now();
+  // The longest since the last launch: a small batch an op flushed in between (see FlushBefore)
+  // does not shorten the wait for the streams of the full one.
+  answered_batch_ns_ = std::max(answered_batch_ns_, compute_ns);
 }
 
 // A Forward between its turns. Answers its call exactly once: if it is dropped unanswered (the

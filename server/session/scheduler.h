@@ -6,9 +6,18 @@
 // request (a request's next step waits for the next batch, so its order is kept) and a multi-item
 // Decode call whole (it stays all-or-nothing). A batch launches on the session's SerialQueue when
 //   - it is full: max_batch_size steps, or max_batch_tokens context tokens; or
-//   - its oldest step has waited max_queue_delay; or
-//   - as many steps wait as the previous batch held (the streams of that batch are all back, and
-//     a lone client never waits).
+//   - no stream is still coming back: every request a decode batch answered since the last launch
+//     has its next step waiting (a lone client never waits); or
+//   - none of those streams came back for a while: the gap since the answers went out, or since
+//     the last of them came back, reached the longer of max_queue_delay and the engine time of
+//     the batch that answered them (a stream that slow has stopped, or would have waited about
+//     that long for the next batch anyway); max_queue_delay 0 never waits.
+// Waiting for the streams the previous batch answered, rather than launching with the steps that
+// arrived while it ran, is what keeps C ready streams in one batch of C: launching early splits
+// them into two cohorts that take turns, each batch about C/2. So a step may wait for the others
+// of its batch: at most one such gap per stream still expected, in practice the spread of the
+// streams' round trips. A request an op names (Release, Forward, ...) is not waited for: its
+// next step waits for that op anyway.
 // Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Both roads into the engine start
 // here: SubmitDecode for decode steps, SubmitForward for a Forward.
 //
@@ -45,8 +54,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "server/server_options.h"
 #include "server/runtime/timer_queue.h"
 #include "server/session/session.h"
@@ -177,6 +188,9 @@ class SessionScheduler {
   void OnTimer(uint64_t generation);
   // Runs the batch's calls in one engine call (retrying them alone if it fails) and answers them.
   void Execute(std::vector<std::unique_ptr<DecodeCall>> calls);
+  // Just before `answers` (of a batch that took `compute_ns`) go out: their requests are
+  // returning_ (those with no step waiting).
+  void NoteAnswered(absl::Span<const std::vector<StepOutput>> answers, int64_t compute_ns);
   // Runs batches of every step that arrived before `ticket`.
   void FlushBefore(uint64_t ticket);
   // On the session's queue, inside an op: runs one batch of the decode steps that may run now,
@@ -210,7 +224,13 @@ class SessionScheduler {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   uint64_t timer_generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t expected_steps_ ABSL_GUARDED_BY(mu_) = 0;  // Steps of the previous batch.
+  // Requests a decode batch answered since the last launch whose next step has not arrived: the
+  // batch being formed waits for them (see the header) while they keep coming back.
+  absl::flat_hash_set<std::string> returning_ ABSL_GUARDED_BY(mu_);
+  SchedulerClock::time_point answered_at_ ABSL_GUARDED_BY(mu_);
+  // The longest engine time of the batches that answered them.
+  int64_t answered_batch_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  SchedulerClock::time_point last_return_ ABSL_GUARDED_BY(mu_);  // The last of them to arrive.
 
   std::atomic<int64_t> decode_batches_{0};
   std::atomic<int64_t> decode_steps_{0};
