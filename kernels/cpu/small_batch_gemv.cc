@@ -74,38 +74,41 @@ ATTNSERVE_AVX2 void GemvTile(const float* x, int64_t ldx, const W* w, int64_t in
   }
 }
 
-// Output features in tiles of O (then one at a time), for a fixed R rows.
-template <int O, int R, typename W>
-ATTNSERVE_AVX2 void GemvRowsAvx2(const float* x, int64_t ldx, const W* w, int64_t in,
-                                 const float* bias, int64_t o_begin, int64_t o_end, float* y,
-                                 int64_t ldy) {
-  int64_t o = o_begin;
-  for (; o + O <= o_end; o += O) GemvTile<O, R>(x, ldx, w, in, bias, o, y, ldy);
-  for (; o < o_end; ++o) GemvTile<1, R>(x, ldx, w, in, bias, o, y, ldy);
+// All rows for output features [o, o + O): row tiles of 4, then one tile of the 1-3 left. The
+// features' weight rows (O x in) stay in L1 across the row tiles, so W is streamed from memory
+// once whatever the row count.
+template <int O, typename W>
+ATTNSERVE_AVX2 void GemvFeatures(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in,
+                                 const float* bias, int64_t o, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) GemvTile<O, 4>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+  switch (rows - r) {
+    case 3:
+      GemvTile<O, 3>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      break;
+    case 2:
+      GemvTile<O, 2>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      break;
+    case 1:
+      GemvTile<O, 1>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      break;
+    default:
+      break;
+  }
 }
 
 template <typename W>
 ATTNSERVE_AVX2 void GemvAvx2(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in,
                              const float* bias, int64_t o_begin, int64_t o_end, float* y,
                              int64_t ldy) {
-  // Rows in tiles of 4 (2 features each), the rest as one tile of 1-3 rows.
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    GemvRowsAvx2<2, 4>(x + r * ldx, ldx, w, in, bias, o_begin, o_end, y + r * ldy, ldy);
+  // 2 features per tile when a row tile can hold 4 rows (8 accumulators), else 4 (<= 8).
+  int64_t o = o_begin;
+  if (rows >= 3) {
+    for (; o + 2 <= o_end; o += 2) GemvFeatures<2>(x, ldx, rows, w, in, bias, o, y, ldy);
+  } else {
+    for (; o + 4 <= o_end; o += 4) GemvFeatures<4>(x, ldx, rows, w, in, bias, o, y, ldy);
   }
-  switch (rows - r) {
-    case 3:
-      GemvRowsAvx2<2, 3>(x + r * ldx, ldx, w, in, bias, o_begin, o_end, y + r * ldy, ldy);
-      break;
-    case 2:
-      GemvRowsAvx2<4, 2>(x + r * ldx, ldx, w, in, bias, o_begin, o_end, y + r * ldy, ldy);
-      break;
-    case 1:
-      GemvRowsAvx2<4, 1>(x + r * ldx, ldx, w, in, bias, o_begin, o_end, y + r * ldy, ldy);
-      break;
-    default:
-      break;
-  }
+  for (; o < o_end; ++o) GemvFeatures<1>(x, ldx, rows, w, in, bias, o, y, ldy);
 }
 
 #endif  // ATTNSERVE_X86
