@@ -1,31 +1,6 @@
 #include "kernels/cpu/thread_pool.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace attnserve {
-
-namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
-}
-
-// Spins until done() or `limit` passes; returns done().
-template <typename Done>
-bool SpinUntil(Done done, std::chrono::microseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    for (int i = 0; i < 32; ++i) CpuRelax();
-    if (std::chrono::steady_clock::now() >= deadline) return done();
-  }
-  return true;
-}
-
-}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -50,7 +25,6 @@ void ThreadPool::RunShare() {
     (*body)(item);
     mu_.Lock();
     --pending_;
-    unfinished_.store(pending_, std::memory_order_release);
   }
   mu_.Unlock();
 }
@@ -58,11 +32,6 @@ void ThreadPool::RunShare() {
 void ThreadPool::WorkerLoop() {
   uint64_t seen_generation = 0;
   while (true) {
-    // A loop posted within kSpin is picked up without sleeping; the Await below then returns at
-    // once (or sleeps, if the loop was already finished by others).
-    SpinUntil(
-        [&] { return posted_generation_.load(std::memory_order_acquire) != seen_generation; },
-        kSpin);
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -90,11 +59,8 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& 
     next_ = 0;
     pending_ = count;
     ++generation_;
-    unfinished_.store(count, std::memory_order_release);
-    posted_generation_.store(generation_, std::memory_order_release);
   }
   RunShare();
-  SpinUntil([this] { return unfinished_.load(std::memory_order_acquire) == 0; }, kSpin);
   absl::MutexLock lock(&mu_);
   auto all_done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
   mu_.Await(absl::Condition(&all_done));

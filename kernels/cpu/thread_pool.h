@@ -1,15 +1,8 @@
 // A fixed set of worker threads that run ParallelFor loops. The calling thread works too, so a
 // pool of N threads runs N-way parallel with N-1 workers.
-//
-// Waiting spins briefly before it sleeps: a decode step posts several loops a few microseconds
-// apart (projections, attention, output projection), and waking a sleeping thread through the
-// kernel costs more than those gaps. A worker spins up to kSpin after its last loop, the caller up
-// to kSpin for the workers to finish, then both block on the mutex as before.
 #ifndef ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 #define ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -35,8 +28,6 @@ class ThreadPool {
   void ParallelFor(int64_t count, const std::function<void(int64_t)>& body);
 
  private:
-  static constexpr std::chrono::microseconds kSpin{50};
-
   void WorkerLoop();
   void RunShare();
 
@@ -49,9 +40,6 @@ class ThreadPool {
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // Items not yet finished.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Copies of generation_ and pending_, written under mu_, read by the spins without it.
-  std::atomic<uint64_t> posted_generation_{0};
-  std::atomic<int64_t> unfinished_{0};
 };
 
 }  // namespace attnserve
