@@ -1,4 +1,5 @@
-// The CPU backend: fp32 compute, OpenBLAS projections, online-softmax attention over paged KV.
+// The CPU backend: fp32 compute (f32 or bf16 projection weights), OpenBLAS projections for prefill
+// and its own GEMV for decode steps, online-softmax attention over paged KV.
 #ifndef ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
 

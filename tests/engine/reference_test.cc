@@ -272,6 +272,28 @@ TEST(Bf16ProjectionWeightsTest, PrefillAndDecodeMatchReference) {
   }
 }
 
+// The option's edges: a dtype the CPU does not keep weights in is refused naming the field, and a
+// bf16 layer reports its projection weights at 2 bytes each (the norms, biases and sinks stay f32).
+TEST(Bf16ProjectionWeightsTest, OtherDtypesAreRefusedAndParameterBytesHalve) {
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> f16 =
+      CreateCpuBackend({.num_threads = 1, .projection_weights = DType::kF16});
+  ASSERT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f16.status().message().find("projection_weights = f16"), absl::string_view::npos)
+      << f16.status();
+  const LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  const LayerWeights weights = TestWeights(spec, 1);
+  absl::StatusOr<TestEngine> f32 = MakeEngine(spec, weights, {});
+  absl::StatusOr<TestEngine> bf16 =
+      MakeEngine(spec, weights, {}, {.num_threads = 1, .projection_weights = DType::kBF16});
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  int64_t projection_elements = 0;
+  for (const char* w : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
+    projection_elements += weights.at(w).num_elements();
+  }
+  EXPECT_EQ(f32->layer->ParameterBytes(), ParameterCount(spec) * 4);
+  EXPECT_EQ(bf16->layer->ParameterBytes(), ParameterCount(spec) * 4 - projection_elements * 2);
+}
+
 // The prefill kernel works in tiles (64 query rows x 128 keys; keys and values converted once per
 // KV head) and skips the mask on key blocks that every row of a tile sees whole. Lengths here
 // cross several tiles and key blocks at odd offsets; windows cut tiles in the middle or leave
