@@ -97,8 +97,8 @@ void GqaLayer::NormalizeHeads(float* x, int64_t rows, int num_heads,
 }
 
 int64_t GqaLayer::ParameterBytes() const {
-  const int64_t projections = wqkv_.out_features() * wqkv_.in_features() +
-                              wo_.out_features() * wo_.in_features();
+  const int64_t projections =
+      wqkv_.out_features() * wqkv_.in_features() + wo_.out_features() * wo_.in_features();
   return (ParameterCount(spec()) - projections) * static_cast<int64_t>(sizeof(float)) +
          wqkv_.bytes() + wo_.bytes();
 }

@@ -53,7 +53,7 @@ class GqaLayer : public CpuLayer {
   // q, k and v_proj stacked into one [q_width + 2 * kv_width, d_model] weight: one pass over the
   // input and one fan-out to the threads per step instead of three.
   ProjectionWeight wqkv_;
-  ProjectionWeight wo_;   // [d_model, q_width]
+  ProjectionWeight wo_;      // [d_model, q_width]
   std::vector<float> bqkv_;  // [q_width + 2 * kv_width] (zeros for a projection without); or empty.
   std::vector<float> bo_;    // Empty when the spec has no bias.
   // The q/k norms' effective scales (w, or 1 + w for kRmsUnitOffset); empty without qk_norm.

@@ -267,8 +267,8 @@ void BM_SmolStep(benchmark::State& state) {
     bytes += weight_bytes + static_cast<double>(batch) * (kContext + steps) *
                                 KvBytesPerToken(spec, kv.storage.element);
   }
-  state.SetLabel(absl::StrCat("SmolLM2-135M weights=", DTypeName(weights_dtype), " ctx=",
-                              kContext, " batch=", batch));
+  state.SetLabel(absl::StrCat("SmolLM2-135M weights=", DTypeName(weights_dtype), " ctx=", kContext,
+                              " batch=", batch));
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
   state.counters["best_us"] = std::chrono::duration<double, std::micro>(best).count();
   state.counters["step_bytes"] = bytes / static_cast<double>(state.iterations());

@@ -228,9 +228,8 @@ TEST(Bf16ProjectionWeightsTest, PrefillAndDecodeMatchReference) {
     for (const char* w : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
       rounded.at(w) = weights.at(w).CastTo(DType::kBF16);
     }
-    absl::StatusOr<TestEngine> engine =
-        MakeEngine(spec, weights, {.max_pages = 1024},
-                   {.num_threads = 2, .projection_weights = DType::kBF16});
+    absl::StatusOr<TestEngine> engine = MakeEngine(
+        spec, weights, {.max_pages = 1024}, {.num_threads = 2, .projection_weights = DType::kBF16});
     ASSERT_TRUE(engine.ok()) << engine.status();
     constexpr int kSequences = 3, kPrompt = 20, kSteps = 4, kLength = kPrompt + kSteps;
     std::vector<std::vector<double>> hidden(kSequences), out(kSequences);
@@ -239,7 +238,8 @@ TEST(Bf16ProjectionWeightsTest, PrefillAndDecodeMatchReference) {
       hidden[b] = RandomHidden(kLength, spec.d_model, rng);
       ids.push_back(engine->layer->CreateSequence());
       const PrefillChunk chunk{.sequence = ids.back(), .num_tokens = kPrompt};
-      const std::vector<double> prompt(hidden[b].begin(), hidden[b].begin() + kPrompt * spec.d_model);
+      const std::vector<double> prompt(hidden[b].begin(),
+                                       hidden[b].begin() + kPrompt * spec.d_model);
       absl::StatusOr<Tensor> y = engine->layer->Prefill(
           {&chunk, 1}, ToTensor(prompt, {kPrompt, spec.d_model}, DType::kF32), {});
       ASSERT_TRUE(y.ok()) << y.status();

@@ -60,8 +60,8 @@ void ExpectMatches(const Problem& p, bool with_bias, int64_t o_begin, int64_t o_
         magnitude += std::abs(product);
       }
       const double bound = static_cast<double>(p.in + 1) * std::ldexp(1.0, -24) * magnitude;
-      EXPECT_NEAR(got, exact, bound) << "row " << r << " feature " << o << " of " << p.rows
-                                     << " x " << p.in;
+      EXPECT_NEAR(got, exact, bound)
+          << "row " << r << " feature " << o << " of " << p.rows << " x " << p.in;
     }
   }
 }
@@ -78,8 +78,8 @@ TEST(SmallBatchGemvTest, EveryRowTileTailAndRangeMatchesFloat64) {
     for (int64_t in : {5, 37, 64}) {
       for (bool bf16 : {false, true}) {
         for (bool with_bias : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " bf16 "
-                                            << bf16 << " bias " << with_bias);
+          SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " bf16 " << bf16
+                                            << " bias " << with_bias);
           Problem p = MakeProblem(rows, in, /*out=*/13, bf16, ++seed);
           const float* bias = with_bias ? p.bias.data() : nullptr;
           // Features [1, 12): starts and ends inside the 2- and 4-wide feature tiles.
@@ -88,8 +88,7 @@ TEST(SmallBatchGemvTest, EveryRowTileTailAndRangeMatchesFloat64) {
             SmallBatchGemv(p.x.data(), p.ldx, rows, bits.data(), in, bias, 1, 12, p.y.data(),
                            p.ldy);
           } else {
-            SmallBatchGemv(p.x.data(), p.ldx, rows, p.w.data(), in, bias, 1, 12, p.y.data(),
-                           p.ldy);
+            SmallBatchGemv(p.x.data(), p.ldx, rows, p.w.data(), in, bias, 1, 12, p.y.data(), p.ldy);
           }
           ExpectMatches(p, with_bias, 1, 12);
         }

@@ -220,8 +220,7 @@ TEST(ServerFlagsTest, CpuProjectionWeightsIsCheckedAtStartup) {
   EXPECT_THAT(std::string(unknown.status().message()),
               ::testing::HasSubstr("--cpu_projection_weights = f16, must be f32 or bf16"));
   absl::StatusOr<std::unique_ptr<ServerProcess>> on_cuda = ServerProcess::Start(
-      {"--backend=cuda", "--cpu_projection_weights=bf16", "--threads=1"},
-      std::chrono::seconds(10));
+      {"--backend=cuda", "--cpu_projection_weights=bf16", "--threads=1"}, std::chrono::seconds(10));
   ASSERT_FALSE(on_cuda.ok());
   EXPECT_THAT(std::string(on_cuda.status().message()),
               ::testing::HasSubstr("--cpu_projection_weights = bf16 sets the CPU backend's "
