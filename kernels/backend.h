@@ -128,7 +128,8 @@ class AttentionLayer {
   // sliding window evicted): what a caller reserves before growing a sequence to that length.
   virtual int64_t KvBytesAtLength(int64_t num_tokens) const = 0;
   // Bytes of the weights as the layer holds them, in its compute dtype on its device (the CPU
-  // keeps fp32; the CUDA backend keeps 16-bit projection weights for f16/bf16 layers).
+  // keeps fp32, or bf16 projection weights under CpuBackendOptions::projection_weights; the CUDA
+  // backend keeps 16-bit projection weights for f16/bf16 layers).
   virtual int64_t ParameterBytes() const = 0;
 };
 

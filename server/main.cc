@@ -61,6 +61,10 @@ ABSL_FLAG(std::string, cuda_attention, kDefaults.cuda_attention,
           "build has it, else native), native (attnserve's own) or flashinfer (FlashInfer's paged "
           "decode and prefill; f32 pages stay native). native/flashinfer are refused when the "
           "backend is cpu; flashinfer also when the build has no FlashInfer.");
+ABSL_FLAG(std::string, cpu_projection_weights, kDefaults.cpu_projection_weights,
+          "CPU backend: f32 or bf16, the dtype GQA/MHA/MQA layers keep q/k/v/o_proj's weights in "
+          "(bf16: rounded once at Configure, widened to f32 in registers, f32 accumulation; half "
+          "the bytes a decode step reads). MLA layers keep f32. Refused when the backend is cuda.");
 ABSL_FLAG(int64_t, max_parameter_bytes, kDefaults.max_parameter_bytes,
           "Weight bytes all sessions may hold together; a Configure whose layer would pass it is "
           "refused before anything is allocated. 0 = half of the machine's physical memory.");
@@ -183,6 +187,7 @@ int main(int argc, char** argv) {
   options.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   options.kv_pool_bytes = absl::GetFlag(FLAGS_kv_pool_bytes);
   options.cuda_attention = absl::GetFlag(FLAGS_cuda_attention);
+  options.cpu_projection_weights = absl::GetFlag(FLAGS_cpu_projection_weights);
   options.kv_pool_fraction = absl::GetFlag(FLAGS_kv_pool_fraction);
   options.max_parameter_bytes = absl::GetFlag(FLAGS_max_parameter_bytes);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);

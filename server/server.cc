@@ -67,6 +67,16 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--cuda_attention = ", o.cuda_attention,
                                                    " chooses CUDA kernels, but --backend = cpu"));
   }
+  if (o.cpu_projection_weights != "f32" && o.cpu_projection_weights != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("--cpu_projection_weights = ",
+                                                   o.cpu_projection_weights,
+                                                   ", must be f32 or bf16"));
+  }
+  if (o.backend == "cuda" && o.cpu_projection_weights != "f32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu_projection_weights = ", o.cpu_projection_weights,
+                     " sets the CPU backend's weights, but --backend = cuda"));
+  }
   if (o.max_parameter_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_parameter_bytes = ", o.max_parameter_bytes, ", must be >= 0 (0 = default)"));
@@ -142,6 +152,8 @@ absl::StatusOr<BackendChoice> MakeBackend(const ServerOptions& o) {
   BackendOptions backend;
   backend.name = o.backend;
   backend.cpu.num_threads = o.engine_threads;
+  backend.cpu.projection_weights =
+      o.cpu_projection_weights == "bf16" ? DType::kBF16 : DType::kF32;  // Validated.
   // The CUDA backend's device page pool holds the same KV budget the sessions share: either
   // --kv_pool_bytes, or a fraction of the free device memory (0 bytes selects the fraction):
   // --kv_pool_fraction, or by default kDefaultCudaKvPoolFraction.
@@ -253,6 +265,10 @@ absl::Status RunServer(const ServerOptions& options) {
         absl::StrCat("--kv_pool_fraction = ", options.kv_pool_fraction,
                      " sizes the CUDA device pool, but the backend is ", (*backend)->name(), " (",
                      choice->reason, "); use --kv_pool_bytes"));
+  }
+  if (options.cpu_projection_weights != "f32" && (*backend)->name() != "cpu") {
+    SERVER_LOG(WARNING, "--cpu_projection_weights = %s has no effect: the backend is %s (%s)",
+               options.cpu_projection_weights, (*backend)->name(), choice->reason);
   }
   if (options.cuda_attention != "auto" && (*backend)->name() != "cuda") {
     SERVER_LOG(WARNING, "--cuda_attention = %s has no effect: the backend is %s (%s)",

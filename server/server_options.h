@@ -86,6 +86,9 @@ struct ServerOptions {
   double kv_pool_fraction = 0.0;
   // CUDA only: "auto", "native" or "flashinfer" (kernels/cuda/runtime/cuda_backend.h).
   std::string cuda_attention = "auto";
+  // CPU only: how GQA/MHA/MQA layers keep q/k/v/o_proj's weights, "f32" or "bf16" (rounded once,
+  // half the bytes a decode step reads; CpuBackendOptions::projection_weights).
+  std::string cpu_projection_weights = "f32";
 
   static constexpr int64_t kDefaultCpuKvPoolBytes = int64_t{1} << 30;
   // What is left beside it holds the layers' device weights and cuBLAS's workspace.

@@ -39,7 +39,8 @@ class CpuBackend : public AttentionBackend {
       return std::make_unique<MlaLayer>(spec, weights, config, options_.mla_absorbed_decode,
                                         &pool_);
     }
-    return std::make_unique<GqaLayer>(spec, weights, config, &pool_);
+    return std::make_unique<GqaLayer>(spec, weights, config, options_.projection_weights,
+                                      &pool_);
   }
 
  private:
@@ -55,6 +56,11 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCpuBackend(
   if (options.num_threads < 0 || options.num_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_threads = ", options.num_threads, ": must be in [0, 1024]"));
+  }
+  if (options.projection_weights != DType::kF32 && options.projection_weights != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("projection_weights = ", DTypeName(options.projection_weights),
+                     ": the CPU backend keeps projection weights in f32 or bf16"));
   }
   const int threads = options.num_threads > 0
                           ? options.num_threads

@@ -1,4 +1,5 @@
-// The CPU backend: fp32 compute, OpenBLAS projections, online-softmax attention over paged KV.
+// The CPU backend: fp32 compute (f32 or bf16 projection weights), OpenBLAS projections for prefill
+// and its own GEMV for decode steps, online-softmax attention over paged KV.
 #ifndef ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
 #define ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
 
@@ -15,6 +16,10 @@ struct CpuBackendOptions {
   // it); false up-projects the cached latent to per-head keys/values (the form prefill uses).
   // Both give the same result; the switch exists so tests and benchmarks can compare them.
   bool mla_absorbed_decode = true;
+  // How GQA/MHA/MQA layers keep their projection weights: kF32, or kBF16 (rounded once at
+  // creation, half the bytes a decode step reads; widened to f32 in registers, f32 accumulate).
+  // MLA layers keep f32 whatever this says.
+  DType projection_weights = DType::kF32;
 };
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateCpuBackend(

@@ -51,8 +51,9 @@ class CpuLayer : public AttentionLayer {
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
-  // Every parameter of the spec, converted once to fp32 at creation.
-  int64_t ParameterBytes() const final;
+  // Every parameter of the spec, converted once to fp32 at creation (a layer keeping some in
+  // another dtype overrides this).
+  int64_t ParameterBytes() const override;
 
  protected:
   // Prefill: each sequence gets `num_new` rows (>= 1). Decode: exactly one row per sequence.

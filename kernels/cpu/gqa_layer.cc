@@ -1,9 +1,9 @@
 #include "kernels/cpu/gqa_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/decode_attention.h"
-#include "kernels/cpu/linear.h"
 #include "kernels/cpu/paged_kv_source.h"
 #include "kernels/cpu/prefill_attention.h"
 
@@ -19,6 +19,33 @@ std::vector<float> QkNormScale(const LayerSpec& spec, const LayerWeights& weight
     for (float& w : scale) w = 1.0f + w;
   }
   return scale;
+}
+
+// q, k and v_proj's weights [out, d_model] stacked in that order.
+ProjectionWeight StackedQkv(const LayerSpec& spec, const LayerWeights& weights, DType dtype) {
+  std::vector<float> stacked;
+  for (const char* name : {"q_proj.weight", "k_proj.weight", "v_proj.weight"}) {
+    const std::vector<float> w = weights.at(name).ToFloats();
+    stacked.insert(stacked.end(), w.begin(), w.end());
+  }
+  const int64_t out = static_cast<int64_t>(stacked.size()) / spec.d_model;
+  return ProjectionWeight(std::move(stacked), out, spec.d_model, dtype);
+}
+
+// The stacked biases, a zero block for a projection without one; empty when none has a bias.
+std::vector<float> StackedQkvBias(const LayerSpec& spec, const LayerWeights& weights) {
+  const int64_t q_width = int64_t{spec.num_heads} * spec.head_dim;
+  const int64_t kv_width = int64_t{spec.num_kv_heads} * spec.head_dim;
+  std::vector<float> bq = FloatsOrEmpty(weights, "q_proj.bias");
+  std::vector<float> bk = FloatsOrEmpty(weights, "k_proj.bias");
+  std::vector<float> bv = FloatsOrEmpty(weights, "v_proj.bias");
+  if (bq.empty() && bk.empty() && bv.empty()) return {};
+  bq.resize(q_width, 0.0f);
+  bk.resize(kv_width, 0.0f);
+  bv.resize(kv_width, 0.0f);
+  bq.insert(bq.end(), bk.begin(), bk.end());
+  bq.insert(bq.end(), bv.begin(), bv.end());
+  return bq;
 }
 }  // namespace
 
@@ -43,17 +70,13 @@ KvPageLayout GqaLayer::MakePageLayout(const LayerSpec& spec, const KvCacheConfig
 }
 
 GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
-                   const KvCacheConfig& kv_config, ThreadPool* pool)
+                   const KvCacheConfig& kv_config, DType projection_weights, ThreadPool* pool)
     : CpuLayer(spec, kv_config, MakePageLayout(spec, kv_config), pool),
       q_width_(spec.num_heads * spec.head_dim),
       kv_width_(spec.num_kv_heads * spec.head_dim),
-      wq_(weights.at("q_proj.weight").ToFloats()),
-      wk_(weights.at("k_proj.weight").ToFloats()),
-      wv_(weights.at("v_proj.weight").ToFloats()),
-      wo_(weights.at("o_proj.weight").ToFloats()),
-      bq_(FloatsOrEmpty(weights, "q_proj.bias")),
-      bk_(FloatsOrEmpty(weights, "k_proj.bias")),
-      bv_(FloatsOrEmpty(weights, "v_proj.bias")),
+      wqkv_(StackedQkv(spec, weights, projection_weights)),
+      wo_(weights.at("o_proj.weight").ToFloats(), spec.d_model, q_width_, projection_weights),
+      bqkv_(StackedQkvBias(spec, weights)),
       bo_(FloatsOrEmpty(weights, "o_proj.bias")),
       q_norm_scale_(QkNormScale(spec, weights, "q_norm.weight")),
       k_norm_scale_(QkNormScale(spec, weights, "k_norm.weight")),
@@ -73,18 +96,32 @@ void GqaLayer::NormalizeHeads(float* x, int64_t rows, int num_heads,
   }
 }
 
-GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
+int64_t GqaLayer::ParameterBytes() const {
+  const int64_t projections =
+      wqkv_.out_features() * wqkv_.in_features() + wo_.out_features() * wo_.in_features();
+  return (ParameterCount(spec()) - projections) * static_cast<int64_t>(sizeof(float)) +
+         wqkv_.bytes() + wo_.bytes();
+}
+
+void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
   const LayerSpec& s = spec();
   const int64_t rows = batch.rows;
-  auto bias = [](const std::vector<float>& b) { return b.empty() ? nullptr : b.data(); };
-  Projections p{std::vector<float>(rows * q_width_), std::vector<float>(rows * kv_width_),
-                std::vector<float>(rows * kv_width_)};
-  LinearForward(batch.hidden, s.d_model, rows, wq_.data(), bias(bq_), s.d_model, q_width_,
-                p.q.data(), q_width_, pool());
-  LinearForward(batch.hidden, s.d_model, rows, wk_.data(), bias(bk_), s.d_model, kv_width_,
-                p.k.data(), kv_width_, pool());
-  LinearForward(batch.hidden, s.d_model, rows, wv_.data(), bias(bv_), s.d_model, kv_width_,
-                p.v.data(), kv_width_, pool());
+  const int64_t qkv_width = wqkv_.out_features();
+  // resize() keeps the capacity: a decode step of no more rows than an earlier one allocates
+  // nothing.
+  p.qkv.resize(rows * qkv_width);
+  p.q.resize(rows * q_width_);
+  p.k.resize(rows * kv_width_);
+  p.v.resize(rows * kv_width_);
+  p.attention.assign(rows * q_width_, 0.0f);
+  LinearForward(batch.hidden, s.d_model, rows, wqkv_, bqkv_.empty() ? nullptr : bqkv_.data(),
+                p.qkv.data(), qkv_width, pool());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = p.qkv.data() + r * qkv_width;
+    std::copy(row, row + q_width_, p.q.data() + r * q_width_);
+    std::copy(row + q_width_, row + q_width_ + kv_width_, p.k.data() + r * kv_width_);
+    std::copy(row + q_width_ + kv_width_, row + qkv_width, p.v.data() + r * kv_width_);
+  }
   if (s.qk_norm != QkNorm::kNone) {
     NormalizeHeads(p.q.data(), rows, s.num_heads, q_norm_scale_);
     NormalizeHeads(p.k.data(), rows, s.num_kv_heads, k_norm_scale_);
@@ -102,19 +139,17 @@ GqaLayer::Projections GqaLayer::ProjectAndCache(const CpuBatch& batch) {
       }
     }
   }
-  return p;
 }
 
 void GqaLayer::OutputProjection(const CpuBatch& batch, const std::vector<float>& attention) {
-  const LayerSpec& s = spec();
-  LinearForward(attention.data(), q_width_, batch.rows, wo_.data(),
-                bo_.empty() ? nullptr : bo_.data(), q_width_, s.d_model, batch.out, s.d_model,
-                pool());
+  LinearForward(attention.data(), q_width_, batch.rows, wo_, bo_.empty() ? nullptr : bo_.data(),
+                batch.out, spec().d_model, pool());
 }
 
 void GqaLayer::RunPrefill(const CpuBatch& batch) {
   const LayerSpec& s = spec();
-  Projections p = ProjectAndCache(batch);
+  Buffers p;
+  ProjectAndCache(batch, p);
   std::vector<PagedKvSource> sources;
   sources.reserve(batch.sequences.size());
   std::vector<PrefillSequence> sequences;
@@ -123,11 +158,10 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
     sequences.push_back(
         {seq.first_row, seq.num_new, seq.first_index, seq.table->num_tokens, &sources.back()});
   }
-  std::vector<float> attention(batch.rows * q_width_);
   PrefillAttentionParams params;
   params.q = p.q.data();
   params.q_row_stride = q_width_;
-  params.out = attention.data();
+  params.out = p.attention.data();
   params.out_row_stride = q_width_;
   params.num_kv_heads = s.num_kv_heads;
   params.group_size = s.num_heads / s.num_kv_heads;
@@ -138,19 +172,19 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
   params.softcap = s.attn_logit_softcapping;
   params.sinks = sinks_.empty() ? nullptr : sinks_.data();
   PrefillAttention(params, sequences, pool());
-  OutputProjection(batch, attention);
+  OutputProjection(batch, p.attention);
 }
 
 void GqaLayer::RunDecode(const CpuBatch& batch) {
   const LayerSpec& s = spec();
-  Projections p = ProjectAndCache(batch);
+  Buffers& p = decode_buffers_;
+  ProjectAndCache(batch, p);
   std::vector<const PageTable*> tables;
   for (const BatchSequence& seq : batch.sequences) tables.push_back(seq.table);
-  std::vector<float> attention(batch.rows * q_width_);
   // q [rows, num_heads * head_dim] is already [batch, num_kv_heads, group, head_dim].
   DecodeAttentionParams params;
   params.q = p.q.data();
-  params.out = attention.data();
+  params.out = p.attention.data();
   params.batch = static_cast<int>(batch.rows);
   params.num_kv_heads = s.num_kv_heads;
   params.rows_per_kv_head = s.num_heads / s.num_kv_heads;
@@ -164,7 +198,7 @@ void GqaLayer::RunDecode(const CpuBatch& batch) {
   params.store = &store();
   params.tables = tables;
   PagedDecodeAttention(params, pool());
-  OutputProjection(batch, attention);
+  OutputProjection(batch, p.attention);
 }
 
 }  // namespace attnserve

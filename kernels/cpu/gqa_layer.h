@@ -9,15 +9,20 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/rope.h"
 
 namespace attnserve {
 
 class GqaLayer : public CpuLayer {
  public:
-  // `weights` must have passed ValidateLayerWeights for `spec`.
+  // `weights` must have passed ValidateLayerWeights for `spec`. `projection_weights` (kF32 or
+  // kBF16) is how q/k/v/o_proj's weights are kept and read (CpuBackendOptions).
   GqaLayer(const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config,
-           ThreadPool* pool);
+           DType projection_weights, ThreadPool* pool);
+
+  // The projection weights in their kept dtype, everything else in f32.
+  int64_t ParameterBytes() const override;
 
   // Page layout [K|V][num_kv_heads][page_size][head_dim] for this spec.
   static KvPageLayout MakePageLayout(const LayerSpec& spec, const KvCacheConfig& kv_config);
@@ -27,26 +32,35 @@ class GqaLayer : public CpuLayer {
   void RunDecode(const CpuBatch& batch) override;
 
  private:
-  struct Projections {
-    std::vector<float> q;  // [rows, num_heads * head_dim]
-    std::vector<float> k;  // [rows, num_kv_heads * head_dim]
-    std::vector<float> v;  // [rows, num_kv_heads * head_dim]
+  // One call's intermediates. Decode reuses the layer's own (calls are serialised by CpuLayer's
+  // mutex), so a step allocates nothing here; prefill, whose rows are many, uses its own.
+  struct Buffers {
+    std::vector<float> qkv;        // [rows, q_width + 2 * kv_width]: the fused projection.
+    std::vector<float> q;          // [rows, num_heads * head_dim]
+    std::vector<float> k;          // [rows, num_kv_heads * head_dim]
+    std::vector<float> v;          // [rows, num_kv_heads * head_dim]
+    std::vector<float> attention;  // [rows, num_heads * head_dim]
   };
-  // Projects the batch, applies RoPE and writes K/V into the sequences' pages.
-  Projections ProjectAndCache(const CpuBatch& batch);
+  // Projects the batch into `b` (q, k, v), applies RoPE and writes K/V into the sequences' pages.
+  void ProjectAndCache(const CpuBatch& batch, Buffers& b);
   // Per-head RMSNorm of `num_heads` head_dim-wide vectors per row, in place (float32 as
   // transformers' Qwen3RMSNorm / Gemma3RMSNorm), times `scale` [head_dim].
   void NormalizeHeads(float* x, int64_t rows, int num_heads, const std::vector<float>& scale) const;
   void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
 
-  int q_width_;                           // num_heads * head_dim
-  int kv_width_;                          // num_kv_heads * head_dim
-  std::vector<float> wq_, wk_, wv_, wo_;  // nn.Linear layout [out, in]
-  std::vector<float> bq_, bk_, bv_, bo_;  // Empty when the spec has no bias.
+  int q_width_;   // num_heads * head_dim
+  int kv_width_;  // num_kv_heads * head_dim
+  // q, k and v_proj stacked into one [q_width + 2 * kv_width, d_model] weight: one pass over the
+  // input and one fan-out to the threads per step instead of three.
+  ProjectionWeight wqkv_;
+  ProjectionWeight wo_;      // [d_model, q_width]
+  std::vector<float> bqkv_;  // [q_width + 2 * kv_width] (zeros for a projection without); or empty.
+  std::vector<float> bo_;    // Empty when the spec has no bias.
   // The q/k norms' effective scales (w, or 1 + w for kRmsUnitOffset); empty without qk_norm.
   std::vector<float> q_norm_scale_, k_norm_scale_;
   std::vector<float> sinks_;  // [num_heads]; empty without attention_sinks.
   RotaryEmbedding rope_;
+  Buffers decode_buffers_;  // Guarded by CpuLayer's mutex (Run holds it).
 };
 
 }  // namespace attnserve

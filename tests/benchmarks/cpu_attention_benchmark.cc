@@ -6,10 +6,13 @@
 //   BM_Decode        - one decode step per variant at a long context: GB/s of KV read
 //   BM_DecodeAttention - the paged decode attention kernel alone at BM_Decode's shapes (no
 //                      projections, no KV append): GB/s of KV read, for the read-ceiling ratio
+//   BM_SmolStep      - one decode step of a SmolLM2-135M layer at a short context (the per-step
+//                      fixed cost): bytes of weights + KV read per second, against BM_ReadCeiling
 // tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
 // docs/benchmarks.md.
 #include <cblas.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -259,6 +262,92 @@ BENCHMARK(BM_DecodeAttention)
     ->UseRealTime()
     ->Iterations(32)
     ->Unit(benchmark::kMillisecond);
+
+// SmolLM2-135M's attention layer: d_model 576, 9 query / 3 KV heads, head_dim 64, RoPE.
+LayerSpec SmolSpec() {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kGQA;
+  spec.d_model = 576;
+  spec.num_heads = 9;
+  spec.num_kv_heads = 3;
+  spec.head_dim = 64;
+  spec.rope = RopeLayout::kHalf;
+  spec.rope_theta = 100000.0;
+  spec.causal = true;
+  return spec;
+}
+
+// Args: projection weight dtype (0 f32, 1 bf16), batch. A decode step at a short context, where
+// the projection weights (3.5 MB f32, 1.8 MB bf16) are most of what a step must read: the step's
+// time against reading its weights and KV once at BM_ReadCeiling's rate is its fixed overhead.
+// Contexts stay in [kContext, kContext + kRefill): every kRefill steps the sequences are
+// re-prefilled outside the timing.
+void BM_SmolStep(benchmark::State& state) {
+  const LayerSpec spec = SmolSpec();
+  const DType weights_dtype = state.range(0) ? DType::kBF16 : DType::kF32;
+  const int batch = static_cast<int>(state.range(1));
+  constexpr int64_t kContext = 128, kRefill = 64;
+  static AttentionBackend* backends[2] = {
+      CreateCpuBackend({}).value().release(),
+      CreateCpuBackend({.projection_weights = DType::kBF16}).value().release()};
+  KvCacheConfig kv;
+  kv.storage = DType::kF32;
+  kv.max_pages = batch * ((kContext + kRefill) / DefaultPageSize(spec) + 2);
+  auto layer = backends[state.range(0)]->CreateLayer(spec, *RandomLayerWeights(spec, 1), kv);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<float> prompt_values(kContext * spec.d_model), step_values(batch * spec.d_model);
+  for (float& v : prompt_values) v = normal(rng);
+  for (float& v : step_values) v = normal(rng);
+  const Tensor prompt = Tensor::FromFloats({kContext, spec.d_model}, prompt_values);
+  const Tensor step = Tensor::FromFloats({batch, spec.d_model}, step_values);
+  std::vector<SequenceId> ids;
+  auto refill = [&] {
+    for (SequenceId id : ids) (void)(*layer)->ReleaseSequence(id);
+    ids.clear();
+    for (int b = 0; b < batch; ++b) {
+      const SequenceId id = ids.emplace_back((*layer)->CreateSequence());
+      const PrefillChunk chunk{id, kContext};
+      if (!(*layer)->Prefill({&chunk, 1}, prompt, {}).ok()) state.SkipWithError("prefill failed");
+    }
+  };
+  refill();
+  int64_t steps = 0;
+  double bytes = 0;
+  // The fastest single step: on cores shared with other work, the step that ran uninterrupted.
+  std::chrono::steady_clock::duration best = std::chrono::hours(1);
+  // No biases at this shape: every parameter is a projection weight.
+  const double weight_bytes =
+      static_cast<double>(ParameterCount(spec)) * static_cast<double>(DTypeSize(weights_dtype));
+  for (auto _ : state) {
+    if (steps == kRefill) {
+      state.PauseTiming();
+      refill();
+      steps = 0;
+      state.ResumeTiming();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<Tensor> out = (*layer)->Decode(ids, step, {});
+    best = std::min(best, std::chrono::steady_clock::now() - start);
+    if (!out.ok()) {
+      state.SkipWithError(std::string(out.status().message()).c_str());
+      break;
+    }
+    ++steps;
+    bytes += weight_bytes + static_cast<double>(batch) * (kContext + steps) *
+                                KvBytesPerToken(spec, kv.storage.element);
+  }
+  state.SetLabel(absl::StrCat("SmolLM2-135M weights=", DTypeName(weights_dtype), " ctx=", kContext,
+                              " batch=", batch));
+  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+  state.counters["best_us"] = std::chrono::duration<double, std::micro>(best).count();
+  state.counters["step_bytes"] = bytes / static_cast<double>(state.iterations());
+}
+BENCHMARK(BM_SmolStep)
+    ->ArgsProduct({{0, 1}, {1, 8}})
+    ->UseRealTime()
+    ->MinTime(0.5)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace attnserve

@@ -105,9 +105,15 @@ def main() -> int:
         return statistics.median(values) if values else None
 
     names = list(engine_rounds[0])
-    sgemm = median(names[[n.startswith("BM_SgemmCeiling") for n in names].index(True)], "GFLOPs")
-    copy = median([n for n in names if n.startswith("BM_CopyCeiling")][0], "GBps")
-    read = median([n for n in names if n.startswith("BM_ReadCeiling")][0], "GBps")
+
+    def ceiling(prefix, field):
+        # None when --filter left the ceiling out (its tables are then skipped too).
+        matches = [n for n in names if n.startswith(prefix)]
+        return median(matches[0], field) if matches else None
+
+    sgemm = ceiling("BM_SgemmCeiling", "GFLOPs")
+    copy = ceiling("BM_CopyCeiling", "GBps")
+    read = ceiling("BM_ReadCeiling", "GBps")
     ctx = report["context"]
     print(f"Machine: {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
           f"caches {[c['size'] // 1024 for c in ctx.get('caches', [])]} KiB; "
@@ -117,16 +123,16 @@ def main() -> int:
             "OMP_WAIT_POLICY=" + os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
         print(f"Peer: PyTorch {peer_info['torch']} on {peer_info['threads']} threads, {policy}")
     print()
-    print(f"Ceilings (same run): sgemm {sgemm:.1f} GFLOP/s; read-only {read:.1f} GB/s; "
-          f"memcpy {copy:.1f} GB/s (read + write bytes)")
-    print()
-
     def fmt(value, spec):
         return "n/a" if value is None else format(value, spec)
 
+    print(f"Ceilings (same run): sgemm {fmt(sgemm, '.1f')} GFLOP/s; read-only {fmt(read, '.1f')} "
+          f"GB/s; memcpy {fmt(copy, '.1f')} GB/s (read + write bytes)")
+    print()
+
     print("| prefill | tokens | KV | ms | GFLOP/s | of sgemm | PyTorch ms | vs PyTorch |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    for name in [n for n in names if n.startswith("BM_Prefill")]:
+    for name in [n for n in names if n.startswith("BM_Prefill") and sgemm]:
         b = engine_rounds[0][name]
         _, _, length, _ = name.split("/")[:4]
         label, kv = b["label"].split(" kv=")
@@ -139,7 +145,7 @@ def main() -> int:
     print("| decode step | context x batch | KV | ms | KV GB/s | of read | of memcpy | PyTorch ms "
           "| vs PyTorch |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for name in [n for n in names if n.startswith("BM_Decode/")]:
+    for name in [n for n in names if n.startswith("BM_Decode/") and read and copy]:
         b = engine_rounds[0][name]
         parts = name.split("/")
         context, batch = parts[2], parts[4]
@@ -163,6 +169,23 @@ def main() -> int:
             gbps = median(name, "KV_GBps")
             print(f"| {label} | {parts[2]} x {parts[4]} | {kv} | "
                   f"{median(name, 'real_time'):.2f} | {gbps:.1f} | {gbps / read:.0%} |")
+    smol = [n for n in names if n.startswith("BM_SmolStep")]
+    if smol and read:
+        # The floor: the step's weights and KV read once at the read-only ceiling of this run.
+        print()
+        print("| SmolLM2-135M layer step | weights | batch | µs | fastest step µs | MB read | "
+              "read floor µs | × floor | fastest × floor |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name in smol:
+            label = engine_rounds[0][name]["label"]
+            weights = label.split("weights=")[1].split()[0]
+            batch = label.split("batch=")[1].split()[0]
+            step_bytes = median(name, "step_bytes")
+            floor_us = step_bytes / (read * 1e9) * 1e6
+            us, best = median(name, "real_time"), median(name, "best_us")
+            print(f"| ctx 128 | {weights} | {batch} | {us:.0f} | {best:.0f} | "
+                  f"{step_bytes / 1e6:.2f} | {floor_us:.0f} | {us / floor_us:.2f} | "
+                  f"{best / floor_us:.2f} |")
     return 0
 
 

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,94 @@ TEST(PrefillWeightsTest, Bf16AndF16WeightsMatchReference) {
                 kF32Bound);
     }
   }
+}
+
+// CpuBackendOptions::projection_weights = bf16: q/k/v/o_proj's weights are rounded to bf16 once
+// and every product is computed from them widened to f32, with f32 accumulation. Against the
+// reference on the rounded weights the layer must be as close as with f32 weights (kF32Bound):
+// widening is exact, so any larger error is a kernel defect. Against the weights as given the
+// rounding shows: each of the four projections on the path moves its output by about u
+// relative; the bound is kBf16KvBound's 4u (measured: 2.5e-3 to 3.5e-3, about u; against the
+// rounded weights 2.3e-7 to 2.9e-7).
+// Prefill (20 rows: the sgemm path over widened blocks) then decode steps of 3 rows at once (the
+// GEMV path), three sequences with their own prompts; d_model 48 with head_dim 10 leaves a tail
+// after the kernels' 8-wide vectors in o_proj (30 inputs).
+TEST(Bf16ProjectionWeightsTest, PrefillAndDecodeMatchReference) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(SeedNote(seed));
+  std::mt19937_64 rng(seed);
+  for (const char* name : {"gqa2_half_bias_hd16_theta5e5", "gqa3_half_hd10_d48", "mha_half_bias"}) {
+    SCOPED_TRACE(name);
+    const LayerSpec spec = FindSpec(name).spec;
+    const LayerWeights weights = TestWeights(spec, seed);
+    LayerWeights rounded = weights;
+    for (const char* w : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
+      rounded.at(w) = weights.at(w).CastTo(DType::kBF16);
+    }
+    absl::StatusOr<TestEngine> engine = MakeEngine(
+        spec, weights, {.max_pages = 1024}, {.num_threads = 2, .projection_weights = DType::kBF16});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    constexpr int kSequences = 3, kPrompt = 20, kSteps = 4, kLength = kPrompt + kSteps;
+    std::vector<std::vector<double>> hidden(kSequences), out(kSequences);
+    std::vector<SequenceId> ids;
+    for (int b = 0; b < kSequences; ++b) {
+      hidden[b] = RandomHidden(kLength, spec.d_model, rng);
+      ids.push_back(engine->layer->CreateSequence());
+      const PrefillChunk chunk{.sequence = ids.back(), .num_tokens = kPrompt};
+      const std::vector<double> prompt(hidden[b].begin(),
+                                       hidden[b].begin() + kPrompt * spec.d_model);
+      absl::StatusOr<Tensor> y = engine->layer->Prefill(
+          {&chunk, 1}, ToTensor(prompt, {kPrompt, spec.d_model}, DType::kF32), {});
+      ASSERT_TRUE(y.ok()) << y.status();
+      out[b] = ToDoubles(*y);
+    }
+    for (int t = kPrompt; t < kLength; ++t) {
+      std::vector<double> step;
+      for (int b = 0; b < kSequences; ++b) {
+        step.insert(step.end(), hidden[b].begin() + t * spec.d_model,
+                    hidden[b].begin() + (t + 1) * spec.d_model);
+      }
+      absl::StatusOr<Tensor> y =
+          engine->layer->Decode(ids, ToTensor(step, {kSequences, spec.d_model}, DType::kF32), {});
+      ASSERT_TRUE(y.ok()) << y.status();
+      const std::vector<double> rows = ToDoubles(*y);
+      for (int b = 0; b < kSequences; ++b) {
+        out[b].insert(out[b].end(), rows.begin() + b * spec.d_model,
+                      rows.begin() + (b + 1) * spec.d_model);
+      }
+    }
+    for (int b = 0; b < kSequences; ++b) {
+      const double vs_rounded = RelativeError(
+          out[b], ReferenceAttention(spec, rounded, hidden[b], IotaPositions(kLength)));
+      const double vs_given = RelativeError(
+          out[b], ReferenceAttention(spec, weights, hidden[b], IotaPositions(kLength)));
+      EXPECT_LE(vs_rounded, kF32Bound) << "sequence " << b;
+      EXPECT_LE(vs_given, kBf16KvBound) << "sequence " << b;
+      EXPECT_GT(vs_given, vs_rounded) << "sequence " << b << ": were the weights rounded?";
+    }
+  }
+}
+
+// The option's edges: a dtype the CPU does not keep weights in is refused naming the field, and a
+// bf16 layer reports its projection weights at 2 bytes each (the norms, biases and sinks stay f32).
+TEST(Bf16ProjectionWeightsTest, OtherDtypesAreRefusedAndParameterBytesHalve) {
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> f16 =
+      CreateCpuBackend({.num_threads = 1, .projection_weights = DType::kF16});
+  ASSERT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f16.status().message().find("projection_weights = f16"), absl::string_view::npos)
+      << f16.status();
+  const LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+  const LayerWeights weights = TestWeights(spec, 1);
+  absl::StatusOr<TestEngine> f32 = MakeEngine(spec, weights, {});
+  absl::StatusOr<TestEngine> bf16 =
+      MakeEngine(spec, weights, {}, {.num_threads = 1, .projection_weights = DType::kBF16});
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  int64_t projection_elements = 0;
+  for (const char* w : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"}) {
+    projection_elements += weights.at(w).num_elements();
+  }
+  EXPECT_EQ(f32->layer->ParameterBytes(), ParameterCount(spec) * 4);
+  EXPECT_EQ(bf16->layer->ParameterBytes(), ParameterCount(spec) * 4 - projection_elements * 2);
 }
 
 // The prefill kernel works in tiles (64 query rows x 128 keys; keys and values converted once per

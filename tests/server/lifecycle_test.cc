@@ -227,6 +227,22 @@ TEST(ServerFlagsTest, CudaAttentionIsCheckedAtStartup) {
                                    "--backend = cpu"));
 }
 
+// --cpu_projection_weights is f32 or bf16 and sets the CPU backend's weights: another dtype, or
+// bf16 with --backend=cuda, is refused at startup naming the flag.
+TEST(ServerFlagsTest, CpuProjectionWeightsIsCheckedAtStartup) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> unknown = ServerProcess::Start(
+      {"--backend=cpu", "--cpu_projection_weights=f16", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_THAT(std::string(unknown.status().message()),
+              ::testing::HasSubstr("--cpu_projection_weights = f16, must be f32 or bf16"));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> on_cuda = ServerProcess::Start(
+      {"--backend=cuda", "--cpu_projection_weights=bf16", "--threads=1"}, std::chrono::seconds(10));
+  ASSERT_FALSE(on_cuda.ok());
+  EXPECT_THAT(std::string(on_cuda.status().message()),
+              ::testing::HasSubstr("--cpu_projection_weights = bf16 sets the CPU backend's "
+                                   "weights, but --backend = cuda"));
+}
+
 // Two servers on one port: with gRPC's default SO_REUSEPORT the second would bind it too and take
 // half of the connections. It must fail to start instead, exiting non-zero and naming the port.
 TEST_F(ServerTest, SecondServerOnATakenPortExitsNamingThePort) {
