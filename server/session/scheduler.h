@@ -73,6 +73,7 @@ struct StepTiming {
 struct DecodeCall {
   std::vector<StepInput> inputs;  // Validated by the codec.
   std::string call_id;            // Idempotency key (DecodeRequest.call_id); empty = none.
+  int layer = 0;  // Model sessions: the layer it runs; a batch holds calls on one layer only.
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked before the call joins a batch.
   // Called exactly once, on an executor thread: the outputs in item order, or the call's error.
@@ -85,6 +86,7 @@ struct ForwardCall {
   // The requests it appends to: decode steps on them that arrive later wait until it finished.
   std::vector<std::string> request_ids;
   std::string call_id;  // Idempotency key (ForwardRequest.call_id); empty = none.
+  int layer = 0;        // Model sessions: the layer it runs.
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked when its turn comes.
   // Called once, on the session's queue, when its turn comes: the call's inputs, validated, or its
