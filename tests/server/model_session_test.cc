@@ -187,9 +187,9 @@ TEST_F(ModelSessionTest, CallsOutOfOrderAreRefusedByNameWithNothingChanged) {
   EXPECT_EQ(RequestState(stub(), session, "r"), std::make_pair(int64_t{9}, 0));
 }
 
-// Pools of 16 pages of 16 tokens x 2 KV heads x 16 dims x K and V in f32 (4 KiB a page).
+// A pool of 20 pages of 16 tokens x 2 KV heads x 16 dims x K and V in f32 (4 KiB a page).
 constexpr int64_t kPageBytes = 16 * 2 * 16 * 2 * 4;
-constexpr int64_t kPoolPages = 16;
+constexpr int64_t kPoolPages = 20;
 
 class ModelSessionBudgetTest : public ModelSessionTest {
  protected:
@@ -211,7 +211,7 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
   ASSERT_TRUE(charged.ok());
   EXPECT_EQ(charged->kv_pool_used_bytes() - before->kv_pool_used_bytes(),
             kLayers * 4 * kPageBytes);
-  // Another such step needs 12 pages; 4 are free (though one layer's 4 pages would fit).
+  // Another such step needs 12 pages; 8 are free (though one layer's 4 pages would fit).
   grpc::Status status = ForwardLayer(stub(), session, 0, "b", prompt, &forwarded);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
   EXPECT_EQ(RequestState(stub(), session, "b").first, -1);
@@ -226,18 +226,20 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
   EXPECT_EQ(after->kv_pool_used_bytes(), charged->kv_pool_used_bytes());
   EXPECT_EQ(Info(stub(), session).kv_bytes_used(), kLayers * 4 * kPageBytes);
 
-  // Released mid-step (layers 1 and 2 have not run its pages yet): every layer's pages and the
-  // reservation go back.
+  // A decode step (65 tokens: a 5th page per layer), then a step released mid-way: layer 0 of
+  // 16 more tokens (81: a 6th page per layer, charged for all three now, allocated by layer 0
+  // only). Release gives back every layer's pages and the reservation of layers 1 and 2.
   v1::DecodeResponse decoded;
   for (int k = 0; k < kLayers; ++k) {
     ASSERT_TRUE(DecodeLayer(stub(), session, k, "a", RandomHidden(1, kDModel, rng), &decoded).ok());
   }
-  ASSERT_TRUE(ForwardLayer(stub(), session, 0, "a", RandomHidden(15, kDModel, rng), &forwarded)
-                  .ok());  // 65 + 15 = 80 tokens: a 5th page in every layer, charged now.
+  ASSERT_TRUE(
+      ForwardLayer(stub(), session, 0, "a", RandomHidden(16, kDModel, rng), &forwarded).ok());
   after = ServerInfo(stub());
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_pool_used_bytes() - before->kv_pool_used_bytes(),
-            kLayers * 5 * kPageBytes);
+            kLayers * 6 * kPageBytes);
+  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), (6 + 5 + 5) * kPageBytes);
   v1::ReleaseResponse released;
   ASSERT_TRUE(Release(stub(), session, "a", &released).ok());
   after = ServerInfo(stub());
