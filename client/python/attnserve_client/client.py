@@ -809,8 +809,10 @@ class AttnServeClient:
         computes each step from the previous result. In a model session a step is an
         (inputs, positions, layer) triple: one message per layer, layers 0..n-1 in order."""
         def request(step):
-            inputs, positions, layer = (tuple(step) + (None, 0))[:3] if isinstance(
-                step, tuple) else (step, None, 0)
+            parts = step if isinstance(step, tuple) else (step,)
+            inputs = parts[0]
+            positions = parts[1] if len(parts) > 1 else None
+            layer = parts[2] if len(parts) > 2 else 0
             return self._decode_request(session_id, inputs, dtype, positions, layer)
         requests = (request(step) for step in steps)
         try:
