@@ -380,17 +380,17 @@ absl::StatusOr<Tensor> LayerStack::Decode(absl::Span<const SequenceId> sequences
              });
 }
 
-std::vector<int64_t> LayerStack::PagesNeeded(
-    absl::Span<const std::vector<SequenceId>* const> found, absl::Span<const int64_t> rows,
-    size_t first_layer) const {
+std::vector<int64_t> LayerStack::PagesNeeded(absl::Span<const std::vector<SequenceId>* const> found,
+                                             absl::Span<const int64_t> rows,
+                                             size_t first_layer) const {
   std::vector<int64_t> pages(layers_.size(), 0);
   for (size_t k = first_layer; k < layers_.size(); ++k) {
     const int page_size = static_cast<int>(layers_[k]->PoolUsage().page_size);
     for (size_t i = 0; i < found.size(); ++i) {
       const int64_t length = layers_[k]->SequenceLength((*found[i])[k]).value_or(0);
-      pages[k] += std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0),
-                                                      page_size) -
-                                           PagesForTokens(length, page_size));
+      pages[k] +=
+          std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0), page_size) -
+                                   PagesForTokens(length, page_size));
     }
   }
   return pages;
@@ -423,8 +423,10 @@ absl::StatusOr<Tensor> LayerStack::RunLayer(int layer, absl::Span<const Sequence
     if (next != layer) {
       return absl::FailedPreconditionError(
           layer == 0
-              ? absl::StrCat("sequence ", ids[i], ": layer 0 starts a new step, but its step ran "
-                             "only layers 0..", next - 1, " of ", n, "; run layer ", next, " next")
+              ? absl::StrCat("sequence ", ids[i],
+                             ": layer 0 starts a new step, but its step ran "
+                             "only layers 0..",
+                             next - 1, " of ", n, "; run layer ", next, " next")
               : absl::StrCat("sequence ", ids[i], ": layer ", layer, " out of order, its step ",
                              next == 0 ? "has not started (layer 0 starts it)"
                                        : absl::StrCat("runs layer ", next, " next")));
@@ -465,8 +467,8 @@ absl::StatusOr<Tensor> LayerStack::RunLayer(int layer, absl::Span<const Sequence
     for (size_t i = 0; i < ids.size(); ++i) {
       Step step;
       step.rows = rows[i];
-      step.reserved_pages = PagesNeeded(absl::MakeConstSpan(&found[i], 1),
-                                        absl::MakeConstSpan(&rows[i], 1), 0);
+      step.reserved_pages =
+          PagesNeeded(absl::MakeConstSpan(&found[i], 1), absl::MakeConstSpan(&rows[i], 1), 0);
       for (size_t k = 0; k < layers_.size(); ++k) reserved_pages_[k] += step.reserved_pages[k];
       steps_[ids[i]] = std::move(step);
     }
@@ -479,8 +481,8 @@ absl::StatusOr<Tensor> LayerStack::RunLayer(int layer, absl::Span<const Sequence
     reserved_pages_[static_cast<size_t>(layer)] -= step.reserved_pages[static_cast<size_t>(layer)];
     step.reserved_pages[static_cast<size_t>(layer)] = 0;
   }
-  absl::StatusOr<Tensor> out = call(*layers_[static_cast<size_t>(layer)],
-                                    absl::MakeConstSpan(layer_ids), hidden);
+  absl::StatusOr<Tensor> out =
+      call(*layers_[static_cast<size_t>(layer)], absl::MakeConstSpan(layer_ids), hidden);
   if (!out.ok()) {
     if (layer > 0) {
       const std::string reason =
@@ -514,14 +516,14 @@ absl::StatusOr<Tensor> LayerStack::PrefillLayer(int layer, absl::Span<const Pref
     rows.push_back(chunk.num_tokens);
   }
   std::vector<PrefillChunk> layer_chunks(chunks.begin(), chunks.end());
-  return RunLayer(layer, ids, rows, hidden,
-                  [&](AttentionLayer& target, absl::Span<const SequenceId> layer_ids,
-                      const Tensor& h) {
-                    for (size_t i = 0; i < layer_chunks.size(); ++i) {
-                      layer_chunks[i].sequence = layer_ids[i];
-                    }
-                    return target.Prefill(layer_chunks, h, positions);
-                  });
+  return RunLayer(
+      layer, ids, rows, hidden,
+      [&](AttentionLayer& target, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
+        for (size_t i = 0; i < layer_chunks.size(); ++i) {
+          layer_chunks[i].sequence = layer_ids[i];
+        }
+        return target.Prefill(layer_chunks, h, positions);
+      });
 }
 
 absl::StatusOr<Tensor> LayerStack::DecodeLayer(int layer, absl::Span<const SequenceId> sequences,

@@ -186,8 +186,7 @@ SessionScheduler::Selection SessionScheduler::SelectLocked(uint64_t before,
       continue;
     }
     const std::vector<StepInput>& inputs = p.call->inputs;
-    bool blocked =
-        have_dtype && (inputs[0].hidden.dtype() != dtype || p.call->layer != layer);
+    bool blocked = have_dtype && (inputs[0].hidden.dtype() != dtype || p.call->layer != layer);
     for (const StepInput& in : inputs) {
       blocked = blocked || in_batch.contains(in.request_id) || held.contains(in.request_id) ||
                 BlockedByOpLocked(in.request_id, p.ticket);

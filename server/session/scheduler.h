@@ -3,8 +3,9 @@
 //
 // Every decode step of a session, whatever call or stream it came from, waits in one list here.
 // A batch (one engine Decode call) takes waiting calls in arrival order, at most one step per
-// request (a request's next step waits for the next batch, so its order is kept) and a multi-item
-// Decode call whole (it stays all-or-nothing); in a model session, only calls on one layer. A batch launches on the session's SerialQueue when
+// request (a request's next step waits for the next batch, so its order is kept), a multi-item
+// Decode call whole (it stays all-or-nothing), and in a model session only calls on one layer.
+// A batch launches on the session's SerialQueue when
 //   - it is full: max_batch_size steps, or max_batch_tokens context tokens; or
 //   - its oldest step has waited max_queue_delay; or
 //   - as many steps wait as the previous batch held (the streams of that batch are all back, and

@@ -120,9 +120,9 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
 absl::Status Session::CheckLayer(int layer) const {
   if (per_layer_) {
     if (layer < 0 || layer >= num_layers_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer = ", layer, ": out of range, model session '", id_,
-                       "' holds layers [0, ", num_layers_, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("layer = ", layer,
+                                                     ": out of range, model session '", id_,
+                                                     "' holds layers [0, ", num_layers_, ")"));
     }
     return absl::OkStatus();
   }
@@ -135,8 +135,7 @@ absl::Status Session::CheckLayer(int layer) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepPlan> Session::ContinueStepLocked(std::vector<StepInput> inputs,
-                                                     StepPlan plan) {
+absl::StatusOr<StepPlan> Session::ContinueStepLocked(std::vector<StepInput> inputs, StepPlan plan) {
   const int layer = plan.layer;
   for (size_t i = 0; i < inputs.size(); ++i) {
     StepInput& in = inputs[i];
@@ -144,18 +143,17 @@ absl::StatusOr<StepPlan> Session::ContinueStepLocked(std::vector<StepInput> inpu
                                            ClipForMessage(in.request_id), "'");
     auto it = requests_.find(in.request_id);
     if (it == requests_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, ": the request is not in model session '", id_,
-          "' (a step starts at layer 0, which creates a new request)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the request is not in model session '", id_,
+                       "' (a step starts at layer 0, which creates a new request)"));
     }
     const RequestState& state = it->second;
     if (state.step_layer != layer) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, " out of order: ",
-          state.step_layer == 0
-              ? "no step is in flight (layer 0 starts one)"
-              : absl::StrCat("its step ran layers 0..", state.step_layer - 1, " and runs layer ",
-                             state.step_layer, " next")));
+          state.step_layer == 0 ? "no step is in flight (layer 0 starts one)"
+                                : absl::StrCat("its step ran layers 0..", state.step_layer - 1,
+                                               " and runs layer ", state.step_layer, " next")));
     }
     const int64_t rows = in.hidden.dim(0);
     if (rows != static_cast<int64_t>(state.step_positions.size())) {
@@ -228,11 +226,11 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
       length = it->second.length;
       last_position = it->second.last_position;
       if (it->second.step_layer != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "items[", i, "]: layer 0 of request '", ClipForMessage(in.request_id),
-            "' starts a new step, but its step in flight ran only layers 0..",
-            it->second.step_layer - 1, " of ", num_layers_, "; run layer ", it->second.step_layer,
-            " next (or Release the request)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("items[", i, "]: layer 0 of request '", ClipForMessage(in.request_id),
+                         "' starts a new step, but its step in flight ran only layers 0..",
+                         it->second.step_layer - 1, " of ", num_layers_, "; run layer ",
+                         it->second.step_layer, " next (or Release the request)"));
       }
     }
     plan.requests[i].length = length;
@@ -392,8 +390,8 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
     total_rows += static_cast<int64_t>(plan->inputs.size());
     // One engine call runs one layer; the scheduler batches only calls on one layer together.
     if (plan->layer != plans[0]->layer) {
-      return absl::InternalError(absl::StrCat("a decode batch mixes layers ", plans[0]->layer,
-                                              " and ", plan->layer));
+      return absl::InternalError(
+          absl::StrCat("a decode batch mixes layers ", plans[0]->layer, " and ", plan->layer));
     }
   }
   // One engine call takes one dtype; the scheduler batches only calls of one dtype together.
@@ -572,9 +570,8 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     }
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    chunk_out = model_ != nullptr
-                    ? model_->PrefillLayer(plan.layer, pieces, rows, chunk_positions)
-                    : layer_->Prefill(pieces, rows, chunk_positions);
+    chunk_out = model_ != nullptr ? model_->PrefillLayer(plan.layer, pieces, rows, chunk_positions)
+                                  : layer_->Prefill(pieces, rows, chunk_positions);
   } catch (const std::bad_alloc&) {
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");
@@ -651,10 +648,10 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
     if (!found.ok()) return found.status();
     original = **found;
     if (original.step_layer != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "request_id: request '", ClipForMessage(source), "' is in mid-step (layers 0..",
-          original.step_layer - 1, " of ", num_layers_, " ran it); fork it after layer ",
-          num_layers_ - 1, " of the step"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("request_id: request '", ClipForMessage(source),
+                       "' is in mid-step (layers 0..", original.step_layer - 1, " of ", num_layers_,
+                       " ran it); fork it after layer ", num_layers_ - 1, " of the step"));
     }
     absl::flat_hash_set<std::string> seen;
     for (size_t i = 0; i < new_ids.size(); ++i) {

@@ -86,10 +86,10 @@ absl::StatusOr<std::vector<LayerSpec>> ResolveStackSpecs(const v1::ConfigureRequ
     if (!layers.ok()) return layers.status();
     count = *layers - request.weights().checkpoint().layer_index();
     if (count < 1 || count > kMaxStackLayers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "stack.num_layers = 0 (every layer from weights.checkpoint.layer_index = ",
-          request.weights().checkpoint().layer_index(), " of ", *layers, "): ", count,
-          " layers, must be in [1, ", kMaxStackLayers, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stack.num_layers = 0 (every layer from weights.checkpoint.layer_index = ",
+                       request.weights().checkpoint().layer_index(), " of ", *layers, "): ", count,
+                       " layers, must be in [1, ", kMaxStackLayers, "]"));
     }
   }
   if (count == 0) {

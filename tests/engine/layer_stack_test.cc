@@ -257,8 +257,8 @@ TEST(LayerStackTest, PerLayerModeRunsOneLayerPerCallInStepOrder) {
   absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
   ASSERT_TRUE(backend.ok()) << backend.status();
   auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
-  absl::StatusOr<std::unique_ptr<LayerStack>> stack = LayerStack::Create(
-      **backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
   ASSERT_TRUE(stack.ok()) << stack.status();
   std::vector<std::unique_ptr<AttentionLayer>> by_hand;
   for (size_t k = 0; k < specs.size(); ++k) {

@@ -32,7 +32,8 @@ std::vector<LayerSpec> ThreeLayers() {
 
 v1::ConfigureRequest ModelConfigure(const std::vector<LayerSpec>& specs) {
   v1::ConfigureRequest request;
-  for (const LayerSpec& spec : specs) *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
+  for (const LayerSpec& spec : specs)
+    *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
   request.mutable_stack()->set_per_layer(true);
   request.mutable_weights()->set_seed(kSeed);
   return request;
@@ -210,8 +211,7 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
   ASSERT_TRUE(ForwardLayer(stub(), session, 0, "a", prompt, &forwarded).ok());
   absl::StatusOr<v1::GetServerInfoResponse> charged = ServerInfo(stub());
   ASSERT_TRUE(charged.ok());
-  EXPECT_EQ(charged->kv_pool_used_bytes() - before->kv_pool_used_bytes(),
-            kLayers * 4 * kPageBytes);
+  EXPECT_EQ(charged->kv_pool_used_bytes() - before->kv_pool_used_bytes(), kLayers * 4 * kPageBytes);
   // Another such step needs 12 pages; 8 are free (though one layer's 4 pages would fit).
   grpc::Status status = ForwardLayer(stub(), session, 0, "b", prompt, &forwarded);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
@@ -238,8 +238,7 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
       ForwardLayer(stub(), session, 0, "a", RandomHidden(16, kDModel, rng), &forwarded).ok());
   after = ServerInfo(stub());
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->kv_pool_used_bytes() - before->kv_pool_used_bytes(),
-            kLayers * 6 * kPageBytes);
+  EXPECT_EQ(after->kv_pool_used_bytes() - before->kv_pool_used_bytes(), kLayers * 6 * kPageBytes);
   EXPECT_EQ(Info(stub(), session).kv_bytes_used(), (6 + 5 + 5) * kPageBytes);
   v1::ReleaseResponse released;
   ASSERT_TRUE(Release(stub(), session, "a", &released).ok());
