@@ -779,6 +779,23 @@ absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, i
   return spec;
 }
 
+absl::StatusOr<int> NumHiddenLayersFromHfConfig(absl::string_view config_json) {
+  const Json root = Json::parse(config_json.begin(), config_json.end(), /*cb=*/nullptr,
+                                /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
+  if (!root.is_object()) return absl::InvalidArgumentError("config.json: expected an object");
+  Json value = root.contains("num_hidden_layers") ? root.at("num_hidden_layers") : Json();
+  if (value.is_null() && root.contains("model_type") && root.at("model_type").is_string()) {
+    const Json defaults = ClassDefaults(root.at("model_type").get<std::string>());
+    if (defaults.contains("num_hidden_layers")) value = defaults.at("num_hidden_layers");
+  }
+  if (!value.is_number_integer() || value.get<int64_t>() < 1 ||
+      value.get<int64_t>() > (int64_t{1} << 20)) {
+    return KeyError("num_hidden_layers", "required (a positive integer)");
+  }
+  return static_cast<int>(value.get<int64_t>());
+}
+
 std::string LayerSpecDifference(const LayerSpec& a, const LayerSpec& b) {
   const Json ja = Json::parse(LayerSpecToJson(a), nullptr, false);
   const Json jb = Json::parse(LayerSpecToJson(b), nullptr, false);

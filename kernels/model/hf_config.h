@@ -39,6 +39,10 @@ namespace attnserve {
 // "config.json: <key>: ...".
 absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, int layer_index);
 
+// The model's num_hidden_layers (as its config class defaults it when absent). INVALID_ARGUMENT
+// for a config.json that is not an object or has no such integer.
+absl::StatusOr<int> NumHiddenLayersFromHfConfig(absl::string_view config_json);
+
 // Empty when `a` and `b` describe the same layer; else the first field where they differ and both
 // values, e.g. "sliding_window: 4096 vs 0" (field names as in the spec's JSON form,
 // layer_spec_json.h, nested fields dotted: "rope_scaling.factor").

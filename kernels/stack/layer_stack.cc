@@ -11,6 +11,22 @@
 
 namespace attnserve {
 
+namespace {
+
+absl::Status WholeStackCallError() {
+  return absl::FailedPreconditionError(
+      "a per-layer (model) stack runs one layer per call: name the layer (PrefillLayer, "
+      "DecodeLayer)");
+}
+
+absl::Status ResidualStackCallError() {
+  return absl::FailedPreconditionError(
+      "a residual stack runs all its layers in one call: only per-layer (model) stacks take a "
+      "layer index");
+}
+
+}  // namespace
+
 std::string LayerKind(const LayerSpec& spec) {
   if (spec.variant == AttentionVariant::kMLA) return "mla";
   if (spec.causal && spec.sliding_window > 0) {
@@ -21,7 +37,7 @@ std::string LayerKind(const LayerSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<LayerStack>> LayerStack::Create(
     AttentionBackend& backend, absl::Span<const LayerSpec> specs,
-    absl::Span<const LayerWeights> weights, const KvCacheConfig& kv_config) {
+    absl::Span<const LayerWeights> weights, const KvCacheConfig& kv_config, StackMode mode) {
   if (absl::Status s = CheckOperation(backend.capabilities(), LayerOperation::kStack); !s.ok()) {
     return s;
   }
@@ -66,11 +82,17 @@ absl::StatusOr<std::unique_ptr<LayerStack>> LayerStack::Create(
   }
   KvCacheConfig stack_config = layers[0]->kv_config();
   stack_config.budget = kv_config.budget;
-  return std::unique_ptr<LayerStack>(new LayerStack(std::move(layers), std::move(stack_config)));
+  return std::unique_ptr<LayerStack>(
+      new LayerStack(std::move(layers), std::move(stack_config), mode));
 }
 
-LayerStack::LayerStack(std::vector<std::unique_ptr<AttentionLayer>> layers, KvCacheConfig kv_config)
-    : layers_(std::move(layers)), spec_(layers_[0]->spec()), kv_config_(std::move(kv_config)) {
+LayerStack::LayerStack(std::vector<std::unique_ptr<AttentionLayer>> layers, KvCacheConfig kv_config,
+                       StackMode mode)
+    : layers_(std::move(layers)),
+      mode_(mode),
+      spec_(layers_[0]->spec()),
+      kv_config_(std::move(kv_config)),
+      reserved_pages_(layers_.size(), 0) {
   for (const auto& layer : layers_) {
     spec_.causal = spec_.causal && layer->spec().causal;
     const std::string kind = LayerKind(layer->spec());
@@ -106,7 +128,22 @@ int64_t LayerStack::UsedBytes() const {
     const KvPoolUsage usage = layer->PoolUsage();
     bytes += usage.used_pages * usage.page_bytes;
   }
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    bytes += reserved_pages_[k] * layers_[k]->PoolUsage().page_bytes;
+  }
   return bytes;
+}
+
+void LayerStack::EndStep(SequenceId sequence) {
+  auto it = steps_.find(sequence);
+  if (it == steps_.end()) return;
+  for (size_t k = 0; k < layers_.size(); ++k) reserved_pages_[k] -= it->second.reserved_pages[k];
+  steps_.erase(it);
+}
+
+int LayerStack::NextLayer(SequenceId sequence) const {
+  auto it = steps_.find(sequence);
+  return it == steps_.end() ? 0 : it->second.next_layer;
 }
 
 void LayerStack::Settle() {
@@ -147,6 +184,7 @@ absl::Status LayerStack::ReleaseSequence(SequenceId sequence) {
     layers_[k]->ReleaseSequence(it->second[k]).IgnoreError();  // Created with the stack's.
   }
   sequences_.erase(it);
+  EndStep(sequence);
   Settle();
   return absl::OkStatus();
 }
@@ -161,6 +199,11 @@ absl::StatusOr<std::vector<SequenceId>> LayerStack::ForkSequence(SequenceId sour
   absl::StatusOr<const std::vector<SequenceId>*> found = Find(source);
   if (!found.ok()) return found.status();
   const std::vector<SequenceId> source_ids = **found;
+  if (const int next = NextLayer(source); next != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", source, " is in mid-step (layers 0..", next - 1, " of ", layers_.size(),
+        " ran it): fork it once layer ", layers_.size() - 1, " has run"));
+  }
   std::vector<std::vector<SequenceId>> forks;  // [layer][fork]
   const auto undo = [&] {
     for (size_t k = 0; k < forks.size(); ++k) {
@@ -205,15 +248,15 @@ absl::StatusOr<std::vector<SequenceId>> LayerStack::ForkSequence(SequenceId sour
 absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) const {
   (void)sequence;
   return absl::UnimplementedError(
-      "ExportRequest: a session holding a stack of layers cannot export requests yet (one layer "
-      "per session only)");
+      "ExportRequest: a session holding a stack of layers (a hybrid stack or a model session) "
+      "cannot export requests yet (one layer per session only)");
 }
 
 absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& exported) {
   (void)exported;
   return absl::UnimplementedError(
-      "ImportRequest: a session holding a stack of layers cannot import requests yet (one layer "
-      "per session only)");
+      "ImportRequest: a session holding a stack of layers (a hybrid stack or a model session) "
+      "cannot import requests yet (one layer per session only)");
 }
 
 void LayerStack::Drop(absl::Span<const SequenceId> ids, const std::string& reason) {
@@ -224,6 +267,7 @@ void LayerStack::Drop(absl::Span<const SequenceId> ids, const std::string& reaso
       layers_[k]->ReleaseSequence(it->second[k]).IgnoreError();
     }
     sequences_.erase(it);
+    EndStep(id);
     dropped_.emplace(id, reason);
   }
 }
@@ -308,6 +352,7 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
 absl::StatusOr<Tensor> LayerStack::Prefill(absl::Span<const PrefillChunk> chunks,
                                            const Tensor& hidden,
                                            absl::Span<const int64_t> positions) {
+  if (mode_ != StackMode::kResidual) return WholeStackCallError();
   std::vector<SequenceId> ids;
   std::vector<int64_t> rows;
   for (const PrefillChunk& chunk : chunks) {
@@ -327,11 +372,167 @@ absl::StatusOr<Tensor> LayerStack::Prefill(absl::Span<const PrefillChunk> chunks
 absl::StatusOr<Tensor> LayerStack::Decode(absl::Span<const SequenceId> sequences,
                                           const Tensor& hidden,
                                           absl::Span<const int64_t> positions) {
+  if (mode_ != StackMode::kResidual) return WholeStackCallError();
   const std::vector<int64_t> rows(sequences.size(), 1);
   return Run(sequences, rows, hidden,
              [&](AttentionLayer& layer, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
                return layer.Decode(layer_ids, h, positions);
              });
+}
+
+std::vector<int64_t> LayerStack::PagesNeeded(absl::Span<const std::vector<SequenceId>* const> found,
+                                             absl::Span<const int64_t> rows,
+                                             size_t first_layer) const {
+  std::vector<int64_t> pages(layers_.size(), 0);
+  for (size_t k = first_layer; k < layers_.size(); ++k) {
+    const int page_size = static_cast<int>(layers_[k]->PoolUsage().page_size);
+    for (size_t i = 0; i < found.size(); ++i) {
+      const int64_t length = layers_[k]->SequenceLength((*found[i])[k]).value_or(0);
+      pages[k] +=
+          std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0), page_size) -
+                                   PagesForTokens(length, page_size));
+    }
+  }
+  return pages;
+}
+
+template <typename Call>
+absl::StatusOr<Tensor> LayerStack::RunLayer(int layer, absl::Span<const SequenceId> ids,
+                                            absl::Span<const int64_t> rows, const Tensor& hidden,
+                                            const Call& call) {
+  if (mode_ != StackMode::kPerLayer) return ResidualStackCallError();
+  const int n = num_layers();
+  if (layer < 0 || layer >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer = ", layer, ": out of range, the stack holds layers [0, ", n, ")"));
+  }
+  // Known, distinct, and each at this layer of its step (layer 0: no step in flight), with the
+  // step's rows: checked before anything changes.
+  std::vector<const std::vector<SequenceId>*> found;
+  absl::flat_hash_set<SequenceId> seen;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    absl::StatusOr<const std::vector<SequenceId>*> layer_ids = Find(ids[i]);
+    if (!layer_ids.ok()) return layer_ids.status();
+    if (!seen.insert(ids[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], " appears more than once in one batch"));
+    }
+    found.push_back(*layer_ids);
+    auto step = steps_.find(ids[i]);
+    const int next = step == steps_.end() ? 0 : step->second.next_layer;
+    if (next != layer) {
+      return absl::FailedPreconditionError(
+          layer == 0
+              ? absl::StrCat("sequence ", ids[i],
+                             ": layer 0 starts a new step, but its step ran "
+                             "only layers 0..",
+                             next - 1, " of ", n, "; run layer ", next, " next")
+              : absl::StrCat("sequence ", ids[i], ": layer ", layer, " out of order, its step ",
+                             next == 0 ? "has not started (layer 0 starts it)"
+                                       : absl::StrCat("runs layer ", next, " next")));
+    }
+    if (layer > 0 && step->second.rows != rows[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", ids[i], ": layer ", layer, " gets ", rows[i], " tokens, but its step has ",
+          step->second.rows, " (every layer of a step takes the same tokens)"));
+    }
+  }
+  if (layer == 0) {
+    // The pages every layer will allocate for the step, charged now: no later layer of the step
+    // can run out of them.
+    const std::vector<int64_t> pages = PagesNeeded(found, rows, 0);
+    int64_t bytes = 0;
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      const KvPoolUsage usage = layers_[k]->PoolUsage();
+      const int64_t free = usage.capacity_pages - usage.used_pages - reserved_pages_[k];
+      if (pages[k] > free) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "KV cache pool exhausted: this step needs ", pages[k], " more pages of ",
+            usage.page_size, " tokens in layer ", k, ", ", free, " of ", usage.capacity_pages,
+            " pages of that layer are free (reservations of steps in flight counted)"));
+      }
+      bytes += pages[k] * usage.page_bytes;
+    }
+    KvMemoryBudget* budget = kv_config_.budget.get();
+    if (budget != nullptr && bytes > 0) {
+      if (!budget->TryCharge(bytes)) {
+        const KvPoolUsage usage = layers_[0]->PoolUsage();
+        return KvBudgetExhaustedError(
+            *budget, bytes, bytes / usage.page_bytes, usage.page_size,
+            absl::StrCat("this step (", layers_.size(), " layers, charged at layer 0)"));
+      }
+      charged_ += bytes;
+    }
+    // Each sequence's own share, reserved per layer until that layer runs it.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Step step;
+      step.rows = rows[i];
+      step.reserved_pages =
+          PagesNeeded(absl::MakeConstSpan(&found[i], 1), absl::MakeConstSpan(&rows[i], 1), 0);
+      for (size_t k = 0; k < layers_.size(); ++k) reserved_pages_[k] += step.reserved_pages[k];
+      steps_[ids[i]] = std::move(step);
+    }
+  }
+  std::vector<SequenceId> layer_ids(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) layer_ids[i] = (*found[i])[static_cast<size_t>(layer)];
+  // The layer allocates its pages itself: its reservation ends as it runs.
+  for (SequenceId id : ids) {
+    Step& step = steps_[id];
+    reserved_pages_[static_cast<size_t>(layer)] -= step.reserved_pages[static_cast<size_t>(layer)];
+    step.reserved_pages[static_cast<size_t>(layer)] = 0;
+  }
+  absl::StatusOr<Tensor> out =
+      call(*layers_[static_cast<size_t>(layer)], absl::MakeConstSpan(layer_ids), hidden);
+  if (!out.ok()) {
+    if (layer > 0) {
+      const std::string reason =
+          absl::StrCat("layer ", layer, " failed after layers 0..", layer - 1,
+                       " had appended the step's tokens: ", out.status().message());
+      Drop(ids, reason);
+      Settle();
+      return absl::Status(out.status().code(),
+                          absl::StrCat(reason, " (the batch's ", ids.size(),
+                                       " sequence(s) were dropped from every layer)"));
+    }
+    for (SequenceId id : ids) EndStep(id);  // Layer 0 changed nothing: no step started.
+    Settle();
+    return out.status();
+  }
+  for (SequenceId id : ids) {
+    auto step = steps_.find(id);
+    if (++step->second.next_layer == n) EndStep(id);
+  }
+  Settle();
+  return out;
+}
+
+absl::StatusOr<Tensor> LayerStack::PrefillLayer(int layer, absl::Span<const PrefillChunk> chunks,
+                                                const Tensor& hidden,
+                                                absl::Span<const int64_t> positions) {
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> rows;
+  for (const PrefillChunk& chunk : chunks) {
+    ids.push_back(chunk.sequence);
+    rows.push_back(chunk.num_tokens);
+  }
+  std::vector<PrefillChunk> layer_chunks(chunks.begin(), chunks.end());
+  return RunLayer(
+      layer, ids, rows, hidden,
+      [&](AttentionLayer& target, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
+        for (size_t i = 0; i < layer_chunks.size(); ++i) {
+          layer_chunks[i].sequence = layer_ids[i];
+        }
+        return target.Prefill(layer_chunks, h, positions);
+      });
+}
+
+absl::StatusOr<Tensor> LayerStack::DecodeLayer(int layer, absl::Span<const SequenceId> sequences,
+                                               const Tensor& hidden,
+                                               absl::Span<const int64_t> positions) {
+  const std::vector<int64_t> rows(sequences.size(), 1);
+  return RunLayer(layer, sequences, rows, hidden,
+                  [&](AttentionLayer& target, absl::Span<const SequenceId> layer_ids,
+                      const Tensor& h) { return target.Decode(layer_ids, h, positions); });
 }
 
 KvPoolUsage LayerStack::PoolUsage() const {

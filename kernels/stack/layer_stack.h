@@ -17,6 +17,15 @@
 // in every layer, remembers them as dropped (later calls on them are NOT_FOUND saying why;
 // releasing one is OK), and returns the layer's error code with a message saying so.
 //
+// Per-layer (model) mode, StackMode::kPerLayer: the layers are not chained. PrefillLayer and
+// DecodeLayer run one layer k and return its attention output, so the caller runs whatever sits
+// between layers (norms, MLPs). A sequence's step is its calls on layers 0, 1, ..., n-1 in order
+// with the same rows: layer 0 starts it and charges the pages every layer will allocate for it
+// (held as a reservation per layer until that layer runs), so a step the budget or a pool cannot
+// hold is RESOURCE_EXHAUSTED at layer 0 with nothing changed. A call out of order is
+// FAILED_PRECONDITION naming the sequence and layers, nothing changed. A failure of layer k > 0
+// drops the batch's sequences as in residual mode. Prefill and Decode (all layers) are refused.
+//
 // Not implemented for stacks: ExportSequence/ImportSequence (UNIMPLEMENTED, named).
 // Threading: as AttentionLayer; kv_usage() may be read from any thread.
 #ifndef ATTNSERVE_KERNELS_STACK_LAYER_STACK_H_
@@ -68,6 +77,9 @@ class StackKvUsage {
   std::vector<LayerKindKv> kinds_ ABSL_GUARDED_BY(mu_);
 };
 
+// How a stack's layers are called: all in one call on the residual stream, or one per call.
+enum class StackMode { kResidual, kPerLayer };
+
 class LayerStack final : public AttentionLayer {
  public:
   // Builds layer i with backend.CreateLayer(specs[i], weights[i], kv_config) less its budget,
@@ -77,8 +89,11 @@ class LayerStack final : public AttentionLayer {
   static absl::StatusOr<std::unique_ptr<LayerStack>> Create(AttentionBackend& backend,
                                                             absl::Span<const LayerSpec> specs,
                                                             absl::Span<const LayerWeights> weights,
-                                                            const KvCacheConfig& kv_config);
+                                                            const KvCacheConfig& kv_config,
+                                                            StackMode mode = StackMode::kResidual);
   ~LayerStack() override;
+
+  StackMode mode() const { return mode_; }
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const AttentionLayer& layer(int i) const { return *layers_[static_cast<size_t>(i)]; }
@@ -102,6 +117,16 @@ class LayerStack final : public AttentionLayer {
   absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
                                 absl::Span<const int64_t> positions) override;
 
+  // Per-layer mode only (else FAILED_PRECONDITION): layer `layer` alone, as one step of the
+  // sequences (see the header). INVALID_ARGUMENT for a layer outside [0, num_layers()).
+  absl::StatusOr<Tensor> PrefillLayer(int layer, absl::Span<const PrefillChunk> chunks,
+                                      const Tensor& hidden, absl::Span<const int64_t> positions);
+  absl::StatusOr<Tensor> DecodeLayer(int layer, absl::Span<const SequenceId> sequences,
+                                     const Tensor& hidden, absl::Span<const int64_t> positions);
+  // Per-layer mode: the layer `sequence`'s step in flight runs next; 0 when none is in flight
+  // (or the sequence is unknown).
+  int NextLayer(SequenceId sequence) const;
+
   // Sums over the layers (one page size and page bytes for all).
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
@@ -109,7 +134,16 @@ class LayerStack final : public AttentionLayer {
   int64_t ParameterBytes() const override;
 
  private:
-  LayerStack(std::vector<std::unique_ptr<AttentionLayer>> layers, KvCacheConfig kv_config);
+  // A sequence's step in flight (per-layer mode): the layer it runs next, its rows, and the pages
+  // still reserved for each layer that has not run it yet.
+  struct Step {
+    int next_layer = 0;
+    int64_t rows = 0;
+    std::vector<int64_t> reserved_pages;  // Per layer.
+  };
+
+  LayerStack(std::vector<std::unique_ptr<AttentionLayer>> layers, KvCacheConfig kv_config,
+             StackMode mode);
 
   // The layers' ids of stack sequence `sequence`; NOT_FOUND (saying why, if it was dropped).
   absl::StatusOr<const std::vector<SequenceId>*> Find(SequenceId sequence) const;
@@ -118,13 +152,26 @@ class LayerStack final : public AttentionLayer {
   template <typename Call>
   absl::StatusOr<Tensor> Run(absl::Span<const SequenceId> ids, absl::Span<const int64_t> rows,
                              const Tensor& hidden, const Call& call);
+  // Per-layer mode: runs layer `layer` alone for `ids` (rows[i] each), checking the step order;
+  // `call(layer, layer_ids, hidden)` runs it.
+  template <typename Call>
+  absl::StatusOr<Tensor> RunLayer(int layer, absl::Span<const SequenceId> ids,
+                                  absl::Span<const int64_t> rows, const Tensor& hidden,
+                                  const Call& call);
+  // The pages each layer will allocate for `rows[i]` more tokens of `found[i]`: per layer, in all.
+  std::vector<int64_t> PagesNeeded(absl::Span<const std::vector<SequenceId>* const> found,
+                                   absl::Span<const int64_t> rows, size_t first_layer) const;
+  // Forgets the step in flight of `sequence` (if any) and its reserved pages.
+  void EndStep(SequenceId sequence);
   // Releases `ids` in every layer and marks them dropped with `reason`.
   void Drop(absl::Span<const SequenceId> ids, const std::string& reason);
   // Hands the budget back what the layers no longer hold, and refreshes kv_usage_.
   void Settle();
+  // Pages held by the layers, plus those reserved for steps in flight.
   int64_t UsedBytes() const;
 
   std::vector<std::unique_ptr<AttentionLayer>> layers_;
+  StackMode mode_;
   LayerSpec spec_;
   KvCacheConfig kv_config_;
   std::shared_ptr<StackKvUsage> kv_usage_ = std::make_shared<StackKvUsage>();
@@ -134,6 +181,8 @@ class LayerStack final : public AttentionLayer {
   int64_t charged_ = 0;
   absl::flat_hash_map<SequenceId, std::vector<SequenceId>> sequences_;  // Per layer, in order.
   absl::flat_hash_map<SequenceId, std::string> dropped_;                // Why each was dropped.
+  absl::flat_hash_map<SequenceId, Step> steps_;  // Per-layer mode: steps in flight.
+  std::vector<int64_t> reserved_pages_;          // Per layer: the sum over steps_.
   SequenceId next_id_ = 1;
 };
 

@@ -332,6 +332,9 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
                      : BuildStack(request, *stack, *backend_, *kv_config, limits_.checkpoint_root,
                                   cancelled, &stack_fingerprint, &stack_kv);
   if (!layer.ok()) return layer.status();
+  // A model session's calls name one of its layers (BuildStack made a per-layer LayerStack).
+  LayerStack* model =
+      request.stack().per_layer() ? static_cast<LayerStack*>(layer->get()) : nullptr;
   // Before the weights go: what an import into this session must match (ImportRequest).
   std::string fingerprint = LayerFingerprint(*spec, kv_config->storage, page_size, *weights);
   if (!stack->empty()) fingerprint = stack_fingerprint;
@@ -373,6 +376,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
     session->SetConfigureRequest(recreate.SerializeAsString());
   }
   if (stack_kv != nullptr) session->SetStack(stack_kv, static_cast<int>(stack->size()));
+  session->SetModel(model);
   if (absl::Status s = registry_->Add(session, owner, kept_parameter_bytes); !s.ok()) {
     return s;
   }
@@ -448,9 +452,14 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
     return;
   }
   std::string variant = VariantLabel((*session)->spec());
+  if (absl::Status s = (*session)->CheckLayer(request.layer()); !s.ok()) {
+    FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(s));
+    return;
+  }
   // The session's scheduler runs it in its turn (ordered against decode steps of the same
   // requests, see SessionScheduler::SubmitForward); `done` answers the call.
   auto forward = std::make_unique<ForwardCall>();
+  forward->layer = request.layer();
   for (const v1::ForwardItem& item : request.items()) {
     forward->request_ids.push_back(item.request_id());
   }
@@ -496,12 +505,14 @@ absl::StatusOr<std::unique_ptr<DecodeCall>> DecodeCallFromProto(const v1::Decode
   if (absl::Status s = CheckIdLength(request.call_id(), "call_id", kMaxCallIdBytes); !s.ok()) {
     return s;
   }
+  if (absl::Status s = session.CheckLayer(request.layer()); !s.ok()) return s;
   absl::StatusOr<std::vector<StepInput>> inputs = DecodeInputsFromProto(request, session.spec());
   if (!inputs.ok()) return inputs.status();
   if (absl::Status s = CheckResponseFits(*inputs, max_message_bytes); !s.ok()) return s;
   auto call = std::make_unique<DecodeCall>();
   call->inputs = *std::move(inputs);
   call->call_id = request.call_id();
+  call->layer = request.layer();
   return call;
 }
 

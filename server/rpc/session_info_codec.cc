@@ -37,6 +37,7 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
   info->set_idle_ns(absl::ToInt64Nanoseconds(snapshot.idle));
   info->set_fingerprint(snapshot.fingerprint);
   info->set_num_layers(snapshot.num_layers);
+  info->set_per_layer(snapshot.per_layer);
   for (const LayerKindKv& kind : snapshot.kv_by_layer_kind) {
     v1::LayerKindKv* out = info->add_kv_by_layer_kind();
     out->set_kind(kind.kind);
@@ -49,6 +50,7 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
     r->set_sequence_length(request.sequence_length);
     r->set_kv_bytes(request.kv_bytes);
     r->set_idle_ns(absl::ToInt64Nanoseconds(request.idle));
+    r->set_next_layer(request.next_layer);
   }
 }
 

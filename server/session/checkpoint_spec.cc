@@ -147,4 +147,25 @@ absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& reque
   return stated;
 }
 
+absl::StatusOr<int> CheckpointNumLayers(const v1::ConfigureRequest& request,
+                                        const std::string& checkpoint_root) {
+  absl::StatusOr<std::string> resolved =
+      ResolveCheckpointPath(request.weights().checkpoint(), checkpoint_root);
+  if (!resolved.ok()) return resolved.status();
+  absl::StatusOr<std::optional<std::string>> config =
+      ReadCheckpointConfig(request.weights(), *resolved, checkpoint_root);
+  if (!config.ok()) return config.status();
+  if (!config->has_value()) {
+    return absl::InvalidArgumentError(
+        "stack.num_layers: 0 means every layer of the checkpoint, which needs its config.json "
+        "(num_hidden_layers); give stack.num_layers");
+  }
+  absl::StatusOr<int> layers = NumHiddenLayersFromHfConfig(**config);
+  if (!layers.ok()) {
+    return absl::Status(layers.status().code(),
+                        absl::StrCat("weights.checkpoint: ", layers.status().message()));
+  }
+  return *layers;
+}
+
 }  // namespace attnserve::server

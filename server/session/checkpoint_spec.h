@@ -38,6 +38,11 @@ inline constexpr char kSpecMetadataKey[] = "attnserve_spec";
 absl::StatusOr<LayerSpec> ResolveConfigureSpec(const v1::ConfigureRequest& request,
                                                const std::string& checkpoint_root);
 
+// The number of layers the checkpoint's config.json gives (num_hidden_layers), for a stack of
+// all layers from weights.checkpoint.layer_index on. INVALID_ARGUMENT without a config.json.
+absl::StatusOr<int> CheckpointNumLayers(const v1::ConfigureRequest& request,
+                                        const std::string& checkpoint_root);
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_SESSION_CHECKPOINT_SPEC_H_

@@ -186,6 +186,7 @@ SessionScheduler::Selection SessionScheduler::SelectLocked(uint64_t before,
   absl::flat_hash_set<std::string> held;  // Requests with an earlier step not in this batch.
   bool have_dtype = false;
   DType dtype = DType::kF32;
+  int layer = 0;  // Model sessions: one engine call runs one layer.
   for (size_t i = 0; i < pending_.size(); ++i) {
     Pending& p = pending_[i];
     if (p.ticket >= before) break;
@@ -195,7 +196,7 @@ SessionScheduler::Selection SessionScheduler::SelectLocked(uint64_t before,
       continue;
     }
     const std::vector<StepInput>& inputs = p.call->inputs;
-    bool blocked = have_dtype && inputs[0].hidden.dtype() != dtype;
+    bool blocked = have_dtype && (inputs[0].hidden.dtype() != dtype || p.call->layer != layer);
     for (const StepInput& in : inputs) {
       blocked = blocked || in_batch.contains(in.request_id) || held.contains(in.request_id) ||
                 BlockedByOpLocked(in.request_id, p.ticket);
@@ -217,6 +218,7 @@ SessionScheduler::Selection SessionScheduler::SelectLocked(uint64_t before,
     if (s.taken.empty()) {
       s.oldest = p.call->arrival;
       dtype = inputs[0].hidden.dtype();
+      layer = p.call->layer;
       have_dtype = true;
     }
     s.oldest = std::min(s.oldest, p.call->arrival);
@@ -355,7 +357,7 @@ void SessionScheduler::Execute(std::vector<std::unique_ptr<DecodeCall>> calls) {
     }
     absl::StatusOr<StepPlan> plan = OutOfMemoryError("this Decode call");
     try {
-      plan = session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id);
+      plan = session_->Plan(std::move(call->inputs), /*decode=*/true, call->call_id, call->layer);
     } catch (const std::bad_alloc&) {
     }
     if (!plan.ok()) {
@@ -507,7 +509,7 @@ bool SessionScheduler::ComputeForwardTurn(ForwardRun& forward) {
     for (const StepInput& in : *inputs) stats.tokens += in.hidden.dim(0);
     forward.timing.batch_size = static_cast<int>(stats.size);
     absl::StatusOr<StepPlan> plan =
-        session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id);
+        session_->Plan(*std::move(inputs), /*decode=*/false, call.call_id, call.layer);
     if (!plan.ok()) {
       forward.Answer(plan.status());
       return true;

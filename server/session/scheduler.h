@@ -3,8 +3,9 @@
 //
 // Every decode step of a session, whatever call or stream it came from, waits in one list here.
 // A batch (one engine Decode call) takes waiting calls in arrival order, at most one step per
-// request (a request's next step waits for the next batch, so its order is kept) and a multi-item
-// Decode call whole (it stays all-or-nothing). A batch launches on the session's SerialQueue when
+// request (a request's next step waits for the next batch, so its order is kept), a multi-item
+// Decode call whole (it stays all-or-nothing), and in a model session only calls on one layer.
+// A batch launches on the session's SerialQueue when
 //   - it is full: max_batch_size steps, or max_batch_tokens context tokens; or
 //   - no stream is still coming back: every request a decode batch answered since the last launch
 //     has its next step waiting (a lone client never waits); or
@@ -84,6 +85,7 @@ struct StepTiming {
 struct DecodeCall {
   std::vector<StepInput> inputs;  // Validated by the codec.
   std::string call_id;            // Idempotency key (DecodeRequest.call_id); empty = none.
+  int layer = 0;  // Model sessions: the layer it runs; a batch holds calls on one layer only.
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked before the call joins a batch.
   // Called exactly once, on an executor thread: the outputs in item order, or the call's error.
@@ -96,6 +98,7 @@ struct ForwardCall {
   // The requests it appends to: decode steps on them that arrive later wait until it finished.
   std::vector<std::string> request_ids;
   std::string call_id;  // Idempotency key (ForwardRequest.call_id); empty = none.
+  int layer = 0;        // Model sessions: the layer it runs.
   SchedulerClock::time_point arrival = SchedulerClock::now();
   std::function<bool()> is_cancelled;  // Optional; checked when its turn comes.
   // Called once, on the session's queue, when its turn comes: the call's inputs, validated, or its

@@ -117,13 +117,77 @@ absl::StatusOr<bool> Session::FillReplayLocked(const std::string& call_id, StepP
   return true;
 }
 
+absl::Status Session::CheckLayer(int layer) const {
+  if (per_layer_) {
+    if (layer < 0 || layer >= num_layers_) {
+      return absl::InvalidArgumentError(absl::StrCat("layer = ", layer,
+                                                     ": out of range, model session '", id_,
+                                                     "' holds layers [0, ", num_layers_, ")"));
+    }
+    return absl::OkStatus();
+  }
+  if (layer != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer = ", layer, ": session '", id_,
+        "' is not a model session (only sessions configured with stack.per_layer take a layer "
+        "index; leave it 0)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepPlan> Session::ContinueStepLocked(std::vector<StepInput> inputs, StepPlan plan) {
+  const int layer = plan.layer;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    StepInput& in = inputs[i];
+    const std::string where = absl::StrCat("items[", i, "]: layer ", layer, " of request '",
+                                           ClipForMessage(in.request_id), "'");
+    auto it = requests_.find(in.request_id);
+    if (it == requests_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": the request is not in model session '", id_,
+                       "' (a step starts at layer 0, which creates a new request)"));
+    }
+    const RequestState& state = it->second;
+    if (state.step_layer != layer) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, " out of order: ",
+          state.step_layer == 0 ? "no step is in flight (layer 0 starts one)"
+                                : absl::StrCat("its step ran layers 0..", state.step_layer - 1,
+                                               " and runs layer ", state.step_layer, " next")));
+    }
+    const int64_t rows = in.hidden.dim(0);
+    if (rows != static_cast<int64_t>(state.step_positions.size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": ", rows, " tokens, but its step (started at layer 0) has ",
+          state.step_positions.size(), "; every layer of a step takes the same tokens"));
+    }
+    if (!in.positions.empty() && in.positions != state.step_positions) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": positions differ from its step's (from ", state.step_positions.front(),
+          " as layer 0 took them); give the same positions, or none"));
+    }
+    in.positions = state.step_positions;
+    plan.requests[i].sequence = state.sequence;
+    plan.requests[i].length = state.length;
+    if (i > 0 && in.hidden.dtype() != inputs[0].hidden.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "].hidden: dtype ", DTypeName(in.hidden.dtype()), " differs from items[0] (",
+          DTypeName(inputs[0].hidden.dtype()), "); one call takes one dtype"));
+    }
+  }
+  plan.inputs = std::move(inputs);
+  return plan;
+}
+
 absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
-                                       const std::string& call_id) {
+                                       const std::string& call_id, int layer) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(inputs.size())); !s.ok()) return s;
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
+  if (absl::Status s = CheckLayer(layer); !s.ok()) return s;
   StepPlan plan;
   plan.decode = decode;
+  plan.layer = layer;
   plan.call_id = call_id;
   plan.requests.resize(inputs.size());
   absl::MutexLock lock(&mu_);
@@ -134,12 +198,15 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
     // stale against the request's state, would fail.
     plan.inputs = std::move(inputs);
     plan.input_digest = CallInputDigest(plan.inputs, decode);
+    // A model session's call_id names a call on one layer: a retry must name the same layer.
+    if (per_layer_) absl::StrAppend(&plan.input_digest, "/layer ", layer);
     absl::StatusOr<bool> replay = FillReplayLocked(call_id, plan);
     if (!replay.ok()) return replay.status();
     if (*replay) return plan;
     inputs = std::move(plan.inputs);
     plan.inputs.clear();
   }
+  if (per_layer_ && layer > 0) return ContinueStepLocked(std::move(inputs), std::move(plan));
   int new_requests = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
@@ -159,6 +226,13 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
       plan.requests[i].sequence = it->second.sequence;
       length = it->second.length;
       last_position = it->second.last_position;
+      if (it->second.step_layer != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("items[", i, "]: layer 0 of request '", ClipForMessage(in.request_id),
+                         "' starts a new step, but its step in flight ran only layers 0..",
+                         it->second.step_layer - 1, " of ", num_layers_, "; run layer ",
+                         it->second.step_layer, " next (or Release the request)"));
+      }
     }
     plan.requests[i].length = length;
     if (!in.positions.empty()) {
@@ -279,6 +353,12 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     state.sequence = plan.requests[i].sequence;
     state.length = lengths[i];
     state.last_position = plan.inputs[i].positions.back();
+    if (per_layer_) {
+      // The step advances one layer; layer 0 started it (the length and positions moved then).
+      state.step_layer = plan.layer + 1 < num_layers_ ? plan.layer + 1 : 0;
+      if (plan.layer == 0) state.step_positions = plan.inputs[i].positions;
+      if (state.step_layer == 0) state.step_positions.clear();
+    }
     state.kv_bytes = kv_bytes[i];
     state.last_used = now;
     StepOutput& r = results[i];
@@ -307,7 +387,14 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (plans.empty()) return absl::OkStatus();
   int64_t total_rows = 0;
-  for (StepPlan* plan : plans) total_rows += static_cast<int64_t>(plan->inputs.size());
+  for (StepPlan* plan : plans) {
+    total_rows += static_cast<int64_t>(plan->inputs.size());
+    // One engine call runs one layer; the scheduler batches only calls on one layer together.
+    if (plan->layer != plans[0]->layer) {
+      return absl::InternalError(
+          absl::StrCat("a decode batch mixes layers ", plans[0]->layer, " and ", plan->layer));
+    }
+  }
   // One engine call takes one dtype; the scheduler batches only calls of one dtype together.
   Tensor hidden(plans[0]->inputs[0].hidden.dtype(), {total_rows, spec_.d_model});
   std::vector<int64_t> positions;
@@ -333,7 +420,8 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<Tensor> out = absl::UnknownError("not run");
   try {
-    out = layer_->Decode(ids, hidden, positions);
+    out = model_ != nullptr ? model_->DecodeLayer(plans[0]->layer, ids, hidden, positions)
+                            : layer_->Decode(ids, hidden, positions);
   } catch (const std::bad_alloc&) {
     out = OutOfMemoryError("this Decode batch");
   }
@@ -362,7 +450,9 @@ absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefill(StepPlan plan,
   if (absl::Status s = GatherRows(plan, &run->hidden_, &run->positions_); !s.ok()) {
     return s;
   }
-  if (chunk_tokens <= 0 || !spec_.causal) chunk_tokens = run->total_rows_;
+  // A model session's step runs each layer on all its rows in one call (chunks of layer 0 would
+  // each start a step), so its Forward is never chunked.
+  if (chunk_tokens <= 0 || !spec_.causal || model_ != nullptr) chunk_tokens = run->total_rows_;
   run->chunk_tokens_ = chunk_tokens;
   // Allocated before anything changes (see RunDecode).
   run->out_ = Tensor(run->hidden_.dtype(), {run->total_rows_, spec_.d_model});
@@ -510,7 +600,8 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
     }
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
-    chunk_out = layer_->Prefill(pieces, rows, chunk_positions);
+    chunk_out = model_ != nullptr ? model_->PrefillLayer(plan.layer, pieces, rows, chunk_positions)
+                                  : layer_->Prefill(pieces, rows, chunk_positions);
   } catch (const std::bad_alloc&) {
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");
@@ -567,6 +658,12 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
     absl::StatusOr<RequestState*> found = UseRequestLocked(source);
     if (!found.ok()) return found.status();
     original = **found;
+    if (original.step_layer != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("request_id: request '", ClipForMessage(source),
+                       "' is in mid-step (layers 0..", original.step_layer - 1, " of ", num_layers_,
+                       " ran it); fork it after layer ", num_layers_ - 1, " of the step"));
+    }
     absl::flat_hash_set<std::string> seen;
     for (size_t i = 0; i < new_ids.size(); ++i) {
       const std::string field = absl::StrCat("new_request_ids[", i, "]");
@@ -638,6 +735,7 @@ int64_t Session::Close() {
     for (auto& [request_id, state] : requests_) DropRetained(state);
     requests_.clear();
   }
+  model_ = nullptr;
   layer_.reset();  // Credits every page still held back to the pool.
   parameters_ = ParameterCharge();
   kv_bytes_used_.store(0, std::memory_order_relaxed);
@@ -683,12 +781,14 @@ SessionSnapshot Session::Snapshot(absl::Time now, bool with_requests) const {
   snapshot.batching = scheduler_->counters();
   snapshot.fingerprint = fingerprint_;
   snapshot.num_layers = num_layers_;
+  snapshot.per_layer = per_layer_;
   if (stack_kv_ != nullptr) snapshot.kv_by_layer_kind = stack_kv_->Get();
   absl::MutexLock lock(&mu_);
   snapshot.idle = now - last_used_;
   if (!with_requests) return snapshot;
   for (const auto& [request_id, state] : requests_) {
-    snapshot.requests.push_back({request_id, state.length, state.kv_bytes, now - state.last_used});
+    snapshot.requests.push_back(
+        {request_id, state.length, state.kv_bytes, now - state.last_used, state.step_layer});
   }
   std::sort(snapshot.requests.begin(), snapshot.requests.end(),
             [](const RequestSnapshot& a, const RequestSnapshot& b) {

@@ -76,6 +76,7 @@ struct RequestSnapshot {
   int64_t sequence_length = 0;  // Tokens cached.
   int64_t kv_bytes = 0;         // What its pages hold, as the layer reported.
   absl::Duration idle;
+  int next_layer = 0;  // Model sessions: the layer its step in flight runs next (0: none).
 };
 struct SessionSnapshot {
   std::string id;
@@ -91,6 +92,7 @@ struct SessionSnapshot {
   std::vector<RequestSnapshot> requests;  // By request id; empty unless asked for.
   std::string fingerprint;                // server/session/layer_fingerprint.h; empty if never set.
   int num_layers = 1;                      // A hybrid stack's layers (kernels/stack/layer_stack.h).
+  bool per_layer = false;                  // A model session: one layer per call.
   std::vector<LayerKindKv> kv_by_layer_kind;  // A stack's KV by layer kind; empty for one layer.
 };
 
@@ -135,6 +137,8 @@ struct StepPlan {
     int64_t length = 0;  // Tokens cached before this step.
   };
   bool decode = false;
+  // Model sessions: the layer this call runs (0 for other sessions).
+  int layer = 0;
   // Each input's positions are resolved: one per token (given, or continuing from the length).
   std::vector<StepInput> inputs;
   std::vector<Request> requests;  // One per input.
@@ -220,8 +224,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // A non-empty `call_id` that was the last call applied to every input's request makes a replay
   // plan (see StepPlan::replay) when the inputs are that call's; other inputs under that call_id
   // are INVALID_ARGUMENT, and a call_id applied to some of the requests is FAILED_PRECONDITION.
+  // Model sessions (SetModel): the call runs `layer`; layer 0 starts each input's step (with the
+  // checks above), a layer k > 0 continues it and must be the layer its step runs next, with the
+  // step's token count and positions (FAILED_PRECONDITION naming request and layers otherwise).
   absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode,
-                                const std::string& call_id = "");
+                                const std::string& call_id = "", int layer = 0);
+  // Any thread: INVALID_ARGUMENT unless `layer` is one this session takes (0 unless it is a model
+  // session; [0, num_layers) for one).
+  absl::Status CheckLayer(int layer) const;
 
   // One engine Decode call for several decode plans whose requests are all distinct (continuous
   // batching). All-or-nothing over every plan: on error no request changes. On success
@@ -314,6 +324,15 @@ class Session : public std::enable_shared_from_this<Session> {
     num_layers_ = num_layers;
   }
   const std::shared_ptr<const StackKvUsage>& stack_kv() const { return stack_kv_; }
+  // A model session (StackSpec.per_layer): `model` is the session's own layer, a LayerStack in
+  // StackMode::kPerLayer; each call runs one of its layers. Set once by Configure with SetStack,
+  // before the session is shared.
+  void SetModel(LayerStack* model) {
+    model_ = model;
+    per_layer_ = model != nullptr;
+  }
+  bool per_layer() const { return per_layer_; }
+  int num_layers() const { return num_layers_; }
   int num_requests() const;
   // The drain's cut (server/session/drain_seal.h): once sealed, Plan, Fork, ImportRequest,
   // ReleaseRequest, ExportRequest with release and RunPrefillChunk refuse UNAVAILABLE and
@@ -330,6 +349,10 @@ class Session : public std::enable_shared_from_this<Session> {
     int64_t last_position = -1;  // RoPE position of the last cached token.
     int64_t kv_bytes = 0;        // Its pages' bytes, as the layer reported after its last call.
     absl::Time last_used;
+    // Model sessions: the step in flight, started by a layer-0 call: the layer it runs next (0:
+    // none in flight) and its positions, which every later layer of the step takes.
+    int step_layer = 0;
+    std::vector<int64_t> step_positions;
     // The call_id of the last call applied to this request and its output for this request,
     // retained so that a retry of that call is answered without appending twice. Empty (and no
     // output held) when the last call carried no call_id. last_input_digest is that call's
@@ -348,6 +371,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // request of plan.inputs (true); false when to none of them; FAILED_PRECONDITION when to some;
   // INVALID_ARGUMENT when to all of them but with other inputs (plan.input_digest).
   absl::StatusOr<bool> FillReplayLocked(const std::string& call_id, StepPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plan for a model session's call on a layer k > 0: each input continues its request's step.
+  absl::StatusOr<StepPlan> ContinueStepLocked(std::vector<StepInput> inputs, StepPlan plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the session used and finds `request_id` for Fork, ExportRequest and ReleaseRequest:
   // NOT_FOUND naming it (clipped) and the session when it is not there.
@@ -384,6 +410,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::atomic<bool> adopted_{false};
   std::shared_ptr<const StackKvUsage> stack_kv_;
   int num_layers_ = 1;
+  LayerStack* model_ = nullptr;  // layer_, when it is a model session's; null otherwise. Queue.
+  bool per_layer_ = false;       // model_ was set (read from any thread).
   std::shared_ptr<SerialQueue> queue_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
   ParameterCharge parameters_;             // Returned by Close, with the layer.

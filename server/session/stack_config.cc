@@ -79,7 +79,19 @@ absl::StatusOr<std::vector<LayerSpec>> ResolveStackSpecs(const v1::ConfigureRequ
                                                    " but stack.layers has ", stack.layers_size(),
                                                    " layers (0 = as many as stack.layers)"));
   }
-  const int count = stack.layers_size() > 0 ? stack.layers_size() : stack.num_layers();
+  int count = stack.layers_size() > 0 ? stack.layers_size() : stack.num_layers();
+  if (count == 0 && stack.per_layer() && request.weights().has_checkpoint()) {
+    // A model session of every layer from layer_index on.
+    absl::StatusOr<int> layers = CheckpointNumLayers(request, checkpoint_root);
+    if (!layers.ok()) return layers.status();
+    count = *layers - request.weights().checkpoint().layer_index();
+    if (count < 1 || count > kMaxStackLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stack.num_layers = 0 (every layer from weights.checkpoint.layer_index = ",
+                       request.weights().checkpoint().layer_index(), " of ", *layers, "): ", count,
+                       " layers, must be in [1, ", kMaxStackLayers, "]"));
+    }
+  }
   if (count == 0) {
     return absl::InvalidArgumentError(
         "stack: needs stack.layers, or stack.num_layers with a checkpoint whose config.json "
@@ -146,7 +158,10 @@ absl::StatusOr<std::unique_ptr<AttentionLayer>> BuildStack(
     const std::function<bool()>& cancelled, std::string* fingerprint,
     std::shared_ptr<StackKvUsage>* kv_usage) {
   std::vector<LayerWeights> weights;
-  std::string fingerprints = "attnserve stack";
+  // The mode is part of what the session computes (a model session's calls run one layer).
+  const StackMode mode = request.stack().per_layer() ? StackMode::kPerLayer : StackMode::kResidual;
+  std::string fingerprints =
+      mode == StackMode::kPerLayer ? "attnserve model session" : "attnserve stack";
   for (size_t i = 0; i < stack.size(); ++i) {
     if (cancelled()) {
       return absl::CancelledError("Configure cancelled or past its deadline; nothing was kept");
@@ -169,7 +184,7 @@ absl::StatusOr<std::unique_ptr<AttentionLayer>> BuildStack(
     weights.push_back(*std::move(layer_weights));
   }
   absl::StatusOr<std::unique_ptr<LayerStack>> built =
-      LayerStack::Create(backend, stack, weights, kv_config);
+      LayerStack::Create(backend, stack, weights, kv_config, mode);
   if (!built.ok()) return built.status();
   *fingerprint = Sha256(fingerprints);
   *kv_usage = (*built)->kv_usage();

@@ -3,7 +3,8 @@
 // sliding-window layer's KV stays within its window while a global layer's grows with the context;
 // forks decode as their source; a batch the budget cannot hold is refused with nothing changed, and
 // a failure in a layer above the first drops the batch's sequences from every layer without leaking
-// a page.
+// a page; in per-layer (model) mode each call runs one layer, in step order, the step's pages of
+// every layer charged at layer 0.
 #include "kernels/stack/layer_stack.h"
 
 #include <cstring>
@@ -244,6 +245,102 @@ TEST(LayerStackTest, FailureAboveTheFirstLayerDropsTheBatchWithoutLeaking) {
   EXPECT_EQ(length.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(length.status().message(), HasSubstr("was dropped"));
   EXPECT_TRUE((*stack)->ReleaseSequence(id).ok());
+}
+
+// Per-layer (model) mode: each call runs one layer, which computes what that layer alone does;
+// layer 0 charges the step's pages of every layer, the charge equals the pages held once a step
+// is over (window layers' evictions handed back), calls out of order change nothing, and a
+// release in mid-step gives back the pages and what was still reserved.
+TEST(LayerStackTest, PerLayerModeRunsOneLayerPerCallInStepOrder) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  const std::vector<LayerWeights> weights = WeightsFor(specs);
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
+  ASSERT_TRUE(stack.ok()) << stack.status();
+  std::vector<std::unique_ptr<AttentionLayer>> by_hand;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        (*backend)->CreateLayer(specs[k], weights[k], Pool(256));
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    by_hand.push_back(*std::move(layer));
+  }
+  const int64_t page_bytes = (*stack)->PoolUsage().page_bytes;
+  std::mt19937_64 rng(17);
+  const int d = specs[0].d_model;
+  const SequenceId id = (*stack)->CreateSequence();
+  std::vector<SequenceId> hand_ids;
+  for (auto& layer : by_hand) hand_ids.push_back(layer->CreateSequence());
+
+  // The whole-stack calls belong to residual mode.
+  const PrefillChunk chunk{id, 37};
+  const Tensor prompt = ToTensor(RandomHidden(37, d, rng), {37, d}, DType::kF32);
+  EXPECT_EQ((*stack)->Prefill({&chunk, 1}, prompt, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (int k = 0; k < 3; ++k) {
+    absl::StatusOr<Tensor> out = (*stack)->PrefillLayer(k, {&chunk, 1}, prompt, {});
+    ASSERT_TRUE(out.ok()) << "layer " << k << ": " << out.status();
+    const PrefillChunk hand{hand_ids[k], 37};
+    absl::StatusOr<Tensor> expected = by_hand[k]->Prefill({&hand, 1}, prompt, {});
+    ASSERT_TRUE(expected.ok());
+    EXPECT_TRUE(SameBits(*out, *expected)) << "layer " << k;
+    if (k == 0) {
+      // 3 pages in each of 3 layers charged now; layer 0 (window 20) already evicted its first
+      // page and handed it back, layers 1 and 2 hold none yet (their 3 + 3 are reserved).
+      EXPECT_EQ(budget->used_bytes(), (2 + 3 + 3) * page_bytes);
+      EXPECT_EQ((*stack)->PoolUsage().used_pages, 2);
+      EXPECT_EQ((*stack)->NextLayer(id), 1);
+    }
+  }
+  EXPECT_EQ((*stack)->NextLayer(id), 0);
+  for (int step = 0; step < 12; ++step) {
+    const Tensor hidden = ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32);
+    const std::vector<int64_t> position = {37 + step};
+    for (int k = 0; k < 3; ++k) {
+      absl::StatusOr<Tensor> out = (*stack)->DecodeLayer(k, {&id, 1}, hidden, position);
+      ASSERT_TRUE(out.ok()) << "step " << step << " layer " << k << ": " << out.status();
+      absl::StatusOr<Tensor> expected = by_hand[k]->Decode({&hand_ids[k], 1}, hidden, position);
+      ASSERT_TRUE(expected.ok());
+      EXPECT_TRUE(SameBits(*out, *expected)) << "step " << step << " layer " << k;
+    }
+    // Between steps the charge is exactly the pages held (window evictions handed back).
+    EXPECT_EQ(budget->used_bytes(), (*stack)->PoolUsage().used_pages * page_bytes);
+  }
+
+  // Out of order, with nothing changed: layer 1 with no step, then in mid-step a new step, a
+  // skipped layer, another row count; and a layer out of range.
+  const Tensor one = ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32);
+  const std::vector<int64_t> next = {49};
+  absl::Status s = (*stack)->DecodeLayer(1, {&id, 1}, one, next).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("layer 1 out of order"));
+  ASSERT_TRUE((*stack)->DecodeLayer(0, {&id, 1}, one, next).ok());
+  const int64_t charged = budget->used_bytes();
+  const int64_t held = (*stack)->PoolUsage().used_pages;
+  const std::vector<int64_t> after_next = {50};
+  s = (*stack)->DecodeLayer(0, {&id, 1}, one, after_next).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("run layer 1 next"));
+  s = (*stack)->DecodeLayer(2, {&id, 1}, one, next).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  const PrefillChunk two{id, 2};
+  const std::vector<int64_t> two_positions = {49, 50};
+  s = (*stack)
+          ->PrefillLayer(1, {&two, 1}, ToTensor(RandomHidden(2, d, rng), {2, d}, DType::kF32),
+                         two_positions)
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ((*stack)->DecodeLayer(3, {&id, 1}, one, next).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(budget->used_bytes(), charged);
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, held);
+  EXPECT_EQ((*stack)->NextLayer(id), 1);
+  // Released in mid-step: every page and the reservation go back.
+  ASSERT_TRUE((*stack)->ReleaseSequence(id).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, 0);
 }
 
 TEST(LayerStackTest, RefusesMismatchedLayersByName) {

@@ -13,7 +13,9 @@ For every model: each prompt alone, all prompts in one batch, and continuous bat
 max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
 generate() on each prompt alone. With --server2 (a second server with the same checkpoint root),
 a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
-ImportRequest of every layer's requests) and must continue identically.
+ImportRequest of every layer's requests) and must continue identically. The checks serve the
+model from one model session (serve_attention's default), the move from one session per layer
+(one_session=False: model sessions do not export requests yet).
 
 --models_dir is the directory the servers were started with as --checkpoint_root; sessions name
 their checkpoint relative to it. Prints one line per check and "remote_generate_test: PASS".
@@ -83,6 +85,12 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
     print(f"{name}: reference generate() {sum(map(len, want))} tokens in {ref_s:.1f} s "
           f"(smallest top-1/top-2 logit margin {margin:.3g})", flush=True)
     with serve_attention(model, client, checkpoint) as remote:
+        info = client.get_session(remote.sessions[0])
+        layers = model.config.num_hidden_layers
+        if len(remote.sessions) != 1 or not info.per_layer or info.num_layers != layers:
+            failures.append(f"{name}: expected one model session of {layers} layers, got "
+                            f"{len(remote.sessions)} session(s), per_layer={info.per_layer}, "
+                            f"num_layers={info.num_layers}")
         stats = GenerateStats()
         check(f"{name} alone", [remote.generate([p], new_tokens, stats=stats)[0]
                                 for p in prompts], want)
@@ -92,7 +100,8 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
               remote.generate(prompts, new_tokens, max_batch=2, stats=stats), want)
         print(f"{name}: remote {stats.new_tokens} tokens in {stats.seconds:.1f} s "
               f"({stats.rpc_seconds:.1f} s in attnserve calls)", flush=True)
-        if client2 is not None:
+    if client2 is not None:
+        with serve_attention(model, client, checkpoint, one_session=False) as remote:
             moved = []
 
             def move(remote_model, step):

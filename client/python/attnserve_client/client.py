@@ -327,6 +327,7 @@ class RequestInfo:
     sequence_length: int
     kv_bytes: int
     idle_ns: int
+    next_layer: int = 0  # model sessions: the layer its step in flight runs next (0: none)
 
 
 @dataclass
@@ -363,6 +364,7 @@ class SessionInfo:
     fingerprint: bytes
     kv_by_layer_kind: List[LayerKindKv]
     num_layers: int
+    per_layer: bool = False  # a model session: each call runs one layer
 
     @classmethod
     def from_proto(cls, info: pb.SessionInfo) -> "SessionInfo":
@@ -378,7 +380,7 @@ class SessionInfo:
             requests=[_scalars(RequestInfo, r) for r in info.requests], idle_ns=info.idle_ns,
             batching=_scalars(BatchingStats, info.batching), fingerprint=info.fingerprint,
             kv_by_layer_kind=[_scalars(LayerKindKv, k) for k in info.kv_by_layer_kind],
-            num_layers=info.num_layers)
+            num_layers=info.num_layers, per_layer=info.per_layer)
 
 
 @dataclass
@@ -617,7 +619,7 @@ class AttnServeClient:
                   page_size: int = 0, max_requests: int = 0, max_sequence_length: int = 0,
                   label: str = "", kv_quant: str = "none",
                   stack: Optional[Sequence[Union[LayerSpec, Mapping[str, Any]]]] = None,
-                  num_layers: int = 0) -> ConfigureResult:
+                  num_layers: int = 0, per_layer: bool = False) -> ConfigureResult:
         """Creates a session. Weights: `seed`, or `checkpoint` (a safetensors file or directory on
         the server's side) with `layer`, or `weights` (Hugging Face names without the
         "model.layers.N.self_attn." prefix -> arrays). Default: seed 0. `kv_quant` "fp8" or
@@ -626,14 +628,17 @@ class AttnServeClient:
         holds in its __metadata__, as attnctl convert writes); the result's `spec` is the layer
         the server configured. A hybrid stack (docs/hybrid_stacks.md):
         `stack`, its layer specs bottom first (with spec None), or `num_layers` layers from a
-        checkpoint's config.json (with spec None); get_session reports its KV by layer kind."""
+        checkpoint's config.json (with spec None); get_session reports its KV by layer kind.
+        `per_layer=True` makes it a model session (docs/remote_model.md): each forward/decode
+        names one layer (`layer=`), in order 0..n-1 per step; with a checkpoint and neither
+        `stack` nor `num_layers`, every layer from `layer` on."""
         if spec is not None and not isinstance(spec, LayerSpec):
             spec = LayerSpec.from_dict(spec)
         stack_spec = None
-        if stack is not None or num_layers:
+        if stack is not None or num_layers or per_layer:
             if spec is not None:
-                raise ValueError("give spec or stack=/num_layers=, not both")
-            stack_spec = pb.StackSpec(num_layers=num_layers, layers=[
+                raise ValueError("give spec or stack=/num_layers=/per_layer=, not both")
+            stack_spec = pb.StackSpec(num_layers=num_layers, per_layer=per_layer, layers=[
                 (s if isinstance(s, LayerSpec) else LayerSpec.from_dict(s)).to_proto()
                 for s in (stack or [])])
         if sum(x is not None for x in (seed, checkpoint, weights)) > 1:
@@ -748,13 +753,13 @@ class AttnServeClient:
     def forward(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
                 positions: Optional[Mapping[str, Sequence[int]]] = None,
                 dtype: Optional[str] = None, call_id: str = "",
-                retries: int = 0) -> StepResult:
+                retries: int = 0, layer: int = 0) -> StepResult:
         """Prefill: `inputs` maps request ids to [num_tokens, d_model] hidden states (requests are
         created on first use, extended afterwards). Outputs have the inputs' shape and dtype.
         `call_id` (or `retries` > 0, which draws one) makes the call safe to repeat: see
-        docs/api.md, "Retrying safely"."""
+        docs/api.md, "Retrying safely". `layer`: the layer of a model session this call runs."""
         positions = positions or {}
-        request = pb.ForwardRequest(session_id=session_id, call_id=call_id, items=[
+        request = pb.ForwardRequest(session_id=session_id, call_id=call_id, layer=layer, items=[
             pb.ForwardItem(request_id=rid, hidden=numpy_to_tensor(np.atleast_2d(x), dtype),
                            positions=list(positions.get(rid, ())))
             for rid, x in inputs.items()])
@@ -764,7 +769,8 @@ class AttnServeClient:
 
     def _decode_request(self, session_id: str, inputs: Mapping[str, np.ndarray],
                         dtype: Optional[str],
-                        positions: Optional[Mapping[str, int]] = None) -> pb.DecodeRequest:
+                        positions: Optional[Mapping[str, int]] = None,
+                        layer: int = 0) -> pb.DecodeRequest:
         positions = positions or {}
         unknown = set(positions) - set(inputs)
         if unknown:
@@ -777,17 +783,18 @@ class AttnServeClient:
             if rid in positions:
                 item.position = int(positions[rid])
             items.append(item)
-        return pb.DecodeRequest(session_id=session_id, items=items)
+        return pb.DecodeRequest(session_id=session_id, items=items, layer=layer)
 
     def decode(self, session_id: str, inputs: Mapping[str, np.ndarray], *,
                positions: Optional[Mapping[str, int]] = None,
                dtype: Optional[str] = None, call_id: str = "",
-               retries: int = 0) -> StepResult:
+               retries: int = 0, layer: int = 0) -> StepResult:
         """One decode step: `inputs` maps request ids to one hidden row ([d_model] or
         [1, d_model]); each output is [1, d_model]. `positions` maps request ids to the step's
         RoPE position (after the request's last one; default: its sequence length), e.g. to
-        continue a request prefilled at positions 5000+. `call_id` / `retries` as for forward()."""
-        request = self._decode_request(session_id, inputs, dtype, positions)
+        continue a request prefilled at positions 5000+. `call_id` / `retries` / `layer` as for
+        forward()."""
+        request = self._decode_request(session_id, inputs, dtype, positions, layer)
         request.call_id = call_id
         start = time.perf_counter()
         response = self._call_idempotent("Decode", request, retries)
@@ -799,10 +806,14 @@ class AttnServeClient:
         """Decode steps over one DecodeStream: yields one StepResult per element of `steps`, in
         order. A step is {request id: hidden row}, or a (inputs, positions) pair whose positions
         map request ids to the step's RoPE position (as decode()). `steps` may be a generator that
-        computes each step from the previous result."""
+        computes each step from the previous result. In a model session a step is an
+        (inputs, positions, layer) triple: one message per layer, layers 0..n-1 in order."""
         def request(step):
-            inputs, positions = step if isinstance(step, tuple) else (step, None)
-            return self._decode_request(session_id, inputs, dtype, positions)
+            parts = step if isinstance(step, tuple) else (step,)
+            inputs = parts[0]
+            positions = parts[1] if len(parts) > 1 else None
+            layer = parts[2] if len(parts) > 2 else 0
+            return self._decode_request(session_id, inputs, dtype, positions, layer)
         requests = (request(step) for step in steps)
         try:
             for response in self.stub.DecodeStream(requests, timeout=self.timeout_s,

@@ -9,16 +9,19 @@
             serve_attention(model, client, "SmolLM2-135M-Instruct") as remote:
         outputs = remote.generate([prompt_ids_a, prompt_ids_b], max_new_tokens=32)
 
-`serve_attention` configures one session per decoder layer from the checkpoint directory as the
-server sees it (a path under its --checkpoint_root; layer = i, spec read from config.json) and
+`serve_attention` configures one model session holding every decoder layer (StackSpec.per_layer)
+from the checkpoint directory as the server sees it (a path under its --checkpoint_root; the
+specs read from config.json), or with `one_session=False` one session per decoder layer, and
 replaces each layer's `self_attn` with a `RemoteAttention`. The rest of the model (embeddings,
 norms, MLPs / MoE, the LM head) stays in the client. A step packs the new tokens of every active
 prompt into one sequence [1, N] with explicit position ids; each decoder layer runs its
 input_layernorm locally, and `RemoteAttention` sends each prompt's rows of the normed hidden
-states to the layer's session — Forward (prefill, explicit positions) when some prompt is new,
+states to the server — one call per layer per step, naming the layer in the model session —
+Forward (prefill, explicit positions) when some prompt is new,
 else Decode with explicit positions — and returns what attnserve returns: the attention output
-after o_proj, which the decoder layer adds to its residual. Every prompt is its own request id in
-every session; the server holds the KV caches, the client none.
+after o_proj, which the decoder layer adds to its residual. Every prompt is one request id (in
+every session); the server holds the KV caches, the client none. Moving requests to another
+server (move_to) needs one session per layer: model sessions do not export requests yet.
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
 `(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc): Llama,
@@ -117,8 +120,9 @@ class RemoteModel:
     """A model whose self_attn modules are RemoteAttention (see serve_attention)."""
 
     def __init__(self, model, client: AttnServeClient, checkpoint: str, *, kv_dtype: str = "f32",
-                 page_size: int = 0, label: str = "remote_model"):
+                 page_size: int = 0, label: str = "remote_model", one_session: bool = True):
         self.model = model
+        self.one_session = one_session
         self.client = client
         self.checkpoint = checkpoint
         self.kv_dtype = kv_dtype
@@ -135,6 +139,8 @@ class RemoteModel:
             layer.self_attn = RemoteAttention(self, i, self._originals[i])
 
     def _configure(self, client: AttnServeClient) -> List[str]:
+        if self.one_session:
+            return self._configure_model_session(client)
         sessions: List[str] = []
         fingerprints: List[bytes] = []
         d_model = self.model.config.hidden_size
@@ -158,6 +164,25 @@ class RemoteModel:
             raise
         self.fingerprints = fingerprints
         return sessions
+
+    def _configure_model_session(self, client: AttnServeClient) -> List[str]:
+        """One model session of every layer of the checkpoint (its config.json's count)."""
+        result = client.configure(None, checkpoint=self.checkpoint, per_layer=True,
+                                  kv_dtype=self.kv_dtype, page_size=self.page_size,
+                                  label=self.label)
+        try:
+            if len(result.stack) != len(self._layers):
+                raise ValueError(f"the server's model session has {len(result.stack)} layers, "
+                                 f"the model {len(self._layers)}")
+            d_model = self.model.config.hidden_size
+            if result.stack[0].d_model != d_model:
+                raise ValueError(f"the server's model session has d_model "
+                                 f"{result.stack[0].d_model}, the model {d_model}")
+        except BaseException:
+            client.release(result.session_id)
+            raise
+        self.fingerprints = [result.fingerprint]
+        return [result.session_id]
 
     # -- lifetime --
 
@@ -190,7 +215,12 @@ class RemoteModel:
         """Moves every session and live request to the server behind `client` (same checkpoint,
         hence the same fingerprints): configures the layers there, exports each request's KV
         pages here and imports them there, then releases the sessions here. Generation continues
-        on the new server as if nothing happened."""
+        on the new server as if nothing happened. Needs one session per layer
+        (one_session=False): model sessions do not export requests yet."""
+        if self.one_session:
+            raise NotImplementedError(
+                "move_to: a model session cannot export its requests yet (ExportRequest answers "
+                "UNIMPLEMENTED); serve with one_session=False (one session per layer) to move")
         old_client, old_sessions = self.client, self.sessions
         new_sessions = self._configure(client)
         for old_sid, new_sid in zip(old_sessions, new_sessions):
@@ -204,16 +234,18 @@ class RemoteModel:
     # -- one layer's attention over a packed step --
 
     def _attend(self, layer: int, rows: np.ndarray, plan: _Plan) -> np.ndarray:
-        sid = self.sessions[layer]
+        # A model session: one session, the call names the layer; else the layer's own session.
+        sid, index = ((self.sessions[0], layer) if self.one_session
+                      else (self.sessions[layer], 0))
         start = time.perf_counter()
         if any(s.prefill for s in plan.segments):
             result = self.client.forward(
                 sid, {s.request_id: rows[s.start:s.start + s.length] for s in plan.segments},
-                positions={s.request_id: s.positions for s in plan.segments})
+                positions={s.request_id: s.positions for s in plan.segments}, layer=index)
         else:
             result = self.client.decode(
                 sid, {s.request_id: rows[s.start] for s in plan.segments},
-                positions={s.request_id: s.positions[0] for s in plan.segments})
+                positions={s.request_id: s.positions[0] for s in plan.segments}, layer=index)
         self.rpc_seconds += time.perf_counter() - start
         out = np.empty_like(rows)
         for s in plan.segments:
@@ -332,8 +364,9 @@ class RemoteModel:
 
 def serve_attention(model, client: AttnServeClient, checkpoint: str, **options) -> RemoteModel:
     """Serves every attention layer of `model` (a loaded transformers causal LM) from attnserve:
-    one session per decoder layer, configured from `checkpoint` (the model's checkpoint
+    one model session holding every decoder layer (or, with one_session=False, one session per
+    decoder layer, which move_to needs), configured from `checkpoint` (the model's checkpoint
     directory as the server names it: a path under its --checkpoint_root). Returns the
     RemoteModel (a context manager: closing it releases the sessions and restores the model).
-    Options: kv_dtype ("f32" or "bf16"), page_size, label."""
+    Options: kv_dtype ("f32" or "bf16"), page_size, label, one_session."""
     return RemoteModel(model, client, checkpoint, **options)
