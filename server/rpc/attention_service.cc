@@ -369,10 +369,11 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   session->SetRetainedOutputs(retained_, owner.tenant, !owner.is_admin);
   session->SetFingerprint(fingerprint);
   if (keep_configure_requests_) {
-    // What a drain sends its peer to re-create this session: the request as given, with the spec
-    // as resolved (a checkpoint's config.json read here need not be read there again).
+    // What a drain sends its peer to re-create this session: the request as given, with a single
+    // layer's spec as resolved (a checkpoint's config.json read here need not be read there
+    // again). A stack's request stays as given: `spec` and `stack` exclude each other.
     v1::ConfigureRequest recreate = request;
-    *recreate.mutable_spec() = LayerSpecToProto(*spec);
+    if (!request.has_stack()) *recreate.mutable_spec() = LayerSpecToProto(*spec);
     session->SetConfigureRequest(recreate.SerializeAsString());
   }
   if (stack_kv != nullptr) session->SetStack(stack_kv, static_cast<int>(stack->size()));
