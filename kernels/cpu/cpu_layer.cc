@@ -42,54 +42,37 @@ absl::StatusOr<std::vector<SequenceId>> CpuLayer::ForkSequence(SequenceId source
   absl::MutexLock lock(&mu_);
   return sequences_.Fork(
       source, count, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
-      [this](int32_t from, int32_t to) {
-        std::memcpy(store_.page(to), store_.page(from), static_cast<size_t>(store_.page_bytes()));
+      [this](int32_t from, absl::Span<const int32_t> to) {
+        for (int32_t page : to) {
+          std::memcpy(store_.page(page), store_.page(from),
+                      static_cast<size_t>(store_.page_bytes()));
+        }
+        return absl::OkStatus();
       });
 }
 
 absl::StatusOr<SequenceExport> CpuLayer::ExportSequence(SequenceId sequence) const {
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<PageTable> table = sequences_.Table(sequence);
-  if (!table.ok()) return table.status();
-  SequenceExport exported;
-  exported.num_tokens = table->num_tokens;
-  exported.page_bytes = store_.page_bytes();
-  while (exported.first_held_page < static_cast<int64_t>(table->pages.size()) &&
-         table->pages[exported.first_held_page] == kEvictedPage) {
-    ++exported.first_held_page;
-  }
   const size_t page_bytes = static_cast<size_t>(store_.page_bytes());
-  exported.pages.reserve((table->pages.size() - exported.first_held_page) * page_bytes);
-  for (size_t p = static_cast<size_t>(exported.first_held_page); p < table->pages.size(); ++p) {
-    // Page bytes verbatim, whatever the storage format keeps in them (scales included).
-    exported.pages.append(reinterpret_cast<const char*>(store_.page(table->pages[p])), page_bytes);
-  }
-  return exported;
+  return sequences_.Export(sequence, [this, page_bytes](absl::Span<const int32_t> pages,
+                                                        char* out) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      std::memcpy(out + i * page_bytes, store_.page(pages[i]), page_bytes);
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<SequenceId> CpuLayer::ImportSequence(const SequenceExport& exported) {
-  const int64_t page_bytes = store_.page_bytes();
-  if (exported.page_bytes != page_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("page_bytes = ", exported.page_bytes,
-                                                   ", this layer's pages have ", page_bytes));
-  }
-  const int64_t held = PagesForTokens(std::max<int64_t>(exported.num_tokens, 0),
-                                      layout_.page_size) -
-                       exported.first_held_page;
-  if (static_cast<int64_t>(exported.pages.size()) != held * page_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pages: ", exported.pages.size(), " bytes, expected ", held, " held pages of ", page_bytes,
-        " bytes (", exported.num_tokens, " tokens from page ", exported.first_held_page, ")"));
-  }
   absl::MutexLock lock(&mu_);
+  const size_t page_bytes = static_cast<size_t>(store_.page_bytes());
   return sequences_.Import(
-      exported.num_tokens, exported.first_held_page,
-      [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
-      [this, &exported, page_bytes](absl::Span<const int32_t> pages) {
+      exported, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
+      [this, page_bytes](absl::Span<const int32_t> pages, const char* src) {
         for (size_t i = 0; i < pages.size(); ++i) {
-          std::memcpy(store_.page(pages[i]), exported.pages.data() + i * page_bytes,
-                      static_cast<size_t>(page_bytes));
+          std::memcpy(store_.page(pages[i]), src + i * page_bytes, page_bytes);
         }
+        return absl::OkStatus();
       });
 }
 

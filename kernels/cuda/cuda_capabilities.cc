@@ -26,9 +26,10 @@ const BackendCapabilities& CudaCapabilities() {
     c->attention_sinks = false;
     c->sliding_window = true;
     c->non_causal = true;
-    // CudaGqaLayer keeps the interface's defaults for these (no page sharing, no byte copies).
-    c->fork = false;
-    c->export_import = false;
+    // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page
+    // copied) and Export/ImportSequence (whole pages D2H/H2D in the CPU backend's byte format).
+    c->fork = true;
+    c->export_import = true;
     // A stack only composes its layers through AttentionLayer, which CudaGqaLayer implements.
     c->stacks = true;
     return c;

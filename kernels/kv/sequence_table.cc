@@ -125,8 +125,11 @@ absl::StatusOr<std::vector<SequenceId>> KvSequenceTable::Fork(SequenceId source,
       if (budget_ != nullptr) budget_->Release(bytes);
       return s;
     }
+    if (absl::Status s = copy(original.pages.back(), *pages); !s.ok()) {
+      ReturnNewPages(*pages);
+      return s;
+    }
     copies = *std::move(pages);
-    for (int32_t page : copies) copy(original.pages.back(), page);
   }
   const size_t shared_pages = original.pages.size() - (copy_last ? 1 : 0);
   std::vector<SequenceId> forks;
@@ -151,14 +154,50 @@ absl::StatusOr<PageTable> KvSequenceTable::Table(SequenceId sequence) const {
   return it->second;
 }
 
-absl::StatusOr<SequenceId> KvSequenceTable::Import(
-    int64_t num_tokens, int64_t first_held_page, const CommitFn& commit,
-    const std::function<void(absl::Span<const int32_t>)>& fill) {
+absl::StatusOr<SequenceExport> KvSequenceTable::Export(SequenceId sequence,
+                                                      const ReadPagesFn& read) const {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", sequence, " does not exist"));
+  }
+  const PageTable& table = it->second;
+  SequenceExport exported;
+  exported.num_tokens = table.num_tokens;
+  exported.page_bytes = page_bytes_;
+  while (exported.first_held_page < static_cast<int64_t>(table.pages.size()) &&
+         table.pages[exported.first_held_page] == kEvictedPage) {
+    ++exported.first_held_page;
+  }
+  const absl::Span<const int32_t> held =
+      absl::MakeConstSpan(table.pages).subspan(static_cast<size_t>(exported.first_held_page));
+  // Page bytes verbatim, whatever the storage format keeps in them (scales included).
+  exported.pages.resize(held.size() * static_cast<size_t>(page_bytes_));
+  if (!held.empty()) {
+    if (absl::Status s = read(held, exported.pages.data()); !s.ok()) return s;
+  }
+  return exported;
+}
+
+absl::StatusOr<SequenceId> KvSequenceTable::Import(const SequenceExport& exported,
+                                                   const CommitFn& commit,
+                                                   const WritePagesFn& write) {
+  if (exported.page_bytes != page_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("page_bytes = ", exported.page_bytes,
+                                                   ", this layer's pages have ", page_bytes_));
+  }
+  const int64_t num_tokens = exported.num_tokens;
+  const int64_t first_held_page = exported.first_held_page;
+  const int64_t num_pages = PagesForTokens(std::max<int64_t>(num_tokens, 0), page_size_);
+  if (static_cast<int64_t>(exported.pages.size()) != (num_pages - first_held_page) * page_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pages: ", exported.pages.size(), " bytes, expected ", num_pages - first_held_page,
+        " held pages of ", page_bytes_, " bytes (", num_tokens, " tokens from page ",
+        first_held_page, ")"));
+  }
   if (num_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("sequence_length = ", num_tokens, ", must be >= 0"));
   }
-  const int64_t num_pages = PagesForTokens(num_tokens, page_size_);
   // Evicting fewer pages than the rule allows is harmless (evicted below); more would lose keys
   // a later query still attends to.
   const int64_t dead_pages = std::min(num_pages, DeadPages(num_tokens));
@@ -188,7 +227,12 @@ absl::StatusOr<SequenceId> KvSequenceTable::Import(
     if (budget_ != nullptr) budget_->Release(bytes);
     return s;
   }
-  fill(*pages);
+  if (!pages->empty()) {
+    if (absl::Status s = write(*pages, exported.pages.data()); !s.ok()) {
+      ReturnNewPages(*pages);
+      return s;
+    }
+  }
   PageTable table;
   table.num_tokens = num_tokens;
   table.pages.assign(static_cast<size_t>(first_held_page), kEvictedPage);
@@ -197,6 +241,11 @@ absl::StatusOr<SequenceId> KvSequenceTable::Import(
   const SequenceId id = next_id_++;
   sequences_.emplace(id, std::move(table));
   return id;
+}
+
+void KvSequenceTable::ReturnNewPages(absl::Span<const int32_t> pages) {
+  allocator_.Free(pages);
+  if (budget_ != nullptr) budget_->Release(static_cast<int64_t>(pages.size()) * page_bytes_);
 }
 
 KvPoolUsage KvSequenceTable::Usage() const {

@@ -52,8 +52,15 @@ class KvSequenceTable {
  public:
   // Backs newly allocated page ids with memory; an error makes the reservation fail unchanged.
   using CommitFn = std::function<absl::Status(absl::Span<const int32_t> pages)>;
-  // Copies page `from`'s bytes to page `to` (both committed).
-  using CopyPageFn = std::function<void(int32_t from, int32_t to)>;
+  // Copies page `from`'s bytes to each page of `to` (all committed). An error fails the fork
+  // unchanged.
+  using CopyPageFn = std::function<absl::Status(int32_t from, absl::Span<const int32_t> to)>;
+  // Copies `pages` (committed) in order into `out`, page_bytes each (ExportSequence).
+  using ReadPagesFn = std::function<absl::Status(absl::Span<const int32_t> pages, char* out)>;
+  // Copies `src`, page_bytes per page, into `pages` (committed, in order) (ImportSequence). An
+  // error fails the import unchanged.
+  using WritePagesFn =
+      std::function<absl::Status(absl::Span<const int32_t> pages, const char* src)>;
 
   // causal/sliding_window as in LayerSpec (window 0 = unlimited: nothing is ever evicted).
   KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
@@ -78,15 +85,19 @@ class KvSequenceTable {
   // `commit`; budget, allocator and commit are charged for those copies only, all or nothing.
   absl::StatusOr<std::vector<SequenceId>> Fork(SequenceId source, int count, const CommitFn& commit,
                                                const CopyPageFn& copy);
-  // The page table of `sequence` (a copy), for ExportSequence. NOT_FOUND for an unknown id.
+  // The page table of `sequence` (a copy). NOT_FOUND for an unknown id.
   absl::StatusOr<PageTable> Table(SequenceId sequence) const;
-  // AttentionLayer::ImportSequence: a new sequence of `num_tokens` tokens whose first
+  // AttentionLayer::ExportSequence, wherever the pages live: the held pages' bytes as `read`
+  // copies them, the length and the first held page. The same byte format for every backend
+  // (the pages verbatim, kernels/kv/page_layout.h), so CPU and CUDA layers of one spec, storage
+  // format and page size exchange sequences.
+  absl::StatusOr<SequenceExport> Export(SequenceId sequence, const ReadPagesFn& read) const;
+  // AttentionLayer::ImportSequence: checks `exported` against this table (page_bytes, the byte
+  // count, first_held_page against the eviction rule), then makes a new sequence whose first
   // `first_held_page` pages are evicted and whose other pages are new, backed by `commit` and
-  // filled by `fill` (held page ids in order). Checks first_held_page against the eviction rule;
-  // budget, allocator and commit are charged all or nothing.
-  absl::StatusOr<SequenceId> Import(int64_t num_tokens, int64_t first_held_page,
-                                    const CommitFn& commit,
-                                    const std::function<void(absl::Span<const int32_t>)>& fill);
+  // filled by `write`; budget, allocator, commit and write are all or nothing.
+  absl::StatusOr<SequenceId> Import(const SequenceExport& exported, const CommitFn& commit,
+                                    const WritePagesFn& write);
   // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
   // return to what they were and the new pages go back to the pool and the budget.
   void Rollback(absl::Span<const BatchSequence> batch);
@@ -108,6 +119,9 @@ class KvSequenceTable {
   // Drops one reference to each page; a page goes back to the allocator and the budget when its
   // last holder lets it go.
   void FreePages(absl::Span<const int32_t> pages);
+  // Gives pages just taken for a fork or an import (held by nobody else) back to the allocator
+  // and the budget, when filling them failed.
+  void ReturnNewPages(absl::Span<const int32_t> pages);
   // The eviction rule: how many leading pages of a sequence of `num_tokens` tokens no future
   // query can see (0 without a causal sliding window).
   int64_t DeadPages(int64_t num_tokens) const;

@@ -233,14 +233,21 @@ TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
 }
 
 TEST(CapabilitiesTest, OperationsOffAreUnimplementedNamingTheBackend) {
-  const absl::Status fork = CheckOperation(CudaCapabilities(), LayerOperation::kFork);
+  // The CUDA backend serves every operation now; a table with them off still names itself.
+  for (LayerOperation op :
+       {LayerOperation::kFork, LayerOperation::kExportImport, LayerOperation::kStack}) {
+    EXPECT_TRUE(CheckOperation(CudaCapabilities(), op).ok());
+  }
+  BackendCapabilities off = CudaCapabilities();
+  off.fork = false;
+  off.export_import = false;
+  const absl::Status fork = CheckOperation(off, LayerOperation::kFork);
   EXPECT_EQ(fork.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(fork.message(), AllOf(HasSubstr("Fork: the CUDA backend does not fork"),
                                     HasSubstr("fork = false"), HasSubstr("--backend=cpu")));
-  const absl::Status moving = CheckOperation(CudaCapabilities(), LayerOperation::kExportImport);
+  const absl::Status moving = CheckOperation(off, LayerOperation::kExportImport);
   EXPECT_EQ(moving.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(moving.message(), HasSubstr("export_import = false"));
-  EXPECT_TRUE(CheckOperation(CudaCapabilities(), LayerOperation::kStack).ok());
   BackendCapabilities no_stacks = CpuCapabilities();
   no_stacks.stacks = false;
   EXPECT_EQ(CheckOperation(no_stacks, LayerOperation::kStack).code(),

@@ -32,6 +32,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -437,9 +438,8 @@ TEST(CudaBackendContractTest, TableMatchesTheKernelInstantiations) {
   }
 }
 
-// What the table declares about operations: stacks of CUDA layers compute what stacks of CPU
-// layers do (stacks = true); Fork and Export are the interface's UNIMPLEMENTED defaults.
-TEST(CudaBackendContractTest, StacksServedForkAndExportNot) {
+// What the table declares about stacks: stacks of CUDA layers compute what stacks of CPU layers do.
+TEST(CudaBackendContractTest, StacksComputeAsOnTheCpu) {
   SKIP_WITHOUT_GPU();
   LayerSpec window = Spec(4, 2, 64, RopeLayout::kHalf);
   window.sliding_window = 8;
@@ -473,16 +473,236 @@ TEST(CudaBackendContractTest, StacksServedForkAndExportNot) {
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_TRUE(want.ok());
   EXPECT_LE(RelativeError(ToDoubles(*got), ToDoubles(*want)), 1e-4);
-  EXPECT_EQ((*gpu)->ForkSequence(g, 1).status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_FALSE(CudaCapabilities().fork);
-  absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
-      Gpu().backend->CreateLayer(specs[1], weights[1], config);
-  ASSERT_TRUE(layer.ok());
-  const SequenceId s = (*layer)->CreateSequence();
-  EXPECT_EQ((*layer)->ExportSequence(s).status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ((*layer)->ImportSequence(SequenceExport()).status().code(),
-            absl::StatusCode::kUnimplemented);
-  EXPECT_FALSE(CudaCapabilities().export_import);
+  EXPECT_TRUE(CudaCapabilities().stacks);
+}
+
+// Fork, ExportSequence and ImportSequence: what they copy and what they share (KvSequenceTable,
+// the same as the CPU layer's), and the bytes they move. Inputs in the page dtype, as the sweep.
+constexpr int kTransferWindow = 24;  // With pages of 16: prompts past 39 tokens evict page 0.
+
+Tensor Hidden(int64_t rows, DType dtype, std::mt19937_64& rng) {
+  return ToTensor(RandomHidden(rows, 256, rng), {rows, 256}, dtype);
+}
+
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.data(), b.data(), a.num_bytes()) == 0;
+}
+
+// The sweep's CUDA-vs-CPU bounds for these page dtypes (the file's header).
+double CpuBound(DType dtype) { return dtype == DType::kF32 ? 1e-4 : 1.6e-2; }
+
+// Forks share the source's full pages and copy its ragged last page; each child then decodes, bit
+// for bit, as a sequence prefilled with the same call and fed the same tokens (the CPU's
+// kv_fork_test expectation), through another page boundary and another sliding-window eviction,
+// while the source's pages stay as they were. Refusals take nothing; releasing everything
+// empties the pool.
+TEST(CudaBackendContractTest, ForkedChildrenDecodeAsUnforkedSequences) {
+  SKIP_WITHOUT_GPU();
+  for (bool window : {false, true}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), window ? " window" : ""));
+      LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+      if (window) spec.sliding_window = kTransferWindow;
+      absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 31);
+      ASSERT_TRUE(weights.ok());
+      auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+      absl::StatusOr<std::unique_ptr<AttentionLayer>> made =
+          Gpu().backend->CreateLayer(spec, *weights, {dtype, 16, 64, budget});
+      ASSERT_TRUE(made.ok()) << made.status();
+      AttentionLayer& layer = **made;
+      std::mt19937_64 rng(17);
+      const Tensor prompt = Hidden(45, dtype, rng);  // 2 full pages and 13 tokens.
+      const SequenceId source = layer.CreateSequence();
+      SequenceId twin[2];
+      for (SequenceId& id : twin) id = layer.CreateSequence();
+      for (SequenceId id : {source, twin[0], twin[1]}) {
+        ASSERT_TRUE(layer.Prefill({{id, 45}}, prompt, {}).ok());
+      }
+      const int64_t held = window ? 2 : 3;  // The window left page 0 behind.
+      ASSERT_EQ(layer.PoolUsage().used_pages, 3 * held);
+      const int64_t budget_before = budget->used_bytes();
+
+      EXPECT_EQ(layer.ForkSequence(12345, 2).status().code(), absl::StatusCode::kNotFound);
+      EXPECT_EQ(layer.ForkSequence(source, 0).status().code(),
+                absl::StatusCode::kInvalidArgument);
+      // 64 pages, 6 held: 59 copies of the last page do not fit, and nothing is taken.
+      EXPECT_EQ(layer.ForkSequence(source, 59).status().code(),
+                absl::StatusCode::kResourceExhausted);
+      EXPECT_EQ(layer.PoolUsage().used_pages, 3 * held);
+      EXPECT_EQ(budget->used_bytes(), budget_before);
+
+      absl::StatusOr<SequenceExport> source_pages = layer.ExportSequence(source);
+      ASSERT_TRUE(source_pages.ok()) << source_pages.status();
+      absl::StatusOr<std::vector<SequenceId>> forks = layer.ForkSequence(source, 2);
+      ASSERT_TRUE(forks.ok()) << forks.status();
+      ASSERT_EQ(forks->size(), 2u);
+      const int64_t page_bytes = layer.PoolUsage().page_bytes;
+      EXPECT_EQ(layer.PoolUsage().used_pages, 3 * held + 2) << "one copy of the ragged page each";
+      EXPECT_EQ(budget->used_bytes(), budget_before + 2 * page_bytes);
+      for (SequenceId child : *forks) {
+        EXPECT_EQ(layer.SequenceLength(child).value_or(-1), 45);
+        EXPECT_EQ(layer.SequenceKvBytes(child).value_or(-1), held * page_bytes);
+        absl::StatusOr<SequenceExport> child_pages = layer.ExportSequence(child);
+        ASSERT_TRUE(child_pages.ok());
+        EXPECT_EQ(child_pages->first_held_page, source_pages->first_held_page);
+        EXPECT_TRUE(child_pages->pages == source_pages->pages) << "the copy is the page verbatim";
+      }
+
+      // The children and their twins in batches of the same shape, each with its own inputs.
+      const std::vector<SequenceId> children = *forks, twins = {twin[0], twin[1]};
+      for (int step = 0; step < 11; ++step) {  // 45 -> 56 tokens: page 3 opens, page 1 evicted.
+        SCOPED_TRACE(absl::StrCat("step ", step));
+        const Tensor x = Hidden(2, dtype, rng);
+        absl::StatusOr<Tensor> got = layer.Decode(children, x, {});
+        absl::StatusOr<Tensor> want = layer.Decode(twins, x, {});
+        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_TRUE(want.ok()) << want.status();
+        ASSERT_TRUE(SameBits(*got, *want)) << "a forked child decoded differently";
+      }
+      absl::StatusOr<SequenceExport> source_after = layer.ExportSequence(source);
+      ASSERT_TRUE(source_after.ok());
+      EXPECT_EQ(source_after->num_tokens, 45);
+      EXPECT_TRUE(source_after->pages == source_pages->pages) << "the children wrote the source";
+      for (SequenceId id : {source, twin[0], twin[1], children[0], children[1]}) {
+        ASSERT_TRUE(layer.ReleaseSequence(id).ok());
+      }
+      EXPECT_EQ(layer.PoolUsage().used_pages, 0);
+      EXPECT_EQ(budget->used_bytes(), 0);
+
+      // A full last page is shared like the others: nothing copied.
+      const SequenceId full = layer.CreateSequence();
+      ASSERT_TRUE(layer.Prefill({{full, 32}}, Hidden(32, dtype, rng), {}).ok());
+      const int64_t full_pages = layer.PoolUsage().used_pages;
+      absl::StatusOr<std::vector<SequenceId>> shared = layer.ForkSequence(full, 3);
+      ASSERT_TRUE(shared.ok()) << shared.status();
+      EXPECT_EQ(layer.PoolUsage().used_pages, full_pages);
+      ASSERT_TRUE(layer.ReleaseSequence(full).ok());
+      EXPECT_EQ(layer.PoolUsage().used_pages, full_pages) << "the forks still hold the pages";
+      for (SequenceId id : *shared) ASSERT_TRUE(layer.ReleaseSequence(id).ok());
+      EXPECT_EQ(layer.PoolUsage().used_pages, 0);
+    }
+  }
+}
+
+// A request moves between CPU and CUDA layers of the same spec, storage format and page size in
+// either direction (one byte format: the pages verbatim), with the window's evicted leading page
+// and the ragged last page: the bytes survive both ways unchanged, a GPU -> GPU move decodes bit
+// for bit as the sequence that stayed, and the moved sequences decode on the other engine within
+// the sweep's bounds, past another page boundary and eviction. Mismatched exports are refused and
+// take nothing.
+TEST(CudaBackendContractTest, ExportImportMovesSequencesBetweenCpuAndGpu) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  spec.sliding_window = kTransferWindow;
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 37);
+  ASSERT_TRUE(weights.ok());
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+    const KvCacheConfig config{dtype, 16, 64, budget};
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu_made =
+        Gpu().backend->CreateLayer(spec, *weights, config);
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu_made =
+        (*cpu_backend)->CreateLayer(spec, *weights, {dtype, 16, 64, nullptr});
+    ASSERT_TRUE(gpu_made.ok()) << gpu_made.status();
+    ASSERT_TRUE(cpu_made.ok()) << cpu_made.status();
+    AttentionLayer& gpu = **gpu_made;
+    AttentionLayer& cpu = **cpu_made;
+    ASSERT_EQ(gpu.PoolUsage().page_bytes, cpu.PoolUsage().page_bytes);
+    std::mt19937_64 rng(19);
+    const Tensor prompt = Hidden(45, dtype, rng);
+    const SequenceId g = gpu.CreateSequence(), c = cpu.CreateSequence();
+    ASSERT_TRUE(gpu.Prefill({{g, 45}}, prompt, {}).ok());
+    ASSERT_TRUE(cpu.Prefill({{c, 45}}, prompt, {}).ok());
+
+    absl::StatusOr<SequenceExport> from_gpu = gpu.ExportSequence(g);
+    absl::StatusOr<SequenceExport> from_cpu = cpu.ExportSequence(c);
+    ASSERT_TRUE(from_gpu.ok()) << from_gpu.status();
+    ASSERT_TRUE(from_cpu.ok()) << from_cpu.status();
+    const int64_t page_bytes = gpu.PoolUsage().page_bytes;
+    EXPECT_EQ(from_gpu->num_tokens, 45);
+    EXPECT_EQ(from_gpu->first_held_page, 1) << "the window evicted page 0";
+    EXPECT_EQ(from_gpu->page_bytes, page_bytes);
+    EXPECT_EQ(static_cast<int64_t>(from_gpu->pages.size()), 2 * page_bytes);
+    EXPECT_EQ(gpu.SequenceLength(g).value_or(-1), 45) << "export leaves the source as is";
+    EXPECT_EQ(from_cpu->first_held_page, from_gpu->first_held_page);
+
+    // Refusals, each taking nothing: a CPU f32 export into a bf16 layer (other page_bytes), bytes
+    // missing, a leading page the window still needs.
+    const int64_t used = gpu.PoolUsage().used_pages, charged = budget->used_bytes();
+    {
+      absl::StatusOr<std::unique_ptr<AttentionLayer>> other = Gpu().backend->CreateLayer(
+          spec, *weights, {dtype == DType::kF32 ? DType::kBF16 : DType::kF32, 16, 64, nullptr});
+      ASSERT_TRUE(other.ok());
+      const absl::Status format = (*other)->ImportSequence(*from_cpu).status();
+      EXPECT_EQ(format.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(format.message().find("page_bytes = "), absl::string_view::npos) << format;
+      EXPECT_EQ((*other)->PoolUsage().used_pages, 0);
+    }
+    SequenceExport short_bytes = *from_cpu;
+    short_bytes.pages.pop_back();
+    const absl::Status short_status = gpu.ImportSequence(short_bytes).status();
+    EXPECT_EQ(short_status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(short_status.message().find("expected 2 held pages"), absl::string_view::npos)
+        << short_status;
+    SequenceExport too_evicted = *from_cpu;
+    too_evicted.first_held_page = 2;
+    too_evicted.pages.erase(0, static_cast<size_t>(page_bytes));
+    EXPECT_EQ(gpu.ImportSequence(too_evicted).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(gpu.PoolUsage().used_pages, used);
+    EXPECT_EQ(budget->used_bytes(), charged);
+
+    // CPU -> GPU and GPU -> CPU, and GPU -> GPU; each export of a moved sequence is the bytes
+    // that came in.
+    absl::StatusOr<SequenceId> g_from_cpu = gpu.ImportSequence(*from_cpu);
+    absl::StatusOr<SequenceId> c_from_gpu = cpu.ImportSequence(*from_gpu);
+    absl::StatusOr<SequenceId> g_from_gpu = gpu.ImportSequence(*from_gpu);
+    ASSERT_TRUE(g_from_cpu.ok()) << g_from_cpu.status();
+    ASSERT_TRUE(c_from_gpu.ok()) << c_from_gpu.status();
+    ASSERT_TRUE(g_from_gpu.ok()) << g_from_gpu.status();
+    EXPECT_EQ(gpu.PoolUsage().used_pages, used + 4) << "only the held pages are taken";
+    absl::StatusOr<SequenceExport> again = gpu.ExportSequence(*g_from_cpu);
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(again->pages == from_cpu->pages) << "CPU bytes changed on the way through the GPU";
+    again = cpu.ExportSequence(*c_from_gpu);
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(again->pages == from_gpu->pages) << "GPU bytes changed on the way through the CPU";
+
+    // Each moved sequence against the one that stayed, with the same inputs, one call each.
+    for (int step = 0; step < 11; ++step) {  // 45 -> 56 tokens: page 3 opens, page 1 evicted.
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const Tensor x = Hidden(1, dtype, rng);
+      absl::StatusOr<Tensor> stayed_gpu = gpu.Decode({g}, x, {});
+      absl::StatusOr<Tensor> stayed_cpu = cpu.Decode({c}, x, {});
+      absl::StatusOr<Tensor> moved_gpu = gpu.Decode({*g_from_gpu}, x, {});
+      absl::StatusOr<Tensor> cpu_to_gpu = gpu.Decode({*g_from_cpu}, x, {});
+      absl::StatusOr<Tensor> gpu_to_cpu = cpu.Decode({*c_from_gpu}, x, {});
+      for (const absl::StatusOr<Tensor>* out :
+           {&stayed_gpu, &stayed_cpu, &moved_gpu, &cpu_to_gpu, &gpu_to_cpu}) {
+        ASSERT_TRUE(out->ok()) << out->status();
+      }
+      ASSERT_TRUE(SameBits(*moved_gpu, *stayed_gpu)) << "GPU -> GPU decoded differently";
+      EXPECT_LE(RelativeError(ToDoubles(*cpu_to_gpu), ToDoubles(*stayed_cpu)), CpuBound(dtype));
+      EXPECT_LE(RelativeError(ToDoubles(*gpu_to_cpu), ToDoubles(*stayed_gpu)), CpuBound(dtype));
+    }
+    EXPECT_EQ(gpu.SequenceKvBytes(*g_from_cpu).value_or(-1), 2 * page_bytes);
+    EXPECT_EQ(cpu.SequenceKvBytes(*c_from_gpu).value_or(-1), 2 * page_bytes);
+
+    // An empty sequence moves too.
+    absl::StatusOr<SequenceExport> empty = gpu.ExportSequence(gpu.CreateSequence());
+    ASSERT_TRUE(empty.ok());
+    EXPECT_TRUE(empty->pages.empty());
+    absl::StatusOr<SequenceId> empty_moved = gpu.ImportSequence(*empty);
+    ASSERT_TRUE(empty_moved.ok()) << empty_moved.status();
+    EXPECT_EQ(gpu.SequenceLength(*empty_moved).value_or(-1), 0);
+
+    for (SequenceId id : {g, *g_from_cpu, *g_from_gpu}) ASSERT_TRUE(gpu.ReleaseSequence(id).ok());
+    EXPECT_EQ(gpu.PoolUsage().used_pages, 0);
+    EXPECT_EQ(budget->used_bytes(), 0);
+  }
 }
 
 // The layer's stage timer (attnserve_cuda_bench's breakdown) covers a call: every stage is
@@ -639,6 +859,50 @@ TEST(CudaBackendContractTest, CudaErrorAfterReservationRollsBack) {
   ASSERT_TRUE(want.ok());
   EXPECT_LE(RelativeError(ToDoubles(*got), ToDoubles(*want)), 1e-4);
   EXPECT_EQ(*(*gpu)->SequenceLength(g), 33);
+}
+
+// A CUDA error in a fork's page copy, an export's download or an import's upload fails the call
+// with it and changes nothing: no new sequence, no page or budget byte kept, the source as it was.
+TEST(CudaBackendContractTest, CudaErrorInForkExportOrImportChangesNothing) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 8);
+  ASSERT_TRUE(weights.ok());
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> made =
+      Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 16, 64, budget});
+  ASSERT_TRUE(made.ok()) << made.status();
+  AttentionLayer& layer = **made;
+  std::mt19937_64 rng(23);
+  const SequenceId a = layer.CreateSequence();
+  ASSERT_TRUE(layer
+                  .Prefill({{a, 37}},
+                           ToTensor(RandomHidden(37, 256, rng), {37, 256}, DType::kBF16), {})
+                  .ok());
+  absl::StatusOr<SequenceExport> exported = layer.ExportSequence(a);
+  ASSERT_TRUE(exported.ok());
+  const int64_t used = layer.PoolUsage().used_pages, charged = budget->used_bytes();
+  auto unchanged = [&] {
+    EXPECT_EQ(layer.PoolUsage().used_pages, used);
+    EXPECT_EQ(budget->used_bytes(), charged);
+    EXPECT_EQ(layer.SequenceLength(a).value_or(-1), 37);
+  };
+  AttnserveFakeCudaFailMemcpyAsync(1, cudaErrorLaunchFailure);
+  EXPECT_EQ(layer.ForkSequence(a, 2).status().code(), absl::StatusCode::kInternal);
+  unchanged();
+  AttnserveFakeCudaFailMemcpyAsync(2, cudaErrorLaunchFailure);  // The second of three pages.
+  EXPECT_EQ(layer.ExportSequence(a).status().code(), absl::StatusCode::kInternal);
+  unchanged();
+  AttnserveFakeCudaFailMemcpyAsync(3, cudaErrorLaunchFailure);  // The last of three pages.
+  EXPECT_EQ(layer.ImportSequence(*exported).status().code(), absl::StatusCode::kInternal);
+  unchanged();
+  // Nothing was left behind: the same calls now succeed, the import with the bytes exported.
+  absl::StatusOr<SequenceId> moved = layer.ImportSequence(*exported);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  absl::StatusOr<SequenceExport> again = layer.ExportSequence(*moved);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->pages == exported->pages);
+  EXPECT_TRUE(layer.ForkSequence(a, 2).ok());
 }
 #endif
 

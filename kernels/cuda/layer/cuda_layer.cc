@@ -168,6 +168,42 @@ absl::StatusOr<int64_t> CudaGqaLayer::SequenceLength(SequenceId sequence) const 
   return sequences_.Length(sequence);
 }
 
+absl::StatusOr<std::vector<SequenceId>> CudaGqaLayer::ForkSequence(SequenceId source,
+                                                                   int count) {
+  absl::MutexLock lock(&mu_);
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  return sequences_.Fork(
+      source, count, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
+      [this](int32_t from, absl::Span<const int32_t> to) {
+        return AwaitPageCopies(store_.CopyPage(from, to, stream_), "forking the last KV page");
+      });
+}
+
+absl::StatusOr<SequenceExport> CudaGqaLayer::ExportSequence(SequenceId sequence) const {
+  absl::MutexLock lock(&mu_);
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  return sequences_.Export(sequence, [this](absl::Span<const int32_t> pages, char* out) {
+    return AwaitPageCopies(store_.Download(pages, out, stream_), "exporting KV pages");
+  });
+}
+
+absl::StatusOr<SequenceId> CudaGqaLayer::ImportSequence(const SequenceExport& exported) {
+  absl::MutexLock lock(&mu_);
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
+  return sequences_.Import(
+      exported, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
+      [this](absl::Span<const int32_t> pages, const char* src) {
+        return AwaitPageCopies(store_.Upload(pages, src, stream_), "importing KV pages");
+      });
+}
+
+absl::Status CudaGqaLayer::AwaitPageCopies(absl::Status queued, absl::string_view what) const {
+  // Always wait, even after a refused copy: one still in flight would write into an export's host
+  // buffer after it is gone, or into pages the failed call gives back.
+  const absl::Status done = CudaStatus(cudaStreamSynchronize(stream_), what);
+  return queued.ok() ? done : queued;
+}
+
 KvPoolUsage CudaGqaLayer::PoolUsage() const {
   absl::MutexLock lock(&mu_);
   return sequences_.Usage();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/attention/batch_plan.h"
@@ -58,6 +59,15 @@ class CudaGqaLayer : public AttentionLayer {
   SequenceId CreateSequence() override;
   absl::Status ReleaseSequence(SequenceId sequence) override;
   absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const override;
+  // Full pages shared by reference count (KvSequenceTable::Fork); the partly filled last page
+  // copied device to device for each fork.
+  absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) override;
+  // The held pages, device to host, in the CPU backend's byte format (the pages verbatim, one
+  // page layout for both backends: kernels/kv/page_layout.h), so a sequence moves between CPU and
+  // CUDA layers of the same spec, storage format and page size.
+  absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
+  // The exported pages, host to device, into new pages; checks as CpuLayer::ImportSequence.
+  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
   absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
                                  absl::Span<const int64_t> positions) override;
   absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
@@ -100,6 +110,9 @@ class CudaGqaLayer : public AttentionLayer {
   absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
                             int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitPages(absl::Span<const int32_t> pages);
+  // Waits for the page copies `queued` (their launch status) put on the stream, so a fork, export
+  // or import reports every copy's error before the sequence table changes; the first error wins.
+  absl::Status AwaitPageCopies(absl::Status queued, absl::string_view what) const;
 
  public:
   // Per-stage times of each call from now on (attnserve_cuda_bench); last_call_stages() reads

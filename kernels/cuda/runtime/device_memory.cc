@@ -121,4 +121,39 @@ absl::Status DevicePageStore::Commit(absl::Span<const int32_t> pages) {
   return absl::OkStatus();
 }
 
+absl::Status DevicePageStore::CopyPage(int32_t from, absl::Span<const int32_t> to,
+                                      cudaStream_t stream) const {
+  for (int32_t page : to) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(PagePtr(page), PagePtr(from), static_cast<size_t>(page_bytes_),
+                        cudaMemcpyDeviceToDevice, stream),
+        "copying a KV page");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DevicePageStore::Download(absl::Span<const int32_t> pages, void* host,
+                                       cudaStream_t stream) const {
+  auto* out = static_cast<std::byte*>(host);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out + i * page_bytes_, PagePtr(pages[i]), static_cast<size_t>(page_bytes_),
+                        cudaMemcpyDeviceToHost, stream),
+        "downloading a KV page");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DevicePageStore::Upload(absl::Span<const int32_t> pages, const void* host,
+                                     cudaStream_t stream) const {
+  const auto* in = static_cast<const std::byte*>(host);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(PagePtr(pages[i]), in + i * page_bytes_, static_cast<size_t>(page_bytes_),
+                        cudaMemcpyHostToDevice, stream),
+        "uploading a KV page");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve::cuda

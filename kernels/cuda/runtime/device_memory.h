@@ -4,6 +4,8 @@
 #ifndef ATTNSERVE_KERNELS_CUDA_RUNTIME_DEVICE_MEMORY_H_
 #define ATTNSERVE_KERNELS_CUDA_RUNTIME_DEVICE_MEMORY_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -94,7 +96,19 @@ class DevicePageStore {
   int64_t page_bytes() const { return page_bytes_; }
   void* pool_base() const { return pool_->base(); }
 
+  // Whole-page copies queued on `stream` (committed pages; the caller synchronises). A fork's
+  // partial last page, device to device:
+  absl::Status CopyPage(int32_t from, absl::Span<const int32_t> to, cudaStream_t stream) const;
+  // Export and import, page_bytes per page in `pages`' order: device to host and host to device.
+  absl::Status Download(absl::Span<const int32_t> pages, void* host, cudaStream_t stream) const;
+  absl::Status Upload(absl::Span<const int32_t> pages, const void* host,
+                      cudaStream_t stream) const;
+
  private:
+  std::byte* PagePtr(int32_t page) const {
+    return static_cast<std::byte*>(pool_->base()) + PageOffset(page);
+  }
+
   std::shared_ptr<DeviceSlabPool> pool_;
   int64_t page_bytes_;
   int64_t pages_per_slab_;
