@@ -65,7 +65,7 @@ grep -q '"source_released":true' <<<"${out}" || fail "move did not release the s
   fail "B does not hold request r at length 40"
 "${ATTNCTL}" --server="${B}" decode --session="${SB}" --request=r --steps=2 >/dev/null ||
   fail "the moved request does not decode on B"
-if "${ATTNCTL}" --server="${A}" get --session="${SA}" | grep -q "request r "; then
+if "${ATTNCTL}" --server="${A}" get --session="${SA}" | grep "request r " >/dev/null; then
   fail "A still holds request r after --release_source"
 fi
 

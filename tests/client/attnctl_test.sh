@@ -97,7 +97,7 @@ ctl release --session="${session}" --request=far2 >/dev/null
 
 # fork: u and s hold the same 23 tokens (same prompt, same decode inputs). Forks of u (attnctl and
 # the Python client) continue exactly as s does: the same seeded step gives the same output.
-ctl fork --session="${session}" --request=u --forks=f1,f2 | grep -q "forked f2 from u: 23 tokens" ||
+ctl fork --session="${session}" --request=u --forks=f1,f2 | grep "forked f2 from u: 23 tokens" >/dev/null ||
   fail "fork: attnctl did not report f2 with 23 tokens"
 PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${session}" <<'PY' || fail "fork: the Python client"
 import sys
@@ -161,7 +161,7 @@ ctl forward --session="${stack_session}" --request=s --tokens=40 >/dev/null
 kinds="$(ctl --json get --session="${stack_session}" |
          json '" ".join("%s=%s:%s" % (k["kind"], k["layers"], k["kv_bytes"]) for k in d["session"]["kv_by_layer_kind"])')"
 [[ "${kinds}" == "sliding_window:16=2:32768 global=1:24576" ]] || fail "get: KV by kind '${kinds}'"
-ctl get --session="${stack_session}" | grep -q "stack of 3 layers" || fail "get: no stack line"
+ctl get --session="${stack_session}" | grep "stack of 3 layers" >/dev/null || fail "get: no stack line"
 ctl release --session="${stack_session}" >/dev/null
 # The Python client's stack= builds the same stack (layer i from seed + i): the same output.
 PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${ADDRESS}" "${workdir}" <<'PY' || fail "Python stack="

@@ -41,7 +41,7 @@ for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench \
     while read -r lib; do cp -L "${lib}" "${OUT}/lib/"; done
 done
 for bin in cuda_backend_test attention_kernel_bench; do
-  if ldd "${OUT}/${bin}" | grep -q cublas; then
+  if ldd "${OUT}/${bin}" | grep cublas >/dev/null; then
     echo "bundle.sh: ${bin} has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
     exit 1
   fi

@@ -169,7 +169,9 @@ health_test="$(podman inspect --format '{{json .Config.Healthcheck.Test}}' "${se
 [[ "${health_test}" == *attnserve-healthcheck* ]] ||
   fail "the server's container has no attnserve-healthcheck healthcheck: ${health_test}"
 wait_for 60 "healthy" healthy || { podman logs "${server}" >&2; fail "not healthy within 60 s"; }
-podman logs "${server}" 2>&1 | grep -q "backend auto: CPU, because the CUDA backend is unavailable" ||
+# grep without -q reads to the end: under pipefail, -q exiting at the first match can fail the
+# pipeline with SIGPIPE while `podman logs` is still writing.
+podman logs "${server}" 2>&1 | grep "backend auto: CPU, because the CUDA backend is unavailable" >/dev/null ||
   { podman logs "${server}" >&2; fail "the log does not say the default backend, auto, chose the CPU"; }
 phase "server healthy (compose healthcheck ${health_test}); backend auto chose the CPU"
 

@@ -169,7 +169,9 @@ done
 [[ "${healthy}" -eq 1 ]] ||
   fail "podman healthcheck run (the image's HEALTHCHECK, ${healthcheck}) not healthy on port ${port} within 10 s"
 # The default backend, auto, chose the CPU (no GPU here, and a CPU-only image) and said why.
-podman logs "${container}" 2>&1 | grep -q "backend auto: CPU, because the CUDA backend is unavailable" ||
+# grep without -q reads to the end: under pipefail, -q exiting at the first match can fail the
+# pipeline with SIGPIPE while `podman logs` is still writing.
+podman logs "${container}" 2>&1 | grep "backend auto: CPU, because the CUDA backend is unavailable" >/dev/null ||
   { podman logs "${container}" >&2; fail "the server's log does not say backend auto chose the CPU"; }
 
 # The user: the image's configured user, and the server process itself.
