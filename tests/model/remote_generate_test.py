@@ -117,6 +117,31 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
                 failures.append(f"{name} move: never moved")
             check(f"{name} batched, moved to the second server before step {MOVE_AT_STEP}",
                   got, want)
+    return want
+
+
+def bf16_kv_report(name, model, checkpoint, prompts, client, want, new_tokens=NEW_TOKENS):
+    """The same batched generation with bf16 KV pages (attention still computed in f32): not
+    expected to be token-identical to transformers' float32 generate(), so it reports how many
+    tokens agree and where each prompt first diverges. Fails only if the bf16 session is not one or
+    a prompt does not get its tokens."""
+    with serve_attention(model, client, checkpoint, kv_dtype="bf16") as remote:
+        info = client.get_session(remote.sessions[0])
+        if info.kv_cache_dtype != "bf16":
+            failures.append(f"{name} bf16 KV: the session's KV dtype is {info.kv_cache_dtype}")
+        got = remote.generate(prompts, new_tokens)
+    agree = total = 0
+    for i, (g, w) in enumerate(zip(got, want)):
+        if len(g) != len(w):
+            failures.append(f"{name} bf16 KV: prompt {i} got {len(g)} tokens, expected {len(w)}")
+            continue
+        same = [a == b for a, b in zip(g, w)]
+        agree, total = agree + sum(same), total + len(same)
+        first = same.index(False) if False in same else None
+        print(f"  {name} bf16 KV, prompt {i}: {sum(same)}/{len(same)} tokens agree, "
+              f"{'no divergence' if first is None else f'first divergence at new token {first}'}",
+              flush=True)
+    print(f"{name} bf16 KV: {agree}/{total} tokens agree with float32 generate()", flush=True)
 
 
 def smollm2(args, client, client2):
@@ -129,7 +154,8 @@ def smollm2(args, client, client2):
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                              add_generation_prompt=True)
                for q in CHAT_QUESTIONS]
-    run_model(SMOLLM2, model, SMOLLM2, prompts, client, client2)
+    want = run_model(SMOLLM2, model, SMOLLM2, prompts, client, client2)
+    bf16_kv_report(SMOLLM2, model, SMOLLM2, prompts, client, want)
 
 
 def tiny_gemma3():
