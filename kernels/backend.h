@@ -38,6 +38,13 @@ struct PrefillChunk {
   int64_t num_tokens = 0;  // Rows of the batch's hidden-state tensor that belong to this sequence.
 };
 
+// One layer's share of a stack's SequenceExport (see SequenceExport::layers).
+struct LayerExtent {
+  int64_t num_tokens = 0;       // Tokens cached (every layer holds the same between steps).
+  int64_t first_held_page = 0;  // Leading pages this layer's window evicted: not sent.
+  int64_t held_pages = 0;       // This layer's pages in SequenceExport::pages.
+};
+
 // One sequence's cached tokens as bytes (AttentionLayer::ExportSequence), to recreate it in another
 // layer of the same spec, KV storage format and page size (ImportSequence) — on another replica.
 struct SequenceExport {
@@ -46,6 +53,11 @@ struct SequenceExport {
   int64_t page_bytes = 0;       // Bytes per page as the layer stores it (any scales included).
   // Pages [first_held_page, ceil(num_tokens / page_size)) verbatim, in order, page_bytes each.
   std::string pages;
+  // A stack's export (LayerStack::ExportSequence): one extent per layer, in layer order, and
+  // `pages` holds layer 0's held pages, then layer 1's, and so on (each layer's window evicts its
+  // own leading pages, so each has its own first_held_page; the top-level one is then 0). Empty
+  // for one layer.
+  std::vector<LayerExtent> layers;
 };
 
 // Pool usage, in pages of this layer's page size.

@@ -7,14 +7,18 @@
 //              --head_dim --rope --causal --window ...) or --spec_file=spec.json; weights from
 //              --seed or --checkpoint=PATH --layer=N (a file on the server's side); --kv_dtype,
 //              --page_size, --max_requests, --max_seq_len, --label; a hybrid stack with
-//              --stack=sw:4096x5,global (over the spec flags) or --num_layers=N (--checkpoint)
+//              --stack=sw:4096x5,global (over the spec flags) or --num_layers=N (--checkpoint);
+//              --per_layer makes the stack a model session (one layer per call; with
+//              --checkpoint alone and no --num_layers, every layer from --layer on)
 //   forward    prefill --session --request=ID[,ID...]: --tokens=N random rows (--seed), or
 //              --input=x.npy (float32/float16 [T, d_model]) or --input=x.safetensors --tensor=NAME;
 //              --dtype sets the wire dtype; --positions=5,8,... or --positions_tensor=NAME;
-//              --output=out.npy saves the first request's output
+//              --output=out.npy saves the first request's output; --layer=K runs layer K of a
+//              model session (a step is layers 0, 1, ..., n-1 in order, layer 0 starts it)
 //   decode     --session --request=ID[,ID...] --steps=N: one random hidden row per request and
 //              step, by unary Decode calls or, with --stream, over one DecodeStream; --position=P
-//              puts the first step at RoPE position P (then P+1, ...)
+//              puts the first step at RoPE position P (then P+1, ...); --layer=K as forward
+//              (one layer per step: --steps=1, then the next layer)
 //   info       GetServerInfo
 //   list       ListSessions
 //   get        GetSession --session
@@ -112,7 +116,9 @@ ABSL_FLAG(uint64_t, seed, 1, "configure: weight seed; forward/decode/demo: input
 ABSL_FLAG(std::string, checkpoint, "",
           "configure: safetensors file or directory on the server; alone (no --variant or "
           "--spec_file), the spec comes from its config.json.");
-ABSL_FLAG(int, layer, 0, "configure: layer index in --checkpoint.");
+ABSL_FLAG(int, layer, 0,
+          "configure: layer index in --checkpoint (a stack's first layer); forward/decode: the "
+          "layer of a model session (--per_layer) this call runs, 0 .. num_layers-1.");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "configure/demo: KV cache dtype: f32 or bf16 (the CPU backend); f32, f16 or bf16 (the "
           "CUDA backend). `attnctl info` lists what the server's backend stores.");
@@ -129,6 +135,10 @@ ABSL_FLAG(std::string, stack, "",
 ABSL_FLAG(int, num_layers, 0,
           "configure: with --checkpoint alone, a stack of this many layers from --layer on, each "
           "spec read from config.json.");
+ABSL_FLAG(bool, per_layer, false,
+          "configure: a model session (StackSpec.per_layer) of --stack's or --num_layers' layers, "
+          "or with --checkpoint alone every layer from --layer on: each forward/decode runs the "
+          "one layer --layer names (docs/remote_model.md).");
 
 // forward / decode / get / release.
 ABSL_FLAG(std::string, session, "", "Session id (from configure).");
@@ -312,8 +322,16 @@ int Configure(const Client& client) {
     if (!spec_from_checkpoint) return ReportError("--num_layers needs --checkpoint alone");
     request.mutable_stack()->set_num_layers(absl::GetFlag(FLAGS_num_layers));
   } else if (!spec_from_checkpoint) {
+    if (absl::GetFlag(FLAGS_per_layer)) {
+      return ReportError(
+          "--per_layer needs a stack: --stack over the spec flags, or --checkpoint alone (with "
+          "--num_layers, or every layer from --layer on)");
+    }
     *request.mutable_spec() = LayerSpecToProto(*spec);
   }
+  // A model session: with --checkpoint alone and no --num_layers, the stack's 0 layers mean every
+  // layer of config.json from --layer on.
+  if (absl::GetFlag(FLAGS_per_layer)) request.mutable_stack()->set_per_layer(true);
   if (const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint); !checkpoint.empty()) {
     request.mutable_weights()->mutable_checkpoint()->set_path(checkpoint);
     request.mutable_weights()->mutable_checkpoint()->set_layer_index(absl::GetFlag(FLAGS_layer));
@@ -493,6 +511,7 @@ int Forward(const Client& client) {
 
   v1::ForwardRequest request;
   request.set_session_id(session);
+  request.set_layer(absl::GetFlag(FLAGS_layer));
   for (const std::string& id : ids) {
     v1::ForwardItem* item = request.add_items();
     item->set_request_id(id);
@@ -566,6 +585,7 @@ int Decode(const Client& client) {
   auto make_step = [&](int step) {
     v1::DecodeRequest request;
     request.set_session_id(session);
+    request.set_layer(absl::GetFlag(FLAGS_layer));
     for (const std::string& id : ids) {
       v1::DecodeItem* item = AddRandomDecodeItem(&request, id, rng, d_model, wire_dtype);
       if (position >= 0) item->set_position(position + step - 1);
@@ -775,15 +795,23 @@ int Get(const Client& client) {
   absl::PrintF("%s\n", SessionLine(info));
   absl::PrintF("page %d tokens; parameters %d; KV %d bytes/token\n", info.page_size(),
                info.cost().parameter_count(), info.cost().kv_bytes_per_token());
-  if (info.num_layers() > 1) absl::PrintF("stack of %d layers, KV by kind:\n", info.num_layers());
+  if (info.num_layers() > 1) {
+    absl::PrintF("%s of %d layers, KV by kind:\n",
+                 info.per_layer() ? "model session (one layer per call: --layer)" : "stack",
+                 info.num_layers());
+  }
   for (const v1::LayerKindKv& kind : info.kv_by_layer_kind()) {
     absl::PrintF("  %-24s %3d layers  KV %s (%d bytes)\n", kind.kind(), kind.layers(),
                  Mib(kind.kv_bytes()), kind.kv_bytes());
   }
   for (const v1::RequestInfo& request_info : info.requests()) {
-    absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s\n", request_info.request_id(),
-                 request_info.sequence_length(), Mib(request_info.kv_bytes()),
-                 request_info.idle_ns() / 1e9);
+    // A model session's request mid-step names the layer its step runs next.
+    const std::string step =
+        request_info.next_layer() > 0 ? absl::StrCat("  next layer ", request_info.next_layer())
+                                      : "";
+    absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s%s\n",
+                 request_info.request_id(), request_info.sequence_length(),
+                 Mib(request_info.kv_bytes()), request_info.idle_ns() / 1e9, step);
   }
   return kExitOk;
 }

@@ -246,17 +246,119 @@ absl::StatusOr<std::vector<SequenceId>> LayerStack::ForkSequence(SequenceId sour
 }
 
 absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) const {
-  (void)sequence;
-  return absl::UnimplementedError(
-      "ExportRequest: a session holding a stack of layers (a hybrid stack or a model session) "
-      "cannot export requests yet (one layer per session only)");
+  absl::StatusOr<const std::vector<SequenceId>*> found = Find(sequence);
+  if (!found.ok()) return found.status();
+  // Mid-step, layers 0..next-1 hold one more step of tokens than the rest: no single length to
+  // send, and the step's reservations cannot travel.
+  if (const int next = NextLayer(sequence); next != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sequence ", sequence, " is mid-step (layers 0..", next - 1, " of ", layers_.size(),
+        " ran it; layer ", next, " runs next): move it once layer ", layers_.size() - 1,
+        " has run"));
+  }
+  SequenceExport stack;
+  stack.page_bytes = layers_[0]->PoolUsage().page_bytes;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    absl::StatusOr<SequenceExport> part = layers_[k]->ExportSequence((**found)[k]);
+    if (!part.ok()) {
+      return absl::Status(part.status().code(),
+                          absl::StrCat("layer ", k, ": ", part.status().message()));
+    }
+    if (k == 0) stack.num_tokens = part->num_tokens;
+    stack.layers.push_back(LayerExtent{
+        part->num_tokens, part->first_held_page,
+        part->page_bytes == 0 ? 0 : static_cast<int64_t>(part->pages.size()) / part->page_bytes});
+    stack.pages.append(part->pages);
+  }
+  return stack;
 }
 
 absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& exported) {
-  (void)exported;
-  return absl::UnimplementedError(
-      "ImportRequest: a session holding a stack of layers (a hybrid stack or a model session) "
-      "cannot import requests yet (one layer per session only)");
+  // Every layer is checked before any imports: a refusal changes nothing.
+  if (exported.layers.size() != layers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers: the export holds ", exported.layers.size(), " layers, this stack ",
+        layers_.size(), " (a request moves between sessions of the same stack)"));
+  }
+  const int64_t page_bytes = layers_[0]->PoolUsage().page_bytes;
+  if (exported.page_bytes != page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("page_bytes = ", exported.page_bytes,
+                                                   ", this stack's layers store ", page_bytes));
+  }
+  int64_t held_pages = 0;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    const LayerExtent& part = exported.layers[k];
+    if (part.num_tokens != exported.num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layers[", k, "].num_tokens = ", part.num_tokens, ", unlike the request's ",
+          exported.num_tokens, " (a request moves between steps, when every layer holds the same)"));
+    }
+    if (part.held_pages < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", k, "].held_pages = ", part.held_pages, ", must be >= 0"));
+    }
+    const KvPoolUsage usage = layers_[k]->PoolUsage();
+    const int64_t free = usage.capacity_pages - usage.used_pages - reserved_pages_[k];
+    if (part.held_pages > free) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "KV cache pool exhausted: this import needs ", part.held_pages, " pages of ",
+          usage.page_size, " tokens in layer ", k, ", ", free, " of ", usage.capacity_pages,
+          " pages of that layer are free (reservations of steps in flight counted)"));
+    }
+    held_pages += part.held_pages;
+  }
+  if (static_cast<int64_t>(exported.pages.size()) != held_pages * page_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pages: ", exported.pages.size(), " bytes, the layers' held_pages sum to ",
+                     held_pages, " pages of ", page_bytes, " bytes"));
+  }
+  // Charged once for every layer, as a step is at layer 0.
+  const int64_t bytes = held_pages * page_bytes;
+  KvMemoryBudget* budget = kv_config_.budget.get();
+  if (budget != nullptr && bytes > 0) {
+    if (!budget->TryCharge(bytes)) {
+      return KvBudgetExhaustedError(*budget, bytes, held_pages, layers_[0]->PoolUsage().page_size,
+                                    absl::StrCat("this import (", layers_.size(), " layers)"));
+    }
+    charged_ += bytes;
+  }
+  std::vector<SequenceId> ids;
+  size_t offset = 0;
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    const LayerExtent& part = exported.layers[k];
+    SequenceExport layer_part;
+    layer_part.num_tokens = part.num_tokens;
+    layer_part.first_held_page = part.first_held_page;
+    layer_part.page_bytes = page_bytes;
+    const size_t n = static_cast<size_t>(part.held_pages * page_bytes);
+    layer_part.pages = exported.pages.substr(offset, n);
+    offset += n;
+    absl::StatusOr<SequenceId> id = layers_[k]->ImportSequence(layer_part);
+    if (!id.ok()) {
+      // Undone: the layers before k release what they took, and Settle returns the charge.
+      for (size_t j = 0; j < ids.size(); ++j) layers_[j]->ReleaseSequence(ids[j]).IgnoreError();
+      Settle();
+      return absl::Status(id.status().code(),
+                          absl::StrCat("layers[", k, "]: ", id.status().message()));
+    }
+    ids.push_back(*id);
+  }
+  const SequenceId id = next_id_++;
+  sequences_.emplace(id, std::move(ids));
+  Settle();
+  return id;
+}
+
+absl::Status LayerStack::FailAfterAppend(absl::string_view what, int layer, absl::string_view unit,
+                                         absl::Span<const SequenceId> ids,
+                                         const absl::Status& failure) {
+  const std::string reason =
+      absl::StrCat(what, " ", layer, " failed after layers 0..", layer - 1, " had appended the ",
+                   unit, "'s tokens: ", failure.message());
+  Drop(ids, reason);
+  Settle();
+  return absl::Status(failure.code(), absl::StrCat(reason, " (the batch's ", ids.size(),
+                                                   " sequence(s) were dropped from every layer)"));
 }
 
 void LayerStack::Drop(absl::Span<const SequenceId> ids, const std::string& reason) {
@@ -327,16 +429,8 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
     for (size_t i = 0; i < ids.size(); ++i) layer_ids[i] = (*found[i])[k];
     absl::StatusOr<Tensor> out = call(*layers_[k], absl::MakeConstSpan(layer_ids), h);
     if (!out.ok()) {
-      if (k > 0) {
-        const std::string reason =
-            absl::StrCat("stack layer ", k, " failed after layers 0..", k - 1,
-                         " had appended the batch's tokens: ", out.status().message());
-        Drop(ids, reason);
-        Settle();
-        return absl::Status(out.status().code(),
-                            absl::StrCat(reason, " (the batch's ", ids.size(),
-                                         " sequence(s) were dropped from every layer)"));
-      }
+      if (k > 0) return FailAfterAppend("stack layer", static_cast<int>(k), "batch", ids,
+                                        out.status());
       Settle();
       return out.status();
     }
@@ -484,16 +578,7 @@ absl::StatusOr<Tensor> LayerStack::RunLayer(int layer, absl::Span<const Sequence
   absl::StatusOr<Tensor> out =
       call(*layers_[static_cast<size_t>(layer)], absl::MakeConstSpan(layer_ids), hidden);
   if (!out.ok()) {
-    if (layer > 0) {
-      const std::string reason =
-          absl::StrCat("layer ", layer, " failed after layers 0..", layer - 1,
-                       " had appended the step's tokens: ", out.status().message());
-      Drop(ids, reason);
-      Settle();
-      return absl::Status(out.status().code(),
-                          absl::StrCat(reason, " (the batch's ", ids.size(),
-                                       " sequence(s) were dropped from every layer)"));
-    }
+    if (layer > 0) return FailAfterAppend("layer", layer, "step", ids, out.status());
     for (SequenceId id : ids) EndStep(id);  // Layer 0 changed nothing: no step started.
     Settle();
     return out.status();

@@ -26,7 +26,11 @@
 // FAILED_PRECONDITION naming the sequence and layers, nothing changed. A failure of layer k > 0
 // drops the batch's sequences as in residual mode. Prefill and Decode (all layers) are refused.
 //
-// Not implemented for stacks: ExportSequence/ImportSequence (UNIMPLEMENTED, named).
+// Moving a sequence (ExportSequence / ImportSequence): the export holds every layer's held pages
+// in layer order with one LayerExtent each (SequenceExport::layers). A sequence mid-step is
+// refused FAILED_PRECONDITION naming the layer that runs next. An import checks every layer (its
+// extent, its pool) and charges the budget once for all of them before any layer imports; a layer
+// that still refuses undoes the layers before it, so an import is all or nothing.
 // Threading: as AttentionLayer; kv_usage() may be read from any thread.
 #ifndef ATTNSERVE_KERNELS_STACK_LAYER_STACK_H_
 #define ATTNSERVE_KERNELS_STACK_LAYER_STACK_H_
@@ -39,6 +43,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -163,6 +168,11 @@ class LayerStack final : public AttentionLayer {
                                    absl::Span<const int64_t> rows, size_t first_layer) const;
   // Forgets the step in flight of `sequence` (if any) and its reserved pages.
   void EndStep(SequenceId sequence);
+  // Layer `layer` > 0 of a batch (`unit`: "batch" or "step") failed with `failure` after the
+  // layers before it appended the tokens, which cannot be undone: drops `ids`, settles the budget
+  // and returns `failure`'s code with a message naming `what` `layer` and saying so.
+  absl::Status FailAfterAppend(absl::string_view what, int layer, absl::string_view unit,
+                               absl::Span<const SequenceId> ids, const absl::Status& failure);
   // Releases `ids` in every layer and marks them dropped with `reason`.
   void Drop(absl::Span<const SequenceId> ids, const std::string& reason);
   // Hands the budget back what the layers no longer hold, and refreshes kv_usage_.

@@ -57,6 +57,12 @@ v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestE
                             ? 0
                             : static_cast<int64_t>(exported.kv.pages.size()) /
                                   exported.kv.page_bytes);
+  for (const LayerExtent& part : exported.kv.layers) {
+    v1::ExportedLayer* layer = header.add_layers();
+    layer->set_sequence_length(part.num_tokens);
+    layer->set_first_held_page(part.first_held_page);
+    layer->set_held_pages(part.held_pages);
+  }
   return header;
 }
 
@@ -88,6 +94,52 @@ absl::Status CheckSameLayer(const v1::ExportedRequest& header, const Session& se
   if (differs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the request was exported from a session unlike session '", session.id(), "': ", differs));
+}
+
+// INVALID_ARGUMENT unless the header's held pages fit its sequence_length: for one layer, and for
+// each layer of a stack (whose count must be the session's, FAILED_PRECONDITION otherwise), the
+// held pages are the pages of sequence_length tokens less the leading ones its window evicted.
+absl::Status CheckHeldPages(const v1::ExportedRequest& request, const Session& session) {
+  const int64_t length = request.sequence_length();
+  const int64_t pages = PagesForTokens(length, static_cast<int>(request.page_size()));
+  const auto fits = [&](absl::string_view field, int64_t sequence_length, int64_t first_held_page,
+                        int64_t held_pages) -> absl::Status {
+    if (sequence_length == length && first_held_page >= 0 && first_held_page <= pages &&
+        held_pages == pages - first_held_page) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": sequence_length = ", sequence_length, ", first_held_page = ", first_held_page,
+        " and held_pages = ", held_pages, " do not fit ", length, " tokens in pages of ",
+        request.page_size(), " (", pages, " pages: held_pages = pages - first_held_page)"));
+  };
+  const int want_layers = session.stack_kv() != nullptr ? session.num_layers() : 0;
+  if (request.layers_size() != want_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "header.request.layers: the request was exported with ", request.layers_size(),
+        " layer entries, session '", session.id(), "' ",
+        want_layers == 0 ? "holds one layer (no entries)"
+                         : absl::StrCat("holds a stack of ", want_layers, " layers")));
+  }
+  if (want_layers == 0) {
+    return fits("header.request", length, request.first_held_page(), request.held_pages());
+  }
+  int64_t held = 0;
+  for (int k = 0; k < request.layers_size(); ++k) {
+    const v1::ExportedLayer& layer = request.layers(k);
+    if (absl::Status s = fits(absl::StrCat("header.request.layers[", k, "]"),
+                              layer.sequence_length(), layer.first_held_page(), layer.held_pages());
+        !s.ok()) {
+      return s;
+    }
+    held += layer.held_pages();
+  }
+  if (request.first_held_page() != 0 || request.held_pages() != held) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "header.request: first_held_page = ", request.first_held_page(), " and held_pages = ",
+        request.held_pages(), "; a stack's must be 0 and the layers' sum (", held, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // ---- ExportRequest -----------------------------------------------------------------------------
@@ -362,14 +414,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           "header.request.sequence_length = ", length, " passes session '", (*session)->id(),
           "''s max_sequence_length (", (*session)->limits().max_sequence_length, ")"));
     }
-    const int64_t pages = PagesForTokens(length, static_cast<int>(request.page_size()));
-    if (request.first_held_page() < 0 || request.first_held_page() > pages ||
-        request.held_pages() != pages - request.first_held_page()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "header.request: first_held_page = ", request.first_held_page(), " and held_pages = ",
-          request.held_pages(), " do not fit ", length, " tokens in pages of ", request.page_size(),
-          " (", pages, " pages: held_pages = pages - first_held_page)"));
-    }
+    if (absl::Status s = CheckHeldPages(request, **session); !s.ok()) return s;
     if ((*session)->HasRequest(header.request_id())) {
       return absl::AlreadyExistsError(
           absl::StrCat("header.request_id: request '", header.request_id(),
@@ -390,6 +435,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     expected_bytes_ = bytes;
     exported_.kv.num_tokens = length;
     exported_.kv.first_held_page = request.first_held_page();
+    for (const v1::ExportedLayer& layer : request.layers()) {
+      exported_.kv.layers.push_back(
+          LayerExtent{layer.sequence_length(), layer.first_held_page(), layer.held_pages()});
+    }
     exported_.kv.page_bytes = request.page_bytes();
     exported_.kv.pages.reserve(static_cast<size_t>(bytes));
     exported_.last_position = request.last_position();

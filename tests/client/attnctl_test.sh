@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ctest: attnctl against the real server binary on 127.0.0.1, and deploy/run_demo.sh.
-#   - health, info, configure (flags, --spec_file and --stack), list, get, release, demo --json;
+#   - health, info, configure (flags, --spec_file, --stack and --per_layer with forward/decode
+#     --layer), list, get, release, demo --json;
 #   - forward with a .npy input (float32 and float16) and --output: the output equals, bit for bit,
 #     what the Python client gets for the same input on another request of the same session;
 #   - decode: unary and --stream on two requests fed the same seeded inputs give the same outputs;
@@ -183,6 +184,38 @@ with AttnServeClient(sys.argv[1]) as client:
     client.release(result.session_id)
 PY
 expect_exit 2 "is not a layer kind" -- configure --spec_file="${workdir}/spec.json" --stack=sw:0
+
+# --per_layer: the same stack as a model session; forward and decode run the layer --layer names.
+model="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --stack=sw:16x2,global \
+         --per_layer)"
+model_session="$(json 'd["session_id"]' <<<"${model}")"
+[[ "$(ctl --json get --session="${model_session}" | json 'd["session"]["per_layer"]')" == True ]] ||
+  fail "--per_layer: not a model session"
+for k in 0 1 2; do
+  ctl forward --session="${model_session}" --request=m --tokens=40 --seed=3 --layer="${k}" \
+      --output="${workdir}/model_layer${k}.npy" >/dev/null || fail "forward --layer=${k}"
+done
+# Layer 2 (global, weights from seed 5 + 2) computes what one layer of that seed computes.
+single="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=7 | json 'd["session_id"]')"
+ctl forward --session="${single}" --request=m --tokens=40 --seed=3 \
+    --output="${workdir}/single_layer.npy" >/dev/null
+cmp -s "${workdir}/model_layer2.npy" "${workdir}/single_layer.npy" ||
+  fail "forward --layer=2 differs from one layer of seed 7"
+expect_exit 1 "not a model session" -- forward --session="${single}" --request=m2 --layer=1
+ctl release --session="${single}" >/dev/null
+# A step runs layers 0, 1, 2 in order: layer 2 first is refused, and get names the next layer.
+expect_exit 1 "FAILED_PRECONDITION.*out of order" -- decode --session="${model_session}" --request=m --layer=2
+ctl decode --session="${model_session}" --request=m --layer=0 >/dev/null || fail "decode --layer=0"
+ctl get --session="${model_session}" | grep -q "next layer 1" || fail "get: no next layer"
+for k in 1 2; do
+  ctl decode --session="${model_session}" --request=m --layer="${k}" >/dev/null ||
+    fail "decode --layer=${k}"
+done
+[[ "$(ctl --json get --session="${model_session}" | json 'd["session"]["requests"][0]["sequence_length"]')" == 41 ]] ||
+  fail "model session: length after one decode step is not 41"
+expect_exit 1 INVALID_ARGUMENT -- forward --session="${model_session}" --request=m3 --layer=3
+ctl release --session="${model_session}" >/dev/null
+expect_exit 2 "--per_layer needs a stack" -- configure --spec_file="${workdir}/spec.json" --per_layer
 
 ctl release --session="${session}" --request=a >/dev/null
 ctl release --session="${session}" >/dev/null

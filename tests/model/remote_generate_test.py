@@ -13,9 +13,10 @@ For every model: each prompt alone, all prompts in one batch, and continuous bat
 max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
 generate() on each prompt alone. With --server2 (a second server with the same checkpoint root),
 a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
-ImportRequest of every layer's requests) and must continue identically. The checks serve the
-model from one model session (serve_attention's default), the move from one session per layer
-(one_session=False: model sessions do not export requests yet).
+ImportRequest of every request) and must continue identically. Every check serves the model from
+one model session per server (serve_attention's default): the move carries each request's pages
+of every layer in one export. The tiny models also move once from one session per layer
+(one_session=False), the other path move_to keeps.
 
 --models_dir is the directory the servers were started with as --checkpoint_root; sessions name
 their checkpoint relative to it. Prints one line per check and "remote_generate_test: PASS".
@@ -78,7 +79,45 @@ def reference(model, prompts, new_tokens):
     return outputs, margin
 
 
-def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_TOKENS):
+def check_move(name, model, checkpoint, prompts, client, client2, want, new_tokens,
+               one_session):
+    """A batched generation moved to client2's server before step MOVE_AT_STEP continues
+    identically; with one_session, from one model session on each server."""
+    how = "one model session" if one_session else "one session per layer"
+    with serve_attention(model, client, checkpoint, one_session=one_session) as remote:
+        moved = []
+
+        def move(remote_model, step):
+            if step != MOVE_AT_STEP:
+                return
+            fingerprints = list(remote_model.fingerprints)
+            old_sessions = list(remote_model.sessions)
+            lengths = dict(remote_model.live)
+            remote_model.move_to(client2)
+            if remote_model.fingerprints != fingerprints:
+                failures.append(f"{name} move ({how}): fingerprints differ between servers")
+            if one_session:
+                info = client2.get_session(remote_model.sessions[0])
+                if len(remote_model.sessions) != 1 or not info.per_layer:
+                    failures.append(f"{name} move: not one model session on the second server")
+                held = {r.request_id: r.sequence_length for r in info.requests}
+                if held != lengths:
+                    failures.append(f"{name} move: the second server holds {held}, the client "
+                                    f"had {lengths}")
+            left = {s.session_id for s in client.list_sessions()} & set(old_sessions)
+            if left:
+                failures.append(f"{name} move ({how}): sessions {left} left on the first server")
+            moved.append(step)
+
+        got = remote.generate(prompts, new_tokens, on_step=move)
+        if not moved:
+            failures.append(f"{name} move ({how}): never moved")
+        check(f"{name} batched, moved ({how}) to the second server before step {MOVE_AT_STEP}",
+              got, want)
+
+
+def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_TOKENS,
+              per_layer_move=False):
     start = time.perf_counter()
     want, margin = reference(model, prompts, new_tokens)
     ref_s = time.perf_counter() - start
@@ -101,22 +140,10 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
         print(f"{name}: remote {stats.new_tokens} tokens in {stats.seconds:.1f} s "
               f"({stats.rpc_seconds:.1f} s in attnserve calls)", flush=True)
     if client2 is not None:
-        with serve_attention(model, client, checkpoint, one_session=False) as remote:
-            moved = []
-
-            def move(remote_model, step):
-                if step == MOVE_AT_STEP:
-                    fingerprints = list(remote_model.fingerprints)
-                    remote_model.move_to(client2)
-                    if remote_model.fingerprints != fingerprints:
-                        failures.append(f"{name} move: fingerprints differ between servers")
-                    moved.append(step)
-
-            got = remote.generate(prompts, new_tokens, on_step=move)
-            if not moved:
-                failures.append(f"{name} move: never moved")
-            check(f"{name} batched, moved to the second server before step {MOVE_AT_STEP}",
-                  got, want)
+        check_move(name, model, checkpoint, prompts, client, client2, want, new_tokens, True)
+        if per_layer_move:
+            check_move(name, model, checkpoint, prompts, client, client2, want, new_tokens,
+                       False)
     return want
 
 
@@ -191,7 +218,7 @@ def tiny(args, client, client2):
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
         model.save_pretrained(Path(args.models_dir) / name, safe_serialization=True)
-        run_model(name, model, name, prompts, client, client2)
+        run_model(name, model, name, prompts, client, client2, per_layer_move=True)
 
 
 def main() -> int:

@@ -20,8 +20,9 @@ states to the server — one call per layer per step, naming the layer in the mo
 Forward (prefill, explicit positions) when some prompt is new,
 else Decode with explicit positions — and returns what attnserve returns: the attention output
 after o_proj, which the decoder layer adds to its residual. Every prompt is one request id (in
-every session); the server holds the KV caches, the client none. Moving requests to another
-server (move_to) needs one session per layer: model sessions do not export requests yet.
+every session); the server holds the KV caches, the client none. move_to moves every live
+request to another server between steps: a model session's request travels whole (every
+layer's pages in one ExportRequest), one session per layer's one request per layer.
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
 `(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc): Llama,
@@ -215,12 +216,10 @@ class RemoteModel:
         """Moves every session and live request to the server behind `client` (same checkpoint,
         hence the same fingerprints): configures the layers there, exports each request's KV
         pages here and imports them there, then releases the sessions here. Generation continues
-        on the new server as if nothing happened. Needs one session per layer
-        (one_session=False): model sessions do not export requests yet."""
-        if self.one_session:
-            raise NotImplementedError(
-                "move_to: a model session cannot export its requests yet (ExportRequest answers "
-                "UNIMPLEMENTED); serve with one_session=False (one session per layer) to move")
+        on the new server as if nothing happened. Call it between steps (on_step): a model
+        session refuses to export a request whose step has not run every layer. With one model
+        session, one export per request carries every layer's pages; with one_session=False,
+        one export per request and layer."""
         old_client, old_sessions = self.client, self.sessions
         new_sessions = self._configure(client)
         for old_sid, new_sid in zip(old_sessions, new_sessions):
