@@ -4,7 +4,8 @@
 // forks decode as their source; a batch the budget cannot hold is refused with nothing changed, and
 // a failure in a layer above the first drops the batch's sequences from every layer without leaking
 // a page; in per-layer (model) mode each call runs one layer, in step order, the step's pages of
-// every layer charged at layer 0.
+// every layer charged at layer 0; a sequence moves (export, import) over every layer, all or
+// nothing.
 #include "kernels/stack/layer_stack.h"
 
 #include <cstring>
@@ -341,6 +342,166 @@ TEST(LayerStackTest, PerLayerModeRunsOneLayerPerCallInStepOrder) {
   ASSERT_TRUE((*stack)->ReleaseSequence(id).ok());
   EXPECT_EQ(budget->used_bytes(), 0);
   EXPECT_EQ((*stack)->PoolUsage().used_pages, 0);
+}
+
+// Moving a sequence (ExportSequence / ImportSequence): every layer's held pages in one export, a
+// window layer's evicted ones left out; the imported sequence decodes bit for bit as its unmoved
+// twin; the import charges the budget once for all layers.
+TEST(LayerStackTest, ExportImportMovesASequenceOverEveryLayer) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  const std::vector<LayerWeights> weights = WeightsFor(specs);
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  auto source_budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  auto target_budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> source =
+      LayerStack::Create(**backend, specs, weights, Pool(256, source_budget));
+  absl::StatusOr<std::unique_ptr<LayerStack>> target =
+      LayerStack::Create(**backend, specs, weights, Pool(256, target_budget));
+  ASSERT_TRUE(source.ok() && target.ok());
+  const int64_t page_bytes = (*source)->PoolUsage().page_bytes;
+  std::mt19937_64 rng(21);
+  const int d = specs[0].d_model;
+  const SequenceId moved = (*source)->CreateSequence();
+  const SequenceId twin = (*source)->CreateSequence();
+  // The same 37-token prompt and 10 decode steps, one call each (equal shapes, equal bits).
+  const Tensor prompt = ToTensor(RandomHidden(37, d, rng), {37, d}, DType::kF32);
+  for (SequenceId id : {moved, twin}) {
+    const PrefillChunk chunk{id, 37};
+    ASSERT_TRUE((*source)->Prefill({&chunk, 1}, prompt, {}).ok());
+  }
+  for (int step = 0; step < 10; ++step) {
+    const Tensor hidden = ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32);
+    for (SequenceId id : {moved, twin}) ASSERT_TRUE((*source)->Decode({id}, hidden, {}).ok());
+  }
+
+  absl::StatusOr<SequenceExport> exported = (*source)->ExportSequence(moved);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->num_tokens, 47);
+  EXPECT_EQ(exported->page_bytes, page_bytes);
+  ASSERT_EQ(exported->layers.size(), 3u);
+  int64_t held = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    const LayerExtent& part = exported->layers[k];
+    EXPECT_EQ(part.num_tokens, 47);
+    EXPECT_EQ(part.first_held_page + part.held_pages, 3) << "47 tokens: 3 pages, layer " << k;
+    held += part.held_pages;
+  }
+  // Window 20 at 47 tokens: the last token sees 27..46, so page 0 is gone in layers 0 and 1.
+  EXPECT_EQ(exported->layers[0].first_held_page, 1);
+  EXPECT_EQ(exported->layers[1].first_held_page, 1);
+  EXPECT_EQ(exported->layers[2].first_held_page, 0);
+  EXPECT_EQ(static_cast<int64_t>(exported->pages.size()), held * page_bytes);
+
+  absl::StatusOr<SequenceId> imported = (*target)->ImportSequence(*exported);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(target_budget->used_bytes(), held * page_bytes) << "charged once, for every layer";
+  EXPECT_EQ((*target)->SequenceLength(*imported).value_or(-1), 47);
+  for (int step = 0; step < 8; ++step) {
+    const Tensor hidden = ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32);
+    absl::StatusOr<Tensor> there = (*target)->Decode({*imported}, hidden, {});
+    absl::StatusOr<Tensor> here = (*source)->Decode({twin}, hidden, {});
+    ASSERT_TRUE(there.ok() && here.ok());
+    EXPECT_TRUE(SameBits(*there, *here)) << "step " << step;
+  }
+  ASSERT_TRUE((*target)->ReleaseSequence(*imported).ok());
+  EXPECT_EQ(target_budget->used_bytes(), 0);
+}
+
+// An import checks every layer before any changes (layer count, extents, each layer's pool, the
+// budget), and a layer that still refuses its pages undoes the layers before it. A sequence in
+// mid-step (per-layer mode) is not exported.
+TEST(LayerStackTest, ImportIsAllOrNothingAndMidStepExportIsRefused) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  const std::vector<LayerWeights> weights = WeightsFor(specs);
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> source = LayerStack::Create(
+      **backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
+  ASSERT_TRUE(source.ok());
+  const int64_t page_bytes = (*source)->PoolUsage().page_bytes;
+  std::mt19937_64 rng(29);
+  const int d = specs[0].d_model;
+  const SequenceId id = (*source)->CreateSequence();
+  const PrefillChunk chunk{id, 40};
+  const Tensor prompt = ToTensor(RandomHidden(40, d, rng), {40, d}, DType::kF32);
+  ASSERT_TRUE((*source)->PrefillLayer(0, {&chunk, 1}, prompt, {}).ok());
+  absl::StatusOr<SequenceExport> mid_step = (*source)->ExportSequence(id);
+  EXPECT_EQ(mid_step.status().code(), absl::StatusCode::kFailedPrecondition) << mid_step.status();
+  EXPECT_THAT(mid_step.status().message(), HasSubstr("is mid-step"));
+  EXPECT_THAT(mid_step.status().message(), HasSubstr("layer 1 runs next"));
+  for (int k = 1; k < 3; ++k) ASSERT_TRUE((*source)->PrefillLayer(k, {&chunk, 1}, prompt, {}).ok());
+  absl::StatusOr<SequenceExport> exported = (*source)->ExportSequence(id);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  int64_t held = 0;
+  for (const LayerExtent& part : exported->layers) held += part.held_pages;
+
+  const auto expect_untouched = [&](const LayerStack& stack, const KvMemoryBudget* target_budget,
+                                    const std::string& what) {
+    EXPECT_EQ(stack.PoolUsage().used_pages, 0) << what;
+    if (target_budget != nullptr) EXPECT_EQ(target_budget->used_bytes(), 0) << what;
+  };
+  auto target_budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<LayerStack>> target = LayerStack::Create(
+      **backend, specs, weights, Pool(256, target_budget), StackMode::kPerLayer);
+  ASSERT_TRUE(target.ok());
+
+  // Layer 2 (global) said to have evicted its first page: layers 0 and 1 import, layer 2
+  // refuses, and the two are undone.
+  SequenceExport lying = *exported;
+  lying.layers[2].first_held_page = 1;
+  lying.layers[2].held_pages -= 1;
+  lying.pages.erase(
+      static_cast<size_t>((lying.layers[0].held_pages + lying.layers[1].held_pages) * page_bytes),
+      static_cast<size_t>(page_bytes));
+  absl::StatusOr<SequenceId> refused = (*target)->ImportSequence(lying);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("layers[2]: "));
+  expect_untouched(**target, target_budget.get(), "layer 2 refused");
+
+  // Another layer count, another length in one layer, bytes that do not add up.
+  SequenceExport fewer_layers = *exported;
+  fewer_layers.layers.pop_back();
+  refused = (*target)->ImportSequence(fewer_layers);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("the export holds 2 layers, this stack 3"));
+  SequenceExport uneven = *exported;
+  uneven.layers[1].num_tokens = 39;
+  refused = (*target)->ImportSequence(uneven);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("layers[1].num_tokens = 39"));
+  SequenceExport short_bytes = *exported;
+  short_bytes.pages.pop_back();
+  refused = (*target)->ImportSequence(short_bytes);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  expect_untouched(**target, target_budget.get(), "malformed");
+
+  // A budget one page short, and a layer pool of 2 pages (layer 2 holds 3).
+  auto small = std::make_shared<KvMemoryBudget>((held - 1) * page_bytes);
+  absl::StatusOr<std::unique_ptr<LayerStack>> poor = LayerStack::Create(
+      **backend, specs, weights, Pool(256, small), StackMode::kPerLayer);
+  ASSERT_TRUE(poor.ok());
+  refused = (*poor)->ImportSequence(*exported);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  expect_untouched(**poor, small.get(), "budget");
+  absl::StatusOr<std::unique_ptr<LayerStack>> narrow = LayerStack::Create(
+      **backend, specs, weights, Pool(2, target_budget), StackMode::kPerLayer);
+  ASSERT_TRUE(narrow.ok());
+  refused = (*narrow)->ImportSequence(*exported);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("in layer 2"));
+  expect_untouched(**narrow, target_budget.get(), "layer pool");
+
+  // The true export imports, and the step order starts afresh at layer 0.
+  absl::StatusOr<SequenceId> imported = (*target)->ImportSequence(*exported);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(target_budget->used_bytes(), held * page_bytes);
+  EXPECT_EQ((*target)->NextLayer(*imported), 0);
+  const Tensor token = ToTensor(RandomHidden(1, d, rng), {1, d}, DType::kF32);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE((*target)->DecodeLayer(k, {*imported}, token, {}).ok()) << "layer " << k;
+  }
 }
 
 TEST(LayerStackTest, RefusesMismatchedLayersByName) {

@@ -350,9 +350,8 @@ TEST_F(ModelSessionMoveTest, RefusedImportsLeaveBothSidesUnchanged) {
   lying.mutable_layers(2)->set_first_held_page(1);
   lying.mutable_layers(2)->set_held_pages(header.layers(2).held_pages() - 1);
   lying.set_held_pages(header.held_pages() - 1);
-  const size_t layer2_offset =
-      static_cast<size_t>((header.layers(0).held_pages() + header.layers(1).held_pages()) *
-                          kPageBytes);
+  const size_t layer2_offset = static_cast<size_t>(
+      (header.layers(0).held_pages() + header.layers(1).held_pages()) * kPageBytes);
   std::string fewer = exported.pages;
   fewer.erase(layer2_offset, static_cast<size_t>(kPageBytes));
   status = Import(b.stub(), sb, "r", lying, fewer, &imported);
