@@ -806,12 +806,12 @@ int Get(const Client& client) {
   }
   for (const v1::RequestInfo& request_info : info.requests()) {
     // A model session's request mid-step names the layer its step runs next.
-    const std::string step =
-        request_info.next_layer() > 0 ? absl::StrCat("  next layer ", request_info.next_layer())
-                                      : "";
-    absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s%s\n",
-                 request_info.request_id(), request_info.sequence_length(),
-                 Mib(request_info.kv_bytes()), request_info.idle_ns() / 1e9, step);
+    const std::string step = request_info.next_layer() > 0
+                                 ? absl::StrCat("  next layer ", request_info.next_layer())
+                                 : "";
+    absl::PrintF("  request %-16s length %-8d KV %-12s idle %.1f s%s\n", request_info.request_id(),
+                 request_info.sequence_length(), Mib(request_info.kv_bytes()),
+                 request_info.idle_ns() / 1e9, step);
   }
   return kExitOk;
 }

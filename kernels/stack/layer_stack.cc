@@ -251,10 +251,10 @@ absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) c
   // Mid-step, layers 0..next-1 hold one more step of tokens than the rest: no single length to
   // send, and the step's reservations cannot travel.
   if (const int next = NextLayer(sequence); next != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sequence ", sequence, " is mid-step (layers 0..", next - 1, " of ", layers_.size(),
-        " ran it; layer ", next, " runs next): move it once layer ", layers_.size() - 1,
-        " has run"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", sequence, " is mid-step (layers 0..", next - 1, " of ",
+                     layers_.size(), " ran it; layer ", next, " runs next): move it once layer ",
+                     layers_.size() - 1, " has run"));
   }
   SequenceExport stack;
   stack.page_bytes = layers_[0]->PoolUsage().page_bytes;
@@ -276,9 +276,9 @@ absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) c
 absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& exported) {
   // Every layer is checked before any imports: a refusal changes nothing.
   if (exported.layers.size() != layers_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layers: the export holds ", exported.layers.size(), " layers, this stack ",
-        layers_.size(), " (a request moves between sessions of the same stack)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers: the export holds ", exported.layers.size(), " layers, this stack ",
+                     layers_.size(), " (a request moves between sessions of the same stack)"));
   }
   const int64_t page_bytes = layers_[0]->PoolUsage().page_bytes;
   if (exported.page_bytes != page_bytes) {
@@ -289,9 +289,10 @@ absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& expo
   for (size_t k = 0; k < layers_.size(); ++k) {
     const LayerExtent& part = exported.layers[k];
     if (part.num_tokens != exported.num_tokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layers[", k, "].num_tokens = ", part.num_tokens, ", unlike the request's ",
-          exported.num_tokens, " (a request moves between steps, when every layer holds the same)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers[", k, "].num_tokens = ", part.num_tokens, ", unlike the request's ",
+                       exported.num_tokens,
+                       " (a request moves between steps, when every layer holds the same)"));
     }
     if (part.held_pages < 0) {
       return absl::InvalidArgumentError(
@@ -308,9 +309,9 @@ absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& expo
     held_pages += part.held_pages;
   }
   if (static_cast<int64_t>(exported.pages.size()) != held_pages * page_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pages: ", exported.pages.size(), " bytes, the layers' held_pages sum to ",
-                     held_pages, " pages of ", page_bytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("pages: ", exported.pages.size(),
+                                                   " bytes, the layers' held_pages sum to ",
+                                                   held_pages, " pages of ", page_bytes, " bytes"));
   }
   // Charged once for every layer, as a step is at layer 0.
   const int64_t bytes = held_pages * page_bytes;
@@ -429,8 +430,9 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
     for (size_t i = 0; i < ids.size(); ++i) layer_ids[i] = (*found[i])[k];
     absl::StatusOr<Tensor> out = call(*layers_[k], absl::MakeConstSpan(layer_ids), h);
     if (!out.ok()) {
-      if (k > 0) return FailAfterAppend("stack layer", static_cast<int>(k), "batch", ids,
-                                        out.status());
+      if (k > 0) {
+        return FailAfterAppend("stack layer", static_cast<int>(k), "batch", ids, out.status());
+      }
       Settle();
       return out.status();
     }

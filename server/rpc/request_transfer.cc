@@ -115,11 +115,11 @@ absl::Status CheckHeldPages(const v1::ExportedRequest& request, const Session& s
   };
   const int want_layers = session.stack_kv() != nullptr ? session.num_layers() : 0;
   if (request.layers_size() != want_layers) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "header.request.layers: the request was exported with ", request.layers_size(),
-        " layer entries, session '", session.id(), "' ",
-        want_layers == 0 ? "holds one layer (no entries)"
-                         : absl::StrCat("holds a stack of ", want_layers, " layers")));
+    return absl::FailedPreconditionError(
+        absl::StrCat("header.request.layers: the request was exported with ", request.layers_size(),
+                     " layer entries, session '", session.id(), "' ",
+                     want_layers == 0 ? "holds one layer (no entries)"
+                                      : absl::StrCat("holds a stack of ", want_layers, " layers")));
   }
   if (want_layers == 0) {
     return fits("header.request", length, request.first_held_page(), request.held_pages());

@@ -28,10 +28,11 @@ absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_
   }
   if (state.step_layer != 0) {
     // Layers 0..step_layer-1 hold the step's tokens and the rest do not: wait for its end.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "request '", request_id, "' of model session '", id_, "' is mid-step: its step ran layers 0..",
-        state.step_layer - 1, " of ", num_layers_, " and runs layer ", state.step_layer,
-        " next; export it once layer ", num_layers_ - 1, " has run (or Release it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("request '", request_id, "' of model session '", id_,
+                     "' is mid-step: its step ran layers 0..", state.step_layer - 1, " of ",
+                     num_layers_, " and runs layer ", state.step_layer,
+                     " next; export it once layer ", num_layers_ - 1, " has run (or Release it)"));
   }
   absl::StatusOr<SequenceExport> kv = layer_->ExportSequence(state.sequence);
   if (!kv.ok()) return kv.status();

@@ -417,8 +417,8 @@ TEST(LayerStackTest, ImportIsAllOrNothingAndMidStepExportIsRefused) {
   absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
   ASSERT_TRUE(backend.ok());
   auto budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
-  absl::StatusOr<std::unique_ptr<LayerStack>> source = LayerStack::Create(
-      **backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
+  absl::StatusOr<std::unique_ptr<LayerStack>> source =
+      LayerStack::Create(**backend, specs, weights, Pool(256, budget), StackMode::kPerLayer);
   ASSERT_TRUE(source.ok());
   const int64_t page_bytes = (*source)->PoolUsage().page_bytes;
   std::mt19937_64 rng(29);
@@ -443,8 +443,8 @@ TEST(LayerStackTest, ImportIsAllOrNothingAndMidStepExportIsRefused) {
     if (target_budget != nullptr) EXPECT_EQ(target_budget->used_bytes(), 0) << what;
   };
   auto target_budget = std::make_shared<KvMemoryBudget>(int64_t{1} << 30);
-  absl::StatusOr<std::unique_ptr<LayerStack>> target = LayerStack::Create(
-      **backend, specs, weights, Pool(256, target_budget), StackMode::kPerLayer);
+  absl::StatusOr<std::unique_ptr<LayerStack>> target =
+      LayerStack::Create(**backend, specs, weights, Pool(256, target_budget), StackMode::kPerLayer);
   ASSERT_TRUE(target.ok());
 
   // Layer 2 (global) said to have evicted its first page: layers 0 and 1 import, layer 2
@@ -479,14 +479,14 @@ TEST(LayerStackTest, ImportIsAllOrNothingAndMidStepExportIsRefused) {
 
   // A budget one page short, and a layer pool of 2 pages (layer 2 holds 3).
   auto small = std::make_shared<KvMemoryBudget>((held - 1) * page_bytes);
-  absl::StatusOr<std::unique_ptr<LayerStack>> poor = LayerStack::Create(
-      **backend, specs, weights, Pool(256, small), StackMode::kPerLayer);
+  absl::StatusOr<std::unique_ptr<LayerStack>> poor =
+      LayerStack::Create(**backend, specs, weights, Pool(256, small), StackMode::kPerLayer);
   ASSERT_TRUE(poor.ok());
   refused = (*poor)->ImportSequence(*exported);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   expect_untouched(**poor, small.get(), "budget");
-  absl::StatusOr<std::unique_ptr<LayerStack>> narrow = LayerStack::Create(
-      **backend, specs, weights, Pool(2, target_budget), StackMode::kPerLayer);
+  absl::StatusOr<std::unique_ptr<LayerStack>> narrow =
+      LayerStack::Create(**backend, specs, weights, Pool(2, target_budget), StackMode::kPerLayer);
   ASSERT_TRUE(narrow.ok());
   refused = (*narrow)->ImportSequence(*exported);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
