@@ -67,7 +67,8 @@ v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& sessio
 // The request's (sequence_length, next_layer) as GetSession reports them; (-1, -1) if absent.
 std::pair<int64_t, int> RequestState(v1::AttentionService::Stub& stub, const std::string& session,
                                      const std::string& request_id) {
-  for (const v1::RequestInfo& r : Info(stub, session).requests()) {
+  const v1::SessionInfo info = Info(stub, session);  // Held: the loop reads its requests.
+  for (const v1::RequestInfo& r : info.requests()) {
     if (r.request_id() == request_id) return {r.sequence_length(), r.next_layer()};
   }
   return {-1, -1};
