@@ -15,7 +15,7 @@ generate() on each prompt alone. With --server2 (a second server with the same c
 a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
 ImportRequest of every request) and must continue identically. Every check serves the model from
 one model session per server (serve_attention's default): the move carries each request's pages
-of every layer in one export. The tiny models also move once from one session per layer
+of every layer in one export. Gemma 3 tiny also moves once from one session per layer
 (one_session=False), the other path move_to keeps.
 
 --models_dir is the directory the servers were started with as --checkpoint_root; sessions name
@@ -218,7 +218,10 @@ def tiny(args, client, client2):
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
         model.save_pretrained(Path(args.models_dir) / name, safe_serialization=True)
-        run_model(name, model, name, prompts, client, client2, per_layer_move=True)
+        # The per-layer-session move once (Gemma 3: window and global layers); the model
+        # session's move for both.
+        run_model(name, model, name, prompts, client, client2,
+                  per_layer_move=name == "gemma3-tiny")
 
 
 def main() -> int:
