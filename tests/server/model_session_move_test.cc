@@ -4,7 +4,7 @@
 // The moved request decodes bit for bit as its unmoved twin at every layer; a request mid-step
 // is refused by name; refused imports (another stack, a one-layer session, a layer that refuses
 // its pages after earlier layers took theirs, too few bytes, a taken id, the KV budget) change
-// neither side.
+// neither side. A hybrid stack's request moves the same way.
 #include <memory>
 #include <random>
 #include <string>
@@ -421,6 +421,53 @@ TEST_F(ModelSessionMoveTest, ImportPastTheKvBudgetIsResourceExhaustedWithNothing
   status = Import(b.stub(), sb, "r2", exported.header, exported.pages, &imported);
   EXPECT_TRUE(status.ok()) << Describe(status);
   EXPECT_EQ(PoolUsed(b.stub()), held * kPageBytes);
+}
+
+// A hybrid stack (residual mode, all layers per call) moves the same way: one export of every
+// layer, decoding on as its twin.
+TEST_F(ModelSessionMoveTest, AHybridStackRequestMovesToo) {
+  SecondServer b;
+  ASSERT_TRUE(b.ok());
+  v1::ConfigureRequest hybrid = ModelConfigure(kLayers);
+  hybrid.mutable_stack()->set_per_layer(false);
+  v1::ConfigureResponse on_a, on_b;
+  ASSERT_TRUE(Configure(stub(), hybrid, &on_a).ok());
+  ASSERT_TRUE(Configure(b.stub(), hybrid, &on_b).ok());
+  std::mt19937_64 rng(31);
+  const Tensor prompt = RandomHidden(kPrompt, kDModel, rng);
+  for (const char* id : {"moved", "twin"}) {
+    v1::ForwardRequest forward;
+    forward.set_session_id(on_a.session_id());
+    *forward.add_items() = MakeForwardItem(id, prompt);
+    v1::ForwardResponse forwarded;
+    ASSERT_TRUE(Forward(stub(), forward, &forwarded).ok()) << id;
+  }
+  Exported exported;
+  grpc::Status status = Export(stub(), on_a.session_id(), "moved", /*release=*/true, &exported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  ASSERT_EQ(exported.header.layers_size(), kLayers);
+  EXPECT_GT(exported.header.layers(0).first_held_page(), 0);
+  v1::ImportRequestResponse imported;
+  status = Import(b.stub(), on_b.session_id(), "moved", exported.header, exported.pages, &imported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(imported.kv_bytes_added(), exported.header.held_pages() * kPageBytes);
+  for (int step = 0; step < 4; ++step) {
+    const Tensor hidden = RandomHidden(1, kDModel, rng);
+    std::string outputs[2];
+    int i = 0;
+    for (auto [server, session, id] : {std::make_tuple(&b.stub(), on_b.session_id(), "moved"),
+                                       std::make_tuple(&stub(), on_a.session_id(), "twin")}) {
+      v1::DecodeRequest decode;
+      decode.set_session_id(session);
+      *decode.add_items() = MakeDecodeItem(id, hidden);
+      v1::DecodeResponse decoded;
+      status = Decode(*server, decode, &decoded);
+      ASSERT_TRUE(status.ok()) << id << " step " << step << ": " << Describe(status);
+      outputs[i++] = decoded.results(0).output().data();
+    }
+    EXPECT_FALSE(outputs[0].empty());
+    EXPECT_EQ(outputs[0], outputs[1]) << "step " << step;
+  }
 }
 
 }  // namespace
