@@ -214,6 +214,26 @@ done
 [[ "$(ctl --json get --session="${model_session}" | json 'd["session"]["requests"][0]["sequence_length"]')" == 41 ]] ||
   fail "model session: length after one decode step is not 41"
 expect_exit 1 INVALID_ARGUMENT -- forward --session="${model_session}" --request=m3 --layer=3
+# move: into a second model session of the same stack and seed (same fingerprint), every layer at
+# once; refused mid-step, naming the layer next.
+model2="$(ctl --json configure --spec_file="${workdir}/spec.json" --seed=5 --stack=sw:16x2,global \
+          --per_layer | json 'd["session_id"]')"
+ctl decode --session="${model_session}" --request=m --layer=0 >/dev/null || fail "decode --layer=0"
+expect_exit 1 "FAILED_PRECONDITION.*mid-step.*runs layer 1 next" -- \
+  move --session="${model_session}" --request=m --to="${ADDRESS}" --to_session="${model2}"
+for k in 1 2; do
+  ctl decode --session="${model_session}" --request=m --layer="${k}" >/dev/null ||
+    fail "decode --layer=${k}"
+done
+ctl move --session="${model_session}" --request=m --to="${ADDRESS}" --to_session="${model2}" \
+    >/dev/null || fail "move of a model session's request"
+[[ "$(ctl --json get --session="${model2}" | json 'd["session"]["requests"][0]["sequence_length"]')" == 42 ]] ||
+  fail "move: the moved request's length is not 42"
+for k in 0 1 2; do
+  ctl decode --session="${model2}" --request=m --layer="${k}" >/dev/null ||
+    fail "decode --layer=${k} after the move"
+done
+ctl release --session="${model2}" >/dev/null
 ctl release --session="${model_session}" >/dev/null
 expect_exit 2 "--per_layer needs a stack" -- configure --spec_file="${workdir}/spec.json" --per_layer
 
