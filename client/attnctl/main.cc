@@ -917,6 +917,8 @@ constexpr char kUsage[] =
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
     "  attnctl fork --session=ID --request=a --forks=a1,a2\n"
+    "  attnctl configure --checkpoint=DIR --per_layer   (a model session of every layer)\n"
+    "  attnctl forward --session=ID --request=a --tokens=8 --layer=0   (then --layer=1, ...)\n"
     "  attnctl --server=A move --to=B --session=ID --request=a [--to_session=ID2]\n"
     "  attnctl demo\n"
     "  attnctl compare [--lengths=128,256,512,1024,2048 --batch=4 --repeats=5] [--csv] "
