@@ -4,11 +4,14 @@
 // page boundaries and split-KV, Fork, and Export/Import between the two backends.
 //
 // Tolerances (relative 2-norm per call, ||gpu - cpu|| / ||cpu||). The MLA layer computes in fp32
-// for every page type (fp32 projections; 16-bit pages read and accumulated in fp32), so the two
-// engines differ only by summation order and, with bf16 pages, by latents that round to
-// neighbouring bf16 values from fp32 values a few ulp apart, and by the bf16 output:
-//   f32 pages, f32 I/O:   1e-4    fp32 throughout (cuBLAS vs OpenBLAS, absorbed vs expanded).
-//   bf16 pages, bf16 I/O: 1.6e-2  4u, u = 2^-8, the GQA sweep's bound (the output alone is u/2).
+// for every page type (fp32 projections; 16-bit pages read and accumulated in fp32), as the CPU
+// engine does, so the two differ only by summation order (cuBLAS vs OpenBLAS, the GPU's absorbed
+// prefill vs the CPU's expanded one) and, with bf16 pages, by latents whose fp32 values a few ulp
+// apart round to neighbouring bf16 values and by flips of the bf16 output's rounding (one ulp,
+// u = 2^-8 relative, of the elements that flip). Worst call seen on the emulated device:
+// f32 4.9e-7, bf16 6.1e-5.
+//   f32 pages, f32 I/O:   1e-4
+//   bf16 pages, bf16 I/O: 2e-3   u/2: every element would have to flip to reach it.
 // The GPU runs with poison_for_testing (NaN pool, pages and workspace), so a slot read before it
 // is written fails (NaN never passes a bound).
 //
@@ -102,6 +105,7 @@ struct MlaCase {
   std::string name;
   LayerSpec spec;
   int page_size = 64;
+  int long_prompt = 520;  // The long sequence: 520 keys give decode two splits (>= 256 each).
 };
 
 std::vector<MlaCase> Cases() {
@@ -118,7 +122,9 @@ std::vector<MlaCase> Cases() {
     cases.push_back({"mla_qlora_yarn_page16", s, 16});
   }
   // No q LoRA, 20 heads (two blocks of 16 rows per split), half-layout RoPE, MLA's pages of 64.
-  cases.push_back({"mla_h20_half_page64", MlaSpec(20, 0, 32, 16, 16, 24, RopeLayout::kHalf), 64});
+  // Its long prompt is shorter: 20 heads make 20 query rows per token on the emulator.
+  cases.push_back(
+      {"mla_h20_half_page64", MlaSpec(20, 0, 32, 16, 16, 24, RopeLayout::kHalf), 64, 200});
   return cases;
 }
 
@@ -126,7 +132,7 @@ struct DtypeCase {
   DType kv;  // GPU and CPU pages, and the hidden/output dtype.
   double bound;
 };
-const DtypeCase kDtypes[] = {{DType::kF32, 1e-4}, {DType::kBF16, 1.6e-2}};
+const DtypeCase kDtypes[] = {{DType::kF32, 1e-4}, {DType::kBF16, 2e-3}};
 
 void PrintTo(const MlaCase& c, std::ostream* os) { *os << c.name; }
 void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
@@ -153,9 +159,9 @@ TEST_P(CudaMlaVsCpuTest, PrefillChunkedPrefillAndDecodeMatchCpu) {
       (*cpu_backend)->CreateLayer(c.spec, *weights, config);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
 
-  // Ragged lengths across pages (16/64), key tiles (16), row blocks (16 rows), and one sequence
-  // long enough (520 keys) for two decode splits.
-  const std::vector<int64_t> first = {1, 37, 70, 520};
+  // Ragged lengths across pages (16/64), key tiles (16), row blocks (16 rows), and one long
+  // sequence (two decode splits at 520 keys).
+  const std::vector<int64_t> first = {1, 37, 70, c.long_prompt};
   const std::vector<int64_t> second = {17, 1, 33, 2};
   std::vector<SequenceId> gpu_ids, cpu_ids;
   for (size_t i = 0; i < first.size(); ++i) {
@@ -290,7 +296,7 @@ TEST(CudaMlaContractTest, ExportImportMovesLatentPagesBetweenCpuAndGpu) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const double bound = dtype == DType::kF32 ? 1e-4 : 1.6e-2;
+    const double bound = dtype == DType::kF32 ? 1e-4 : 2e-3;  // As the sweep's.
     const LayerSpec spec = MlaSpec(4, 24, 32, 16, 16, 16, RopeLayout::kInterleaved);
     absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 43);
     ASSERT_TRUE(weights.ok());

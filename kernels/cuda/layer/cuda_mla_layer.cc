@@ -168,6 +168,12 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
   }
   if (absl::Status s = Upload(w_kv_b_, kv_b, "uploading kv_b_proj"); !s.ok()) return s;
   if (absl::Status s = Upload(w_uv_t_, uv_t, "uploading W_UV"); !s.ok()) return s;
+  if (context_.attention == CudaAttentionImpl::kFlashInfer &&
+      FlashInferMlaAttention::Serves(spec_, kv_config_, context_.pool->capacity_bytes())) {
+    flashinfer_ = FlashInferMlaAttention::Create(spec_, kv_config_, sequences_.store().page_bytes(),
+                                                 context_.pool->slab_bytes(),
+                                                 context_.multiprocessors);
+  }
   if (spec_.rope != RopeLayout::kNone && dims_.qk_rope_head_dim > 0) {
     // The CPU RotaryEmbedding's frequencies (YaRN included), in fp64. Its cos/sin factor has no
     // place in the kernel: the capability table refuses specs where it is not 1.
@@ -286,8 +292,10 @@ absl::StatusOr<Tensor> CudaMlaLayer::Run(const Tensor& hidden, absl::Span<const 
 // Where one call's buffers sit: the upload region (input and plan, one copy from the pinned
 // staging buffer), then the activations and the split-KV partials.
 struct CudaMlaLayer::CallLayout {
-  Section x, positions, row_sequence, sequences, pages, items, item_begin;
+  Section x, positions, row_sequence, sequences, pages, items, item_begin, flashinfer_words;
   size_t upload_bytes = 0;
+  // FlashInfer only: q16 the absorbed queries in bf16, o16 its bf16 output, scratch its partials.
+  Section q16, o16, flashinfer_scratch;
   // q_a: [rows, q_lora] (q_lora_rank > 0); latent: [rows, kv_lora + rope]; q: [rows, H, qk];
   // q_lat: [rows, H, kv_lora + rope]; o_lat: [rows, H, kv_lora]; attn: [rows, H * v].
   Section q_a, latent, q, q_lat, o_lat, attn, out, out_wire, first_bad, partial_max, partial_sum,
@@ -306,6 +314,7 @@ BatchPlanShape CudaMlaLayer::PlanShape() const {
   shape.prefill_rows_per_block = kMlaRowsPerBlock;
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
+  shape.native_work_items = !flashinfer_.has_value();
   return shape;
 }
 
@@ -322,15 +331,21 @@ absl::StatusOr<Tensor> CudaMlaLayer::Compute(const Tensor& hidden,
       PlanBatch(batch, rows, positions, decode, PlanShape(),
                 [this](int32_t page) { return sequences_.store().PageOffset(page); });
   if (!plan.ok()) return plan.status();
-  const CallLayout layout = LayOut(*plan, rows, decode, hidden.dtype());
-  if (absl::Status s = Stage(hidden, *plan, layout); !s.ok()) return s;
-  absl::StatusOr<Tensor> out = Launch(*plan, layout, rows, decode);
+  FlashInferCall fi;
+  if (flashinfer_.has_value()) {
+    absl::StatusOr<FlashInferMlaAttention::CallPlan> call = flashinfer_->Plan(*plan);
+    if (!call.ok()) return call.status();
+    fi = *std::move(call);
+  }
+  const CallLayout layout = LayOut(*plan, fi, rows, decode, hidden.dtype());
+  if (absl::Status s = Stage(hidden, *plan, fi, layout); !s.ok()) return s;
+  absl::StatusOr<Tensor> out = Launch(*plan, fi, layout, rows, decode);
   if (!out.ok() || out->dtype() == hidden.dtype()) return out;
   return out->CastTo(hidden.dtype());
 }
 
-CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, int64_t rows, bool decode,
-                                              DType wire) const {
+CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
+                                              int64_t rows, bool decode, DType wire) const {
   CallLayout l;
   l.wire = wire == DType::kF16 || wire == DType::kBF16 ? wire : DType::kF32;
   const int64_t heads = spec_.num_heads;
@@ -342,18 +357,23 @@ CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, int64_t row
   l.pages = up.Add(sizeof(int64_t) * std::max<size_t>(1, plan.page_offsets.size()));
   l.items = up.Add(sizeof(WorkItem) * plan.items.size());
   l.item_begin = up.Add(sizeof(int) * plan.item_begin.size());
+  l.flashinfer_words = up.Add(fi.has_value() ? sizeof(int32_t) * fi->words.size() : 0);
   l.upload_bytes = up.total();
   SectionLayout dev = up;
   l.q_a = dev.Add(sizeof(float) * rows * dims_.q_lora_rank);
   l.latent = dev.Add(sizeof(float) * rows * row_width_);
   l.q = dev.Add(sizeof(float) * rows * heads * qk_dim_);
   l.q_lat = dev.Add(sizeof(float) * rows * heads * row_width_);
-  l.o_lat = dev.Add(sizeof(float) * rows * heads * dims_.kv_lora_rank);
+  l.o_lat = dev.Add(fi.has_value() ? 0 : sizeof(float) * rows * heads * dims_.kv_lora_rank);
   l.attn = dev.Add(sizeof(float) * rows * heads * dims_.v_head_dim);
   l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
   l.out_wire = dev.Add(l.wire == DType::kF32 ? 0 : DTypeSize(l.wire) * rows * spec_.d_model);
   l.first_bad = dev.Add(sizeof(unsigned long long));
-  const int64_t partial_rows = decode ? static_cast<int64_t>(plan.items.size()) * heads : 0;
+  l.q16 = dev.Add(fi.has_value() ? 2 * rows * heads * row_width_ : 0);
+  l.o16 = dev.Add(fi.has_value() ? 2 * rows * heads * dims_.kv_lora_rank : 0);
+  l.flashinfer_scratch = dev.Add(fi.has_value() ? fi->scratch_bytes : 0);
+  const int64_t partial_rows =
+      decode && !fi.has_value() ? static_cast<int64_t>(plan.items.size()) * heads : 0;
   l.partial_max = dev.Add(sizeof(float) * partial_rows);
   l.partial_sum = dev.Add(sizeof(float) * partial_rows);
   l.partial_acc = dev.Add(sizeof(float) * partial_rows * dims_.kv_lora_rank);
@@ -362,7 +382,7 @@ CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, int64_t row
 }
 
 absl::Status CudaMlaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
-                                 const CallLayout& l) {
+                                 const FlashInferCall& fi, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
   if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes) +
                                              sizeof(unsigned long long));
@@ -385,11 +405,12 @@ absl::Status CudaMlaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
   if (!plan.page_offsets.empty()) put(l.pages, plan.page_offsets.data());
   put(l.items, plan.items.data());
   put(l.item_begin, plan.item_begin.data());
+  if (fi.has_value()) put(l.flashinfer_words, fi->words.data());
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const CallLayout& l,
-                                            int64_t rows, bool decode) {
+absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashInferCall& fi,
+                                            const CallLayout& l, int64_t rows, bool decode) {
   std::byte* host = staging_.data();
   auto* device = static_cast<std::byte*>(workspace_.data());
   auto dptr = [&](const Section& section) { return device + section.offset; };
@@ -460,11 +481,15 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const CallLay
   query.latent = dims_.kv_lora_rank;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchMlaQuery(query, stream_), "MLA absorbed query launch");
 
-  if (absl::Status s = RunAttention(plan, l, decode); !s.ok()) return s;
+  if (absl::Status s = RunAttention(plan, fi, l, rows, decode); !s.ok()) return s;
 
   // attn = o_lat W_UV^T, out = attn Wo^T.
   MlaOutputParams output;
-  output.o_latent = fptr(l.o_lat);
+  if (fi.has_value()) {
+    output.o_latent_bf16 = dptr(l.o16);
+  } else {
+    output.o_latent = fptr(l.o_lat);
+  }
   output.w_uv_t = static_cast<const float*>(w_uv_t_.data());
   output.out = fptr(l.attn);
   output.rows = m_rows;
@@ -511,10 +536,21 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const CallLay
   return out;
 }
 
-absl::Status CudaMlaLayer::RunAttention(const BatchPlan& plan, const CallLayout& l, bool decode) {
+absl::Status CudaMlaLayer::RunAttention(const BatchPlan& plan, const FlashInferCall& fi,
+                                        const CallLayout& l, int64_t rows, bool decode) {
   auto* device = static_cast<std::byte*>(workspace_.data());
   auto dptr = [&](const Section& section) { return device + section.offset; };
   auto fptr = [&](const Section& section) { return reinterpret_cast<float*>(dptr(section)); };
+  if (fi.has_value()) {
+    // FlashInfer reads bf16 queries; one kernel serves decode and prefill chunks alike.
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(l.q_lat), KvType::kBF16, dptr(l.q16),
+                            rows * spec_.num_heads * row_width_, stream_),
+        "absorbed queries to bf16");
+    return flashinfer_->Launch(*fi, reinterpret_cast<const int32_t*>(dptr(l.flashinfer_words)),
+                               sequences_.store().pool_base(), dptr(l.q16), dptr(l.o16),
+                               dptr(l.flashinfer_scratch), stream_);
+  }
   MlaAttentionParams attn;
   attn.q = fptr(l.q_lat);
   attn.out = fptr(l.o_lat);

@@ -10,7 +10,10 @@
 //   [c | k_pe] -> pages                    MlaAppendKernel
 //   q = q_a Wq_b^T                         cuBLAS (q_lora_rank > 0)
 //   q_lat = [q_nope W_UK | RoPE(q_pe)]     MlaQueryKernel (W_UK absorbed into the query)
-//   o_lat = attention over the pages       MlaPrefillKernel, or MlaDecodeKernel + combine
+//   o_lat = attention over the pages       MlaPrefillKernel, or MlaDecodeKernel + combine;
+//                                          FlashInfer's BatchMLAPagedAttention under
+//                                          --cuda_attention=flashinfer|auto (bf16 pages, 512 + 64,
+//                                          not run on a device yet)
 //   attn = o_lat W_UV^T                    MlaOutputKernel
 //   out = attn Wo^T                        cuBLAS
 // and copy the output back. The projections run in fp32 for every page type (16-bit projections
@@ -31,6 +34,7 @@
 #include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/layer/cuda_layer.h"
 #include "kernels/cuda/layer/device_sequences.h"
+#include "kernels/cuda/layer/flashinfer_mla_attention.h"
 #include "kernels/cuda/layer/projection.h"
 #include "kernels/cuda/runtime/device_memory.h"
 
@@ -63,6 +67,9 @@ class CudaMlaLayer : public AttentionLayer {
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
   // Device weights (fp32): projections, norms, kv_b_proj and its transposed W_UV.
   int64_t ParameterBytes() const override;
+  // Whether FlashInfer's MLA kernel computes the attention (FlashInferMlaAttention::Serves under
+  // --cuda_attention=flashinfer or auto).
+  bool uses_flashinfer() const { return flashinfer_.has_value(); }
 
  private:
   CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
@@ -76,15 +83,17 @@ class CudaMlaLayer : public AttentionLayer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
   BatchPlanShape PlanShape() const;
-  CallLayout LayOut(const BatchPlan& plan, int64_t rows, bool decode,
+  // `fi`: the FlashInfer side of the call when FlashInfer computes the attention.
+  using FlashInferCall = std::optional<FlashInferMlaAttention::CallPlan>;
+  CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
                     DType wire) const;
-  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan,
+  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const FlashInferCall& fi,
                      const CallLayout& layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Tensor> Launch(const BatchPlan& plan,
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const FlashInferCall& fi,
                                 const CallLayout& layout, int64_t rows, bool decode)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RunAttention(const BatchPlan& plan, const CallLayout& l,
-                            bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
+                            int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const LayerSpec spec_;
   const KvCacheConfig kv_config_;
@@ -107,6 +116,8 @@ class CudaMlaLayer : public AttentionLayer {
   DeviceBuffer w_kv_b_;    // [H * (nope + v), kv_lora] kv_b_proj, read in place as W_UK.
   DeviceBuffer w_uv_t_;    // [H, kv_lora, v] W_UV transposed.
   DeviceBuffer inv_freq_;  // RoPE frequencies (fp64).
+  // Set when FlashInfer computes this layer's attention; else the native kernels do.
+  std::optional<FlashInferMlaAttention> flashinfer_;
   DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
   PinnedBuffer staging_;    // Host side of the upload and of the output.
 };

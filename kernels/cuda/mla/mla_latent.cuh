@@ -131,7 +131,12 @@ ATTNSERVE_SIMT void MlaOutputBlock(const MlaOutputParams& p, int head, int chunk
   const int rows = p.rows - row0 < kMlaProjectionRows ? p.rows - row0 : kMlaProjectionRows;
   for (int e = tid; e < rows * p.latent; e += kMlaLatentThreads) {
     const int r = e / p.latent, l = e % p.latent;
-    o_lat[r * p.latent + l] = p.o_latent[(int64_t{row0 + r} * p.num_heads + head) * p.latent + l];
+    const int64_t e_in = (int64_t{row0 + r} * p.num_heads + head) * p.latent + l;
+    o_lat[r * p.latent + l] =
+        p.o_latent != nullptr
+            ? p.o_latent[e_in]
+            : KvElement<KvType::kBF16>::Load(
+                  static_cast<const __nv_bfloat16*>(p.o_latent_bf16) + e_in);
   }
   simt::SyncBlock();
   const float* w = p.w_uv_t + int64_t{head} * p.latent * p.v;

@@ -83,7 +83,8 @@ struct MlaQueryParams {
 //   out[r, h, 0:v] = o_lat[r, h, 0:latent] . W_UV_h^T,  W_UV_h^T [latent, v] (transposed once at
 //   upload, so consecutive threads read consecutive weights).
 struct MlaOutputParams {
-  const float* o_latent = nullptr;  // [rows, num_heads, latent]
+  const float* o_latent = nullptr;  // [rows, num_heads, latent], or null when ...
+  const void* o_latent_bf16 = nullptr;  // ... it is bf16 (FlashInfer's MLA output).
   const float* w_uv_t = nullptr;    // [num_heads, latent, v]
   float* out = nullptr;             // [rows, num_heads * v]
   int rows = 0;
