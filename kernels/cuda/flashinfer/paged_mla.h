@@ -41,9 +41,7 @@ struct FlashInferMlaArgs {
   float sm_scale = 1.0f;
 };
 
-// Whether this build has the instance (FlashInfer's headers were found).
-bool FlashInferMlaBuilt();
-// Launches the kernel on `stream`; cudaErrorNotSupported in a build without the instance.
+// Launches the kernel on `stream` (defined only where FlashInfer's headers were found).
 cudaError_t LaunchFlashInferMla(const FlashInferMlaArgs& args, cudaStream_t stream);
 
 }  // namespace attnserve::cuda

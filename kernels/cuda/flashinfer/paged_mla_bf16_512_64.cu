@@ -8,8 +8,6 @@
 
 namespace attnserve::cuda {
 
-bool FlashInferMlaBuilt() { return true; }
-
 cudaError_t LaunchFlashInferMla(const FlashInferMlaArgs& a, cudaStream_t stream) {
   using Params = flashinfer::MLAParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int32_t>;
   constexpr int kWidth = kFlashInferMlaLatent + kFlashInferMlaRope;
