@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/layer/cuda_mla_layer.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/kv/memory_budget.h"
 #include "kernels/model/layer_weights.h"
@@ -344,6 +345,69 @@ TEST(CudaMlaContractTest, ExportImportMovesLatentPagesBetweenCpuAndGpu) {
           << "CPU -> GPU, step " << step;
     }
   }
+}
+
+// FlashInfer's MLA kernel (--cuda_attention=flashinfer; bf16 pages at DeepSeek's 512 + 64) inside
+// the layer against the CPU engine: prefill, a chunk over the cached prefix, decode with a long
+// sequence. Needs a device and a build with FlashInfer: it SKIPS on the emulated device (which
+// cannot run FlashInfer's kernels) and has NOT RUN on a device yet. Bound as the sweep's bf16
+// plus FlashInfer's bf16 queries and bf16 output of attention (two more roundings of u/2): 4e-3.
+TEST(CudaMlaContractTest, FlashInferMlaMatchesCpu) {
+#if defined(ATTNSERVE_EMULATED_DEVICE)
+  GTEST_SKIP() << "FlashInfer's kernels do not run on the emulated device";
+#else
+  SKIP_WITHOUT_GPU();
+  if (!FlashInferBuilt()) GTEST_SKIP() << "this build has no FlashInfer";
+  CudaBackendOptions options;
+  options.kv_pool_bytes = int64_t{1} << 30;
+  options.poison_for_testing = true;
+  options.attention = CudaAttentionImpl::kFlashInfer;
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> fi_backend = CreateCudaBackend(options);
+  ASSERT_TRUE(fi_backend.ok()) << fi_backend.status();
+  LayerSpec spec = MlaSpec(16, 96, 512, 64, 64, 64, RopeLayout::kInterleaved);
+  spec.d_model = kDModel;
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 47);
+  ASSERT_TRUE(weights.ok());
+  const KvCacheConfig config{DType::kBF16, 64, 1024, nullptr};
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> g = (*fi_backend)->CreateLayer(spec, *weights, config);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto* mla = dynamic_cast<cuda::CudaMlaLayer*>(g->get());
+  ASSERT_NE(mla, nullptr);
+  ASSERT_TRUE(mla->uses_flashinfer()) << "512 + 64 bf16 causal should run on FlashInfer";
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  absl::StatusOr<std::unique_ptr<AttentionLayer>> c = (*cpu_backend)->CreateLayer(spec, *weights, config);
+  ASSERT_TRUE(c.ok());
+  std::mt19937_64 rng(29);
+  const std::vector<int64_t> lengths = {1, 70, 3000};
+  std::vector<SequenceId> gs, cs;
+  std::vector<PrefillChunk> gchunks, cchunks;
+  int64_t rows = 0;
+  for (int64_t n : lengths) {
+    gs.push_back((*g)->CreateSequence());
+    cs.push_back((*c)->CreateSequence());
+    gchunks.push_back({gs.back(), n});
+    cchunks.push_back({cs.back(), n});
+    rows += n;
+  }
+  const double bound = 4e-3;
+  auto check = [&](absl::StatusOr<Tensor> got, absl::StatusOr<Tensor> want, const char* what) {
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    const double err = RelativeError(ToDoubles(*got), ToDoubles(*want));
+    std::printf("[mla] flashinfer %s: %.3g (bound %.3g)\n", what, err, bound);
+    EXPECT_LE(err, bound) << what;
+  };
+  Tensor x = Hidden(rows, DType::kBF16, rng);
+  check((*g)->Prefill(gchunks, x, {}), (*c)->Prefill(cchunks, x, {}), "prefill");
+  x = Hidden(3 * 5, DType::kBF16, rng);
+  for (size_t i = 0; i < gchunks.size(); ++i) gchunks[i].num_tokens = cchunks[i].num_tokens = 5;
+  check((*g)->Prefill(gchunks, x, {}), (*c)->Prefill(cchunks, x, {}), "chunk over a prefix");
+  for (int step = 0; step < 4; ++step) {
+    x = Hidden(3, DType::kBF16, rng);
+    check((*g)->Decode(gs, x, {}), (*c)->Decode(cs, x, {}), "decode");
+  }
+#endif
 }
 
 // Widths the native kernels are not built for are refused by name when the layer is created.
