@@ -166,7 +166,9 @@ void RunCase(const Shape& s, DType dtype, bool decode, uint64_t seed) {
               s.page_size, std::string(DTypeName(dtype)).c_str(), decode ? "decode" : "prefill",
               err);
   EXPECT_LE(err, 2e-6);  // NaN fails.
-  if (decode) EXPECT_GT(items.size(), descs.size()) << "no sequence was split";
+  if (decode) {
+    EXPECT_GT(items.size(), descs.size()) << "no sequence was split";
+  }
 }
 
 TEST(MlaAttentionEmulationTest, PrefillMatchesFloat64) {
