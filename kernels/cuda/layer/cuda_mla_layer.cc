@@ -478,6 +478,7 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
   query.rows = m_rows;
   query.num_heads = spec_.num_heads;
   query.nope = dims_.qk_nope_head_dim;
+  query.rope_dim = dims_.qk_rope_head_dim;
   query.latent = dims_.kv_lora_rank;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchMlaQuery(query, stream_), "MLA absorbed query launch");
 

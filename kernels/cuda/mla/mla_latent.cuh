@@ -88,21 +88,29 @@ ATTNSERVE_SIMT void MlaAppendBlock(const MlaAppendParams& p, int row, MlaAppendS
 // shared memory of kMlaProjectionRows * nope floats.
 ATTNSERVE_SIMT void MlaQueryBlock(const MlaQueryParams& p, int head, int chunk, float* q_nope) {
   const int tid = simt::ThreadIndex();
-  const int qk = p.nope + p.rope.rotary;
-  const int width = p.latent + p.rope.rotary;
+  const int qk = p.nope + p.rope_dim;
+  const int width = p.latent + p.rope_dim;
   const int row0 = chunk * kMlaProjectionRows;
   const int rows = p.rows - row0 < kMlaProjectionRows ? p.rows - row0 : kMlaProjectionRows;
   for (int e = tid; e < rows * p.nope; e += kMlaLatentThreads) {
     const int r = e / p.nope, n = e % p.nope;
     q_nope[r * p.nope + n] = p.q[(int64_t{row0 + r} * p.num_heads + head) * qk + n];
   }
-  // RoPE(q_pe) straight into the query's tail.
+  // RoPE(q_pe) straight into the query's tail (a copy without RoPE: q_pe still meets k_pe).
   const int half = p.rope.rotary / 2;
-  for (int e = tid; e < rows * half; e += kMlaLatentThreads) {
-    const int r = e / half, i = e % half;
-    const int64_t flat = int64_t{row0 + r} * p.num_heads + head;
-    RotateMlaPair(p.rope, p.positions[row0 + r], p.q + flat * qk + p.nope,
-                  p.q_latent + flat * width + p.latent, i);
+  if (half > 0) {
+    for (int e = tid; e < rows * half; e += kMlaLatentThreads) {
+      const int r = e / half, i = e % half;
+      const int64_t flat = int64_t{row0 + r} * p.num_heads + head;
+      RotateMlaPair(p.rope, p.positions[row0 + r], p.q + flat * qk + p.nope,
+                    p.q_latent + flat * width + p.latent, i);
+    }
+  } else {
+    for (int e = tid; e < rows * p.rope_dim; e += kMlaLatentThreads) {
+      const int r = e / p.rope_dim, i = e % p.rope_dim;
+      const int64_t flat = int64_t{row0 + r} * p.num_heads + head;
+      p.q_latent[flat * width + p.latent + i] = p.q[flat * qk + p.nope + i];
+    }
   }
   simt::SyncBlock();
   // q_lat[r, 0:latent] = q_nope[r] . W_UK_h: thread per latent column, W_UK_h read once.

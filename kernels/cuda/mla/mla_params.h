@@ -63,7 +63,7 @@ struct MlaAppendParams {
 
 // The absorbed queries: one block per row, every head.
 //   q_lat[r, h, 0:latent]           = q[r, h, 0:nope] . W_UK_h   (W_UK_h [nope, latent])
-//   q_lat[r, h, latent:latent+rope] = RoPE(q[r, h, nope:nope+rope])
+//   q_lat[r, h, latent:latent+rope] = RoPE(q[r, h, nope:nope+rope])   (copied when rope.rotary = 0)
 struct MlaQueryParams {
   const float* q = nullptr;  // [rows, num_heads, nope + rope] (q_proj / q_b_proj output).
   // W_UK of head h, [nope, latent] row-major, at w_uk + h * w_uk_head_stride: kv_b_proj's rows
@@ -76,6 +76,7 @@ struct MlaQueryParams {
   int rows = 0;
   int num_heads = 0;
   int nope = 0;
+  int rope_dim = 0;  // qk_rope_head_dim, rotated or not (rope.rotary is 0 without RoPE).
   int latent = 0;
 };
 
