@@ -1,8 +1,8 @@
 // A CUDA layer's sequences and the device pages behind them: the CPU backend's KvSequenceTable
 // (reservation, rollback, eviction, forks, export and import) over a DevicePageStore, with the
 // page copies a fork, an export or an import needs queued on the layer's stream and waited for
-// before the table changes. Any CUDA layer kind (CudaMlaLayer today) holds one, so they share one
-// implementation of ForkSequence / ExportSequence / ImportSequence and one page byte format with
+// before the table changes. Every CUDA layer kind (CudaGqaLayer, CudaMlaLayer) holds one, so they
+// share one implementation of ForkSequence / ExportSequence / ImportSequence and one page byte format with
 // the CPU backend (kernels/kv/page_layout.h).
 //
 // Not thread-safe: the owning layer holds its mutex around every call, as around the table.
