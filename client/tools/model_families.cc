@@ -182,7 +182,11 @@ std::string FamilyCell(const BackendCapabilities& capabilities, const ModelFamil
     return absl::StrCat("refused (", absl::StrJoin(gaps, ", "), ")");
   }
   std::string cell = "yes";
-  if (!capabilities.head_dims.empty()) {
+  // The head-dim limit is MHA/MQA/GQA's; MLA's widths are its own (MlaDims).
+  const bool all_mla = std::all_of(required.begin(), required.end(), [](const FamilyLayer* l) {
+    return l->spec.variant == AttentionVariant::kMLA;
+  });
+  if (!capabilities.head_dims.empty() && !all_mla) {
     absl::StrAppend(&cell, " (hd ", absl::StrJoin(capabilities.head_dims, "/"), ")");
   }
   for (const FamilyLayer& layer : family.layers) {

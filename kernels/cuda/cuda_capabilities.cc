@@ -6,8 +6,9 @@ const BackendCapabilities& CudaCapabilities() {
   static const BackendCapabilities* const capabilities = [] {
     auto* c = new BackendCapabilities;
     c->backend = "cuda";
-    // No MLA kernels yet.
-    c->variants = {AttentionVariant::kMHA, AttentionVariant::kMQA, AttentionVariant::kGQA};
+    // MLA: CudaMlaLayer, the absorbed form over the CPU's latent pages (kernels/cuda/mla/).
+    c->variants = {AttentionVariant::kMHA, AttentionVariant::kMQA, AttentionVariant::kGQA,
+                   AttentionVariant::kMLA};
     // The instantiations of kernels/cuda/attention/attention_*.cu (dispatch.cc).
     c->head_dims = {64, 128};
     // f32 pages compute in fp32; f16/bf16 pages run the projections and prefill in that dtype

@@ -55,6 +55,7 @@
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/core/dtype.h"
 #include "tests/gpu/bench_device_kernels.h"
+#include "tests/gpu/mla_decode_bench.h"
 #if ATTNSERVE_BENCH_FLASHINFER
 #include "tests/gpu/flashinfer_decode_bench.h"
 #include "tests/gpu/flashinfer_prefill_bench.h"
@@ -788,6 +789,50 @@ int Run(const Options& options) {
                 Ratio(fi->Rate(), copy_rate).c_str(), r->ms > 0.0 ? fi->ms / r->ms : 0.0);
     rows.push_back(*fi);
 #endif
+  }
+
+  // ---- MLA absorbed decode (DeepSeek-V3's widths; --quick: batch 8, ctx 1024).
+  std::printf(
+      "\nMLA decode: RunMlaDecodeAttention (kernels/cuda/mla, split-KV + combine), 128 heads,"
+      " latent 512 + rope 64, bf16 pages of 64; KV bytes = visible keys x 576 x 2\n");
+  {
+    bench::MlaDecodeCase mla;
+    if (options.quick) {
+      mla.batch = 8;
+      mla.tokens = 1024;
+    }
+    const bench::MlaMedianMsFn median_ms = [&](const std::function<absl::Status()>& launch) {
+      return timer.MedianMs(launch);
+    };
+    for (bool flashinfer : {false, true}) {
+      const char* name = flashinfer ? "  + flashinfer" : "mla128_512+64_bf16";
+      absl::StatusOr<bench::MlaDecodeTiming> t = bench::TimeMlaDecode(
+          mla, flashinfer, device.multiprocessors, median_ms, timer.stream);
+      if (absl::IsUnimplemented(t.status())) {
+        std::printf("%-20s %s\n", name, std::string(t.status().message()).c_str());
+        continue;
+      }
+      if (!t.ok()) {
+        fail(absl::StrCat("MLA decode", flashinfer ? " (flashinfer)" : ""), t.status());
+        continue;
+      }
+      Row r;
+      r.kind = flashinfer ? "flashinfer_mla_decode" : "mla_decode";
+      r.name = "mla128_512+64_bf16";
+      r.dtype = "bf16";
+      r.heads = mla.heads;
+      r.kv_heads = 1;
+      r.head_dim = mla.latent + mla.rope;
+      r.batch = mla.batch;
+      r.tokens = mla.tokens;
+      r.items = t->items;
+      r.ms = t->ms;
+      r.work = t->kv_bytes;
+      std::printf("%-20s %4s %5d %6d %6d %5d %9.4f %8.1f %8.3f %8s %8s\n", name, "bf16", r.batch,
+                  r.tokens, 0, r.items, r.ms, r.work / 1048576.0, r.Rate() / 1e12,
+                  Ratio(r.Rate(), read_rate).c_str(), Ratio(r.Rate(), copy_rate).c_str());
+      rows.push_back(r);
+    }
   }
 
   // ---- Prefill.

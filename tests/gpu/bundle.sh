@@ -16,7 +16,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD="${1:-${ROOT}/build-gpu-bundle}"
 cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
   -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
-ninja -C "${BUILD}" -j2 cuda_backend_test attnserve_cuda_bench attention_kernel_bench
+ninja -C "${BUILD}" -j2 cuda_backend_test cuda_mla_test attnserve_cuda_bench attention_kernel_bench
 # FlashInfer's decode and prefill adapter tests, where deploy/setup.sh installed FlashInfer's
 # headers.
 extra_bins=()
@@ -32,7 +32,7 @@ fi
 OUT="${BUILD}/gpu-bundle-stage"
 rm -rf "${OUT}"
 mkdir -p "${OUT}/lib"
-for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench \
+for bin in tests/gpu/cuda_backend_test tests/gpu/cuda_mla_test tests/gpu/attnserve_cuda_bench \
            tests/gpu/attention_kernel_bench "${extra_bins[@]}"; do
   cp "${BUILD}/${bin}" "${OUT}/"
   # Every resolved library except glibc's own pieces (the GPU machine's glibc is as new or newer).
@@ -40,7 +40,7 @@ for bin in tests/gpu/cuda_backend_test tests/gpu/attnserve_cuda_bench \
     grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "${lib}" "${OUT}/lib/"; done
 done
-for bin in cuda_backend_test attention_kernel_bench; do
+for bin in cuda_backend_test cuda_mla_test attention_kernel_bench; do
   if ldd "${OUT}/${bin}" | grep cublas >/dev/null; then
     echo "bundle.sh: ${bin} has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
     exit 1

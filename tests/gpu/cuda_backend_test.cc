@@ -331,7 +331,8 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, CudaVsCpuTest,
                                             ::testing::ValuesIn(Implementations())),
                          CaseName);
 
-TEST(CudaBackendContractTest, MlaIsUnimplemented) {
+// MLA is served (kernels/cuda/layer/cuda_mla_layer.h; its CUDA-vs-CPU cases: cuda_mla_test.cc).
+TEST(CudaBackendContractTest, MlaIsServed) {
   SKIP_WITHOUT_GPU();
   LayerSpec spec;
   spec.variant = AttentionVariant::kMLA;
@@ -348,7 +349,8 @@ TEST(CudaBackendContractTest, MlaIsUnimplemented) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
       Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 0, 64, nullptr});
-  EXPECT_EQ(layer.status().code(), absl::StatusCode::kUnimplemented) << layer.status();
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ((*layer)->kv_config().page_size, 64) << "MLA's default page size, as on the CPU";
 }
 
 TEST(CudaBackendContractTest, QuantizedKvIsUnimplemented) {

@@ -100,6 +100,17 @@ if [[ -x "${BUNDLE}/flashinfer_prefill_test" ]]; then
     status=3
   fi
 fi
+# The MLA layer against the CPU engine (cuda_mla_test.cc; its native kernels; FlashInfer's MLA
+# kernel is timed by attention_kernel_bench only).
+if [[ -x "${BUNDLE}/cuda_mla_test" ]]; then
+  echo "== MLA (CUDA vs CPU engine) =="
+  "${BUNDLE}/cuda_mla_test" --gtest_brief=1 >"${LOGS}/mla_test.txt" 2>&1 || status=1
+  grep -E "^\[mla\]|FAILED|Failure|SKIPPED|PASSED|seed [0-9]" "${LOGS}/mla_test.txt" | head -40
+  if grep -q "no usable CUDA device" "${LOGS}/mla_test.txt"; then status=3; fi
+else
+  echo "run.sh: ${BUNDLE}/cuda_mla_test missing: rebuild the bundle (tests/gpu/bundle.sh)"
+  status=1
+fi
 echo "== GPU tests (CUDA vs CPU engine) =="
 "${BUNDLE}/cuda_backend_test" --gtest_brief=1 >"${LOGS}/gpu_test.txt" 2>&1 || status=1
 # Failures first (if any), then the summary table, printed last.

@@ -61,9 +61,7 @@ CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       kv_width_(spec.num_kv_heads * spec.head_dim),
       qkv_width_(q_width_ + 2 * kv_width_),
       activation_(ActivationDType(kv_config.storage)),
-      sequences_(kv_config.page_size, page_bytes, kv_config.max_pages, kv_config.budget,
-                 spec.causal, spec.sliding_window),
-      store_(context.pool, page_bytes) {}
+      pages_(kv_config, page_bytes, spec.causal, spec.sliding_window, context.pool) {}
 
 CudaGqaLayer::~CudaGqaLayer() {
   cudaSetDevice(context_.device);
@@ -92,6 +90,7 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                  "creating the layer's stream");
+  pages_.set_stream(stream_);
   if (absl::Status s = CublasStatus(context_.cublas->create(&cublas_), "cublasCreate"); !s.ok()) {
     cublas_ = nullptr;
     return s;
@@ -172,36 +171,19 @@ absl::StatusOr<std::vector<SequenceId>> CudaGqaLayer::ForkSequence(SequenceId so
                                                                    int count) {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
-  return sequences_.Fork(
-      source, count, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
-      [this](int32_t from, absl::Span<const int32_t> to) {
-        return AwaitPageCopies(store_.CopyPage(from, to, stream_), "forking the last KV page");
-      });
+  return pages_.Fork(source, count);
 }
 
 absl::StatusOr<SequenceExport> CudaGqaLayer::ExportSequence(SequenceId sequence) const {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
-  return sequences_.Export(sequence, [this](absl::Span<const int32_t> pages, char* out) {
-    return AwaitPageCopies(store_.Download(pages, out, stream_), "exporting KV pages");
-  });
+  return pages_.Export(sequence);
 }
 
 absl::StatusOr<SequenceId> CudaGqaLayer::ImportSequence(const SequenceExport& exported) {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
-  return sequences_.Import(
-      exported, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
-      [this](absl::Span<const int32_t> pages, const char* src) {
-        return AwaitPageCopies(store_.Upload(pages, src, stream_), "importing KV pages");
-      });
-}
-
-absl::Status CudaGqaLayer::AwaitPageCopies(absl::Status queued, absl::string_view what) const {
-  // Always wait, even after a refused copy: one still in flight would write into an export's host
-  // buffer after it is gone, or into pages the failed call gives back.
-  const absl::Status done = CudaStatus(cudaStreamSynchronize(stream_), what);
-  return queued.ok() ? done : queued;
+  return pages_.Import(exported);
 }
 
 KvPoolUsage CudaGqaLayer::PoolUsage() const {
@@ -244,18 +226,6 @@ absl::StatusOr<Tensor> CudaGqaLayer::Decode(absl::Span<const SequenceId> sequenc
   return Run(hidden, sequences, ones, positions, /*decode=*/true);
 }
 
-absl::Status CudaGqaLayer::CommitPages(absl::Span<const int32_t> pages) {
-  if (absl::Status s = store_.Commit(pages); !s.ok()) return s;
-  if (!context_.pool->poison()) return absl::OkStatus();
-  for (int32_t page : pages) {
-    ATTNSERVE_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(static_cast<char*>(store_.pool_base()) + store_.PageOffset(page), 0xFF,
-                        static_cast<size_t>(store_.page_bytes()), stream_),
-        "poisoning new KV pages");
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
                                          absl::Span<const int64_t> counts,
                                          absl::Span<const int64_t> positions, bool decode) {
@@ -271,12 +241,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const 
   // fault) cannot be cleared and fails every later call, as it must.
   (void)cudaGetLastError();
   std::vector<BatchSequence> batch;
-  if (absl::Status s = sequences_.Reserve(
-          ids, counts, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
-          batch);
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = pages_.Reserve(ids, counts, batch); !s.ok()) return s;
   // Compute checks the output's finiteness on the device (a host pass over a prefill's output
   // cost more than its kernels).
   absl::StatusOr<Tensor> out = Compute(hidden, batch, positions, decode);

@@ -29,6 +29,7 @@
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/cuda/runtime/device_memory.h"
+#include "kernels/cuda/layer/device_sequences.h"
 #include "kernels/cuda/layer/flashinfer_attention.h"
 #include "kernels/cuda/layer/projection.h"
 #include "kernels/cuda/layer/stage_timer.h"
@@ -109,10 +110,6 @@ class CudaGqaLayer : public AttentionLayer {
   // The attention step alone: the native kernels, or FlashInfer's when `fi` is set.
   absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
                             int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CommitPages(absl::Span<const int32_t> pages);
-  // Waits for the page copies `queued` (their launch status) put on the stream, so a fork, export
-  // or import reports every copy's error before the sequence table changes; the first error wins.
-  absl::Status AwaitPageCopies(absl::Status queued, absl::string_view what) const;
 
  public:
   // Per-stage times of each call from now on (attnserve_cuda_bench); last_call_stages() reads
@@ -135,8 +132,11 @@ class CudaGqaLayer : public AttentionLayer {
   const DType activation_;
 
   mutable absl::Mutex mu_;  // One call at a time per layer.
-  KvSequenceTable sequences_ ABSL_GUARDED_BY(mu_);
-  DevicePageStore store_;
+  // Sequences, device pages, and Fork/Export/Import's page copies: shared with CudaMlaLayer.
+  DeviceSequences pages_ ABSL_GUARDED_BY(mu_);
+  // Names the call path uses for the table and the page store inside pages_.
+  KvSequenceTable& sequences_ = pages_.table();
+  const DevicePageStore& store_ = pages_.store();
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Projection qkv_proj_;  // [Wq; Wk; Wv] stacked: q, k and v side by side in each row.

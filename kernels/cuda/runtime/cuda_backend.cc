@@ -9,6 +9,7 @@
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_device.h"
 #include "kernels/cuda/layer/cuda_layer.h"
+#include "kernels/cuda/layer/cuda_mla_layer.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/cache_config.h"
 
@@ -37,12 +38,15 @@ class CudaBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    // MLA, the CPU-only variations, YaRN's attention factor, 8-bit pages, head dims the kernels
+    // The CPU-only variations, YaRN's attention factor, 8-bit pages, head dims the kernels
     // are not built for: refused by name (CudaCapabilities) rather than computed differently.
     absl::StatusOr<KvCacheConfig> checked =
         CheckLayerRequest(capabilities(), spec, weights, kv_config);
     if (!checked.ok()) return checked.status();
     const KvCacheConfig& config = *checked;
+    if (spec.variant == AttentionVariant::kMLA) {
+      return cuda::CudaMlaLayer::Create(spec, weights, config, context_);
+    }
     return cuda::CudaGqaLayer::Create(spec, weights, config, context_);
   }
 

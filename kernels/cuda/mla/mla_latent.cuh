@@ -1,0 +1,169 @@
+// The MLA kernels around the attention (their launchers are in mla_latent.cu):
+//   MlaAppendBlock  RMSNorm of the q latent and of c_kv, RoPE of k_pe, [c_kv | k_pe] -> page slot
+//   MlaQueryBlock   q_lat = [q_nope . W_UK_h | RoPE(q_pe)]   (W_UK absorbed into the query)
+//   MlaOutputBlock  out_h = o_lat_h . W_UV_h^T               (W_UV applied after attention)
+// Written against simt.h, so the same source runs on the CPU block emulator in CI.
+#ifndef ATTNSERVE_KERNELS_CUDA_MLA_MLA_LATENT_CUH_
+#define ATTNSERVE_KERNELS_CUDA_MLA_MLA_LATENT_CUH_
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/attention/kv_element.cuh"
+#include "kernels/cuda/mla/mla_params.h"
+#include "kernels/cuda/simt/simt.h"
+
+namespace attnserve::cuda {
+
+struct MlaAppendStorage {
+  float partial[kMlaLatentThreads / 32];
+  float inv_rms;
+};
+
+// ---- Helpers ------------------------------------------------------------------------------------
+
+// x[i] <- weight[i] * (x[i] * inv_rms), inv_rms = 1 / sqrt(mean(x^2) + eps): DeepseekV3RMSNorm in
+// fp32, the CPU's RmsNormRows. Every thread of the block calls it.
+ATTNSERVE_SIMT void BlockRmsNorm(float* x, const float* weight, int width, float eps,
+                                 MlaAppendStorage& sm) {
+  const int tid = simt::ThreadIndex(), lane = tid % 32, warp = tid / 32;
+  float sum = 0.0f;
+  for (int i = tid; i < width; i += kMlaLatentThreads) sum = fmaf(x[i], x[i], sum);
+  sum = WarpSum(sum);
+  if (lane == 0) sm.partial[warp] = sum;
+  simt::SyncBlock();
+  if (tid == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kMlaLatentThreads / 32; ++w) total += sm.partial[w];
+    sm.inv_rms = 1.0f / sqrtf(total / static_cast<float>(width) + eps);
+  }
+  simt::SyncBlock();
+  const float inv_rms = sm.inv_rms;
+  for (int i = tid; i < width; i += kMlaLatentThreads) x[i] = weight[i] * (x[i] * inv_rms);
+  simt::SyncBlock();
+}
+
+// Rotates pair i of the `rope.rotary`-wide vector `in` at `position` into `out` (may alias):
+// (a, b) -> (a cos - b sin, b cos + a sin), angles in fp64 rounded to float as on the CPU.
+ATTNSERVE_SIMT void RotateMlaPair(const MlaRope& rope, int64_t position, const float* in,
+                                  float* out, int i) {
+  const int half = rope.rotary / 2;
+  const int ia = rope.interleaved ? 2 * i : i;
+  const int ib = rope.interleaved ? 2 * i + 1 : i + half;
+  double s, c;
+  simt::SinCos(static_cast<double>(position) * rope.inv_freq[i], &s, &c);
+  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+  const float a = in[ia], b = in[ib];
+  out[ia] = a * cf - b * sf;
+  out[ib] = b * cf + a * sf;
+}
+
+// ---- Block functions ----------------------------------------------------------------------------
+
+// Block `row` of grid (rows).
+template <KvType kKv>
+ATTNSERVE_SIMT void MlaAppendBlock(const MlaAppendParams& p, int row, MlaAppendStorage& sm) {
+  using Elem = KvElement<kKv>;
+  using T = typename Elem::T;
+  const int tid = simt::ThreadIndex();
+  const int width = p.kv.row_width();
+  if (p.q_lora > 0) BlockRmsNorm(p.q_latent + int64_t{row} * p.q_lora, p.q_norm, p.q_lora, p.eps, sm);
+  float* latent = p.latent + int64_t{row} * width;
+  BlockRmsNorm(latent, p.kv_norm, p.kv.latent_dim, p.eps, sm);
+  float* k_pe = latent + p.kv.latent_dim;
+  for (int i = tid; i < p.rope.rotary / 2; i += kMlaLatentThreads) {
+    RotateMlaPair(p.rope, p.positions[row], k_pe, k_pe, i);
+  }
+  simt::SyncBlock();
+  const SequenceDesc seq = p.sequences[p.row_sequence[row]];
+  const int index = seq.first_index + (row - seq.first_row);
+  const int64_t page_offset = p.kv.page_offsets[seq.first_page + index / p.kv.page_size];
+  if (page_offset < 0) return;  // Impossible for a correct plan: new tokens' pages are reserved.
+  T* page = reinterpret_cast<T*>(static_cast<char*>(p.kv.pool) + page_offset);
+  T* slot = page + p.kv.RowElement(index % p.kv.page_size);
+  for (int e = tid; e < width; e += kMlaLatentThreads) Elem::Store(slot + e, latent[e]);
+}
+
+// Block (head, chunk) of grid (num_heads, ceil(rows / kMlaProjectionRows)); `q_nope` is dynamic
+// shared memory of kMlaProjectionRows * nope floats.
+ATTNSERVE_SIMT void MlaQueryBlock(const MlaQueryParams& p, int head, int chunk, float* q_nope) {
+  const int tid = simt::ThreadIndex();
+  const int qk = p.nope + p.rope_dim;
+  const int width = p.latent + p.rope_dim;
+  const int row0 = chunk * kMlaProjectionRows;
+  const int rows = p.rows - row0 < kMlaProjectionRows ? p.rows - row0 : kMlaProjectionRows;
+  for (int e = tid; e < rows * p.nope; e += kMlaLatentThreads) {
+    const int r = e / p.nope, n = e % p.nope;
+    q_nope[r * p.nope + n] = p.q[(int64_t{row0 + r} * p.num_heads + head) * qk + n];
+  }
+  // RoPE(q_pe) straight into the query's tail (a copy without RoPE: q_pe still meets k_pe).
+  const int half = p.rope.rotary / 2;
+  if (half > 0) {
+    for (int e = tid; e < rows * half; e += kMlaLatentThreads) {
+      const int r = e / half, i = e % half;
+      const int64_t flat = int64_t{row0 + r} * p.num_heads + head;
+      RotateMlaPair(p.rope, p.positions[row0 + r], p.q + flat * qk + p.nope,
+                    p.q_latent + flat * width + p.latent, i);
+    }
+  } else {
+    for (int e = tid; e < rows * p.rope_dim; e += kMlaLatentThreads) {
+      const int r = e / p.rope_dim, i = e % p.rope_dim;
+      const int64_t flat = int64_t{row0 + r} * p.num_heads + head;
+      p.q_latent[flat * width + p.latent + i] = p.q[flat * qk + p.nope + i];
+    }
+  }
+  simt::SyncBlock();
+  // q_lat[r, 0:latent] = q_nope[r] . W_UK_h: thread per latent column, W_UK_h read once.
+  const float* w = p.w_uk + int64_t{head} * p.w_uk_head_stride;
+  for (int l = tid; l < p.latent; l += kMlaLatentThreads) {
+    float acc[kMlaProjectionRows];
+    for (int r = 0; r < kMlaProjectionRows; ++r) acc[r] = 0.0f;
+    for (int n = 0; n < p.nope; ++n) {
+      const float weight = w[int64_t{n} * p.latent + l];
+      ATTNSERVE_UNROLL
+      for (int r = 0; r < kMlaProjectionRows; ++r) {
+        if (r < rows) acc[r] = fmaf(q_nope[r * p.nope + n], weight, acc[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      p.q_latent[(int64_t{row0 + r} * p.num_heads + head) * width + l] = acc[r];
+    }
+  }
+}
+
+// Block (head, chunk) of grid (num_heads, ceil(rows / kMlaProjectionRows)); `o_lat` is dynamic
+// shared memory of kMlaProjectionRows * latent floats.
+ATTNSERVE_SIMT void MlaOutputBlock(const MlaOutputParams& p, int head, int chunk, float* o_lat) {
+  const int tid = simt::ThreadIndex();
+  const int row0 = chunk * kMlaProjectionRows;
+  const int rows = p.rows - row0 < kMlaProjectionRows ? p.rows - row0 : kMlaProjectionRows;
+  for (int e = tid; e < rows * p.latent; e += kMlaLatentThreads) {
+    const int r = e / p.latent, l = e % p.latent;
+    const int64_t e_in = (int64_t{row0 + r} * p.num_heads + head) * p.latent + l;
+    o_lat[r * p.latent + l] =
+        p.o_latent != nullptr
+            ? p.o_latent[e_in]
+            : KvElement<KvType::kBF16>::Load(
+                  static_cast<const __nv_bfloat16*>(p.o_latent_bf16) + e_in);
+  }
+  simt::SyncBlock();
+  const float* w = p.w_uv_t + int64_t{head} * p.latent * p.v;
+  for (int j = tid; j < p.v; j += kMlaLatentThreads) {
+    float acc[kMlaProjectionRows];
+    for (int r = 0; r < kMlaProjectionRows; ++r) acc[r] = 0.0f;
+    for (int l = 0; l < p.latent; ++l) {
+      const float weight = w[int64_t{l} * p.v + j];
+      ATTNSERVE_UNROLL
+      for (int r = 0; r < kMlaProjectionRows; ++r) {
+        if (r < rows) acc[r] = fmaf(o_lat[r * p.latent + l], weight, acc[r]);
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      p.out[(int64_t{row0 + r} * p.num_heads + head) * p.v + j] = acc[r];
+    }
+  }
+}
+
+}  // namespace attnserve::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_MLA_MLA_LATENT_CUH_
