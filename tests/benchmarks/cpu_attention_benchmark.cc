@@ -27,6 +27,8 @@
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/mla_layer.h"
+#include "kernels/cpu/simd_kernels.h"
+#include "kernels/cpu/small_batch_gemv.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {
@@ -197,6 +199,9 @@ void BM_Decode(benchmark::State& state) {
 BENCHMARK(BM_Decode)
     ->ArgsProduct({{0, 1, 2, 3}, {4096}, {0, 1}, {8}})
     ->Args({0, 1024, 0, 1})
+    // Issue 23's attnbench shape (GQA-4 and MQA, context 512): a decode batch of 64 against 64
+    // single steps is the engine's share of the 64-stream gain.
+    ->ArgsProduct({{1, 2}, {512}, {0}, {1, 64}})
     ->UseRealTime()
     ->Iterations(64)
     ->Unit(benchmark::kMillisecond);
@@ -262,6 +267,43 @@ BENCHMARK(BM_DecodeAttention)
     ->UseRealTime()
     ->Iterations(32)
     ->Unit(benchmark::kMillisecond);
+
+// Args: weight dtype (0 f32, 1 bf16), rows. One thread's small-batch projection (SmolLM2's fused
+// q/k/v: 576 -> 960 features, 2.2 MB f32) on the path this CPU chooses; run it again with
+// ATTNSERVE_CPU_AVX512=0 for the AVX2 path. best_us: the fastest call (on shared cores, the one
+// not interrupted).
+void BM_SmallBatchGemv(benchmark::State& state) {
+  constexpr int64_t kIn = 576, kOut = 960;
+  const int64_t rows = state.range(1);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(rows * kIn), w(kOut * kIn), y(rows * kOut);
+  for (float& v : x) v = normal(rng);
+  for (float& v : w) v = normal(rng);
+  std::vector<uint16_t> w16(w.size());
+  ConvertFromFloat(w.data(), DType::kBF16, w16.data(), w.size());
+  std::chrono::steady_clock::duration best = std::chrono::hours(1);
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    if (state.range(0) == 0) {
+      SmallBatchGemv(x.data(), kIn, rows, w.data(), kIn, nullptr, 0, kOut, y.data(), kOut);
+    } else {
+      SmallBatchGemv(x.data(), kIn, rows, w16.data(), kIn, nullptr, 0, kOut, y.data(), kOut);
+    }
+    best = std::min(best, std::chrono::steady_clock::now() - start);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(absl::StrCat(SimdKernelsUseAvx512() ? "avx512" : "avx2",
+                              state.range(0) ? " weights=bf16" : " weights=f32"));
+  state.counters["best_us"] = std::chrono::duration<double, std::micro>(best).count();
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * rows * kIn * kOut * state.iterations() / 1e9,
+                                                benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SmallBatchGemv)
+    ->ArgsProduct({{0, 1}, {1, 4, 8}})
+    ->UseRealTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
 
 // SmolLM2-135M's attention layer: d_model 576, 9 query / 3 KV heads, head_dim 64, RoPE.
 LayerSpec SmolSpec() {
