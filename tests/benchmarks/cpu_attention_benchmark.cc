@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -37,10 +38,16 @@ namespace {
 constexpr int kDModel = 512;
 constexpr int kHeads = 8;
 
-int Threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+// ATTNSERVE_BENCH_THREADS=N runs the engine on N threads (run_cpu_benchmarks.py --threads_table
+// runs 1 and all); default: one per hardware thread.
+int Threads() {
+  const char* threads = std::getenv("ATTNSERVE_BENCH_THREADS");
+  if (threads != nullptr && std::atoi(threads) > 0) return std::atoi(threads);
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 AttentionBackend& Backend() {
-  static AttentionBackend* backend = CreateCpuBackend({}).value().release();
+  static AttentionBackend* backend = CreateCpuBackend({.num_threads = Threads()}).value().release();
   return *backend;
 }
 
@@ -330,8 +337,10 @@ void BM_SmolStep(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(1));
   constexpr int64_t kContext = 128, kRefill = 64;
   static AttentionBackend* backends[2] = {
-      CreateCpuBackend({}).value().release(),
-      CreateCpuBackend({.projection_weights = DType::kBF16}).value().release()};
+      CreateCpuBackend({.num_threads = Threads()}).value().release(),
+      CreateCpuBackend({.num_threads = Threads(), .projection_weights = DType::kBF16})
+          .value()
+          .release()};
   KvCacheConfig kv;
   kv.storage = DType::kF32;
   kv.max_pages = batch * ((kContext + kRefill) / DefaultPageSize(spec) + 2);
@@ -390,6 +399,71 @@ BENCHMARK(BM_SmolStep)
     ->UseRealTime()
     ->MinTime(0.5)
     ->Unit(benchmark::kMicrosecond);
+
+Tensor RandomSmolHidden(int64_t rows, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> values(rows * SmolSpec().d_model);
+  for (float& v : values) v = normal(rng);
+  return Tensor::FromFloats({rows, SmolSpec().d_model}, values);
+}
+
+// Args: tokens. A SmolLM2-135M layer's prefill (f32 weights and KV), the row torch_cpu_peer.py
+// runs through transformers' own LlamaAttention.
+void BM_SmolPrefill(benchmark::State& state) {
+  const LayerSpec spec = SmolSpec();
+  const int64_t length = state.range(0);
+  KvCacheConfig kv;
+  kv.storage = DType::kF32;
+  kv.max_pages = length / DefaultPageSize(spec) + 2;
+  auto layer = Backend().CreateLayer(spec, *RandomLayerWeights(spec, 1), kv);
+  std::mt19937 rng(1);
+  const Tensor hidden = RandomSmolHidden(length, rng);
+  for (auto _ : state) {
+    const SequenceId id = (*layer)->CreateSequence();
+    const PrefillChunk chunk{id, length};
+    benchmark::DoNotOptimize((*layer)->Prefill({&chunk, 1}, hidden, {}));
+    (void)(*layer)->ReleaseSequence(id);
+  }
+  state.SetLabel("SmolLM2-135M");
+  state.counters["GFLOPs"] = benchmark::Counter(
+      PrefillFlops(spec, length) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SmolPrefill)->Arg(512)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Args: context, batch. One decode step of `batch` SmolLM2-135M sequences at `context` tokens (f32
+// weights and KV); the context grows by one token per step (32 steps).
+void BM_SmolDecode(benchmark::State& state) {
+  const LayerSpec spec = SmolSpec();
+  const int64_t context = state.range(0);
+  const int batch = static_cast<int>(state.range(1));
+  constexpr int64_t kSteps = 32;
+  KvCacheConfig kv;
+  kv.storage = DType::kF32;
+  kv.max_pages = batch * ((context + kSteps + 1) / DefaultPageSize(spec) + 2);
+  auto layer = Backend().CreateLayer(spec, *RandomLayerWeights(spec, 1), kv);
+  std::mt19937 rng(1);
+  const Tensor prompt = RandomSmolHidden(context, rng);
+  const Tensor step = RandomSmolHidden(batch, rng);
+  std::vector<SequenceId> ids;
+  for (int b = 0; b < batch; ++b) {
+    ids.push_back((*layer)->CreateSequence());
+    const PrefillChunk chunk{ids.back(), context};
+    if (!(*layer)->Prefill({&chunk, 1}, prompt, {}).ok()) state.SkipWithError("prefill failed");
+  }
+  for (auto _ : state) {
+    absl::StatusOr<Tensor> out = (*layer)->Decode(ids, step, {});
+    if (!out.ok()) {
+      state.SkipWithError(std::string(out.status().message()).c_str());
+      break;
+    }
+  }
+  state.SetLabel("SmolLM2-135M");
+}
+BENCHMARK(BM_SmolDecode)
+    ->ArgsProduct({{512}, {1, 8, 64}})
+    ->UseRealTime()
+    ->Iterations(32)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace attnserve
