@@ -5,13 +5,8 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels/cpu/avx2_helpers.h"
 #include "kernels/cpu/vector_math.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define ATTNSERVE_X86 1
-#define ATTNSERVE_AVX2 __attribute__((target("avx2,fma")))
-#endif
 
 namespace attnserve {
 
@@ -100,19 +95,9 @@ ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
   return _mm256_mul_ps(e_r, _mm256_castsi256_ps(bits));
 }
 
-ATTNSERVE_AVX2 inline float HorizontalMax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-ATTNSERVE_AVX2 inline float HorizontalSum(__m256 v) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_add_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
+using avx2::HorizontalMax;
+using avx2::HorizontalSum;
+using avx2::Load8;
 
 // Lanes i < n all ones.
 ATTNSERVE_AVX2 inline __m256i TailMask(int64_t n) {
@@ -170,12 +155,6 @@ ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, in
   std::fill(s + hi, s + count, 0.0f);
   *sum += HorizontalSum(vsum);
   *max = new_max;
-}
-
-ATTNSERVE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-ATTNSERVE_AVX2 inline __m256 Load8(const uint16_t* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
 // [sum(a0), sum(a1), ..., sum(a7)].
@@ -421,6 +400,19 @@ bool UseAvx2() {
   return use;
 }
 
+// AVX-512F on top of AVX2 (the AVX-512 kernels fall back to AVX2 helpers for their tails).
+// ATTNSERVE_CPU_AVX512=0 in the environment keeps the AVX2 paths (to compare them back to back).
+bool DetectAvx512() {
+#ifdef ATTNSERVE_X86
+  if (!UseAvx2()) return false;
+  const char* avx512 = std::getenv("ATTNSERVE_CPU_AVX512");
+  if (avx512 != nullptr && avx512[0] == '0') return false;
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
 template <typename Element>
 void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* const* key_rows,
                          int count, float* scores, int64_t ld) {
@@ -448,6 +440,11 @@ void GroupAccumulateDispatch(const float* weights, int64_t ld, int rows,
 }  // namespace
 
 bool SimdKernelsUseAvx2() { return UseAvx2(); }
+
+bool SimdKernelsUseAvx512() {
+  static const bool use = DetectAvx512();
+  return use;
+}
 
 void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale, float softcap,
                       float* max, float* sum, float* acc, int64_t value_dim) {

@@ -21,6 +21,9 @@ namespace attnserve {
 
 // True when the AVX2/FMA paths run (CPU support, checked once).
 bool SimdKernelsUseAvx2();
+// True when the AVX-512F paths run (only the small-batch projections have one): CPU support,
+// checked once, unless ATTNSERVE_CPU_AVX512=0 or ATTNSERVE_CPU_PORTABLE=1 is set.
+bool SimdKernelsUseAvx512();
 
 // Online-softmax update of one row of `count` raw scores `s` against its running `max`, `sum` and
 // unnormalised accumulator acc[value_dim]. Scores outside [lo, hi) are masked (their weight is 0);

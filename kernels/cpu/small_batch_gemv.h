@@ -4,6 +4,10 @@
 // Why not sgemm: for 1-8 rows OpenBLAS packs x and W into panels before computing, which at
 // SmolLM2's shape (576 x 576) costs as much as the multiply-adds; a GEMV reads each weight once
 // straight from its row and is bound by that read, which is the floor of a decode step.
+//
+// Three implementations chosen at run time from one portable build: AVX-512F register tiles
+// (16 lanes, up to 16 accumulators) where the CPU has it, else AVX2/FMA (8 lanes, 8 accumulators),
+// else portable loops (simd_kernels.h's SimdKernelsUseAvx512/SimdKernelsUseAvx2 decide).
 #ifndef ATTNSERVE_KERNELS_CPU_SMALL_BATCH_GEMV_H_
 #define ATTNSERVE_KERNELS_CPU_SMALL_BATCH_GEMV_H_
 

@@ -34,6 +34,7 @@ void SessionSnapshotToProto(const SessionSnapshot& snapshot, v1::SessionInfo* in
   batching->set_max_decode_batch(snapshot.batching.max_decode_batch);
   batching->set_prefill_chunks(snapshot.batching.prefill_chunks);
   batching->set_batches_retried_alone(snapshot.batching.batches_retried_alone);
+  batching->set_decode_steps_waiting(snapshot.batching.decode_steps_waiting);
   info->set_idle_ns(absl::ToInt64Nanoseconds(snapshot.idle));
   info->set_fingerprint(snapshot.fingerprint);
   info->set_num_layers(snapshot.num_layers);

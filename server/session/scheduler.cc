@@ -97,19 +97,32 @@ bool SessionScheduler::PostOp(std::vector<std::string> request_ids, std::functio
 
 bool SessionScheduler::PostOpTurns(std::vector<std::string> request_ids,
                                    std::shared_ptr<OpTurn> turn) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t ticket = next_ticket_++;
-  // The op's requests step again only after it: a batch being formed does not wait for them
-  // (an empty list, every request, leaves nothing to wait for).
-  if (request_ids.empty()) {
-    returning_.clear();
-  } else {
-    for (const std::string& id : request_ids) returning_.erase(id);
+  std::vector<Completion> failed;
+  bool posted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t ticket = next_ticket_++;
+    // The op's requests step again only after it: a batch being formed does not wait for them
+    // (an empty list, every request, leaves nothing to wait for).
+    if (request_ids.empty()) {
+      returning_.clear();
+    } else {
+      for (const std::string& id : request_ids) returning_.erase(id);
+    }
+    // Those were the last streams the batch being formed waited for (a re-prefill's Release of
+    // a stream that just got its last step): it launches now, ahead of the op, instead of at
+    // its give-up time.
+    if (state_ == State::kWaiting && returning_.empty()) {
+      state_ = State::kPosted;
+      ++timer_generation_;  // The armed timer finds itself stale.
+      PostBatchTaskLocked(&failed);
+    }
+    ops_.emplace(ticket, std::move(request_ids));
+    posted = PostTurnLocked(ticket, std::move(turn), /*first=*/true);
+    if (!posted) ops_.erase(ticket);
   }
-  ops_.emplace(ticket, std::move(request_ids));
-  if (PostTurnLocked(ticket, std::move(turn), /*first=*/true)) return true;
-  ops_.erase(ticket);
-  return false;
+  Complete(failed);
+  return posted;
 }
 
 bool SessionScheduler::PostTurnLocked(uint64_t ticket, std::shared_ptr<OpTurn> turn, bool first) {
@@ -130,7 +143,10 @@ void SessionScheduler::RunTurn(uint64_t ticket, const std::shared_ptr<OpTurn>& t
         return;
       }
     }
-    FlushBefore(ticket);
+    // Only steps the op must follow run first: flushing every earlier step would launch the
+    // batch being formed without the streams it waits for (each re-prefill's Release and Forward
+    // would cut a batch of C streams in two).
+    if (MustFlushBefore(ticket)) FlushBefore(ticket);
   } else {
     // Between two turns of an op (two prefill chunks): one batch of the session's decode steps
     // that may run now (those of the op's requests that arrived after it wait).
@@ -169,6 +185,22 @@ void SessionScheduler::FinishOp(uint64_t ticket) {
     }
   }
   Complete(failed);
+}
+
+bool SessionScheduler::MustFlushBefore(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  auto op = ops_.find(ticket);
+  if (op == ops_.end()) return true;
+  const std::vector<std::string>& ids = op->second;
+  for (const Pending& p : pending_) {
+    if (p.ticket >= ticket) break;
+    if (p.call == nullptr) continue;
+    if (ids.empty()) return true;  // An op on every request follows every earlier step.
+    for (const StepInput& in : p.call->inputs) {
+      if (std::find(ids.begin(), ids.end(), in.request_id) != ids.end()) return true;
+    }
+  }
+  return false;
 }
 
 bool SessionScheduler::BlockedByOpLocked(const std::string& request_id, uint64_t ticket) const {
@@ -551,6 +583,10 @@ SchedulerCounters SessionScheduler::counters() const {
   c.max_decode_batch = max_decode_batch_.load(std::memory_order_relaxed);
   c.prefill_chunks = prefill_chunks_.load(std::memory_order_relaxed);
   c.batches_retried_alone = retried_alone_.load(std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  for (const Pending& p : pending_) {
+    if (p.call != nullptr) c.decode_steps_waiting += static_cast<int64_t>(p.call->inputs.size());
+  }
   return c;
 }
 

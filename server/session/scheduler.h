@@ -18,12 +18,14 @@
 // them into two cohorts that take turns, each batch about C/2. So a step may wait for the others
 // of its batch: at most one such gap per stream still expected, in practice the spread of the
 // streams' round trips. A request an op names (Release, Forward, ...) is not waited for: its
-// next step waits for that op anyway.
+// next step waits for that op anyway; and an op flushes only the earlier steps it must follow
+// (on its requests; every step for an op on all of them), so a re-prefill's Release and Forward
+// leave the batch being formed to wait for its streams.
 // Otherwise a TimerQueue deadline re-posts it; no thread sleeps. Both roads into the engine start
 // here: SubmitDecode for decode steps, SubmitForward for a Forward.
 //
 // A Forward, like the session's other work (Release, Fork, ...), is an op (PostOp): it runs after
-// every step that arrived before it (they are flushed first), steps of its requests that arrive
+// every step on its requests that arrived before it (they are flushed first), steps of its requests that arrive
 // after it wait until it is done, and ops run one after another in the order they were posted
 // (an op whose turn comes while an earlier op is still running is held back and re-posted when
 // that op is over). A Forward runs as engine Prefill calls of at most prefill_chunk_tokens rows,
@@ -146,10 +148,10 @@ class SessionScheduler {
   // `done` when the server is shutting down.
   void SubmitForward(std::unique_ptr<ForwardCall> call);
 
-  // Any thread. Posts `task` on the session's queue to run after every decode step that arrived
-  // before it and after every op posted before it; steps on `request_ids` (empty = every request)
-  // that arrive later wait until it finished. False when the executor refused it (shutting down):
-  // `task` was dropped.
+  // Any thread. Posts `task` on the session's queue to run after every decode step on
+  // `request_ids` (empty = every request) that arrived before it and after every op posted
+  // before it; steps on `request_ids` that arrive later wait until it finished. False when the
+  // executor refused it (shutting down): `task` was dropped.
   bool PostOp(std::vector<std::string> request_ids, std::function<void()> task);
 
   SchedulerCounters counters() const;
@@ -194,6 +196,9 @@ class SessionScheduler {
   // Just before `answers` (of a batch that took `compute_ns`) go out: their requests are
   // returning_ (those with no step waiting).
   void NoteAnswered(absl::Span<const std::vector<StepOutput>> answers, int64_t compute_ns);
+  // Whether the op `ticket` must wait for earlier steps: those on its requests (any, for an op
+  // on every request). Steps of other requests stay in the batch being formed.
+  bool MustFlushBefore(uint64_t ticket);
   // Runs batches of every step that arrived before `ticket`.
   void FlushBefore(uint64_t ticket);
   // On the session's queue, inside an op: runs one batch of the decode steps that may run now,

@@ -53,6 +53,7 @@ struct SchedulerCounters {
   int64_t max_decode_batch = 0;
   int64_t prefill_chunks = 0;
   int64_t batches_retried_alone = 0;
+  int64_t decode_steps_waiting = 0;  // Steps queued for a batch now (a gauge, not a count).
 };
 
 struct SessionLimits {

@@ -7,7 +7,12 @@ the same work, as ratios (PyTorch time / attnserve time: > 1 means attnserve is 
 Usage: tests/benchmarks/run_cpu_benchmarks.py
            [--binary build/release/tests/benchmarks/cpu_attention_benchmark]
            [--python .venv/bin/python] [--rounds 3] [--filter REGEX] [--no_peer] [--peer_spin]
-           [--save_json RAW.json]
+           [--save_json RAW.json] [--threads_table]
+
+--threads_table runs SmolLM2-135M's attention shapes (prefill 512; decode batch 1, 8, 64 at
+context 512) on 1 thread and on all CPUs, attnserve (ATTNSERVE_BENCH_THREADS) and transformers'
+LlamaAttention with its DynamicCache (torch.set_num_threads), and prints the speed-up of all
+threads over one, per thread, and each side against the other.
 
 The peer runs with OMP_WAIT_POLICY=PASSIVE unless --peer_spin (see run_peer).
 
@@ -29,10 +34,14 @@ DEFAULT_FILTER = (r"BM_(Sgemm|Copy|Read)Ceiling|BM_Prefill/./2048/|BM_Decode/./4
                   r"|BM_DecodeAttention/./4096/")
 
 
-def run_engine(binary, benchmark_filter, tmp):
+def run_engine(binary, benchmark_filter, tmp, threads=None):
     out = os.path.join(tmp, "bench.json")
+    env = dict(os.environ)
+    if threads is not None:
+        env["ATTNSERVE_BENCH_THREADS"] = str(threads)
     subprocess.run([binary, f"--benchmark_out={out}", "--benchmark_out_format=json",
-                    f"--benchmark_filter={benchmark_filter}"], check=True, stdout=sys.stderr)
+                    f"--benchmark_filter={benchmark_filter}"], check=True, stdout=sys.stderr,
+                   env=env)
     with open(out) as f:
         return json.load(f)
 
@@ -59,6 +68,65 @@ def load_average():
         return float("nan")
 
 
+SMOL_FILTER = r"BM_Smol(Prefill|Decode)/"
+
+
+def smol_shape(name):
+    parts = name.split("/")
+    if parts[0] == "BM_SmolPrefill":
+        return f"prefill {parts[1]}"
+    return f"decode ctx {parts[1]} x batch {parts[2]}"
+
+
+def threads_table(args):
+    """Engine and peer on 1 thread and on every CPU, back to back per round: the speed-up of all
+    threads over one, and per thread (speed-up / threads: 1.0 = perfect scaling)."""
+    all_threads = os.cpu_count()
+    counts = [1, all_threads]
+    engine = {t: [] for t in counts}
+    peer = {t: [] for t in counts}
+    loads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for t in counts:
+                loads.append(load_average())
+                report = run_engine(args.binary, args.filter, tmp, threads=t)
+                engine[t].append({b["name"]: b["real_time"] for b in report["benchmarks"]})
+                if not args.no_peer:
+                    peer[t].append(run_peer(args.python, args.filter, t, tmp,
+                                            args.peer_spin)["rows"])
+            loads.append(load_average())
+    print(f"{all_threads} CPUs; {args.rounds} round(s), 1-minute load average "
+          f"{min(loads):.1f}-{max(loads):.1f}; engine times in ms (Google Benchmark real time), "
+          f"PyTorch = transformers' LlamaAttention with a DynamicCache, medians over rounds")
+    print()
+    n = all_threads
+    print(f"| SmolLM2-135M layer | attnserve 1 thr ms | {n} thr ms | speed-up | per thread "
+          f"| PyTorch 1 thr ms | {n} thr ms | speed-up | per thread | vs PyTorch 1 thr "
+          f"| vs PyTorch {n} thr |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def med(rounds, name, scale=1.0):
+        values = [r[name] * scale for r in rounds if name in r]
+        return statistics.median(values) if values else None
+
+    def fmt(value, spec):
+        return "n/a" if value is None else format(value, spec)
+
+    for name in engine[1][0]:
+        key = "/".join(name.split("/")[:3] if name.startswith("BM_SmolDecode") else
+                       name.split("/")[:2])
+        e1, en = med(engine[1], name), med(engine[n], name)
+        p1, pn = med(peer[1], key, 1e3), med(peer[n], key, 1e3)
+        e_up = e1 / en
+        p_up = p1 / pn if p1 and pn else None
+        print(f"| {smol_shape(name)} | {e1:.2f} | {en:.2f} | {e_up:.2f}x | {e_up / n:.2f} | "
+              f"{fmt(p1, '.2f')} | {fmt(pn, '.2f')} | {fmt(p_up, '.2f')}x | "
+              f"{fmt(p_up / n if p_up else None, '.2f')} | "
+              f"{fmt(p1 / e1 if p1 else None, '.2f')}x | {fmt(pn / en if pn else None, '.2f')}x |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary",
@@ -70,7 +138,14 @@ def main() -> int:
     parser.add_argument("--peer_spin", action="store_true",
                         help="leave OMP_WAIT_POLICY to OpenMP's default (spinning) for the peer")
     parser.add_argument("--save_json", help="write every round's raw results here")
+    parser.add_argument("--threads_table", action="store_true",
+                        help="SmolLM2-135M rows (unless --filter) on 1 thread and on all, engine "
+                             "and peer, with the speed-up per thread")
     args = parser.parse_args()
+    if args.threads_table:
+        if args.filter == DEFAULT_FILTER:
+            args.filter = SMOL_FILTER
+        return threads_table(args)
 
     engine_rounds, peer_rounds, loads = [], [], []
     peer_info = {}

@@ -23,6 +23,12 @@ weights, torch.set_num_threads(N), inference_mode):
            [latent | k_pe] (288 dims) with the latent as value (matmul, softmax, matmul: SDPA's
            math fallback for these shapes is far slower), then W_UV and o-proj.
 
+  smol     SmolLM2-135M's attention (d_model 576, 9 query / 3 KV heads of 64, RoPE theta 1e5) as
+           transformers runs it: its own LlamaAttention (sdpa) with a DynamicCache, not a
+           rewrite. BM_SmolPrefill/<tokens>: one prompt into an empty cache; BM_SmolDecode/
+           <context>/<batch>: `batch` prompts of `context` tokens prefilled into one cache (not
+           timed), then one step of [batch, 1, 576] per timed iteration, the cache growing.
+
 Time per row: the median of the timed iterations after a warm-up (prefill: >= 5 iterations and
 >= 1 s; decode: 16 steps from the same context, the engine takes 64, which moves
 the mean context by 1%). Needs only torch.
@@ -216,6 +222,62 @@ def time_decode(variant: int, context: int, kv: int, batch: int) -> float:
     return statistics.median(times)
 
 
+SMOL_PREFILL_ROWS = [512]
+SMOL_DECODE_ROWS = [(512, 1), (512, 8), (512, 64)]
+
+
+def smol_attention():
+    # Imported here: the other rows need only torch.
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
+                         head_dim=64, rope_theta=100000.0, max_position_embeddings=8192,
+                         attention_bias=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(1)
+    return config, LlamaAttention(config, layer_idx=0).eval(), LlamaRotaryEmbedding(config)
+
+
+def smol_forward(attention, rotary, x, cache, start: int):
+    n = x.shape[1]
+    positions = torch.arange(start, start + n)[None].expand(x.shape[0], n)
+    position_embeddings = rotary(x, positions)
+    return attention(x, position_embeddings, attention_mask=None, past_key_values=cache,
+                     cache_position=torch.arange(start, start + n))[0]
+
+
+def time_smol_prefill(tokens: int) -> float:
+    from transformers import DynamicCache
+    config, attention, rotary = smol_attention()
+    x = torch.randn(1, tokens, config.hidden_size, generator=torch.Generator().manual_seed(2))
+    smol_forward(attention, rotary, x, DynamicCache(), 0)
+    times = []
+    start_all = time.perf_counter()
+    while len(times) < 5 or time.perf_counter() - start_all < 1.0:
+        cache = DynamicCache()
+        start = time.perf_counter()
+        smol_forward(attention, rotary, x, cache, 0)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_smol_decode(context: int, batch: int) -> float:
+    from transformers import DynamicCache
+    config, attention, rotary = smol_attention()
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randn(batch, context, config.hidden_size, generator=gen)
+    step = torch.randn(batch, 1, config.hidden_size, generator=gen)
+    cache = DynamicCache()
+    smol_forward(attention, rotary, prompt, cache, 0)
+    smol_forward(attention, rotary, step, cache, context)  # Warm-up step.
+    times = []
+    for i in range(DECODE_STEPS):
+        start = time.perf_counter()
+        smol_forward(attention, rotary, step, cache, context + 1 + i)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -235,6 +297,16 @@ def main() -> int:
             name = f"BM_Decode/{variant}/{context}/{kv}/{batch}"
             if pattern.search(name):
                 results[name] = time_decode(variant, context, kv, batch)
+                print(f"{name} {results[name] * 1e3:.3f} ms", file=sys.stderr)
+        for tokens in SMOL_PREFILL_ROWS:
+            name = f"BM_SmolPrefill/{tokens}"
+            if pattern.search(name):
+                results[name] = time_smol_prefill(tokens)
+                print(f"{name} {results[name] * 1e3:.2f} ms", file=sys.stderr)
+        for context, batch in SMOL_DECODE_ROWS:
+            name = f"BM_SmolDecode/{context}/{batch}"
+            if pattern.search(name):
+                results[name] = time_smol_decode(context, batch)
                 print(f"{name} {results[name] * 1e3:.3f} ms", file=sys.stderr)
     text = json.dumps({"torch": torch.__version__, "threads": args.threads, "rows": results},
                       indent=1)

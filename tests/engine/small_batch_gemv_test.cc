@@ -1,7 +1,8 @@
 // The decode-step projections (kernels/cpu/small_batch_gemv.h, LinearForward's few-rows path)
 // against a float64 dot product, f32 and bf16 weights, over every row tile (1-8 rows), input
-// widths that leave a tail after the 8-wide vectors, feature ranges that start and end mid-tile,
-// and strided rows. Output slots outside the asked range are poisoned with NaN and must stay so.
+// widths that leave a tail after the 8- and 16-wide vectors (AVX2, AVX-512), feature ranges that
+// start and end mid-tile, and strided rows. ctest runs it three times: on the path this CPU
+// chooses, with ATTNSERVE_CPU_AVX512=0 (AVX2) and with ATTNSERVE_CPU_PORTABLE=1. Output slots outside the asked range are poisoned with NaN and must stay so.
 //
 // Tolerance: f32 accumulation of n products is within n * 2^-24 * sum_i |x_i w_i| of the exact
 // sum (the classic gamma_n bound; the bias add is one more rounding, so n + 1 is used), with w
@@ -75,14 +76,14 @@ std::vector<uint16_t> Bf16Bits(const std::vector<float>& w) {
 TEST(SmallBatchGemvTest, EveryRowTileTailAndRangeMatchesFloat64) {
   uint64_t seed = 1;
   for (int64_t rows = 1; rows <= kGemvMaxRows + 3; ++rows) {
-    for (int64_t in : {5, 37, 64}) {
+    for (int64_t in : {5, 37, 64, 83}) {
       for (bool bf16 : {false, true}) {
         for (bool with_bias : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "rows " << rows << " in " << in << " bf16 " << bf16
                                             << " bias " << with_bias);
           Problem p = MakeProblem(rows, in, /*out=*/13, bf16, ++seed);
           const float* bias = with_bias ? p.bias.data() : nullptr;
-          // Features [1, 12): starts and ends inside the 2- and 4-wide feature tiles.
+          // Features [1, 12): starts and ends inside the 2-, 4- and 8-wide feature tiles.
           if (bf16) {
             const std::vector<uint16_t> bits = Bf16Bits(p.w);
             SmallBatchGemv(p.x.data(), p.ldx, rows, bits.data(), in, bias, 1, 12, p.y.data(),
