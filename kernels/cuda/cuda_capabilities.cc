@@ -9,7 +9,7 @@ const BackendCapabilities& CudaCapabilities() {
     // No MLA kernels yet.
     c->variants = {AttentionVariant::kMHA, AttentionVariant::kMQA, AttentionVariant::kGQA};
     // The instantiations of kernels/cuda/attention/attention_*.cu (dispatch.cc).
-    c->head_dims = {64, 128};
+    c->head_dims = {64, 128, 256};
     // f32 pages compute in fp32; f16/bf16 pages run the projections and prefill in that dtype
     // with fp32 accumulation (kernels/cuda/layer/cuda_layer.h).
     c->compute_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
@@ -19,11 +19,13 @@ const BackendCapabilities& CudaCapabilities() {
                         RopeScalingType::kYarn};
     // ... but it does not multiply cos and sin: YaRN's attention factor would be dropped.
     c->yarn_attention_factor = false;
-    // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
-    c->qk_norm = false;
-    c->partial_rotary = false;
-    c->logit_softcapping = false;
-    c->attention_sinks = false;
+    // The model-family variations: hooks of kernels/cuda/attention/variant_hooks.cuh (q/k norm in
+    // the RoPE/append kernel, soft-cap and sinks in the attention kernels and the combine); the
+    // RoPE kernel rotates only the first rotary_dim dims.
+    c->qk_norm = true;
+    c->partial_rotary = true;
+    c->logit_softcapping = true;
+    c->attention_sinks = true;
     c->sliding_window = true;
     c->non_causal = true;
     // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page

@@ -1,6 +1,8 @@
 // The CUDA backend against the CPU engine: every variant it serves (MHA, MQA, GQA with small and
-// large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64 and 128) x KV
-// dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill, decode).
+// large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64, 128 and 256,
+// and the model-family variations: q/k norm with w and 1 + w, partial rotary, logit soft-cap,
+// attention sinks) x KV dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill,
+// decode).
 //
 // Each case draws fresh random weights and inputs (the seed is printed), runs the same calls on
 // both engines and compares every call's output by ||gpu - cpu|| / ||cpu||. The GPU backend runs
@@ -194,7 +196,62 @@ std::vector<GpuCase> Cases() {
                       .mscale_all_dim = 1.0};
     cases.push_back({"mha_yarn_scaling_hd64", s});
   }
+  // The model-family variations (kernels/cuda/attention/variant_hooks.cuh). VividVariantWeights
+  // redraws their weights so that each one moves the output.
+  {
+    LayerSpec s = Spec(8, 2, 128, RopeLayout::kHalf);  // Qwen3: RMSNorm(q), RMSNorm(k) with w.
+    s.qk_norm = QkNorm::kRms;
+    cases.push_back({"gqa_qwen3_qknorm_hd128", s});
+  }
+  {
+    LayerSpec s = Spec(4, 4, 64, RopeLayout::kHalf);  // Phi-3: 48 of 64 dims rotate.
+    s.rotary_dim = 48;
+    cases.push_back({"mha_phi3_partial_rotary48_hd64", s});
+  }
+  {
+    // Gemma 2's soft-cap, small enough (scaled scores reach about 2) that tanh bends them; on
+    // tensor cores for 16-bit pages.
+    LayerSpec s = Spec(8, 4, 64, RopeLayout::kHalf);
+    s.attn_logit_softcapping = 1.0f;
+    s.softmax_scale = 0.5f;
+    cases.push_back({"gqa_gemma2_softcap_hd64", s});
+  }
+  {
+    // gpt-oss sinks, no window so the 600-key sequence decodes in several splits (the sink joins in
+    // the combine).
+    LayerSpec s = Spec(8, 2, 64, RopeLayout::kHalf);
+    s.attention_sinks = true;
+    cases.push_back({"gqa_gptoss_sinks_hd64", s});
+  }
+  {
+    // Gemma 3 style at head dim 256 (CUDA-core prefill for every page type): q/k norm with 1 + w,
+    // a soft-cap and a sliding window.
+    LayerSpec s = Spec(4, 2, 256, RopeLayout::kHalf);
+    s.qk_norm = QkNorm::kRmsUnitOffset;
+    s.attn_logit_softcapping = 1.0f;
+    s.softmax_scale = 0.25f;
+    s.sliding_window = 40;
+    cases.push_back({"gqa_gemma3_qknorm1p_softcap_window_hd256", s});
+  }
   return cases;
+}
+
+// RandomLayerWeights sets every norm scale to its init (w = 1, or 0 for 1 + w), which would hide a
+// misindexed or dropped scale, and draws sinks in [-1, 1], small next to hundreds of keys: redraw
+// the norm scales around their init (+-0.5) and the sinks in [-2, 6] so each variation shows.
+void VividVariantWeights(const LayerSpec& spec, uint64_t seed, LayerWeights& weights) {
+  std::mt19937_64 rng(seed ^ 0x5EEDu);
+  auto redraw = [&](const char* name, float lo, float hi) {
+    auto it = weights.find(name);
+    if (it == weights.end()) return;
+    std::uniform_real_distribution<float> uniform(lo, hi);
+    float* values = it->second.f32();
+    for (int64_t i = 0; i < it->second.num_elements(); ++i) values[i] = uniform(rng);
+  };
+  const float offset = spec.qk_norm == QkNorm::kRmsUnitOffset ? 0.0f : 1.0f;
+  redraw("q_norm.weight", offset - 0.5f, offset + 0.5f);
+  redraw("k_norm.weight", offset - 0.5f, offset + 0.5f);
+  redraw("sinks", -2.0f, 6.0f);
 }
 
 struct DtypeCase {
@@ -235,6 +292,7 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   std::mt19937_64 rng(seed);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
   ASSERT_TRUE(weights.ok()) << weights.status();
+  VividVariantWeights(c.spec, seed, *weights);
   absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
   ASSERT_TRUE(cpu_backend.ok());
   KvCacheConfig gpu_config{dt.kv, c.page_size, 4096, nullptr};
@@ -397,19 +455,8 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
   EXPECT_EQ(&gpu.capabilities(), &CudaCapabilities());
   EXPECT_EQ(gpu.capabilities().backend, gpu.name());
   std::vector<std::pair<LayerSpec, KvStorageFormat>> refused;
-  LayerSpec qk_norm = Spec(4, 2, 64, RopeLayout::kHalf);
-  qk_norm.qk_norm = QkNorm::kRms;
-  refused.push_back({qk_norm, DType::kF32});
-  LayerSpec partial = Spec(4, 2, 64, RopeLayout::kHalf);
-  partial.rotary_dim = 32;
-  refused.push_back({partial, DType::kF32});
-  LayerSpec softcap = Spec(4, 2, 64, RopeLayout::kHalf);
-  softcap.attn_logit_softcapping = 50.0f;
-  refused.push_back({softcap, DType::kBF16});
-  LayerSpec sinks = Spec(4, 2, 64, RopeLayout::kHalf);
-  sinks.attention_sinks = true;
-  refused.push_back({sinks, DType::kF16});
   refused.push_back({Spec(4, 2, 96, RopeLayout::kHalf), DType::kF32});
+  refused.push_back({Spec(4, 2, 512, RopeLayout::kHalf), DType::kBF16});
   refused.push_back(
       {Spec(4, 2, 64, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
   for (const auto& [spec, format] : refused) {

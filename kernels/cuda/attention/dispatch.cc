@@ -9,6 +9,9 @@ namespace {
 
 template <KvType kKv>
 cudaError_t Prefill(int head_dim, const AttentionParams& p, cudaStream_t stream) {
+  // Head dim 256 runs on CUDA cores for every page type: the tensor-core kernel's Q and O
+  // fragments (192 registers a lane) and tiles (70 KB) do not fit at that width.
+  if (head_dim == 256) return LaunchPrefill<kKv, 256>(p, stream);
   if constexpr (kKv == KvType::kF32) {
     return head_dim == 64 ? LaunchPrefill<kKv, 64>(p, stream) : LaunchPrefill<kKv, 128>(p, stream);
   } else {
@@ -19,23 +22,29 @@ cudaError_t Prefill(int head_dim, const AttentionParams& p, cudaStream_t stream)
 
 template <KvType kKv>
 cudaError_t Decode(int head_dim, const AttentionParams& p, int row_blocks, cudaStream_t stream) {
-  return head_dim == 64 ? LaunchPagedDecode<kKv, 64>(p, row_blocks, stream)
-                        : LaunchPagedDecode<kKv, 128>(p, row_blocks, stream);
+  switch (head_dim) {
+    case 64:
+      return LaunchPagedDecode<kKv, 64>(p, row_blocks, stream);
+    case 128:
+      return LaunchPagedDecode<kKv, 128>(p, row_blocks, stream);
+    default:
+      return LaunchPagedDecode<kKv, 256>(p, row_blocks, stream);
+  }
 }
 
 }  // namespace
 
 absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim) {
-  if (head_dim != 64 && head_dim != 128) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "head_dim = ", head_dim, ": the CUDA backend is built for head dims 64 and 128"));
+        "head_dim = ", head_dim, ": the CUDA backend is built for head dims 64, 128 and 256"));
   }
   (void)kv_dtype;  // f32, f16 and bf16 are all built.
   return absl::OkStatus();
 }
 
-int PrefillRowsPerBlock(DType kv_dtype) {
-  return kv_dtype == DType::kF32 ? kAttentionRowsPerBlock : kMmaPrefillRows;
+int PrefillRowsPerBlock(DType kv_dtype, int head_dim) {
+  return kv_dtype == DType::kF32 || head_dim == 256 ? kAttentionRowsPerBlock : kMmaPrefillRows;
 }
 
 KvType ToKvType(DType dtype) {

@@ -1,6 +1,7 @@
 // The one place where KV dtype x head dim picks a kernel instantiation. Supported: f32, f16 and
-// bf16 pages, head dims 64 and 128: prefill on CUDA cores for f32 pages and on tensor cores for
-// f16/bf16 pages, split-KV decode on CUDA cores for all (12 instantiations in all); anything else
+// bf16 pages, head dims 64, 128 and 256: prefill on CUDA cores for f32 pages and head dim 256 and
+// on tensor cores for f16/bf16 pages at 64 and 128, split-KV decode on CUDA cores for all (18
+// instantiations in all); anything else
 // is refused with INVALID_ARGUMENT when the layer is created, never at run time, by the capability
 // table that lists them (kernels/cuda/cuda_capabilities.cc; cuda_backend_test checks they agree).
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
@@ -17,8 +18,9 @@ namespace attnserve::cuda {
 absl::Status CheckAttentionSupported(DType kv_dtype, int head_dim);
 KvType ToKvType(DType dtype);
 
-// Query rows per prefill work item of the kernel RunPrefillAttention picks for this page dtype.
-int PrefillRowsPerBlock(DType kv_dtype);
+// Query rows per prefill work item of the kernel RunPrefillAttention picks for this page dtype
+// and head dim.
+int PrefillRowsPerBlock(DType kv_dtype, int head_dim);
 
 absl::Status RunPrefillAttention(DType kv_dtype, int head_dim, const AttentionParams& params,
                                  cudaStream_t stream);

@@ -62,7 +62,25 @@ struct SequenceDesc {
   int first_page = 0;   // Index of its page 0 in PagedKv::page_offsets.
 };
 
+// RMSNorm of every q and k head before RoPE (Qwen3, Gemma 3), hooks in variant_hooks.cuh.
+struct QkNormParams {
+  const float* q_scale = nullptr;  // [head_dim] w (Qwen3) or 1 + w (Gemma 3, folded on the host);
+                                   //   null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim]
+  double eps = 1e-6;
+};
+
+// The variations of the attention itself (Gemma 2's soft-cap, gpt-oss's sinks); the kernels call
+// the hooks of variant_hooks.cuh on it and never branch on its fields themselves.
+struct AttentionVariantParams {
+  float softcap = 0.0f;          // > 0: scaled logits s become softcap * tanh(s / softcap).
+  const float* sinks = nullptr;  // [num_heads] a learned logit per query head, one more column of
+                                 //   each row's softmax denominator (never of the output); null
+                                 //   = none.
+};
+
 // RoPE on q and k, then K/V written to the pages (both RoPE layouts; none when rotary_dim == 0).
+// Only the first rotary_dim dims of each head rotate (partial rotary, Phi-3).
 struct RopeAppendParams {
   float* qkv = nullptr;    // [rows, qkv_stride]: q heads, k heads, v heads (bias included).
   int64_t qkv_stride = 0;  // num_heads * head_dim + 2 * num_kv_heads * head_dim.
@@ -74,6 +92,7 @@ struct RopeAppendParams {
   int num_heads = 0;
   int rotary_dim = 0;   // 0 = no RoPE.
   int interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
+  QkNormParams qk_norm;  // Before RoPE.
   KvType kv_type = KvType::kF32;
   PagedKv kv;
 };
@@ -95,6 +114,7 @@ struct AttentionParams {
   int group = 0;       // Query heads per KV head.
   float scale = 1.0f;  // Multiplies q.k.
   MaskSpec mask;
+  AttentionVariantParams variant;
   PagedKv kv;
   const SequenceDesc* sequences = nullptr;  // [batch]
   int batch = 0;
@@ -122,7 +142,8 @@ inline constexpr int kMmaPrefillKeys = 64;
 // instantiations). They return the launch error; the caller turns it into an absl::Status.
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cudaStream_t stream);
-// CUDA-core prefill (f32 pages; items of kAttentionRowsPerBlock rows).
+// CUDA-core prefill (f32 pages, and every page type at head dim 256; items of
+// kAttentionRowsPerBlock rows).
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream);
 // Tensor-core prefill (f16/bf16 pages; items of kMmaPrefillRows rows), prefill_mma.cuh.

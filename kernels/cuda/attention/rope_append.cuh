@@ -1,6 +1,8 @@
-// RoPE fused with the KV append: rotates each row's q and k heads (both layouts), writes q back
-// in place and k, v into the row's page slot in the page dtype (round to nearest even). One block
-// per batch row. Written against simt.h, so tests run it on the CPU block emulator.
+// RoPE fused with the KV append: RMS-normalises each row's q and k heads when the layer has a q/k
+// norm (RmsNormHead, variant_hooks.cuh), rotates their first rotary_dim dims (both layouts;
+// partial rotary rotates fewer than head_dim), writes q back in place and k, v into the row's page
+// slot in the page dtype (round to nearest even). One block per batch row. Written against simt.h,
+// so tests run it on the CPU block emulator.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 
@@ -8,6 +10,7 @@
 
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/variant_hooks.cuh"
 #include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
@@ -46,10 +49,17 @@ ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppe
     sm.cos_table[i] = static_cast<float>(c);
     sm.sin_table[i] = static_cast<float>(s);
   }
-  simt::SyncBlock();
   float* qkv = p.qkv + row * p.qkv_stride;
   // q and k heads are consecutive head_dim-wide vectors: num_heads of q, then kv_heads of k.
   const int rotated_heads = p.num_heads + kv_heads;
+  // q/k norm before RoPE, a thread per head (block-uniform branch: no barrier is skipped).
+  if (p.qk_norm.q_scale != nullptr) {
+    for (int head = tid; head < rotated_heads; head += kRopeAppendThreads) {
+      const float* scale = head < p.num_heads ? p.qk_norm.q_scale : p.qk_norm.k_scale;
+      RmsNormHead(qkv + int64_t{head} * head_dim, head_dim, scale, p.qk_norm.eps);
+    }
+  }
+  simt::SyncBlock();  // The tables and the normalised heads.
   for (int e = tid; e < rotated_heads * half; e += kRopeAppendThreads) {
     const int head = e / half, i = e % half;
     RotatePair(qkv + int64_t{head} * head_dim, i, half, p.interleaved, sm);

@@ -50,6 +50,15 @@ DType ActivationDType(const KvStorageFormat& storage) {
   return storage.element == DType::kF32 ? DType::kF32 : storage.element;
 }
 
+// A small weight vector the kernels read (q/k norm scales, sinks), host to device.
+absl::Status UploadFloats(const std::vector<float>& values, DeviceBuffer& buffer) {
+  if (absl::Status s = buffer.EnsureBytes(values.size() * sizeof(float)); !s.ok()) return s;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(buffer.data(), values.data(),
+                                            values.size() * sizeof(float), cudaMemcpyHostToDevice),
+                                 "uploading q/k norm scales or sinks");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config,
@@ -149,6 +158,19 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
         cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),
                    cudaMemcpyHostToDevice),
         "uploading RoPE frequencies");
+  }
+  if (spec_.qk_norm != QkNorm::kNone) {
+    // [q scale | k scale], each [head_dim]: w, or 1 + w in float32 (Gemma 3) as the CPU folds it.
+    std::vector<float> scales = weights.at("q_norm.weight").ToFloats();
+    const std::vector<float> k_scale = weights.at("k_norm.weight").ToFloats();
+    scales.insert(scales.end(), k_scale.begin(), k_scale.end());
+    if (spec_.qk_norm == QkNorm::kRmsUnitOffset) {
+      for (float& w : scales) w = 1.0f + w;
+    }
+    if (absl::Status s = UploadFloats(scales, qk_norm_scale_); !s.ok()) return s;
+  }
+  if (spec_.attention_sinks) {
+    if (absl::Status s = UploadFloats(weights.at("sinks").ToFloats(), sinks_); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -347,7 +369,7 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   shape.group = spec_.num_heads / spec_.num_kv_heads;
   shape.num_kv_heads = spec_.num_kv_heads;
   shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
-  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element);
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element, spec_.head_dim);
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
   shape.native_work_items = !flashinfer_.has_value();
@@ -456,6 +478,10 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
   rope.num_heads = spec_.num_heads;
   rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
+  if (spec_.qk_norm != QkNorm::kNone) {
+    const auto* scales = static_cast<const float*>(qk_norm_scale_.data());
+    rope.qk_norm = {scales, scales + spec_.head_dim, spec_.qk_norm_eps};
+  }
   rope.kv_type = ToKvType(kv_config_.storage.element);
   rope.kv = PagedView(l);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
@@ -558,6 +584,8 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.group = shape.group;
   attn.scale = EffectiveSoftmaxScale(spec_);
   attn.mask = shape.mask;
+  attn.variant.softcap = spec_.attn_logit_softcapping;
+  attn.variant.sinks = spec_.attention_sinks ? static_cast<const float*>(sinks_.data()) : nullptr;
   attn.kv = PagedView(l);
   attn.sequences = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
   attn.batch = static_cast<int>(plan.sequences.size());

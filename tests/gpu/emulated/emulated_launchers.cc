@@ -72,17 +72,21 @@ cudaError_t LaunchPagedDecode(const AttentionParams& p, int row_blocks, cudaStre
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
-// The instantiations the .cu files make: CUDA-core prefill for f32 pages, tensor-core prefill for
-// 16-bit pages, decode for all.
+// The instantiations the .cu files make: CUDA-core prefill for f32 pages and for every page type
+// at head dim 256, tensor-core prefill for 16-bit pages at 64 and 128, decode for all.
 template cudaError_t LaunchPrefill<KvType::kF32, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchPrefill<KvType::kF32, 128>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kF32, 256>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kF16, 256>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kBF16, 256>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kF16, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kF16, 128>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kBF16, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kBF16, 128>(const AttentionParams&, cudaStream_t);
 #define ATTNSERVE_EMULATED_DECODE(KV)                                                        \
   template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
-  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t); \
+  template cudaError_t LaunchPagedDecode<KV, 256>(const AttentionParams&, int, cudaStream_t);
 ATTNSERVE_EMULATED_DECODE(KvType::kF32)
 ATTNSERVE_EMULATED_DECODE(KvType::kF16)
 ATTNSERVE_EMULATED_DECODE(KvType::kBF16)
