@@ -199,7 +199,7 @@ std::vector<GpuCase> Cases() {
   // The model-family variations (kernels/cuda/attention/variant_hooks.cuh). VividVariantWeights
   // redraws their weights so that each one moves the output.
   {
-    LayerSpec s = Spec(8, 2, 128, RopeLayout::kHalf);  // Qwen3: RMSNorm(q), RMSNorm(k) with w.
+    LayerSpec s = Spec(4, 2, 128, RopeLayout::kHalf);  // Qwen3: RMSNorm(q), RMSNorm(k) with w.
     s.qk_norm = QkNorm::kRms;
     cases.push_back({"gqa_qwen3_qknorm_hd128", s});
   }
