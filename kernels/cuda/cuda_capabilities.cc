@@ -14,11 +14,11 @@ const BackendCapabilities& CudaCapabilities() {
     // with fp32 accumulation (kernels/cuda/layer/cuda_layer.h).
     c->compute_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
     c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16};  // No 8-bit pages yet.
-    // The RoPE kernel takes per-pair frequencies, so every frequency rule applies ...
+    // The RoPE kernel takes per-pair frequencies, so every frequency rule applies, and multiplies
+    // cos and sin by YaRN's attention factor.
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,
                         RopeScalingType::kYarn};
-    // ... but it does not multiply cos and sin: YaRN's attention factor would be dropped.
-    c->yarn_attention_factor = false;
+    c->yarn_attention_factor = true;
     // The model-family variations: hooks of kernels/cuda/attention/variant_hooks.cuh (q/k norm in
     // the RoPE/append kernel, soft-cap and sinks in the attention kernels and the combine); the
     // RoPE kernel rotates only the first rotary_dim dims.

@@ -217,11 +217,15 @@ std::vector<GpuCase> Cases() {
     cases.push_back({"gqa_gemma2_softcap_hd64", s});
   }
   {
-    // gpt-oss sinks, no window so the 600-key sequence decodes in several splits (the sink joins in
-    // the combine).
+    // gpt-oss: sinks, biases and YaRN without mscale (cos and sin times 0.1 ln(4) + 1). No window,
+    // so the 600-key sequence decodes in several splits (the sink joins in the combine).
     LayerSpec s = Spec(8, 2, 64, RopeLayout::kHalf);
     s.attention_sinks = true;
-    cases.push_back({"gqa_gptoss_sinks_hd64", s});
+    s.qkv_bias = s.o_bias = true;
+    s.rope_scaling = {.type = RopeScalingType::kYarn,
+                      .factor = 4.0,
+                      .original_max_position_embeddings = 64};
+    cases.push_back({"gqa_gptoss_sinks_yarn_bias_hd64", s});
   }
   {
     // Gemma 3 style at head dim 256 (CUDA-core prefill for every page type): q/k norm with 1 + w,
@@ -420,21 +424,6 @@ TEST(CudaBackendContractTest, QuantizedKvIsUnimplemented) {
     EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
     EXPECT_NE(status.message().find("CPU-only"), absl::string_view::npos) << status;
   }
-}
-
-TEST(CudaBackendContractTest, YarnAttentionFactorIsInvalidArgument) {
-  SKIP_WITHOUT_GPU();
-  // YaRN without mscale: cos and sin are multiplied by 0.1 ln(4) + 1, which the kernel cannot.
-  LayerSpec spec = Spec(4, 4, 64, RopeLayout::kHalf);
-  spec.rope_scaling = {.type = RopeScalingType::kYarn,
-                       .factor = 4.0,
-                       .original_max_position_embeddings = 64};
-  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
-  ASSERT_TRUE(weights.ok());
-  const absl::Status status =
-      Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr}).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("rope_scaling"), absl::string_view::npos) << status;
 }
 
 TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {

@@ -92,6 +92,7 @@ struct RopeAppendParams {
   int num_heads = 0;
   int rotary_dim = 0;   // 0 = no RoPE.
   int interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
+  float attention_factor = 1.0f;  // cos and sin are multiplied by it (YaRN's attention scaling).
   QkNormParams qk_norm;  // Before RoPE.
   KvType kv_type = KvType::kF32;
   PagedKv kv;

@@ -42,12 +42,13 @@ ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppe
   const int half = p.rotary_dim / 2;
   const int head_dim = p.kv.head_dim;
   const int kv_heads = p.kv.num_kv_heads;
-  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians).
+  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians); cos and sin
+  // rounded to float, then times YaRN's attention factor (a float32 product, as transformers).
   for (int i = tid; i < half; i += kRopeAppendThreads) {
     double s, c;
     simt::SinCos(static_cast<double>(p.positions[row]) * p.inv_freq[i], &s, &c);
-    sm.cos_table[i] = static_cast<float>(c);
-    sm.sin_table[i] = static_cast<float>(s);
+    sm.cos_table[i] = static_cast<float>(c) * p.attention_factor;
+    sm.sin_table[i] = static_cast<float>(s) * p.attention_factor;
   }
   float* qkv = p.qkv + row * p.qkv_stride;
   // q and k heads are consecutive head_dim-wide vectors: num_heads of q, then kv_heads of k.

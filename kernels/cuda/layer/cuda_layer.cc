@@ -150,8 +150,8 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   }
   const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   if (rotary > 0) {
-    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64. Its cos/sin factor
-    // has no place in the kernel: CudaBackend::CreateLayer refuses specs where it is not 1.
+    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64; its cos/sin factor
+    // goes with each call's RopeAppendParams.
     const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
@@ -478,6 +478,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
   rope.num_heads = spec_.num_heads;
   rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
+  rope.attention_factor = static_cast<float>(RopeAttentionFactor(spec_));
   if (spec_.qk_norm != QkNorm::kNone) {
     const auto* scales = static_cast<const float*>(qk_norm_scale_.data());
     rope.qk_norm = {scales, scales + spec_.head_dim, spec_.qk_norm_eps};

@@ -37,8 +37,7 @@ class CudaBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    // MLA, YaRN's attention factor, 8-bit pages, head dims the kernels are not built for:
-    // refused by name (CudaCapabilities) rather than computed differently.
+    // MLA, 8-bit pages, head dims the kernels are not built for: refused by name (CudaCapabilities) rather than computed differently.
     absl::StatusOr<KvCacheConfig> checked =
         CheckLayerRequest(capabilities(), spec, weights, kv_config);
     if (!checked.ok()) return checked.status();
