@@ -13,7 +13,11 @@ const BackendCapabilities& CudaCapabilities() {
     // f32 pages compute in fp32; f16/bf16 pages run the projections and prefill in that dtype
     // with fp32 accumulation (kernels/cuda/layer/cuda_layer.h).
     c->compute_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
-    c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16};  // No 8-bit pages yet.
+    // 8-bit pages: quantize-on-append and dequantize-on-gather with the CPU's arithmetic
+    // (kernels/kv/kv_codes.h), projections in fp32.
+    c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16,
+                     KvStorageFormat::Quantized(KvQuantization::kFp8E4M3),
+                     KvStorageFormat::Quantized(KvQuantization::kInt8)};
     // The RoPE kernel takes per-pair frequencies, so every frequency rule applies, and multiplies
     // cos and sin by YaRN's attention factor.
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,

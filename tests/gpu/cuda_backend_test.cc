@@ -22,6 +22,11 @@
 //   f32 KV, f32 I/O:   1e-4    both fp32; cuBLAS vs OpenBLAS and different summation orders.
 //   bf16 KV, bf16 I/O: 1.6e-2  4u, u = 2^-8. The CPU engine also caches bf16.
 //   f16 KV, f16 I/O:   4e-3    8u, u = 2^-11; the CPU engine has no f16 cache and keeps f32 K/V.
+//   fp8 / int8 KV, f32 I/O: 1e-2  both engines compute in fp32 and quantize the same K/V with the
+//                       same arithmetic (kernels/kv/kv_codes.h): the pages agree byte for byte
+//                       unless cuBLAS's and OpenBLAS's fp32 K/V differ across a rounding edge of a
+//                       code (one step: 2^-4 relative for fp8, a scale/127 for int8) or of a
+//                       power-of-two scale; seen on the emulated device: about 1e-6.
 // Without a usable CUDA device every test SKIPS with the reason. A summary table is printed after
 // all tests. The same file is also built against the emulated device (tests/gpu/emulated:
 // cuda_backend_emulated_test), where it runs in CI on the CPU.
@@ -52,6 +57,7 @@
 #include "kernels/cuda/layer/cuda_layer.h"
 #include "kernels/cuda/layer/stage_timer.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"
 #include "kernels/stack/layer_stack.h"
@@ -259,9 +265,9 @@ void VividVariantWeights(const LayerSpec& spec, uint64_t seed, LayerWeights& wei
 }
 
 struct DtypeCase {
-  DType kv;
+  KvStorageFormat kv;
   DType io;
-  DType cpu_kv;
+  KvStorageFormat cpu_kv;
   double bound;
 };
 
@@ -271,8 +277,28 @@ const DtypeCase kDtypes[] = {
     {DType::kF16, DType::kF16, DType::kF32, 4e-3},
 };
 
+// 8-bit pages (CUDA-core kernels, fp32 projections), on a few cases that cross every head dim and
+// an odd page size (AllVariants8Bit: same sweep label).
+const DtypeCase k8BitDtypes[] = {
+    {KvStorageFormat::Quantized(KvQuantization::kFp8E4M3), DType::kF32,
+     KvStorageFormat::Quantized(KvQuantization::kFp8E4M3), 1e-2},
+    {KvStorageFormat::Quantized(KvQuantization::kInt8), DType::kF32,
+     KvStorageFormat::Quantized(KvQuantization::kInt8), 1e-2},
+};
+
+std::vector<GpuCase> EightBitCases() {
+  std::vector<GpuCase> cases;
+  for (const GpuCase& c : Cases()) {
+    if (c.name == "mqa8_hd64_norope_page5" || c.name == "gqa4x2_hd128_half" ||
+        c.name == "gqa_gemma3_qknorm1p_softcap_window_hd256") {
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
-void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
+void PrintTo(const DtypeCase& d, std::ostream* os) { *os << KvStorageFormatName(d.kv); }
 
 class CudaVsCpuTest
     : public ::testing::TestWithParam<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>> {};
@@ -282,8 +308,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   const GpuCase& c = std::get<0>(GetParam());
   const DtypeCase& dt = std::get<1>(GetParam());
   const CudaAttentionImpl impl = std::get<2>(GetParam());
-  if (impl == CudaAttentionImpl::kFlashInfer && dt.kv == DType::kF32) {
-    GTEST_SKIP() << "f32 pages run the native kernels under either implementation";
+  if (impl == CudaAttentionImpl::kFlashInfer && (dt.kv == DType::kF32 || dt.kv.quantized())) {
+    GTEST_SKIP() << "f32 and 8-bit pages run the native kernels under either implementation";
   }
   GpuBackend& backend = Gpu(impl);
   if (backend.backend == nullptr) GTEST_FAIL() << backend.why_not;
@@ -292,7 +318,7 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
       std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::printf("[case] %s kv=%s impl=%s seed=%" PRIu64 "\n", c.name.c_str(),
-              std::string(DTypeName(dt.kv)).c_str(), impl_name.c_str(), seed);
+              KvStorageFormatName(dt.kv).c_str(), impl_name.c_str(), seed);
   std::mt19937_64 rng(seed);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -317,8 +343,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
     gpu_ids.push_back((*gpu)->CreateSequence());
     cpu_ids.push_back((*cpu)->CreateSequence());
   }
-  SummaryRow prefill{c.name, std::string(DTypeName(dt.kv)), impl_name, "prefill", 0, 0.0, dt.bound};
-  SummaryRow decode{c.name, std::string(DTypeName(dt.kv)), impl_name, "decode", 0, 0.0, dt.bound};
+  SummaryRow prefill{c.name, KvStorageFormatName(dt.kv), impl_name, "prefill", 0, 0.0, dt.bound};
+  SummaryRow decode{c.name, KvStorageFormatName(dt.kv), impl_name, "decode", 0, 0.0, dt.bound};
   auto compare = [&](const Tensor& g, const Tensor& r, SummaryRow& row, const std::string& what) {
     const double err = RelativeError(ToDoubles(g), ToDoubles(r));
     ++row.calls;
@@ -383,7 +409,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
 
 std::string CaseName(
     const ::testing::TestParamInfo<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>>& info) {
-  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv),
+  return absl::StrCat(std::get<0>(info.param).name, "_",
+                      KvStorageFormatName(std::get<1>(info.param).kv),
                       "_", CudaAttentionImplName(std::get<2>(info.param)));
 }
 
@@ -391,6 +418,11 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, CudaVsCpuTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
                                             ::testing::ValuesIn(kDtypes),
                                             ::testing::ValuesIn(Implementations())),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(AllVariants8Bit, CudaVsCpuTest,
+                         ::testing::Combine(::testing::ValuesIn(EightBitCases()),
+                                            ::testing::ValuesIn(k8BitDtypes),
+                                            ::testing::Values(CudaAttentionImpl::kNative)),
                          CaseName);
 
 TEST(CudaBackendContractTest, MlaIsUnimplemented) {
@@ -411,19 +443,6 @@ TEST(CudaBackendContractTest, MlaIsUnimplemented) {
   absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
       Gpu().backend->CreateLayer(spec, *weights, {DType::kBF16, 0, 64, nullptr});
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kUnimplemented) << layer.status();
-}
-
-TEST(CudaBackendContractTest, QuantizedKvIsUnimplemented) {
-  SKIP_WITHOUT_GPU();
-  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
-  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
-  ASSERT_TRUE(weights.ok());
-  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
-    const KvCacheConfig config{KvStorageFormat::Quantized(quantization), 16, 64, nullptr};
-    const absl::Status status = Gpu().backend->CreateLayer(spec, *weights, config).status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
-    EXPECT_NE(status.message().find("CPU-only"), absl::string_view::npos) << status;
-  }
 }
 
 TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
@@ -447,7 +466,7 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
   refused.push_back({Spec(4, 2, 96, RopeLayout::kHalf), DType::kF32});
   refused.push_back({Spec(4, 2, 512, RopeLayout::kHalf), DType::kBF16});
   refused.push_back(
-      {Spec(4, 2, 64, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
+      {Spec(4, 2, 96, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
   for (const auto& [spec, format] : refused) {
     SCOPED_TRACE(LayerSpecSummary(spec));
     absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
@@ -464,12 +483,11 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
 TEST(CudaBackendContractTest, TableMatchesTheKernelInstantiations) {
   const BackendCapabilities& table = CudaCapabilities();
   for (const KvStorageFormat& format : table.kv_formats) {
-    ASSERT_FALSE(format.quantized());
     for (int head_dim = 8; head_dim <= 512; head_dim += 8) {
       const bool listed = std::find(table.head_dims.begin(), table.head_dims.end(), head_dim) !=
                           table.head_dims.end();
-      EXPECT_EQ(cuda::CheckAttentionSupported(format.element, head_dim).ok(), listed)
-          << DTypeName(format.element) << " head_dim " << head_dim;
+      EXPECT_EQ(cuda::CheckAttentionSupported(format, head_dim).ok(), listed)
+          << KvStorageFormatName(format) << " head_dim " << head_dim;
     }
   }
 }

@@ -11,7 +11,8 @@
 // Prefill writes O / l; decode writes (m, l, O) per KV split and a combine kernel merges splits.
 //
 // These run on CUDA cores in fp32: decode for every page type (it is bound by reading KV, not by
-// arithmetic) and prefill for f32 pages; f16/bf16 prefill runs on tensor cores (prefill_mma.cuh).
+// arithmetic) and prefill for f32 and 8-bit pages (dequantized as the tile is gathered) and at
+// head dim 256; f16/bf16 prefill at 64 and 128 runs on tensor cores (prefill_mma.cuh).
 // Masking is in MaskSpec and in the host plan (key ranges), never in the loop body beyond the
 // per-row [lo, hi) test; soft-cap and sinks are hooks (variant_hooks.cuh).
 //
@@ -103,11 +104,16 @@ ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
         const int index = tile + k;
         const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
         if (page_offset >= 0) {  // Always true for a correct plan; guards against a stray read.
-          const T* page =
-              reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) + page_offset);
+          const char* page_bytes = static_cast<const char*>(kv.pool) + page_offset;
+          const T* page = reinterpret_cast<const T*>(page_bytes);
           const int64_t element = kv.KeyElement(kv_head, index % kv.page_size) + d;
           key = Elem::Load(page + element);
           value = Elem::Load(page + value_offset + element);
+          if constexpr (Elem::kQuantized) {  // value(code) * the page's scale, as the CPU reads it.
+            const float* scales = reinterpret_cast<const float*>(page_bytes + kv.scales_offset);
+            key *= scales[kv_head];
+            value *= scales[kv.num_kv_heads + kv_head];
+          }
         }
       }
       sm.k[k][d] = key;

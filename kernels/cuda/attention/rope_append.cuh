@@ -2,7 +2,7 @@
 // norm (RmsNormHead, variant_hooks.cuh), rotates their first rotary_dim dims (both layouts;
 // partial rotary rotates fewer than head_dim), writes q back in place and k, v into the row's page
 // slot in the page dtype (round to nearest even). One block per batch row. Written against simt.h,
-// so tests run it on the CPU block emulator.
+// so tests run it on the CPU block emulator. 8-bit pages are written by kv_append.cuh instead.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 
@@ -66,6 +66,9 @@ ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppe
     RotatePair(qkv + int64_t{head} * head_dim, i, half, p.interleaved, sm);
   }
   simt::SyncBlock();
+  // 8-bit pages: QuantizedAppendBlock (kv_append.cuh) appends the rotated k and v after this
+  // kernel, a sequence's rows in order (a page's scale depends on its earlier rows).
+  if (IsQuantized(p.kv_type)) return;
   // Append k and v to the row's slot.
   const SequenceDesc seq = p.sequences[p.row_sequence[row]];
   const int index = seq.first_index + (row - seq.first_row);

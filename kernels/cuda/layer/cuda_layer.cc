@@ -44,8 +44,9 @@ class SectionLayout {
 
 // The dtype the projections (weights and inputs) run in, chosen once from how the pages are
 // stored and never read off them again: fp32 with f32 pages (the GPU then tracks the CPU engine to
-// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation). An
-// 8-bit page format would map to a 16-bit activation dtype here, not to 8-bit projections.
+// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation).
+// 8-bit pages (element f32: what their codes dequantize to) compute in fp32, as the CPU engine
+// does with them, so both quantize the same K/V values.
 DType ActivationDType(const KvStorageFormat& storage) {
   return storage.element == DType::kF32 ? DType::kF32 : storage.element;
 }
@@ -369,7 +370,7 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   shape.group = spec_.num_heads / spec_.num_kv_heads;
   shape.num_kv_heads = spec_.num_kv_heads;
   shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
-  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element, spec_.head_dim);
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage, spec_.head_dim);
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
   shape.native_work_items = !flashinfer_.has_value();
@@ -483,7 +484,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
     const auto* scales = static_cast<const float*>(qk_norm_scale_.data());
     rope.qk_norm = {scales, scales + spec_.head_dim, spec_.qk_norm_eps};
   }
-  rope.kv_type = ToKvType(kv_config_.storage.element);
+  rope.kv_type = ToKvType(kv_config_.storage);
+  rope.batch = static_cast<int>(plan.sequences.size());
   rope.kv = PagedView(l);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
   timer_.EndDevice(LayerStage::kRopeAppend, stream_);
@@ -556,6 +558,10 @@ PagedKv CudaGqaLayer::PagedView(const CallLayout& l) const {
   kv.page_size = kv_config_.page_size;
   kv.num_kv_heads = spec_.num_kv_heads;
   kv.head_dim = spec_.head_dim;
+  if (kv_config_.storage.quantized()) {
+    kv.scales_offset = QuantizedPageScaleOffset(
+        GqaPageElements(kv_config_.page_size, spec_.num_kv_heads, spec_.head_dim));
+  }
   return kv;
 }
 
@@ -592,12 +598,12 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.batch = static_cast<int>(plan.sequences.size());
   attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
   attn.num_items = static_cast<int>(plan.items.size());
-  if (!decode) return RunPrefillAttention(kv_config_.storage.element, spec_.head_dim, attn, stream_);
+  if (!decode) return RunPrefillAttention(kv_config_.storage, spec_.head_dim, attn, stream_);
   attn.partial_max = fptr(l.partial_max);
   attn.partial_sum = fptr(l.partial_sum);
   attn.partial_acc = fptr(l.partial_acc);
   attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
-  return RunDecodeAttention(kv_config_.storage.element, spec_.head_dim, attn,
+  return RunDecodeAttention(kv_config_.storage, spec_.head_dim, attn,
                             shape.decode_row_blocks, stream_);
 }
 
