@@ -26,7 +26,7 @@ constexpr std::array<float, 256> MakeFp8E4M3Values() {
   std::array<float, 256> values{};
   for (int code = 0; code < 256; ++code) {
     const int exponent = (code >> 3) & 15, mantissa = code & 7;
-    float magnitude;
+    float magnitude = 0.0f;  // Initialised: nvcc compiles this header as C++17.
     if (exponent == 15 && mantissa == 7) {
       magnitude = std::numeric_limits<float>::quiet_NaN();
     } else {
