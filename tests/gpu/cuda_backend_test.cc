@@ -759,6 +759,68 @@ TEST(CudaBackendContractTest, ExportImportMovesSequencesBetweenCpuAndGpu) {
   }
 }
 
+// 8-bit pages hold what the CPU backend writes: both quantize with kernels/kv/kv_codes.h, so the
+// exported bytes (codes and scales, 45 tokens: pages whose scales grew row by row) agree except
+// where the two engines' fp32 K/V straddle a code's rounding edge (allowed: 1 byte in 1000). A
+// CPU export decodes on the GPU as on the CPU (the GPU requantizing a page the CPU began), and a
+// fork (its partial page copied with its scales) decodes bit for bit as its unforked twin.
+TEST(CudaBackendContractTest, EightBitPagesHoldTheCpuBytes) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 41);
+  ASSERT_TRUE(weights.ok());
+  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    const KvStorageFormat format = KvStorageFormat::Quantized(quantization);
+    SCOPED_TRACE(KvStorageFormatName(format));
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu_made =
+        Gpu().backend->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu_made =
+        (*cpu_backend)->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    ASSERT_TRUE(gpu_made.ok()) << gpu_made.status();
+    ASSERT_TRUE(cpu_made.ok()) << cpu_made.status();
+    AttentionLayer& gpu = **gpu_made;
+    AttentionLayer& cpu = **cpu_made;
+    std::mt19937_64 rng(23);
+    const Tensor prompt = Hidden(45, DType::kF32, rng);
+    const SequenceId g = gpu.CreateSequence(), c = cpu.CreateSequence(), twin = gpu.CreateSequence();
+    for (const auto& [layer, id] :
+         {std::pair{&gpu, g}, std::pair{&cpu, c}, std::pair{&gpu, twin}}) {
+      ASSERT_TRUE(layer->Prefill({{id, 45}}, prompt, {}).ok());
+    }
+    absl::StatusOr<SequenceExport> from_gpu = gpu.ExportSequence(g);
+    absl::StatusOr<SequenceExport> from_cpu = cpu.ExportSequence(c);
+    ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
+    ASSERT_EQ(from_gpu->pages.size(), from_cpu->pages.size());
+    int64_t differing = 0;
+    for (size_t i = 0; i < from_gpu->pages.size(); ++i) {
+      differing += from_gpu->pages[i] != from_cpu->pages[i] ? 1 : 0;
+    }
+    std::printf("[8-bit] %s: %" PRId64 " of %zu page bytes differ from the CPU's\n",
+                KvStorageFormatName(format).c_str(), differing, from_gpu->pages.size());
+    EXPECT_LE(differing * 1000, static_cast<int64_t>(from_gpu->pages.size()));
+
+    absl::StatusOr<SequenceId> g_from_cpu = gpu.ImportSequence(*from_cpu);
+    ASSERT_TRUE(g_from_cpu.ok()) << g_from_cpu.status();
+    absl::StatusOr<std::vector<SequenceId>> fork = gpu.ForkSequence(g, 1);
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    for (int step = 0; step < 6; ++step) {  // 45 -> 51 tokens: rows join the imported page 2.
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const Tensor x = Hidden(1, DType::kF32, rng);
+      absl::StatusOr<Tensor> stayed_cpu = cpu.Decode({c}, x, {});
+      absl::StatusOr<Tensor> cpu_to_gpu = gpu.Decode({*g_from_cpu}, x, {});
+      absl::StatusOr<Tensor> child = gpu.Decode({(*fork)[0]}, x, {});
+      absl::StatusOr<Tensor> unforked = gpu.Decode({twin}, x, {});
+      for (const absl::StatusOr<Tensor>* out : {&stayed_cpu, &cpu_to_gpu, &child, &unforked}) {
+        ASSERT_TRUE(out->ok()) << out->status();
+      }
+      EXPECT_LE(RelativeError(ToDoubles(*cpu_to_gpu), ToDoubles(*stayed_cpu)), 1e-2);
+      EXPECT_TRUE(SameBits(*child, *unforked)) << "a forked 8-bit page decoded differently";
+    }
+  }
+}
+
 // The layer's stage timer (attnserve_cuda_bench's breakdown) covers a call: every stage is
 // measured, none is negative, and together they are no longer than the call itself.
 TEST(CudaBackendContractTest, StageTimerCoversTheCall) {
