@@ -45,7 +45,7 @@ struct TileTraits {
   static_assert(kKeys <= 32, "softmax step gives each lane one key of the tile");
 };
 
-// Shared memory of one block: 26.9 KB (D=64), 33.9 KB (D=128) or 41.0 KB (D=256), under the
+// Shared memory of one block: 26.9 KB (D=64), 33.9 KB (D=128) or 41.7 KB (D=256), under the
 // 48 KB static limit.
 template <int kHeadDim>
 struct TileStorage {

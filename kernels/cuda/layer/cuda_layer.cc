@@ -243,7 +243,11 @@ int64_t CudaGqaLayer::KvBytesAtLength(int64_t num_tokens) const {
 }
 
 int64_t CudaGqaLayer::ParameterBytes() const {
-  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes();
+  // Plus the fp32 q/k norm scales and sinks the kernels read.
+  const int64_t small_floats = (spec_.qk_norm != QkNorm::kNone ? 2 * int64_t{spec_.head_dim} : 0) +
+                               (spec_.attention_sinks ? int64_t{spec_.num_heads} : 0);
+  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes() +
+         small_floats * static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,

@@ -75,7 +75,8 @@ class CudaGqaLayer : public AttentionLayer {
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
-  // The projections' device weights: 16-bit for f16/bf16 layers, biases fp32.
+  // The projections' device weights (16-bit for f16/bf16 layers, biases fp32), q/k norm scales
+  // and sinks (fp32).
   int64_t ParameterBytes() const override;
 
  private:
