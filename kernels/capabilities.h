@@ -39,6 +39,8 @@ struct BackendCapabilities {
   std::vector<DType> compute_dtypes;
   // KV page storage formats: plain f32/f16/bf16 elements, or 8-bit codes with per-page scales.
   std::vector<KvStorageFormat> kv_formats;
+  // The formats MLA's latent pages take, where they differ from `kv_formats` (empty: the same).
+  std::vector<KvStorageFormat> mla_kv_formats;
   // RoPE scalings applied (LayerSpec::rope_scaling.type; kNone is always served).
   std::vector<RopeScalingType> rope_scalings;
   // YaRN's attention factor != 1 (cos and sin multiplied by it; mscale != mscale_all_dim).

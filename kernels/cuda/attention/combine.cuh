@@ -9,13 +9,15 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/variant_hooks.cuh"
 #include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
 
 // Block (b, h) of grid (batch, num_heads), block head_dim (= p.kv.head_dim) threads: thread d
 // merges element d of head h's splits of sequence b (items [item_begin[b], item_begin[b + 1])).
-//   out = sum_i exp(m_i - M) acc_i / sum_i exp(m_i - M) l_i,  M = max_i m_i.
+//   out = sum_i exp(m_i - M) acc_i / (sum_i exp(m_i - M) l_i + exp(sink - M)),
+//   M = max(max_i m_i, sink); the sink term (JoinSink) is 0 and absent from M without sinks.
 ATTNSERVE_SIMT void CombineSplitsBlock(const AttentionParams& p, int b, int h) {
   const int d = simt::ThreadIndex();
   const int head_dim = p.kv.head_dim;
@@ -24,7 +26,7 @@ ATTNSERVE_SIMT void CombineSplitsBlock(const AttentionParams& p, int b, int h) {
   for (int i = begin; i < end; ++i) {
     global_max = fmaxf(global_max, p.partial_max[int64_t{i} * p.num_heads + h]);
   }
-  float total = 0.0f, acc = 0.0f;
+  float total = JoinSink(p.variant, h, &global_max), acc = 0.0f;
   for (int i = begin; i < end; ++i) {
     const int64_t row = int64_t{i} * p.num_heads + h;
     const float sum = p.partial_sum[row];

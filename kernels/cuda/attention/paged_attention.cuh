@@ -11,9 +11,10 @@
 // Prefill writes O / l; decode writes (m, l, O) per KV split and a combine kernel merges splits.
 //
 // These run on CUDA cores in fp32: decode for every page type (it is bound by reading KV, not by
-// arithmetic) and prefill for f32 pages; f16/bf16 prefill runs on tensor cores (prefill_mma.cuh).
+// arithmetic) and prefill for f32 and 8-bit pages (dequantized as the tile is gathered) and at
+// head dim 256; f16/bf16 prefill at 64 and 128 runs on tensor cores (prefill_mma.cuh).
 // Masking is in MaskSpec and in the host plan (key ranges), never in the loop body beyond the
-// per-row [lo, hi) test.
+// per-row [lo, hi) test; soft-cap and sinks are hooks (variant_hooks.cuh).
 //
 // Each kernel body is a block function (PrefillBlock, PagedDecodeBlock) written against simt.h, so
 // the same source also runs on the CPU block emulator, which is how CI (no GPU) executes it
@@ -27,6 +28,7 @@
 
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/variant_hooks.cuh"
 #include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
@@ -36,13 +38,15 @@ namespace attnserve::cuda {
 template <int kHeadDim>
 struct TileTraits {
   static constexpr int kRows = kAttentionRowsPerBlock;  // Query rows per block.
-  static constexpr int kKeys = 2048 / kHeadDim;         // Keys per tile: 32 (D=64), 16 (D=128).
+  // Keys per tile: 32 (D=64), 16 (D=128), 4 (D=256: Q and O alone take 32 KB of shared memory).
+  static constexpr int kKeys = kHeadDim > 128 ? 1024 / kHeadDim : 2048 / kHeadDim;
   static constexpr int kThreads = kAttentionThreads;
   static constexpr int kWarps = kThreads / 32;
   static_assert(kKeys <= 32, "softmax step gives each lane one key of the tile");
 };
 
-// Shared memory of one block: 26.9 KB (D=64) or 33.9 KB (D=128), under the 48 KB static limit.
+// Shared memory of one block: 26.9 KB (D=64), 33.9 KB (D=128) or 41.7 KB (D=256), under the
+// 48 KB static limit.
 template <int kHeadDim>
 struct TileStorage {
   using Traits = TileTraits<kHeadDim>;
@@ -81,8 +85,8 @@ ATTNSERVE_SIMT void LoadQueries(TileStorage<kHeadDim>& sm, const float* q, float
 // The online-softmax loop over keys [key_begin, key_end) of one sequence and KV head.
 template <KvType kKv, int kHeadDim>
 ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
-                               const SequenceDesc& seq, int kv_head, int rows, int key_begin,
-                               int key_end) {
+                               const AttentionVariantParams& variant, const SequenceDesc& seq,
+                               int kv_head, int rows, int key_begin, int key_end) {
   using Traits = TileTraits<kHeadDim>;
   using Elem = KvElement<kKv>;
   using T = typename Elem::T;
@@ -100,18 +104,23 @@ ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
         const int index = tile + k;
         const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
         if (page_offset >= 0) {  // Always true for a correct plan; guards against a stray read.
-          const T* page =
-              reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) + page_offset);
+          const char* page_bytes = static_cast<const char*>(kv.pool) + page_offset;
+          const T* page = reinterpret_cast<const T*>(page_bytes);
           const int64_t element = kv.KeyElement(kv_head, index % kv.page_size) + d;
           key = Elem::Load(page + element);
           value = Elem::Load(page + value_offset + element);
+          if constexpr (Elem::kQuantized) {  // value(code) * the page's scale, as the CPU reads it.
+            const float* scales = reinterpret_cast<const float*>(page_bytes + kv.scales_offset);
+            key *= scales[kv_head];
+            value *= scales[kv.num_kv_heads + kv_head];
+          }
         }
       }
       sm.k[k][d] = key;
       sm.v[k][d] = value;
     }
     simt::SyncBlock();
-    // 2. S = Q . K^T, -inf outside each row's visible keys.
+    // 2. S = Q . K^T (soft-capped: TransformLogit), -inf outside each row's visible keys.
     for (int e = tid; e < rows * kKeys; e += kAttentionThreads) {
       const int r = e / kKeys, k = e % kKeys;
       const int index = tile + k;
@@ -120,7 +129,7 @@ ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
         float dot = 0.0f;
         ATTNSERVE_UNROLL_BY(8)
         for (int d = 0; d < kHeadDim; ++d) dot = fmaf(sm.q[r][d], sm.k[k][d], dot);
-        score = dot;
+        score = TransformLogit(variant, dot);
       }
       sm.s[r][k] = score;
     }
@@ -184,11 +193,17 @@ ATTNSERVE_SIMT void PrefillBlock(const AttentionParams& p, int item_index, int k
     return int64_t{seq.first_row + t} * p.q_stride + int64_t{kv_head * p.group + g} * kHeadDim;
   });
   simt::SyncBlock();
-  AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
+  AttendRows<kKv, kHeadDim>(sm, p.kv, p.variant, seq, kv_head, rows, item.key_begin,
+                            item.key_end);
+  // O's row factor (1 / l, a sink joined) into corr, free after the loop.
+  if (tid < rows) {
+    const int head = kv_head * p.group + (item.row_begin + tid) % p.group;
+    sm.corr[tid] = OutputScale(p.variant, head, sm.m[tid], sm.l[tid]);
+  }
+  simt::SyncBlock();
   for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
     const int r = e / kHeadDim, d = e % kHeadDim;
-    const float l = sm.l[r];
-    p.out[sm.out_offset[r] + d] = l > 0.0f ? sm.o[r][d] / l : 0.0f;
+    p.out[sm.out_offset[r] + d] = sm.o[r][d] * sm.corr[r];
   }
 }
 
@@ -214,7 +229,9 @@ ATTNSERVE_SIMT void PagedDecodeBlock(const AttentionParams& p, int item_index, i
     return int64_t{seq.first_row} * p.q_stride + int64_t{first_head + r} * kHeadDim;
   });
   simt::SyncBlock();
-  AttendRows<kKv, kHeadDim>(sm, p.kv, seq, kv_head, rows, item.key_begin, item.key_end);
+  // Sinks join in the combine, once per row: a split's partial state never holds one.
+  AttendRows<kKv, kHeadDim>(sm, p.kv, p.variant, seq, kv_head, rows, item.key_begin,
+                            item.key_end);
   const int64_t partial_row = int64_t{item_index} * p.num_heads + first_head;
   for (int e = tid; e < rows * kHeadDim; e += kAttentionThreads) {
     const int r = e / kHeadDim, d = e % kHeadDim;
@@ -260,14 +277,17 @@ cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cud
   return cudaGetLastError();
 }
 
-// Instantiations per KV type and the two supported head dims (prefill: f32 pages only; 16-bit
-// pages prefill on tensor cores, prefill_mma.cuh).
+// Instantiations per KV type and the supported head dims (prefill: f32 pages at 64 and 128, every
+// page type at 256; 16-bit pages at 64 and 128 prefill on tensor cores, prefill_mma.cuh).
 #define ATTNSERVE_INSTANTIATE_PREFILL(KV)                                           \
   template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t); \
   template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t);
-#define ATTNSERVE_INSTANTIATE_DECODE(KV)                                                     \
-  template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
-  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+#define ATTNSERVE_INSTANTIATE_PREFILL_HD256(KV) \
+  template cudaError_t LaunchPrefill<KV, 256>(const AttentionParams&, cudaStream_t);
+#define ATTNSERVE_INSTANTIATE_DECODE(KV)                                                      \
+  template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t);  \
+  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t); \
+  template cudaError_t LaunchPagedDecode<KV, 256>(const AttentionParams&, int, cudaStream_t);
 
 #endif  // defined(__CUDACC__)
 

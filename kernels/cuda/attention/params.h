@@ -17,8 +17,14 @@
 
 namespace attnserve::cuda {
 
-// Element type of KV pages (mirrors attnserve::DType without pulling its absl header into nvcc).
-enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element type of KV pages (mirrors attnserve::DType and KvStorageFormat without pulling their absl
+// headers into nvcc). kFp8/kInt8: 1-byte codes with per-page, per-KV-head float32 scales
+// (kernels/kv/quantization.h, arithmetic in kernels/kv/kv_codes.h).
+enum class KvType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFp8 = 3, kInt8 = 4 };
+
+ATTNSERVE_HD inline bool IsQuantized(KvType type) {
+  return type == KvType::kFp8 || type == KvType::kInt8;
+}
 
 // Which keys a query may see: the mask rule of kernels/spec/attention_mask.h (shared with the CPU's
 // MaskPolicy) with 32-bit indices, as the kernels take it (Mistral window: i - W < j <= i).
@@ -43,6 +49,9 @@ struct PagedKv {
   int page_size = 0;                      // Tokens per page.
   int num_kv_heads = 0;
   int head_dim = 0;
+  // 8-bit pages: bytes from a page's start to its float32 scales, [K scale per KV head][V scale
+  // per KV head] (kernels/kv/page_layout.h); unused otherwise.
+  int64_t scales_offset = 0;
 
   // Element index within a page of (kv_head, slot)'s key row; the value row is ValueOffset() on.
   ATTNSERVE_HD int64_t KeyElement(int kv_head, int slot) const {
@@ -62,7 +71,25 @@ struct SequenceDesc {
   int first_page = 0;   // Index of its page 0 in PagedKv::page_offsets.
 };
 
+// RMSNorm of every q and k head before RoPE (Qwen3, Gemma 3), hooks in variant_hooks.cuh.
+struct QkNormParams {
+  const float* q_scale = nullptr;  // [head_dim] w (Qwen3) or 1 + w (Gemma 3, folded on the host);
+                                   //   null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim]
+  double eps = 1e-6;
+};
+
+// The variations of the attention itself (Gemma 2's soft-cap, gpt-oss's sinks); the kernels call
+// the hooks of variant_hooks.cuh on it and never branch on its fields themselves.
+struct AttentionVariantParams {
+  float softcap = 0.0f;          // > 0: scaled logits s become softcap * tanh(s / softcap).
+  const float* sinks = nullptr;  // [num_heads] a learned logit per query head, one more column of
+                                 //   each row's softmax denominator (never of the output); null
+                                 //   = none.
+};
+
 // RoPE on q and k, then K/V written to the pages (both RoPE layouts; none when rotary_dim == 0).
+// Only the first rotary_dim dims of each head rotate (partial rotary, Phi-3).
 struct RopeAppendParams {
   float* qkv = nullptr;    // [rows, qkv_stride]: q heads, k heads, v heads (bias included).
   int64_t qkv_stride = 0;  // num_heads * head_dim + 2 * num_kv_heads * head_dim.
@@ -74,7 +101,10 @@ struct RopeAppendParams {
   int num_heads = 0;
   int rotary_dim = 0;   // 0 = no RoPE.
   int interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
+  float attention_factor = 1.0f;  // cos and sin are multiplied by it (YaRN's attention scaling).
+  QkNormParams qk_norm;  // Before RoPE.
   KvType kv_type = KvType::kF32;
+  int batch = 0;  // Sequences; 8-bit pages append per sequence (kv_append.cuh).
   PagedKv kv;
 };
 
@@ -95,6 +125,7 @@ struct AttentionParams {
   int group = 0;       // Query heads per KV head.
   float scale = 1.0f;  // Multiplies q.k.
   MaskSpec mask;
+  AttentionVariantParams variant;
   PagedKv kv;
   const SequenceDesc* sequences = nullptr;  // [batch]
   int batch = 0;
@@ -122,13 +153,16 @@ inline constexpr int kMmaPrefillKeys = 64;
 // instantiations). They return the launch error; the caller turns it into an absl::Status.
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPagedDecode(const AttentionParams& params, int row_blocks, cudaStream_t stream);
-// CUDA-core prefill (f32 pages; items of kAttentionRowsPerBlock rows).
+// CUDA-core prefill (f32 and 8-bit pages, and every page type at head dim 256; items of
+// kAttentionRowsPerBlock rows).
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchPrefill(const AttentionParams& params, cudaStream_t stream);
 // Tensor-core prefill (f16/bf16 pages; items of kMmaPrefillRows rows), prefill_mma.cuh.
 template <KvType kKv, int kHeadDim>
 cudaError_t LaunchMmaPrefill(const AttentionParams& params, cudaStream_t stream);
 cudaError_t LaunchCombineSplits(const AttentionParams& params, cudaStream_t stream);
+// q/k norm and RoPE, then the K/V append: in the same kernel for f32/f16/bf16 pages, by
+// QuantizedAppendBlock (kv_append.cuh) after it for 8-bit pages.
 cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream);
 // dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/layer/convert.cu).
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,

@@ -8,11 +8,13 @@
 //   O  as C fragments (16 x head_dim, fp32), and the running max m and partial sum l of its rows.
 // Per tile of 64 keys the block gathers K (row-major) and V (transposed) from their pages into
 // shared memory, then each warp
-//   1. S = Q K^T             8 x head_dim/16 mma; scaled in fp32; masked to [lo, hi) per row,
+//   1. S = Q K^T             8 x head_dim/16 mma; scaled in fp32 and soft-capped (TransformLogit,
+//                            variant_hooks.cuh); masked to [lo, hi) per row,
 //   2. online softmax        row max over the 4 lanes sharing a row (two shuffles); O, l rescaled,
 //   3. O += P V              P re-packed from S's C fragments straight into A fragments (the C
 //                            layout of two adjacent 8-key tiles is the A layout of 16 keys).
-// A warp skips tiles outside all of its rows' windows (causal and sliding-window tiles).
+// A warp skips tiles outside all of its rows' windows (causal and sliding-window tiles). Each row
+// ends as O * OutputScale (1 / l, a sink joined).
 //
 // The source is shared with the CPU block emulator (simt.h), which runs it in CI.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_PREFILL_MMA_CUH_
@@ -22,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/variant_hooks.cuh"
 #include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
@@ -57,7 +60,7 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
   const int64_t value_offset = kv.ValueOffset();
 
   // ---- This lane's two rows (g and g + 8 of the warp's 16): where they live, what they see.
-  int lo[2], hi[2];
+  int lo[2], hi[2], head_of[2] = {0, 0};
   const float* q_row[2];
   float* out_row[2];
   ATTNSERVE_UNROLL
@@ -70,6 +73,7 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
       const int flat = item.row_begin + r;
       const int token = flat / p.group;
       const int head = kv_head * p.group + flat % p.group;
+      head_of[i] = head;
       p.mask.VisibleKeys(seq.first_index + token, seq.length, &lo[i], &hi[i]);
       q_row[i] = p.q + int64_t{seq.first_row + token} * p.q_stride + int64_t{head} * kHeadDim;
       out_row[i] = p.out + (int64_t{seq.first_row + token} * p.num_heads + head) * kHeadDim;
@@ -158,7 +162,7 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
           const int i = e / 2;
           const int key = tile + n * 8 + 2 * t + (e & 1);
           const bool visible = key < tile + count && key >= lo[i] && key < hi[i];
-          s[n][e] = visible ? s[n][e] * p.scale : -INFINITY;
+          s[n][e] = visible ? TransformLogit(p.variant, s[n][e] * p.scale) : -INFINITY;
           tile_max[i] = fmaxf(tile_max[i], s[n][e]);
         }
       }
@@ -219,7 +223,7 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
   ATTNSERVE_UNROLL
   for (int i = 0; i < 2; ++i) {
     if (out_row[i] == nullptr) continue;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float inv = OutputScale(p.variant, head_of[i], m[i], l[i]);
     ATTNSERVE_UNROLL
     for (int n = 0; n < kDimTiles; ++n) {
       out_row[i][n * 8 + 2 * t] = o[n][2 * i] * inv;

@@ -1,7 +1,9 @@
-// Launcher of the RoPE + KV append kernel (attention/rope_append.cuh): grid (rows), one block per
-// row.
+// Launchers of the RoPE + KV append kernel (attention/rope_append.cuh): grid (rows), one block per
+// row; for 8-bit pages then the quantized append (attention/kv_append.cuh): grid (batch,
+// num_kv_heads, 2), one warp per block.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/attention/kv_append.cuh"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/rope_append.cuh"
 
@@ -13,6 +15,12 @@ template <KvType kKv>
 __global__ void __launch_bounds__(kRopeAppendThreads) RopeAppendKernel(const RopeAppendParams p) {
   __shared__ RopeAppendStorage sm;
   RopeAppendBlock<kKv>(p, blockIdx.x, sm);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kQuantizedAppendThreads)
+    QuantizedAppendKernel(const RopeAppendParams p) {
+  QuantizedAppendBlock<kFp8>(p, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 }  // namespace
@@ -30,6 +38,20 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t stream) {
     case KvType::kBF16:
       RopeAppendKernel<KvType::kBF16><<<p.rows, kRopeAppendThreads, 0, stream>>>(p);
       break;
+    case KvType::kFp8:
+    case KvType::kInt8: {
+      // RoPE only (the kernel returns before its append), then the append per sequence.
+      RopeAppendKernel<KvType::kF32><<<p.rows, kRopeAppendThreads, 0, stream>>>(p);
+      if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+      if (p.batch == 0) break;
+      const dim3 grid(p.batch, p.kv.num_kv_heads, 2);
+      if (p.kv_type == KvType::kFp8) {
+        QuantizedAppendKernel<true><<<grid, kQuantizedAppendThreads, 0, stream>>>(p);
+      } else {
+        QuantizedAppendKernel<false><<<grid, kQuantizedAppendThreads, 0, stream>>>(p);
+      }
+      break;
+    }
   }
   return cudaGetLastError();
 }

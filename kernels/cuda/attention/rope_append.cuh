@@ -1,6 +1,8 @@
-// RoPE fused with the KV append: rotates each row's q and k heads (both layouts), writes q back
-// in place and k, v into the row's page slot in the page dtype (round to nearest even). One block
-// per batch row. Written against simt.h, so tests run it on the CPU block emulator.
+// RoPE fused with the KV append: RMS-normalises each row's q and k heads when the layer has a q/k
+// norm (RmsNormHead, variant_hooks.cuh), rotates their first rotary_dim dims (both layouts;
+// partial rotary rotates fewer than head_dim), writes q back in place and k, v into the row's page
+// slot in the page dtype (round to nearest even). One block per batch row. Written against simt.h,
+// so tests run it on the CPU block emulator. 8-bit pages are written by kv_append.cuh instead.
 #ifndef ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_ROPE_APPEND_CUH_
 
@@ -8,6 +10,7 @@
 
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention/variant_hooks.cuh"
 #include "kernels/cuda/simt/simt.h"
 
 namespace attnserve::cuda {
@@ -39,22 +42,33 @@ ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppe
   const int half = p.rotary_dim / 2;
   const int head_dim = p.kv.head_dim;
   const int kv_heads = p.kv.num_kv_heads;
-  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians).
+  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians); cos and sin
+  // rounded to float, then times YaRN's attention factor (a float32 product, as transformers).
   for (int i = tid; i < half; i += kRopeAppendThreads) {
     double s, c;
     simt::SinCos(static_cast<double>(p.positions[row]) * p.inv_freq[i], &s, &c);
-    sm.cos_table[i] = static_cast<float>(c);
-    sm.sin_table[i] = static_cast<float>(s);
+    sm.cos_table[i] = static_cast<float>(c) * p.attention_factor;
+    sm.sin_table[i] = static_cast<float>(s) * p.attention_factor;
   }
-  simt::SyncBlock();
   float* qkv = p.qkv + row * p.qkv_stride;
   // q and k heads are consecutive head_dim-wide vectors: num_heads of q, then kv_heads of k.
   const int rotated_heads = p.num_heads + kv_heads;
+  // q/k norm before RoPE, a thread per head (block-uniform branch: no barrier is skipped).
+  if (p.qk_norm.q_scale != nullptr) {
+    for (int head = tid; head < rotated_heads; head += kRopeAppendThreads) {
+      const float* scale = head < p.num_heads ? p.qk_norm.q_scale : p.qk_norm.k_scale;
+      RmsNormHead(qkv + int64_t{head} * head_dim, head_dim, scale, p.qk_norm.eps);
+    }
+  }
+  simt::SyncBlock();  // The tables and the normalised heads.
   for (int e = tid; e < rotated_heads * half; e += kRopeAppendThreads) {
     const int head = e / half, i = e % half;
     RotatePair(qkv + int64_t{head} * head_dim, i, half, p.interleaved, sm);
   }
   simt::SyncBlock();
+  // 8-bit pages: QuantizedAppendBlock (kv_append.cuh) appends the rotated k and v after this
+  // kernel, a sequence's rows in order (a page's scale depends on its earlier rows).
+  if (IsQuantized(p.kv_type)) return;
   // Append k and v to the row's slot.
   const SequenceDesc seq = p.sequences[p.row_sequence[row]];
   const int index = seq.first_index + (row - seq.first_row);

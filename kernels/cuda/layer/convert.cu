@@ -62,6 +62,8 @@ cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, in
       ConvertFloatsKernel<<<blocks, 256, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), count);
       break;
     case KvType::kF32:
+    case KvType::kFp8:  // Activations are never 8-bit.
+    case KvType::kInt8:
       return cudaErrorInvalidValue;  // Nothing to convert; callers use the fp32 buffer.
   }
   return cudaGetLastError();

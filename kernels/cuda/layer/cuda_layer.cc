@@ -44,10 +44,20 @@ class SectionLayout {
 
 // The dtype the projections (weights and inputs) run in, chosen once from how the pages are
 // stored and never read off them again: fp32 with f32 pages (the GPU then tracks the CPU engine to
-// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation). An
-// 8-bit page format would map to a 16-bit activation dtype here, not to 8-bit projections.
+// fp32 rounding), the pages' 16-bit type with 16-bit pages (tensor cores, fp32 accumulation).
+// 8-bit pages (element f32: what their codes dequantize to) compute in fp32, as the CPU engine
+// does with them, so both quantize the same K/V values.
 DType ActivationDType(const KvStorageFormat& storage) {
   return storage.element == DType::kF32 ? DType::kF32 : storage.element;
+}
+
+// A small weight vector the kernels read (q/k norm scales, sinks), host to device.
+absl::Status UploadFloats(const std::vector<float>& values, DeviceBuffer& buffer) {
+  if (absl::Status s = buffer.EnsureBytes(values.size() * sizeof(float)); !s.ok()) return s;
+  ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(buffer.data(), values.data(),
+                                            values.size() * sizeof(float), cudaMemcpyHostToDevice),
+                                 "uploading q/k norm scales or sinks");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -140,14 +150,27 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   }
   const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   if (rotary > 0) {
-    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64. Its cos/sin factor
-    // has no place in the kernel: CudaBackend::CreateLayer refuses specs where it is not 1.
+    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64; its cos/sin factor
+    // goes with each call's RopeAppendParams.
     const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(inv_freq_.data(), inv_freq.data(), inv_freq.size() * sizeof(double),
                    cudaMemcpyHostToDevice),
         "uploading RoPE frequencies");
+  }
+  if (spec_.qk_norm != QkNorm::kNone) {
+    // [q scale | k scale], each [head_dim]: w, or 1 + w in float32 (Gemma 3) as the CPU folds it.
+    std::vector<float> scales = weights.at("q_norm.weight").ToFloats();
+    const std::vector<float> k_scale = weights.at("k_norm.weight").ToFloats();
+    scales.insert(scales.end(), k_scale.begin(), k_scale.end());
+    if (spec_.qk_norm == QkNorm::kRmsUnitOffset) {
+      for (float& w : scales) w = 1.0f + w;
+    }
+    if (absl::Status s = UploadFloats(scales, qk_norm_scale_); !s.ok()) return s;
+  }
+  if (spec_.attention_sinks) {
+    if (absl::Status s = UploadFloats(weights.at("sinks").ToFloats(), sinks_); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -202,7 +225,11 @@ int64_t CudaGqaLayer::KvBytesAtLength(int64_t num_tokens) const {
 }
 
 int64_t CudaGqaLayer::ParameterBytes() const {
-  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes();
+  // Plus the fp32 q/k norm scales and sinks the kernels read.
+  const int64_t small_floats = (spec_.qk_norm != QkNorm::kNone ? 2 * int64_t{spec_.head_dim} : 0) +
+                               (spec_.attention_sinks ? int64_t{spec_.num_heads} : 0);
+  return qkv_proj_.parameter_bytes() + o_proj_.parameter_bytes() +
+         small_floats * static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
@@ -312,7 +339,7 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   shape.group = spec_.num_heads / spec_.num_kv_heads;
   shape.num_kv_heads = spec_.num_kv_heads;
   shape.decode_row_blocks = (shape.group + kAttentionRowsPerBlock - 1) / kAttentionRowsPerBlock;
-  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage.element);
+  shape.prefill_rows_per_block = PrefillRowsPerBlock(kv_config_.storage, spec_.head_dim);
   shape.multiprocessors = context_.multiprocessors;
   shape.mask = MaskSpec{spec_.causal ? 1 : 0, spec_.sliding_window};
   shape.native_work_items = !flashinfer_.has_value();
@@ -421,7 +448,13 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
   rope.num_heads = spec_.num_heads;
   rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
-  rope.kv_type = ToKvType(kv_config_.storage.element);
+  rope.attention_factor = static_cast<float>(RopeAttentionFactor(spec_));
+  if (spec_.qk_norm != QkNorm::kNone) {
+    const auto* scales = static_cast<const float*>(qk_norm_scale_.data());
+    rope.qk_norm = {scales, scales + spec_.head_dim, spec_.qk_norm_eps};
+  }
+  rope.kv_type = ToKvType(kv_config_.storage);
+  rope.batch = static_cast<int>(plan.sequences.size());
   rope.kv = PagedView(l);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchRopeAppend(rope, stream_), "RoPE + KV append launch");
   timer_.EndDevice(LayerStage::kRopeAppend, stream_);
@@ -494,6 +527,10 @@ PagedKv CudaGqaLayer::PagedView(const CallLayout& l) const {
   kv.page_size = kv_config_.page_size;
   kv.num_kv_heads = spec_.num_kv_heads;
   kv.head_dim = spec_.head_dim;
+  if (kv_config_.storage.quantized()) {
+    kv.scales_offset = QuantizedPageScaleOffset(
+        GqaPageElements(kv_config_.page_size, spec_.num_kv_heads, spec_.head_dim));
+  }
   return kv;
 }
 
@@ -523,17 +560,19 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.group = shape.group;
   attn.scale = EffectiveSoftmaxScale(spec_);
   attn.mask = shape.mask;
+  attn.variant.softcap = spec_.attn_logit_softcapping;
+  attn.variant.sinks = spec_.attention_sinks ? static_cast<const float*>(sinks_.data()) : nullptr;
   attn.kv = PagedView(l);
   attn.sequences = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
   attn.batch = static_cast<int>(plan.sequences.size());
   attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));
   attn.num_items = static_cast<int>(plan.items.size());
-  if (!decode) return RunPrefillAttention(kv_config_.storage.element, spec_.head_dim, attn, stream_);
+  if (!decode) return RunPrefillAttention(kv_config_.storage, spec_.head_dim, attn, stream_);
   attn.partial_max = fptr(l.partial_max);
   attn.partial_sum = fptr(l.partial_sum);
   attn.partial_acc = fptr(l.partial_acc);
   attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
-  return RunDecodeAttention(kv_config_.storage.element, spec_.head_dim, attn,
+  return RunDecodeAttention(kv_config_.storage, spec_.head_dim, attn,
                             shape.decode_row_blocks, stream_);
 }
 

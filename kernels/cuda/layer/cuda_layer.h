@@ -2,7 +2,7 @@
 // with the CPU backend), plan the batch on the host (page table, work items, split-KV plan) into
 // one pinned buffer, upload it with one copy, then run on the layer's stream:
 //   qkv = x . [Wq; Wk; Wv]^T (+ bias)      cuBLAS (Projection: sgemm, or GemmEx for 16-bit)
-//   RoPE(q, k); k, v -> pages              RopeAppendKernel
+//   q/k norm, RoPE(q, k); k, v -> pages    RopeAppendKernel
 //   attention                              prefill: MmaPrefillKernel (f16/bf16 pages, tensor
 //                                          cores) or PrefillKernel (f32 pages); decode:
 //                                          PagedDecodeKernel + combine
@@ -76,7 +76,8 @@ class CudaGqaLayer : public AttentionLayer {
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
-  // The projections' device weights: 16-bit for f16/bf16 layers, biases fp32.
+  // The projections' device weights (16-bit for f16/bf16 layers, biases fp32), q/k norm scales
+  // and sinks (fp32).
   int64_t ParameterBytes() const override;
 
  private:
@@ -145,6 +146,8 @@ class CudaGqaLayer : public AttentionLayer {
   // FlashInferAttention::Serves); else the native kernels do.
   std::optional<FlashInferAttention> flashinfer_;
   DeviceBuffer inv_freq_;   // RoPE frequencies (fp64).
+  DeviceBuffer qk_norm_scale_;  // [2, head_dim] q then k RMSNorm scale; empty without q/k norm.
+  DeviceBuffer sinks_;          // [num_heads] attention sinks; empty without them.
   DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
   PinnedBuffer staging_;    // Host side of the upload and of the output.
   StageTimer timer_ ABSL_GUARDED_BY(mu_);

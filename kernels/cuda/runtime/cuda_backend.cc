@@ -38,8 +38,8 @@ class CudaBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    // The CPU-only variations, YaRN's attention factor, 8-bit pages, head dims the kernels
-    // are not built for: refused by name (CudaCapabilities) rather than computed differently.
+    // Head dims the kernels are not built for, 8-bit MLA pages: refused by name
+    // (CudaCapabilities) rather than computed differently.
     absl::StatusOr<KvCacheConfig> checked =
         CheckLayerRequest(capabilities(), spec, weights, kv_config);
     if (!checked.ok()) return checked.status();

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kernels/cuda/attention/combine.cuh"
+#include "kernels/cuda/attention/kv_append.cuh"
 #include "kernels/cuda/attention/paged_attention.cuh"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention/prefill_mma.cuh"
@@ -72,20 +73,34 @@ cudaError_t LaunchPagedDecode(const AttentionParams& p, int row_blocks, cudaStre
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
-// The instantiations the .cu files make: CUDA-core prefill for f32 pages, tensor-core prefill for
-// 16-bit pages, decode for all.
+// The instantiations the .cu files make: CUDA-core prefill for f32 pages and for every page type
+// at head dim 256, tensor-core prefill for 16-bit pages at 64 and 128, decode for all.
 template cudaError_t LaunchPrefill<KvType::kF32, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchPrefill<KvType::kF32, 128>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kF32, 256>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kF16, 256>(const AttentionParams&, cudaStream_t);
+template cudaError_t LaunchPrefill<KvType::kBF16, 256>(const AttentionParams&, cudaStream_t);
+// 8-bit pages: CUDA-core prefill at every head dim.
+#define ATTNSERVE_EMULATED_PREFILL(KV)                                                  \
+  template cudaError_t LaunchPrefill<KV, 64>(const AttentionParams&, cudaStream_t);  \
+  template cudaError_t LaunchPrefill<KV, 128>(const AttentionParams&, cudaStream_t); \
+  template cudaError_t LaunchPrefill<KV, 256>(const AttentionParams&, cudaStream_t);
+ATTNSERVE_EMULATED_PREFILL(KvType::kFp8)
+ATTNSERVE_EMULATED_PREFILL(KvType::kInt8)
+#undef ATTNSERVE_EMULATED_PREFILL
 template cudaError_t LaunchMmaPrefill<KvType::kF16, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kF16, 128>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kBF16, 64>(const AttentionParams&, cudaStream_t);
 template cudaError_t LaunchMmaPrefill<KvType::kBF16, 128>(const AttentionParams&, cudaStream_t);
 #define ATTNSERVE_EMULATED_DECODE(KV)                                                        \
   template cudaError_t LaunchPagedDecode<KV, 64>(const AttentionParams&, int, cudaStream_t); \
-  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t);
+  template cudaError_t LaunchPagedDecode<KV, 128>(const AttentionParams&, int, cudaStream_t); \
+  template cudaError_t LaunchPagedDecode<KV, 256>(const AttentionParams&, int, cudaStream_t);
 ATTNSERVE_EMULATED_DECODE(KvType::kF32)
 ATTNSERVE_EMULATED_DECODE(KvType::kF16)
 ATTNSERVE_EMULATED_DECODE(KvType::kBF16)
+ATTNSERVE_EMULATED_DECODE(KvType::kFp8)
+ATTNSERVE_EMULATED_DECODE(KvType::kInt8)
 #undef ATTNSERVE_EMULATED_DECODE
 
 cudaError_t LaunchCombineSplits(const AttentionParams& p, cudaStream_t) {
@@ -113,8 +128,27 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
         case KvType::kBF16:
           RopeAppendBlock<KvType::kBF16>(p, row, storage);
           break;
+        case KvType::kFp8:
+        case KvType::kInt8:  // RoPE only: the block returns before its append.
+          RopeAppendBlock<KvType::kF32>(p, row, storage);
+          break;
       }
     });
+  }
+  if (IsQuantized(p.kv_type)) {  // Then the 8-bit append, as the real launcher.
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h = 0; h < p.kv.num_kv_heads; ++h) {
+        for (int is_value = 0; is_value < 2; ++is_value) {
+          RunBlock(kQuantizedAppendThreads, [&] {
+            if (p.kv_type == KvType::kFp8) {
+              QuantizedAppendBlock<true>(p, b, h, is_value);
+            } else {
+              QuantizedAppendBlock<false>(p, b, h, is_value);
+            }
+          });
+        }
+      }
+    }
   }
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
