@@ -4,6 +4,7 @@
 //
 //   KeyWindow      mask: which keys a query may see (causal, Mistral sliding window).
 //   LogitSoftCap   logits transform: s = cap * tanh(s / cap) (Gemma 2).
+//   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
 //   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
 //   HeadRmsNorm    pre-RoPE transform: per-head RMSNorm of q and k (Qwen3, Gemma 3).
 //
@@ -68,6 +69,37 @@ struct LogitSoftCap {
   }
 };
 
+// Score bias: ALiBi's slope_h * (j - i) for query i, key j (LayerSpec::alibi). Softmax is
+// invariant to a per-row constant, so this equals BLOOM's slope * j and MPT's slope * (j - L + 1)
+// while keeping the added values small. Slopes are computed per head in double and rounded once.
+struct AlibiBias {
+  int kind = 0;  // 0 none, 1 BLOOM's slopes, 2 MPT's (Alibi's values).
+  int num_heads = 0;
+  float bias_max = 8.0f;  // MPT's alibi_bias_max.
+
+  ATTNSERVE_HD bool active() const { return kind != 0; }
+
+  ATTNSERVE_HD float Slope(int head) const {
+    if (kind == 1) {  // build_alibi_tensor: p = the largest power of two <= num_heads.
+      int p = 1;
+      while (p * 2 <= num_heads) p *= 2;
+      const double exponent = head < p ? -8.0 * (head + 1) / p : -4.0 * (2 * (head - p) + 1) / p;
+      return static_cast<float>(exp2(exponent));
+    }
+    int n = 1;  // build_mpt_alibi_tensor: n = the smallest power of two >= num_heads.
+    while (n < num_heads) n *= 2;
+    // With n > num_heads the slopes are taken odd indices first, then even.
+    const int i = n == num_heads ? head : (head < n / 2 ? 2 * head + 1 : 2 * (head - n / 2));
+    return static_cast<float>(exp2(-(i + 1) * static_cast<double>(bias_max) / n));
+  }
+
+  ATTNSERVE_HD void Apply(float* s, int64_t n, const LogitSite& site) const {
+    const float slope = Slope(site.head);
+    const int64_t offset = site.first_key - site.query;
+    for (int64_t k = 0; k < n; ++k) s[k] += slope * static_cast<float>(offset + k);
+  }
+};
+
 // Softmax extra term: gpt-oss's sink, one logit per query head that joins the row's softmax (its
 // max and its sum) once, after every key, and is dropped from the output.
 struct SoftmaxSinks {
@@ -119,14 +151,16 @@ struct AttentionVariation {
   float scale = 1.0f;  // Multiplies q.k (EffectiveSoftmaxScale).
   KeyWindow mask;
   LogitSoftCap softcap;
+  AlibiBias alibi;
   SoftmaxSinks sinks;
   HeadRmsNorm qk_norm;
 
   // Logits transform of one row: `s` holds scale * q.k of `n` keys from site.first_key on, all
-  // visible to the query; rewritten in place to the logits the softmax takes.
+  // visible to the query; rewritten in place to the logits the softmax takes: soft-capped, then
+  // biased (a bias is part of the mask, which transformers adds after any capping).
   ATTNSERVE_HD void TransformLogits(float* s, int64_t n, const LogitSite& site) const {
-    (void)site;
     if (softcap.active()) softcap.Apply(s, n);
+    if (alibi.active()) alibi.Apply(s, n, site);
   }
 
 #if !defined(__CUDACC__)
@@ -135,6 +169,8 @@ struct AttentionVariation {
     v.scale = EffectiveSoftmaxScale(spec);
     v.mask = {spec.causal, spec.sliding_window};
     v.softcap.cap = spec.attn_logit_softcapping;
+    static_assert(static_cast<int>(Alibi::kBloom) == 1 && static_cast<int>(Alibi::kMpt) == 2);
+    v.alibi = {static_cast<int>(spec.alibi), spec.num_heads, spec.alibi_bias_max};
     v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
     if (spec.qk_norm != QkNorm::kNone) {
       v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim};
