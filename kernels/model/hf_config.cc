@@ -781,11 +781,13 @@ absl::StatusOr<LayerSpec> AlibiSpec(const std::string& model_type, ConfigReader&
   if (!no_bias.ok()) return no_bias.status();
   if (!*no_bias) return KeyError("no_bias", "false, but transformers' MptAttention has no biases");
   spec.alibi = Alibi::kMpt;
-  // Outside attention: the MLP, norms, dropout, embeddings and the output logits. max_seq_len
-  // bounds MptModel's bias table, not the layer's math.
+  // Outside attention: the MLP, norms, dropout, embeddings, the output logits and MosaicML's
+  // training-time initialisation and tokenizer name. max_seq_len bounds MptModel's bias table,
+  // not the layer's math.
   for (const char* key : {"expansion_ratio", "max_seq_len", "resid_pdrop", "emb_pdrop",
                           "learned_pos_emb", "init_device", "logit_scale", "verbose",
-                          "embedding_fraction", "norm_type", "layer_norm_epsilon"}) {
+                          "embedding_fraction", "norm_type", "layer_norm_epsilon", "init_config",
+                          "tokenizer_name"}) {
     config.Has(key);
   }
   // attn_config: MptAttentionConfig's keys; absent ones take its defaults.
