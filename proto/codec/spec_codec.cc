@@ -226,7 +226,8 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
   out.set_alibi(spec.alibi == Alibi::kBloom ? v1::ALIBI_BLOOM
                 : spec.alibi == Alibi::kMpt ? v1::ALIBI_MPT
                                             : v1::ALIBI_NONE);
-  out.set_alibi_bias_max(spec.alibi_bias_max);
+  // Only with ALiBi: a spec without it serializes as before, so its fingerprint is unchanged.
+  if (spec.alibi != Alibi::kNone) out.set_alibi_bias_max(spec.alibi_bias_max);
   if (spec.variant == AttentionVariant::kMLA) {
     v1::MlaDims* mla = out.mutable_mla();
     mla->set_q_lora_rank(spec.mla.q_lora_rank);
