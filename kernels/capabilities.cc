@@ -98,6 +98,12 @@ std::optional<Finding> Sinks(const BackendCapabilities& c, const LayerSpec& spec
   return Variation(c, "attention_sinks", "sinks", "true", "attention sinks");
 }
 
+std::optional<Finding> AlibiRule(const BackendCapabilities& c, const LayerSpec& spec,
+                                 const KvStorageFormat&) {
+  if (c.alibi || spec.alibi == Alibi::kNone) return std::nullopt;
+  return Variation(c, "alibi", "ALiBi", std::string(AlibiName(spec.alibi)), "ALiBi");
+}
+
 std::optional<Finding> SlidingWindow(const BackendCapabilities& c, const LayerSpec& spec,
                                      const KvStorageFormat&) {
   if (c.sliding_window || spec.sliding_window == 0) return std::nullopt;
@@ -153,8 +159,9 @@ std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec& s
                  absl::StrCat("kv_cache_dtype = ", name, limit)};
 }
 
-constexpr Rule kRules[] = {Variant, HeadDim,       QkNormRule, PartialRotary,   Softcapping,
-                           Sinks,   SlidingWindow, NonCausal,  RopeScalingRule, KvFormat};
+constexpr Rule kRules[] = {Variant,   HeadDim,   QkNormRule,    PartialRotary,
+                           Softcapping, Sinks,   AlibiRule, SlidingWindow,
+                           NonCausal,   RopeScalingRule, KvFormat};
 
 // "; CPU-only for now: use --backend=cpu" when the CPU backend serves what `c` refuses.
 std::string CpuHint(const BackendCapabilities& c, bool cpu_serves) {

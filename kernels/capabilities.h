@@ -9,8 +9,8 @@
 // A refusal names the spec or config field, the value asked for and the backend's real limit, with
 // the same gRPC code each refusal had before the table: UNIMPLEMENTED for a variant, an 8-bit KV
 // format or an operation the backend has no code for; INVALID_ARGUMENT for the per-layer
-// variations (head dim, q/k norm, partial rotary, soft-cap, sinks, RoPE scaling) and plain KV
-// dtypes. When the CPU backend serves what another backend refuses, the message says so.
+// variations (head dim, q/k norm, partial rotary, soft-cap, sinks, ALiBi, RoPE scaling) and plain
+// KV dtypes. When the CPU backend serves what another backend refuses, the message says so.
 #ifndef ATTNSERVE_KERNELS_CAPABILITIES_H_
 #define ATTNSERVE_KERNELS_CAPABILITIES_H_
 
@@ -49,6 +49,7 @@ struct BackendCapabilities {
   bool partial_rotary = false;     // 0 < rotary_dim < head_dim.
   bool logit_softcapping = false;  // attn_logit_softcapping != 0.
   bool attention_sinks = false;
+  bool alibi = false;  // LayerSpec::alibi != kNone (BLOOM's and MPT's linear biases).
   bool sliding_window = false;
   bool non_causal = false;
   // AttentionLayer operations.

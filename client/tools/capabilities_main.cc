@@ -62,6 +62,7 @@ std::vector<std::pair<std::string, std::string>> Rows(const BackendCapabilities&
       {"partial rotary", YesNo(c.partial_rotary)},
       {"logit soft-capping", YesNo(c.logit_softcapping)},
       {"attention sinks", YesNo(c.attention_sinks)},
+      {"ALiBi", YesNo(c.alibi)},
       {"sliding window", YesNo(c.sliding_window)},
       {"non-causal", YesNo(c.non_causal)},
       {"Fork", YesNo(c.fork)},

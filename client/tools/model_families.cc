@@ -139,6 +139,24 @@ std::vector<ModelFamily> Build() {
                       {{"gpt-oss-20b", gpt_oss}},
                       ""});
 
+  // No RoPE: ALiBi's linear biases instead (LayerSpec::alibi).
+  LayerSpec bloom = Gqa(1024, 16, 16, 64, 10000.0);
+  bloom.rope = RopeLayout::kNone;
+  bloom.qkv_bias = bloom.o_bias = true;
+  bloom.alibi = Alibi::kBloom;
+  families.push_back({"BLOOM (`bloom`)",
+                      "ALiBi, per-head interleaved `query_key_value`, biases",
+                      {{"bloom-560m", bloom}},
+                      "checkpoint names not loaded yet"});
+
+  LayerSpec mpt = Gqa(4096, 32, 32, 128, 10000.0);
+  mpt.rope = RopeLayout::kNone;
+  mpt.alibi = Alibi::kMpt;
+  families.push_back({"MPT (`mpt`)",
+                      "ALiBi (`alibi_bias_max` 8), fused `Wqkv`",
+                      {{"mpt-7b", mpt}},
+                      "checkpoint names not loaded yet"});
+
   const LayerSpec deepseek_v2 = DeepSeekMla(2048, 16, 0, Yarn(40.0, 4096, 0.707, 0.707));
   families.push_back({"DeepSeek-V2 (`deepseek_v2`)",
                       "MLA, interleaved RoPE, YaRN",

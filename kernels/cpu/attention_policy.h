@@ -1,40 +1,17 @@
-// Small value types that describe an attention problem without touching its data: which keys a
-// query may see (the mask policy) and where a KV head's rows sit inside a page (the page layout).
-// Kernels take these instead of branching on variants in their loops.
+// Small value types that describe an attention problem without touching its data: where a KV
+// head's rows sit inside a page (the page layout). Which keys a query may see and every other
+// variation are the hooks of kernels/spec/attention_variation.h.
 #ifndef ATTNSERVE_KERNELS_CPU_ATTENTION_POLICY_H_
 #define ATTNSERVE_KERNELS_CPU_ATTENTION_POLICY_H_
 
-#include <algorithm>
 #include <cstdint>
 
-#include "kernels/spec/attention_mask.h"
 #include "kernels/core/dtype.h"
 #include "kernels/kv/page_layout.h"
 #include "kernels/kv/storage_format.h"
-#include "kernels/spec/layer_spec.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
-
-// Half-open range of key indices [begin, end) within a sequence.
-struct KeyRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-
-// The mask rule (kernels/spec/attention_mask.h) with the spec's parameters.
-struct MaskPolicy {
-  bool causal = true;
-  int64_t window = 0;  // Sliding window in tokens; 0 = unlimited.
-
-  static MaskPolicy FromSpec(const LayerSpec& spec) { return {spec.causal, spec.sliding_window}; }
-
-  // Keys visible to the query at index `query` of a sequence that holds `length` tokens.
-  KeyRange VisibleKeys(int64_t query, int64_t length) const {
-    KeyRange keys;
-    VisibleKeyRange<int64_t>(causal, window, query, length, &keys.begin, &keys.end);
-    return keys;
-  }
-};
 
 // Element offsets of a KV head's rows within one page; every page of a layer has the same layout,
 // the one kernels/kv/page_layout.h defines for both backends (Gqa/MlaLayer::MakePageLayout):

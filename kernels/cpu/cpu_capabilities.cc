@@ -22,6 +22,7 @@ const BackendCapabilities& CpuCapabilities() {
     c->partial_rotary = true;
     c->logit_softcapping = true;
     c->attention_sinks = true;
+    c->alibi = true;
     c->sliding_window = true;
     c->non_causal = true;
     c->fork = true;           // CpuLayer::ForkSequence.

@@ -63,7 +63,7 @@ class CpuLayer : public AttentionLayer {
   const KvPageLayout& layout() const { return layout_; }
   const HostPageStore& store() const { return store_; }
   ThreadPool& pool() const { return *pool_; }
-  MaskPolicy mask() const { return MaskPolicy::FromSpec(spec_); }
+  KeyWindow mask() const { return AttentionVariation::FromSpec(spec_).mask; }
 
   // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages in the
   // page's storage format (kernels/cpu/kv_page_rows.h). `value` false writes the key row, true the

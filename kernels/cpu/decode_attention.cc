@@ -48,10 +48,11 @@ constexpr int kBlockKeys = 128;
 // Attends one KV head's query rows to `count` keys whose key and value rows are listed, updating
 // their softmax state. `page_rows` > 0: the rows are one float page's slots, consecutive at
 // p.layout.row_stride, which sgemm takes as a strided matrix.
+// `site`: the block's first query row's head, the query index and the block's first key.
 template <typename Element>
 void AttendBlock(const DecodeAttentionParams& p, const float* q, int count, float* scores,
-                 int padded_block, const Element* const* key_rows,
-                 const Element* const* value_rows, bool use_gemm, PartialState state) {
+                 int padded_block, const Element* const* key_rows, const Element* const* value_rows,
+                 bool use_gemm, LogitSite site, PartialState state) {
   const int rows = p.rows_per_kv_head;
   // S = Q · K^T for this block; the block's keys stay in cache across rows.
   if (use_gemm) {
@@ -64,8 +65,9 @@ void AttendBlock(const DecodeAttentionParams& p, const float* q, int count, floa
   }
   // Online softmax: rescale what was accumulated when a row's running max grows.
   for (int r = 0; r < rows; ++r) {
-    OnlineSoftmaxRow(&scores[r * padded_block], count, 0, count, p.scale, p.softcap, &state.max[r],
-                     &state.sum[r], state.acc + int64_t{r} * p.value_dim, p.value_dim);
+    OnlineSoftmaxRow(&scores[r * padded_block], count, 0, count, p.variation.scale, p.variation,
+                     {site.head + r, site.query, site.first_key}, &state.max[r], &state.sum[r],
+                     state.acc + int64_t{r} * p.value_dim, p.value_dim);
   }
   // O += P · V
   if (use_gemm) {
@@ -90,8 +92,8 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
   const int page_size = p.layout.page_size;
   // Many query rows on large float pages (absorbed MLA): a page's rows are already a strided
   // matrix, so sgemm's register tiling beats the vector loops; blocks are then single pages.
-  const bool use_gemm = std::is_same_v<Element, float> && rows >= kMinRowsForGemm &&
-                        page_size >= kMinKeysForGemm;
+  const bool use_gemm =
+      std::is_same_v<Element, float> && rows >= kMinRowsForGemm && page_size >= kMinKeysForGemm;
   const int pages_per_block = use_gemm ? 1 : std::max(1, kBlockKeys / page_size);
   const int block_keys = pages_per_block * page_size;
   // Scores of one block, padded to a multiple of 4 keys: [rows, padded_block].
@@ -131,7 +133,9 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
     }
   };
 
+  const int64_t query = table.num_tokens - 1;  // The new token: the table holds it already.
   for (int64_t block_begin = keys.begin; block_begin < keys.end;) {
+    const int64_t first_key = block_begin;
     int num_pages = 0;
     int count = 0;
     while (num_pages < pages_per_block && block_begin < keys.end) {
@@ -165,9 +169,9 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
       const int64_t first_row = int64_t{h} * rows;
       PartialState head_state{state.max + first_row, state.sum + first_row,
                               state.acc + first_row * p.value_dim};
-      AttendBlock(p, q + first_row * p.key_dim, count, scores.data(), padded_block,
-                  key_rows.data(), value_rows.data(), use_gemm && count >= kMinKeysForGemm,
-                  head_state);
+      AttendBlock(p, q + first_row * p.key_dim, count, scores.data(), padded_block, key_rows.data(),
+                  value_rows.data(), use_gemm && count >= kMinKeysForGemm,
+                  {h * rows, query, first_key}, head_state);
     }
   }
 }
@@ -185,7 +189,7 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
   int64_t partial_rows = 0;
   for (int b = 0; b < p.batch; ++b) {
     const PageTable& table = *p.tables[b];
-    const KeyRange keys = p.mask.VisibleKeys(table.num_tokens - 1, table.num_tokens);
+    const KeyRange keys = p.variation.mask.VisibleKeys(table.num_tokens - 1, table.num_tokens);
     const int64_t num_keys = keys.end - keys.begin;
     const int64_t splits = std::clamp<int64_t>(num_keys / kMinKeysPerSplit, 1, wanted_splits);
     first_item_of[b] = static_cast<int64_t>(items.size());
@@ -233,11 +237,6 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
       float total = 0.0f;
       float* out_row = out + int64_t{r} * p.value_dim;
       std::fill(out_row, out_row + p.value_dim, 0.0f);
-      if (p.sinks != nullptr) {
-        // One more column of the row's softmax: in the max and the sum, never in the output.
-        global_max = std::max(global_max, p.sinks[r]);
-        total = std::exp(p.sinks[r] - global_max);
-      }
       for (int64_t i = first_item_of[base]; i < first_item_of[base + 1]; ++i) {
         const int64_t row = items[i].partial_offset + r;
         if (sum[row] == 0.0f) continue;
@@ -245,7 +244,9 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
         total += weight * sum[row];
         Axpy(weight, &acc[row * p.value_dim], out_row, p.value_dim);
       }
-      if (total > 0.0f) Scale(1.0f / total, out_row, p.value_dim);
+      // The softmax's extra term (sinks) joins once, over all splits, never per split.
+      const float rescale = p.variation.sinks.Join(r, global_max, &total);
+      if (total > 0.0f) Scale(rescale / total, out_row, p.value_dim);
     }
   });
 }

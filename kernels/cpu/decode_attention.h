@@ -27,12 +27,10 @@ struct DecodeAttentionParams {
   int rows_per_kv_head = 0;  // GQA group size; num_heads for absorbed MLA.
   int key_dim = 0;
   int value_dim = 0;
-  float scale = 1.0f;  // Multiplies q.k before the softmax.
-  MaskPolicy mask;
-  float softcap = 0.0f;  // 0 = none; else scaled scores s become softcap * tanh(s / softcap).
-  // Optional [num_kv_heads * rows_per_kv_head]: each query row's extra softmax logit (gpt-oss
-  // sinks), joined once in the combine of the row's splits and dropped after it.
-  const float* sinks = nullptr;
+  // Scale, mask, logits transform and softmax extra term (kernels/spec/attention_variation.h).
+  // Query row r of a KV head h is query head h * rows_per_kv_head + r for its hooks; the sinks'
+  // extra term joins once, in the combine of the row's splits.
+  AttentionVariation variation;
   KvPageLayout layout;
   const HostPageStore* store = nullptr;
   absl::Span<const PageTable* const> tables;  // [batch]; each holds the new token already.

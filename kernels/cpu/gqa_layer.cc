@@ -1,7 +1,6 @@
 #include "kernels/cpu/gqa_layer.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/paged_kv_source.h"
@@ -81,20 +80,9 @@ GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
       q_norm_scale_(QkNormScale(spec, weights, "q_norm.weight")),
       k_norm_scale_(QkNormScale(spec, weights, "k_norm.weight")),
       sinks_(FloatsOrEmpty(weights, "sinks")),
+      variation_(AttentionVariation::FromSpec(
+          spec, {sinks_.data(), q_norm_scale_.data(), k_norm_scale_.data()})),
       rope_(spec) {}
-
-void GqaLayer::NormalizeHeads(float* x, int64_t rows, int num_heads,
-                              const std::vector<float>& scale) const {
-  const int dim = spec().head_dim;
-  const double eps = spec().qk_norm_eps;
-  for (int64_t v = 0; v < rows * num_heads; ++v) {
-    float* head = x + v * dim;
-    double sum_sq = 0.0;
-    for (int i = 0; i < dim; ++i) sum_sq += double{head[i]} * head[i];
-    const float inv_rms = static_cast<float>(1.0 / std::sqrt(sum_sq / dim + eps));
-    for (int i = 0; i < dim; ++i) head[i] = head[i] * inv_rms * scale[i];
-  }
-}
 
 int64_t GqaLayer::ParameterBytes() const {
   const int64_t projections =
@@ -122,9 +110,10 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
     std::copy(row + q_width_, row + q_width_ + kv_width_, p.k.data() + r * kv_width_);
     std::copy(row + q_width_ + kv_width_, row + qkv_width, p.v.data() + r * kv_width_);
   }
-  if (s.qk_norm != QkNorm::kNone) {
-    NormalizeHeads(p.q.data(), rows, s.num_heads, q_norm_scale_);
-    NormalizeHeads(p.k.data(), rows, s.num_kv_heads, k_norm_scale_);
+  // The pre-RoPE transform (q/k norm), so the cache holds k after it.
+  if (const HeadRmsNorm& norm = variation_.qk_norm; norm.active()) {
+    norm.Apply(p.q.data(), rows * s.num_heads, norm.q_scale);
+    norm.Apply(p.k.data(), rows * s.num_kv_heads, norm.k_scale);
   }
   // Rotates the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set).
   rope_.Apply(p.q.data(), q_width_, s.num_heads, s.head_dim, batch.positions);
@@ -167,10 +156,7 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
   params.group_size = s.num_heads / s.num_kv_heads;
   params.key_dim = s.head_dim;
   params.value_dim = s.head_dim;
-  params.scale = EffectiveSoftmaxScale(s);
-  params.mask = mask();
-  params.softcap = s.attn_logit_softcapping;
-  params.sinks = sinks_.empty() ? nullptr : sinks_.data();
+  params.variation = variation_;
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, p.attention);
 }
@@ -190,10 +176,7 @@ void GqaLayer::RunDecode(const CpuBatch& batch) {
   params.rows_per_kv_head = s.num_heads / s.num_kv_heads;
   params.key_dim = s.head_dim;
   params.value_dim = s.head_dim;
-  params.scale = EffectiveSoftmaxScale(s);
-  params.mask = mask();
-  params.softcap = s.attn_logit_softcapping;
-  params.sinks = sinks_.empty() ? nullptr : sinks_.data();
+  params.variation = variation_;
   params.layout = layout();
   params.store = &store();
   params.tables = tables;

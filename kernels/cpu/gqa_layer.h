@@ -1,8 +1,8 @@
 // MHA, MQA and GQA on the CPU: one implementation, the group size (num_heads / num_kv_heads)
 // being the only difference. K/V are cached per KV head and never repeated per query head.
-// The model-family variations of the spec are computed here too: q/k RMSNorm (Qwen3, Gemma 3)
-// before RoPE, partial rotary dims (Phi-4-mini), logit soft-capping (Gemma 2) and learned sinks
-// (gpt-oss). The cache holds k after its norm and RoPE, so decode sees what prefill saw.
+// The model-family variations are one AttentionVariation (kernels/spec/attention_variation.h)
+// built from the spec at creation, whose hooks the kernels call; partial rotary dims (Phi-4-mini)
+// are RoPE's. The cache holds k after its norm and RoPE, so decode sees what prefill saw.
 #ifndef ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 #define ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 
@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 
@@ -43,9 +44,6 @@ class GqaLayer : public CpuLayer {
   };
   // Projects the batch into `b` (q, k, v), applies RoPE and writes K/V into the sequences' pages.
   void ProjectAndCache(const CpuBatch& batch, Buffers& b);
-  // Per-head RMSNorm of `num_heads` head_dim-wide vectors per row, in place (float32 as
-  // transformers' Qwen3RMSNorm / Gemma3RMSNorm), times `scale` [head_dim].
-  void NormalizeHeads(float* x, int64_t rows, int num_heads, const std::vector<float>& scale) const;
   void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
 
   int q_width_;   // num_heads * head_dim
@@ -59,6 +57,9 @@ class GqaLayer : public CpuLayer {
   // The q/k norms' effective scales (w, or 1 + w for kRmsUnitOffset); empty without qk_norm.
   std::vector<float> q_norm_scale_, k_norm_scale_;
   std::vector<float> sinks_;  // [num_heads]; empty without attention_sinks.
+  // The spec's variations with pointers into the vectors above, built once; every kernel call
+  // takes it as it is.
+  AttentionVariation variation_;
   RotaryEmbedding rope_;
   Buffers decode_buffers_;  // Guarded by CpuLayer's mutex (Run holds it).
 };

@@ -187,8 +187,7 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   params.group_size = 1;
   params.key_dim = qk_dim_;
   params.value_dim = dims_.v_head_dim;
-  params.scale = EffectiveSoftmaxScale(s);
-  params.mask = mask();
+  params.variation = AttentionVariation::FromSpec(s);  // Scale and mask: MLA has no others.
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, attention);
 }
@@ -225,8 +224,7 @@ void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q
   params.rows_per_kv_head = heads;
   params.key_dim = latent_dim_;
   params.value_dim = kv_lora;
-  params.scale = EffectiveSoftmaxScale(s);
-  params.mask = mask();
+  params.variation = AttentionVariation::FromSpec(s);  // Scale and mask: MLA has no others.
   params.layout = layout();
   params.store = &store();
   params.tables = tables;

@@ -39,8 +39,8 @@ struct GatheredKv {
 
 // Keys any new token of the sequence may see.
 KeyRange SequenceKeys(const PrefillAttentionParams& p, const PrefillSequence& seq) {
-  return {p.mask.VisibleKeys(seq.first_index, seq.length).begin,
-          p.mask.VisibleKeys(seq.first_index + seq.num_new - 1, seq.length).end};
+  return {p.variation.mask.VisibleKeys(seq.first_index, seq.length).begin,
+          p.variation.mask.VisibleKeys(seq.first_index + seq.num_new - 1, seq.length).end};
 }
 
 void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& seq,
@@ -66,8 +66,8 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
   // the window) are never visited.
   const int64_t first_query = seq.first_index + item.query_begin;
   const int64_t last_query = seq.first_index + item.query_end - 1;
-  const KeyRange first_visible = p.mask.VisibleKeys(first_query, seq.length);
-  const KeyRange last_visible = p.mask.VisibleKeys(last_query, seq.length);
+  const KeyRange first_visible = p.variation.mask.VisibleKeys(first_query, seq.length);
+  const KeyRange last_visible = p.variation.mask.VisibleKeys(last_query, seq.length);
   const int64_t keys_begin = first_visible.begin;
   const int64_t keys_end = last_visible.end;
 
@@ -85,8 +85,8 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
     }
     // S = scale * Q · K^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(count), p.key_dim, p.scale, q.data(), p.key_dim, keys, p.key_dim,
-                0.0f, scores.data(), static_cast<int>(count));
+                static_cast<int>(count), p.key_dim, p.variation.scale, q.data(), p.key_dim, keys,
+                p.key_dim, 0.0f, scores.data(), static_cast<int>(count));
     // Visible ranges only grow with the query index, so the block is seen whole by every row when
     // the first row sees its end and the last row its start: no per-row mask then.
     const bool whole = first_visible.end >= block + count && last_visible.begin <= block;
@@ -95,7 +95,7 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
       float* s = &scores[r * count];
       int64_t lo = 0, hi = count;
       if (!whole) {
-        const KeyRange visible = p.mask.VisibleKeys(first_query + r / group, seq.length);
+        const KeyRange visible = p.variation.mask.VisibleKeys(first_query + r / group, seq.length);
         lo = std::clamp(visible.begin - block, int64_t{0}, count);
         hi = std::clamp(visible.end - block, int64_t{0}, count);
         if (lo >= hi) {
@@ -103,8 +103,10 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
           continue;
         }
       }
-      OnlineSoftmaxRow(s, count, lo, hi, /*scale=*/1.0f, p.softcap, &row_max[r], &row_sum[r],
-                       &acc[r * p.value_dim], p.value_dim);
+      const LogitSite site{item.kv_head * group + static_cast<int>(r % group),
+                           first_query + r / group, block};
+      OnlineSoftmaxRow(s, count, lo, hi, /*scale=*/1.0f, p.variation, site, &row_max[r],
+                       &row_sum[r], &acc[r * p.value_dim], p.value_dim);
     }
     // O += P · V
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), p.value_dim,
@@ -119,14 +121,7 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
       float* dst = p.out + (seq.first_row + item.query_begin + t) * p.out_row_stride +
                    (int64_t{item.kv_head} * group + g) * p.value_dim;
       float sum = row_sum[r];
-      float acc_scale = 1.0f;
-      if (p.sinks != nullptr) {
-        // The sink is one more column of the row's softmax, counted once after every key block.
-        const float sink = p.sinks[int64_t{item.kv_head} * group + g];
-        const float new_max = std::max(row_max[r], sink);
-        acc_scale = std::exp(row_max[r] - new_max);  // 0 for a row that saw no key.
-        sum = sum * acc_scale + std::exp(sink - new_max);
-      }
+      const float acc_scale = p.variation.sinks.Join(item.kv_head * group + g, row_max[r], &sum);
       const float inv = sum > 0.0f ? acc_scale / sum : 0.0f;
       for (int d = 0; d < p.value_dim; ++d) dst[d] = acc[r * p.value_dim + d] * inv;
     }

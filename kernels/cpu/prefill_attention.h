@@ -35,13 +35,9 @@ struct PrefillAttentionParams {
   int group_size = 0;  // Query heads per KV head; query head h belongs to KV head h / group_size.
   int key_dim = 0;
   int value_dim = 0;
-  float scale = 1.0f;
-  MaskPolicy mask;
-  // 0 = none; else scaled scores s become softcap * tanh(s / softcap) before mask and softmax.
-  float softcap = 0.0f;
-  // Optional [num_kv_heads * group_size] (query head order): one more logit per query head that
-  // joins each of its rows' softmax and is dropped after it (gpt-oss sinks).
-  const float* sinks = nullptr;
+  // Scale, mask, logits transform and softmax extra term (kernels/spec/attention_variation.h),
+  // by query head; the sinks' extra term joins once, after a query block's last key block.
+  AttentionVariation variation;
 };
 
 struct PrefillSequence {

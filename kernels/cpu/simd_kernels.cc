@@ -15,12 +15,12 @@ namespace {
 // ---- Portable versions (the reference semantics; also what non-AVX2 CPUs run).
 
 void OnlineSoftmaxRowPortable(float* s, int64_t count, int64_t lo, int64_t hi, float scale,
-                              float softcap, float* max, float* sum, float* acc,
-                              int64_t value_dim) {
+                              const AttentionVariation& variation, const LogitSite& site,
+                              float* max, float* sum, float* acc, int64_t value_dim) {
   if (scale != 1.0f) {
     for (int64_t k = lo; k < hi; ++k) s[k] *= scale;
   }
-  if (softcap > 0.0f) SoftCap(softcap, s + lo, hi - lo);
+  variation.TransformLogits(s + lo, hi - lo, {site.head, site.query, site.first_key + lo});
   float block_max = -std::numeric_limits<float>::infinity();
   for (int64_t k = lo; k < hi; ++k) block_max = std::max(block_max, s[k]);
   const float new_max = std::max(*max, block_max);
@@ -106,8 +106,9 @@ ATTNSERVE_AVX2 inline __m256i TailMask(int64_t n) {
 }
 
 ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, int64_t hi,
-                                         float scale, float softcap, float* max, float* sum,
-                                         float* acc, int64_t value_dim) {
+                                         float scale, const AttentionVariation& variation,
+                                         const LogitSite& site, float* max, float* sum, float* acc,
+                                         int64_t value_dim) {
   float* const v = s + lo;
   const int64_t n = hi - lo;
   const int64_t n8 = n / 8 * 8;
@@ -119,7 +120,7 @@ ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, in
     }
     for (int64_t k = n8; k < n; ++k) v[k] *= scale;
   }
-  if (softcap > 0.0f) SoftCap(softcap, v, n);
+  variation.TransformLogits(v, n, {site.head, site.query, site.first_key + lo});
   const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 vmax = neg_inf;
   for (int64_t k = 0; k < n8; k += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(v + k));
@@ -446,15 +447,16 @@ bool SimdKernelsUseAvx512() {
   return use;
 }
 
-void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale, float softcap,
-                      float* max, float* sum, float* acc, int64_t value_dim) {
+void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale,
+                      const AttentionVariation& variation, const LogitSite& site, float* max,
+                      float* sum, float* acc, int64_t value_dim) {
 #ifdef ATTNSERVE_X86
   if (UseAvx2()) {
-    OnlineSoftmaxRowAvx2(s, count, lo, hi, scale, softcap, max, sum, acc, value_dim);
+    OnlineSoftmaxRowAvx2(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);
     return;
   }
 #endif
-  OnlineSoftmaxRowPortable(s, count, lo, hi, scale, softcap, max, sum, acc, value_dim);
+  OnlineSoftmaxRowPortable(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);
 }
 
 void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,

@@ -2,8 +2,9 @@
 // (__builtin_cpu_supports; the AVX2 code is compiled with target attributes, so one portable
 // build serves every x86-64 CPU) and a portable fallback with the same semantics.
 //
-//   OnlineSoftmaxRow  one query row's online-softmax update over a block of scores: scale,
-//                     soft-cap, mask to [lo, hi), running max/sum, rescale of the accumulator,
+//   OnlineSoftmaxRow  one query row's online-softmax update over a block of scores: scale, the
+//                     variation's logits transform, mask to [lo, hi), running max/sum, rescale of
+//                     the accumulator,
 //                     scores -> weights (zero outside [lo, hi)), vectorised exp.
 //   GroupScores       S[g][s] = q_g . k_s for all query rows of a KV group and a run of key rows
 //                     (float or bf16 bits, widened in registers): register tiles of 1 row x 8
@@ -17,6 +18,8 @@
 
 #include <cstdint>
 
+#include "kernels/spec/attention_variation.h"
+
 namespace attnserve {
 
 // True when the AVX2/FMA paths run (CPU support, checked once).
@@ -28,9 +31,11 @@ bool SimdKernelsUseAvx512();
 // Online-softmax update of one row of `count` raw scores `s` against its running `max`, `sum` and
 // unnormalised accumulator acc[value_dim]. Scores outside [lo, hi) are masked (their weight is 0);
 // requires 0 <= lo < hi <= count. Scores are first multiplied by `scale` (skipped when 1), then
-// soft-capped when softcap > 0. On return s[0, count) holds the weights e^(s - new max).
-void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale, float softcap,
-                      float* max, float* sum, float* acc, int64_t value_dim);
+// rewritten by variation.TransformLogits (`site`: the row's head and query, s[0]'s key). On return
+// s[0, count) holds the weights e^(s - new max).
+void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale,
+                      const AttentionVariation& variation, const LogitSite& site, float* max,
+                      float* sum, float* acc, int64_t value_dim);
 
 // scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count.
 void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,

@@ -85,12 +85,6 @@ inline void Scale(float alpha, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
 }
 
-// Gemma 2's logit soft-capping, in place: s = cap * tanh(s / cap) (as transformers computes it).
-inline void SoftCap(float cap, float* s, int64_t n) {
-  const float inv_cap = 1.0f / cap;
-  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] * inv_cap);
-}
-
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_KERNELS_CPU_VECTOR_MATH_H_

@@ -36,6 +36,8 @@ const BackendCapabilities& CudaCapabilities() {
     c->attention_sinks = true;
     c->sliding_window = true;
     c->non_causal = true;
+    // The kernels do not call AttentionVariation's score bias yet (spec/attention_variation.h).
+    c->alibi = false;
     // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page
     // copied) and Export/ImportSequence (whole pages D2H/H2D in the CPU backend's byte format).
     c->fork = true;

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -24,7 +25,8 @@ using Json = nlohmann::json;
 
 constexpr absl::string_view kSupportedModelTypes[] = {
     "llama",   "mistral",     "mixtral", "qwen2",       "qwen3",      "qwen3_moe",
-    "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3"};
+    "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
+    "bloom",   "mpt"};
 
 // THE LIST OF ACCEPTED KEYS: keys that cannot change what one attention layer computes, skipped
 // without a word wherever they appear at the top level of config.json, whatever their value. Any
@@ -175,7 +177,36 @@ Json ClassDefaults(const std::string& model_type) {
         "qk_nope_head_dim": 128, "max_position_embeddings": 4096, "rope_theta": 10000.0,
         "rope_scaling": null, "rope_interleave": true, "attention_bias": false})");
   }
+  if (model_type == "bloom") {
+    return Json::parse(R"({"hidden_size": 64, "n_head": 8, "n_layer": 2,
+        "pretraining_tp": 1, "slow_but_exact": false})");
+  }
+  if (model_type == "mpt") {
+    return Json::parse(R"({"d_model": 2048, "n_heads": 16, "n_layers": 24, "max_seq_len": 2048,
+        "no_bias": true, "attn_config": {}})");
+  }
   return Json::object();
+}
+
+// The config classes' attribute_map: BLOOM and MPT store the standard names under their own
+// (BloomConfig: n_head, n_layer, and n_embed, which __init__ pops into hidden_size; MptConfig:
+// d_model, n_heads, n_layers). Renamed in place before anything is read.
+void RenameFamilyKeys(const std::string& model_type, Json& config) {
+  std::vector<std::pair<const char*, const char*>> names;
+  if (model_type == "bloom") {
+    names = {{"n_embed", "hidden_size"},
+             {"n_head", "num_attention_heads"},
+             {"n_layer", "num_hidden_layers"}};
+  } else if (model_type == "mpt") {
+    names = {{"d_model", "hidden_size"},
+             {"n_heads", "num_attention_heads"},
+             {"n_layers", "num_hidden_layers"}};
+  }
+  for (const auto& [own, standard] : names) {
+    if (!config.contains(own)) continue;
+    if (!config.contains(standard) || config.at(standard).is_null()) config[standard] = config[own];
+    config.erase(own);
+  }
 }
 
 absl::Status KeyError(absl::string_view key, absl::string_view why) {
@@ -706,6 +737,106 @@ absl::StatusOr<LayerSpec> MlaSpec(const std::string& model_type, ConfigReader& c
   return spec;
 }
 
+// BLOOM and MPT: MHA with ALiBi and no RoPE, head_dim = hidden_size / num_attention_heads.
+absl::StatusOr<LayerSpec> AlibiSpec(const std::string& model_type, ConfigReader& config) {
+  LayerSpec spec;
+  absl::StatusOr<int> d_model = config.SmallInt("hidden_size", std::nullopt);
+  absl::StatusOr<int> heads = config.SmallInt("num_attention_heads", std::nullopt);
+  if (!d_model.ok()) return d_model.status();
+  if (!heads.ok()) return heads.status();
+  if (*heads == 0 || *d_model % *heads != 0) {
+    return KeyError("num_attention_heads",
+                    absl::StrCat(*heads, " does not divide hidden_size ", *d_model,
+                                 " (the module's head_dim is their quotient)"));
+  }
+  spec.variant = AttentionVariant::kMHA;
+  spec.d_model = *d_model;
+  spec.num_heads = spec.num_kv_heads = *heads;
+  spec.head_dim = *d_model / *heads;
+  spec.rope = RopeLayout::kNone;
+  spec.causal = true;
+  if (model_type == "bloom") {
+    // BloomAttention: biased query_key_value and dense, 1/sqrt(head_dim), build_alibi_tensor.
+    spec.qkv_bias = spec.o_bias = true;
+    spec.alibi = Alibi::kBloom;
+    // pretraining_tp / slow_but_exact slice the dense projection into pretraining_tp sums: the
+    // same product, rounded differently. The rest are the block's (norms, residual, dropout).
+    for (const char* key : {"pretraining_tp", "slow_but_exact", "layer_norm_epsilon",
+                            "apply_residual_connection_post_layernorm", "hidden_dropout"}) {
+      config.Has(key);
+    }
+    // Megatron-DeepSpeed's training switches in the released configs, which BloomConfig stores and
+    // transformers never reads (fusions of the same math; offset_alibi shifts every logit of a
+    // row alike, which softmax ignores).
+    for (const char* key : {"attention_softmax_in_fp32", "bias_dropout_fusion",
+                            "masked_softmax_fusion", "offset_alibi", "skip_bias_add",
+                            "skip_bias_add_qkv", "n_inner", "seq_length"}) {
+      config.Has(key);
+    }
+    return spec;
+  }
+  // MPT: MptAttention has no biases whatever no_bias says, so a checkpoint with them would be
+  // loaded without; refused.
+  absl::StatusOr<bool> no_bias = config.Bool("no_bias", true);
+  if (!no_bias.ok()) return no_bias.status();
+  if (!*no_bias) return KeyError("no_bias", "false, but transformers' MptAttention has no biases");
+  spec.alibi = Alibi::kMpt;
+  // Outside attention: the MLP, norms, dropout, embeddings, the output logits and MosaicML's
+  // training-time initialisation and tokenizer name. max_seq_len bounds MptModel's bias table,
+  // not the layer's math.
+  for (const char* key : {"expansion_ratio", "max_seq_len", "resid_pdrop", "emb_pdrop",
+                          "learned_pos_emb", "init_device", "logit_scale", "verbose",
+                          "embedding_fraction", "norm_type", "layer_norm_epsilon", "init_config",
+                          "tokenizer_name"}) {
+    config.Has(key);
+  }
+  // attn_config: MptAttentionConfig's keys; absent ones take its defaults.
+  const Json attn = config.Has("attn_config") ? config.Raw("attn_config") : Json::object();
+  if (!attn.is_object()) return KeyError("attn_config", "expected an object");
+  ConfigReader a(attn, /*top_level=*/true);
+  const auto text = [&](const char* key, const char* fallback) -> std::string {
+    return a.Has(key) && a.Raw(key).is_string() ? a.Raw(key).get<std::string>() : fallback;
+  };
+  if (text("attn_type", "multihead_attention") != "multihead_attention") {
+    return KeyError("attn_config.attn_type",
+                    "only multihead_attention: transformers' MptAttention builds MHA weights");
+  }
+  a.Has("attn_impl");   // torch, flash or triton: the same math.
+  a.Has("attn_pdrop");  // Dropout: zero at inference.
+  a.Has("model_type");
+  if (a.Has("clip_qkv")) {
+    return KeyError("attn_config.clip_qkv", "clamping q/k/v is not supported");
+  }
+  // Switches transformers' MptAttention ignores but MosaicML's own model honours: either reading
+  // would be a guess, so only their defaults are accepted.
+  for (const char* key : {"prefix_lm", "qk_ln", "attn_uses_sequence_id"}) {
+    absl::StatusOr<bool> set = a.Bool(key, false);
+    if (!set.ok()) return set.status();
+    if (*set) return KeyError(absl::StrCat("attn_config.", key), "true is not supported");
+  }
+  absl::StatusOr<bool> alibi = a.Bool("alibi", true);
+  if (!alibi.ok()) return alibi.status();
+  if (!*alibi) {
+    return KeyError("attn_config.alibi",
+                    "false, but transformers' MptModel applies ALiBi whatever it says");
+  }
+  // MptModel builds its biases with the default alibi_bias_max = 8 whatever the config says.
+  absl::StatusOr<double> bias_max = a.Number("alibi_bias_max", 8.0);
+  if (!bias_max.ok()) return bias_max.status();
+  if (*bias_max != 8.0) {
+    return KeyError("attn_config.alibi_bias_max",
+                    absl::StrCat(*bias_max, ", but transformers' MptModel uses 8 whatever the "
+                                            "config says (MosaicML's code uses the value)"));
+  }
+  spec.alibi_bias_max = 8.0f;
+  absl::StatusOr<double> scale =
+      a.Number("softmax_scale", 1.0 / std::sqrt(static_cast<double>(spec.head_dim)));
+  if (!scale.ok()) return scale.status();
+  spec.softmax_scale = ScaleOrDefault(*scale, spec.head_dim);
+  if (absl::Status s = a.CheckAllKeysKnown("mpt attn_config"); !s.ok()) return s;
+  return spec;
+}
+
 // One difference between two JSON values, as "path: a vs b"; empty when equal.
 std::string JsonDifference(const Json& a, const Json& b, const std::string& path) {
   if (a.is_object() && b.is_object()) {
@@ -740,7 +871,9 @@ absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, i
   const std::string model_type = root.at("model_type").get<std::string>();
   // Absent keys take the config class's defaults; present ones (null included) stay as written.
   Json with_defaults = root;
-  const Json defaults = ClassDefaults(model_type);
+  RenameFamilyKeys(model_type, with_defaults);
+  Json defaults = ClassDefaults(model_type);
+  RenameFamilyKeys(model_type, defaults);
   for (const auto& [key, value] : defaults.items()) {
     if (!with_defaults.contains(key)) with_defaults[key] = value;
   }
@@ -767,8 +900,10 @@ absl::StatusOr<LayerSpec> LayerSpecFromHfConfig(absl::string_view config_json, i
                      *num_layers));
   }
   const bool mla = model_type == "deepseek_v2" || model_type == "deepseek_v3";
-  absl::StatusOr<LayerSpec> spec = mla ? MlaSpec(model_type, config)
-                                       : GqaSpec(model_type, config, layer_index, *num_layers);
+  const bool alibi = model_type == "bloom" || model_type == "mpt";
+  absl::StatusOr<LayerSpec> spec = mla     ? MlaSpec(model_type, config)
+                                   : alibi ? AlibiSpec(model_type, config)
+                                           : GqaSpec(model_type, config, layer_index, *num_layers);
   if (!spec.ok()) return spec.status();
   if (absl::Status s = config.CheckAllKeysKnown(model_type); !s.ok()) return s;
   if (absl::Status s = ValidateLayerSpec(*spec); !s.ok()) {
@@ -784,9 +919,15 @@ absl::StatusOr<int> NumHiddenLayersFromHfConfig(absl::string_view config_json) {
                                 /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
   if (!root.is_object()) return absl::InvalidArgumentError("config.json: expected an object");
-  Json value = root.contains("num_hidden_layers") ? root.at("num_hidden_layers") : Json();
-  if (value.is_null() && root.contains("model_type") && root.at("model_type").is_string()) {
-    const Json defaults = ClassDefaults(root.at("model_type").get<std::string>());
+  const std::string model_type = root.contains("model_type") && root.at("model_type").is_string()
+                                     ? root.at("model_type").get<std::string>()
+                                     : "";
+  Json renamed = root;
+  RenameFamilyKeys(model_type, renamed);
+  Json value = renamed.contains("num_hidden_layers") ? renamed.at("num_hidden_layers") : Json();
+  if (value.is_null() && !model_type.empty()) {
+    Json defaults = ClassDefaults(model_type);
+    RenameFamilyKeys(model_type, defaults);
     if (defaults.contains("num_hidden_layers")) value = defaults.at("num_hidden_layers");
   }
   if (!value.is_number_integer() || value.get<int64_t>() < 1 ||

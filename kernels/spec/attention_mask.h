@@ -1,5 +1,5 @@
-// The one rule for which keys a query may see, shared by the CPU backend (MaskPolicy,
-// kernels/cpu/attention_policy.h, 64-bit indices) and the CUDA kernels and their host planner
+// The one rule for which keys a query may see, shared by the CPU backend (KeyWindow,
+// kernels/spec/attention_variation.h, 64-bit indices) and the CUDA kernels and their host planner
 // (MaskSpec, kernels/cuda/attention/params.h, 32-bit indices). nvcc-safe: no absl, no std headers.
 //
 // Causal with a Mistral sliding window W: the query at index i sees keys j with i - W < j <= i

@@ -112,6 +112,27 @@ absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name) {
       absl::StrCat("qk_norm: unknown '", name, "', expected none, rms or rms_unit_offset"));
 }
 
+absl::string_view AlibiName(Alibi alibi) {
+  switch (alibi) {
+    case Alibi::kNone:
+      return "none";
+    case Alibi::kBloom:
+      return "bloom";
+    case Alibi::kMpt:
+      return "mpt";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Alibi> ParseAlibi(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "none" || lower.empty()) return Alibi::kNone;
+  if (lower == "bloom") return Alibi::kBloom;
+  if (lower == "mpt") return Alibi::kMpt;
+  return absl::InvalidArgumentError(
+      absl::StrCat("alibi: unknown '", name, "', expected none, bloom or mpt"));
+}
+
 double YarnMscale(double scale, double mscale) {
   if (scale <= 1.0) return 1.0;
   return 0.1 * mscale * std::log(scale) + 1.0;
@@ -247,8 +268,8 @@ absl::Status ValidateRopeScaling(const LayerSpec& spec) {
                                    false);  // truncate: either value.
 }
 
-// rotary_dim, qk_norm, attn_logit_softcapping and attention_sinks (Qwen3, Gemma 2/3, gpt-oss,
-// Phi-3). MLA layers have none of them (DeepseekV3Attention), so a set one is refused there.
+// rotary_dim, qk_norm, attn_logit_softcapping, attention_sinks and alibi (Qwen3, Gemma 2/3,
+// gpt-oss, Phi-3, BLOOM, MPT). MLA layers have none of them (DeepseekV3Attention), so a set one is refused there.
 absl::Status ValidateAttentionVariations(const LayerSpec& spec) {
   if (!std::isfinite(spec.qk_norm_eps) || !(spec.qk_norm_eps > 0.0f)) {
     return InvalidReal("qk_norm_eps", spec.qk_norm_eps, "must be finite and > 0");
@@ -256,6 +277,9 @@ absl::Status ValidateAttentionVariations(const LayerSpec& spec) {
   if (!std::isfinite(spec.attn_logit_softcapping) || spec.attn_logit_softcapping < 0.0f) {
     return InvalidReal("attn_logit_softcapping", spec.attn_logit_softcapping,
                        "must be finite and >= 0 (0 = no soft-capping)");
+  }
+  if (!std::isfinite(spec.alibi_bias_max) || !(spec.alibi_bias_max > 0.0f)) {
+    return InvalidReal("alibi_bias_max", spec.alibi_bias_max, "must be finite and > 0");
   }
   if (spec.variant == AttentionVariant::kMLA) {
     const absl::string_view mla_has_none =
@@ -274,6 +298,10 @@ absl::Status ValidateAttentionVariations(const LayerSpec& spec) {
     }
     if (spec.attention_sinks) {
       return absl::InvalidArgumentError(absl::StrCat("attention_sinks = true: ", mla_has_none));
+    }
+    if (spec.alibi != Alibi::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("alibi = ", AlibiName(spec.alibi), ": ", mla_has_none));
     }
     return absl::OkStatus();
   }
@@ -429,6 +457,7 @@ std::string LayerSpecSummary(const LayerSpec& spec) {
     absl::StrAppend(&out, " softcap=", spec.attn_logit_softcapping);
   }
   if (spec.attention_sinks) absl::StrAppend(&out, " sinks");
+  if (spec.alibi != Alibi::kNone) absl::StrAppend(&out, " alibi=", AlibiName(spec.alibi));
   return out;
 }
 

@@ -91,6 +91,22 @@ enum class QkNorm : uint8_t {
 absl::string_view QkNormName(QkNorm norm);
 absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name);
 
+// ALiBi (Press et al. 2022): no position embedding; each head h adds slope_h * (j - i) to the
+// logit of key j for query i (indices in the sequence, as the mask). Only the slopes differ:
+enum class Alibi : uint8_t {
+  kNone,
+  // transformers' build_alibi_tensor (BLOOM): for the largest power of two p <= num_heads,
+  // slope_h = 2^(-8 (h + 1) / p); the heads past p take the odd powers of 2^(-4 / p).
+  kBloom,
+  // transformers' build_mpt_alibi_tensor (MPT): for the smallest power of two n >= num_heads,
+  // s_i = 2^(-(i + 1) alibi_bias_max / n); when n > num_heads the odd i first, then the even.
+  kMpt,
+};
+
+// "none", "bloom", "mpt".
+absl::string_view AlibiName(Alibi alibi);
+absl::StatusOr<Alibi> ParseAlibi(absl::string_view name);
+
 struct LayerSpec {
   AttentionVariant variant = AttentionVariant::kMHA;
   int d_model = 0;        // Hidden size of the layer's input and output.
@@ -128,6 +144,9 @@ struct LayerSpec {
   // gpt-oss: a learned logit per query head ("sinks" [num_heads]) joins every query row's softmax
   // as one more column and is dropped after it, so the row's weights sum to less than 1.
   bool attention_sinks = false;
+  // Linear biases instead of (or with) RoPE (BLOOM, MPT); MHA/MQA/GQA only.
+  Alibi alibi = Alibi::kNone;
+  float alibi_bias_max = 8.0f;  // kMpt's slope range (MPT's attn_config.alibi_bias_max), > 0.
 };
 
 // OK, or INVALID_ARGUMENT naming the offending field and the rule it breaks.

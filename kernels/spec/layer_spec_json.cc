@@ -26,7 +26,7 @@ constexpr absl::string_view kTopLevelKeys[] = {
     "variant", "d_model",    "num_heads", "num_kv_heads",   "head_dim",      "qkv_bias", "o_bias",
     "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla",
     "rope_scaling", "rotary_dim", "qk_norm", "qk_norm_eps", "attn_logit_softcapping",
-    "attention_sinks"};
+    "attention_sinks", "alibi", "alibi_bias_max"};
 constexpr absl::string_view kMlaKeys[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
                                           "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
 
@@ -316,6 +316,13 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
     return s;
   }
   if (absl::Status s = r.Bool("attention_sinks", false, &spec.attention_sinks); !s.ok()) return s;
+  if (absl::Status s = r.String("alibi", false, &text, &present); !s.ok()) return s;
+  if (present) {
+    absl::StatusOr<Alibi> alibi = ParseAlibi(text);
+    if (!alibi.ok()) return alibi.status();  // Already names "alibi".
+    spec.alibi = *alibi;
+  }
+  if (absl::Status s = r.Float("alibi_bias_max", false, &spec.alibi_bias_max); !s.ok()) return s;
 
   const auto mla = root.find("mla");
   if (is_mla) {
@@ -370,6 +377,8 @@ std::string LayerSpecToJson(const LayerSpec& spec) {
   out["qk_norm_eps"] = FloatForJson(spec.qk_norm_eps);
   out["attn_logit_softcapping"] = FloatForJson(spec.attn_logit_softcapping);
   out["attention_sinks"] = spec.attention_sinks;
+  out["alibi"] = std::string(AlibiName(spec.alibi));
+  out["alibi_bias_max"] = FloatForJson(spec.alibi_bias_max);
   if (spec.variant == AttentionVariant::kMLA) {
     nlohmann::ordered_json& mla = out["mla"];
     mla["q_lora_rank"] = spec.mla.q_lora_rank;

@@ -28,6 +28,8 @@
 //     "qk_norm_eps": 1e-6,       // default 1e-6
 //     "attn_logit_softcapping": 0.0,  // 0 = none (Gemma 2: 50); default 0
 //     "attention_sinks": false,  // gpt-oss learned sinks; default false
+//     "alibi": "none",           // "none" | "bloom" | "mpt": ALiBi slopes (LayerSpec::alibi)
+//     "alibi_bias_max": 8.0,     // mpt's slope range; default 8
 //     "mla": {                   // required for mla, not allowed otherwise
 //       "q_lora_rank": 1536,     // 0 = plain q_proj; default 0
 //       "kv_lora_rank": 512,     // (required)

@@ -20,6 +20,7 @@ v1::BackendCapabilities CapabilitiesToProto(const BackendCapabilities& c) {
   out.set_partial_rotary(c.partial_rotary);
   out.set_logit_softcapping(c.logit_softcapping);
   out.set_attention_sinks(c.attention_sinks);
+  out.set_alibi(c.alibi);
   out.set_sliding_window(c.sliding_window);
   out.set_non_causal(c.non_causal);
   out.set_fork(c.fork);

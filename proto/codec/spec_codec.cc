@@ -140,6 +140,21 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   spec.qk_norm_eps = proto.qk_norm_eps() == 0.0f ? 1e-6f : proto.qk_norm_eps();
   spec.attn_logit_softcapping = proto.attn_logit_softcapping();
   spec.attention_sinks = proto.attention_sinks();
+  switch (proto.alibi()) {
+    case v1::ALIBI_NONE:
+      spec.alibi = Alibi::kNone;
+      break;
+    case v1::ALIBI_BLOOM:
+      spec.alibi = Alibi::kBloom;
+      break;
+    case v1::ALIBI_MPT:
+      spec.alibi = Alibi::kMpt;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.alibi: unknown value ", static_cast<int>(proto.alibi())));
+  }
+  spec.alibi_bias_max = proto.alibi_bias_max() == 0.0f ? 8.0f : proto.alibi_bias_max();
   if (spec.variant == AttentionVariant::kMLA) {
     const v1::MlaDims& mla = proto.mla();
     spec.mla.q_lora_rank = mla.q_lora_rank();
@@ -208,6 +223,11 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
   out.set_qk_norm_eps(spec.qk_norm_eps);
   out.set_attn_logit_softcapping(spec.attn_logit_softcapping);
   out.set_attention_sinks(spec.attention_sinks);
+  out.set_alibi(spec.alibi == Alibi::kBloom ? v1::ALIBI_BLOOM
+                : spec.alibi == Alibi::kMpt ? v1::ALIBI_MPT
+                                            : v1::ALIBI_NONE);
+  // Only with ALiBi: a spec without it serializes as before, so its fingerprint is unchanged.
+  if (spec.alibi != Alibi::kNone) out.set_alibi_bias_max(spec.alibi_bias_max);
   if (spec.variant == AttentionVariant::kMLA) {
     v1::MlaDims* mla = out.mutable_mla();
     mla->set_q_lora_rank(spec.mla.q_lora_rank);

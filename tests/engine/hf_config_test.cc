@@ -5,6 +5,8 @@
 #include "kernels/model/hf_config.h"
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -257,6 +259,71 @@ constexpr char kDeepseekV3[] = R"({
   "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
   "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
   "v_head_dim": 128, "vocab_size": 129280})";
+
+// bigscience/bloom-560m config.json (Megatron-DeepSpeed's switches included).
+constexpr char kBloom560m[] = R"({
+  "apply_residual_connection_post_layernorm": false, "architectures": ["BloomForCausalLM"],
+  "attention_dropout": 0.0, "attention_softmax_in_fp32": true, "bias_dropout_fusion": true,
+  "bos_token_id": 1, "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 1024,
+  "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": true,
+  "model_type": "bloom", "n_head": 16, "n_inner": null, "n_layer": 24, "offset_alibi": 100,
+  "pad_token_id": 3, "pretraining_tp": 1, "skip_bias_add": true, "skip_bias_add_qkv": false,
+  "slow_but_exact": false, "transformers_version": "4.21.0.dev0", "unk_token_id": 0,
+  "use_cache": true, "vocab_size": 250880})";
+
+// After mosaicml/mpt-7b's config.json (MosaicML's own MPTConfig keys).
+constexpr char kMpt7b[] = R"({
+  "architectures": ["MPTForCausalLM"],
+  "attn_config": {"alibi": true, "alibi_bias_max": 8, "attn_impl": "torch", "attn_pdrop": 0,
+                  "attn_type": "multihead_attention", "attn_uses_sequence_id": false,
+                  "clip_qkv": null, "prefix_lm": false, "qk_ln": false, "softmax_scale": null},
+  "auto_map": {"AutoConfig": "configuration_mpt.MPTConfig"},
+  "d_model": 4096, "emb_pdrop": 0, "embedding_fraction": 1.0, "expansion_ratio": 4,
+  "init_config": {"fan_mode": "fan_in", "init_nonlinearity": "relu", "name": "kaiming_normal_"},
+  "init_device": "cpu", "learned_pos_emb": true, "logit_scale": null, "max_seq_len": 2048,
+  "model_type": "mpt", "n_heads": 32, "n_layers": 32, "no_bias": true,
+  "norm_type": "low_precision_layernorm", "resid_pdrop": 0,
+  "tokenizer_name": "EleutherAI/gpt-neox-20b", "torch_dtype": "bfloat16",
+  "transformers_version": "4.28.1", "use_cache": false, "verbose": 0, "vocab_size": 50432})";
+
+TEST(HfConfigTest, BloomAndMptAreAlibiMha) {
+  const LayerSpec bloom = SpecOrDie(kBloom560m, 23);
+  EXPECT_EQ(bloom.variant, AttentionVariant::kMHA);
+  EXPECT_EQ(bloom.num_heads, 16);
+  EXPECT_EQ(bloom.head_dim, 64);
+  EXPECT_TRUE(bloom.qkv_bias && bloom.o_bias);
+  EXPECT_EQ(bloom.rope, RopeLayout::kNone);
+  EXPECT_EQ(bloom.alibi, Alibi::kBloom);
+  EXPECT_EQ(bloom.softmax_scale, 0.0f);
+  ExpectRefused(kBloom560m, 24, "num_hidden_layers");
+
+  const LayerSpec mpt = SpecOrDie(kMpt7b, 0);
+  EXPECT_EQ(mpt.variant, AttentionVariant::kMHA);
+  EXPECT_EQ(mpt.num_heads, 32);
+  EXPECT_EQ(mpt.head_dim, 128);
+  EXPECT_FALSE(mpt.qkv_bias || mpt.o_bias);
+  EXPECT_EQ(mpt.alibi, Alibi::kMpt);
+  EXPECT_EQ(mpt.alibi_bias_max, 8.0f);
+  EXPECT_EQ(NumHiddenLayersFromHfConfig(kMpt7b).value_or(0), 32);
+
+  // Switches transformers ignores but MosaicML's model honours, and a clamp it does not compute.
+  for (const auto& [from, to, key] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"alibi_bias_max\": 8", "\"alibi_bias_max\": 16", "alibi_bias_max"},
+           {"\"qk_ln\": false", "\"qk_ln\": true", "qk_ln"},
+           {"\"alibi\": true", "\"alibi\": false", "attn_config.alibi"},
+           {"\"clip_qkv\": null", "\"clip_qkv\": 6", "clip_qkv"},
+           {"\"no_bias\": true", "\"no_bias\": false", "no_bias"},
+           {"multihead_attention", "multiquery_attention", "attn_type"},
+           {"\"prefix_lm\": false", "\"prefix_lm\": false, \"rope\": true", "rope"}}) {
+    std::string changed = kMpt7b;
+    changed.replace(changed.find(from), from.size(), to);
+    ExpectRefused(changed, 0, key);
+  }
+  std::string scaled = kMpt7b;
+  scaled.replace(scaled.find("\"softmax_scale\": null"), 21, "\"softmax_scale\": 0.25");
+  EXPECT_EQ(SpecOrDie(scaled, 0).softmax_scale, 0.25f);
+}
 
 TEST(HfConfigTest, DeepseekV3) {
   const LayerSpec spec = SpecOrDie(kDeepseekV3, 60);

@@ -51,6 +51,8 @@ try:
     import torch
     import transformers
     from transformers import (
+        BloomConfig,
+        BloomForCausalLM,
         DeepseekV2Config,
         DeepseekV2ForCausalLM,
         DeepseekV3Config,
@@ -65,6 +67,8 @@ try:
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MptConfig,
+        MptForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -560,6 +564,96 @@ def deepseek_v2_case(q_lora_rank, layers, layer_index, seq_len, rope_scaling=Non
     return model, deepseek_spec(config, attn), layer_index, seq_len, "transformers DeepseekV2ForCausalLM"
 
 
+class ResidualCapture(Capture):
+    """Capture for BloomAttention, whose output already holds the block's residual (its second
+    argument, dropout_add(dense(context), residual)): the attention's own output is the
+    difference."""
+
+    def _pre(self, module, args, kwargs):
+        super()._pre(module, args, kwargs)
+        residual = kwargs["residual"] if "residual" in kwargs else args[1]
+        self.residual = residual.detach().clone()
+
+    def _post(self, module, args, kwargs, output):
+        super()._post(module, args, kwargs, output)
+        self.output = self.output - self.residual
+
+
+def alibi_case(out_dir, family: str, layers: int, layer_index: int, seq_len: int, heads: int,
+               d_model: int, softmax_scale=None, max_seq_len=2048):
+    """BLOOM (BloomAttention: per-head interleaved query_key_value, biases) or MPT (MptAttention:
+    concatenated Wqkv, no biases): ALiBi, no RoPE. Their checkpoint names are not Llama's, so the
+    layer's projections are saved under q/k/v/o_proj names, split as each module splits them; the
+    config.json transformers wrote is kept for hf_config_peer_test. Returns the case files'
+    contents as torch_mha_case does."""
+    head_dim = d_model // heads
+    if family == "bloom":
+        config = BloomConfig(vocab_size=VOCAB, hidden_size=d_model, n_head=heads, n_layer=layers,
+                             attn_implementation="eager", torch_dtype=torch.float32)
+        model = BloomForCausalLM(config).to(torch.float32).eval()
+        attn = model.transformer.h[layer_index].self_attention
+        fused, out_proj = attn.query_key_value, attn.dense
+        cap = ResidualCapture(attn)
+    else:
+        config = MptConfig(vocab_size=VOCAB, d_model=d_model, n_heads=heads, n_layers=layers,
+                           max_seq_len=max_seq_len, expansion_ratio=2,
+                           attn_config={"softmax_scale": softmax_scale},
+                           attn_implementation="eager", torch_dtype=torch.float32)
+        model = MptForCausalLM(config).to(torch.float32).eval()
+        attn = model.transformer.blocks[layer_index].attn
+        fused, out_proj = attn.Wqkv, attn.out_proj
+        cap = Capture(attn)
+    with torch.no_grad():  # nn.Linear's own init, biases U(-0.5, 0.5), q and k rows x2.
+        for p in attn.parameters():
+            if p.dim() == 1:
+                p.uniform_(-0.5, 0.5)
+            else:
+                bound = 1.0 / math.sqrt(p.shape[1])
+                p.uniform_(-bound, bound)
+    # Rows of q, k and v in the fused weight: BLOOM's view(heads, 3, head_dim), MPT's chunk(3).
+    def split(t):
+        if family == "bloom":
+            parts = t.view(heads, 3, head_dim, *t.shape[1:])
+            return [parts[:, i].reshape(heads * head_dim, *t.shape[1:]) for i in range(3)]
+        return list(t.chunk(3, dim=0))
+    with torch.no_grad():  # q and k rows x2: a peakier softmax, so the bias shows against it.
+        if family == "bloom":
+            fused.weight.view(heads, 3, head_dim, d_model)[:, :2].mul_(2.0)
+        else:
+            fused.weight[: 2 * d_model].mul_(2.0)
+    w_q, w_k, w_v = split(fused.weight.detach())
+
+    embeds = torch.randn(1, seq_len, d_model, dtype=torch.float32)
+    mask = torch.ones(1, seq_len, dtype=torch.long)
+    with torch.no_grad():
+        model(inputs_embeds=embeds, attention_mask=mask, use_cache=False)
+    cap.remove()
+    expected = cap.output[0]
+
+    prefix = f"model.layers.{layer_index}.self_attn."
+    tensors = {prefix + "q_proj.weight": w_q, prefix + "k_proj.weight": w_k,
+               prefix + "v_proj.weight": w_v, prefix + "o_proj.weight": out_proj.weight.detach()}
+    if fused.bias is not None:
+        b_q, b_k, b_v = split(fused.bias.detach())
+        tensors.update({prefix + "q_proj.bias": b_q, prefix + "k_proj.bias": b_k,
+                        prefix + "v_proj.bias": b_v, prefix + "o_proj.bias": out_proj.bias.detach()})
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()},
+                                os.path.join(out_dir, "model.safetensors"),
+                                metadata={"format": "pt"})
+    config.save_pretrained(out_dir)
+    scale = attn.inv_norm_factor if family == "bloom" else attn.softmax_scale
+    spec = {
+        "variant": "mha", "d_model": d_model, "num_heads": heads, "num_kv_heads": heads,
+        "head_dim": head_dim, "qkv_bias": fused.bias is not None,
+        "o_bias": out_proj.bias is not None, "rope": "none", "rope_theta": 10000.0,
+        "causal": True, "sliding_window": 0, "softmax_scale": scale_or_default(scale, head_dim),
+        "alibi": family, "alibi_bias_max": 8.0,
+    }
+    positions = torch.arange(POSITION_OFFSET, POSITION_OFFSET + seq_len)
+    source = "transformers BloomForCausalLM" if family == "bloom" else "transformers MptForCausalLM"
+    return spec, cap.hidden[0], positions, expected, expected, seq_len // 2, layer_index, source
+
+
 def torch_mha_case(out_dir, causal: bool, seq_len: int):
     """nn.MultiheadAttention, converted to q/k/v/o_proj names. Returns the case files' contents."""
     embed, heads = 256, 8
@@ -698,6 +792,20 @@ def _visible(spec, seq_len, split):
     return np.where(i < split, j < split, j <= i)
 
 
+def _alibi_slopes(spec):
+    """The slopes kernels/spec/layer_spec.h states for Alibi kBloom and kMpt."""
+    h = spec["num_heads"]
+    if spec["alibi"] == "bloom":
+        p = 2 ** int(math.floor(math.log2(h)))
+        slopes = [2.0 ** (-8.0 * (k + 1) / p) for k in range(p)]
+        slopes += [2.0 ** (-4.0 * (2 * k + 1) / p) for k in range(h - p)]
+    else:
+        n = 2 ** int(math.ceil(math.log2(h)))
+        s = [2.0 ** (-(k + 1) * spec["alibi_bias_max"] / n) for k in range(n)]
+        slopes = s if n == h else (s[1::2] + s[::2])[:h]
+    return np.array(slopes, dtype=np.float64)
+
+
 def reference_forward(spec, weights, hidden, positions, split=None):
     x = hidden.astype(np.float64)
     w = {k: v.astype(np.float64) for k, v in weights.items()}
@@ -758,6 +866,9 @@ def reference_forward(spec, weights, hidden, positions, split=None):
     cap = spec.get("attn_logit_softcapping", 0.0)
     if cap:
         logits = cap * np.tanh(logits / cap)
+    if spec.get("alibi", "none") != "none":
+        i, j = np.arange(seq_len)[:, None], np.arange(seq_len)[None, :]
+        logits = logits + _alibi_slopes(spec)[:, None, None] * (j - i)[None]
     logits = np.where(_visible(spec, seq_len, split)[None], logits, -np.inf)
     if spec.get("attention_sinks"):
         # One more column per head, in the max and the sum, dropped from the weights.
@@ -876,6 +987,16 @@ TORCH_CASES = {
     "torch_mha_bidir": lambda d: torch_mha_case(d, causal=False, seq_len=23),
     "torch_mha_causal": lambda d: torch_mha_case(d, causal=True, seq_len=23),
 }
+# (h) ALiBi: BLOOM with 12 heads (the slopes' second series past 8) and MPT with 6 (its
+# odd-then-even order), a later layer, MPT's own softmax_scale and a bias table longer than the
+# sequence, and 600 tokens so decode splits the keys (each split must carry its keys' biases).
+ALIBI_CASES = {
+    "bloom_alibi_hd8": lambda d: alibi_case(d, "bloom", 1, 0, 37, heads=12, d_model=96),
+    "bloom_alibi_long_layer1": lambda d: alibi_case(d, "bloom", 2, 1, 600, heads=6, d_model=96),
+    "mpt_alibi": lambda d: alibi_case(d, "mpt", 1, 0, 33, heads=6, d_model=96, max_seq_len=64),
+    "mpt_alibi_scale_layer1": lambda d: alibi_case(d, "mpt", 2, 1, 41, heads=8, d_model=128,
+                                                   softmax_scale=0.2),
+}
 
 
 def main():
@@ -891,7 +1012,7 @@ def main():
           ", ".join(f"{k} {v}" for k, v in versions().items()))
     torch.set_num_threads(2)
     wanted = set(args.only.split(",")) if args.only else None
-    all_names = list(HF_CASES) + list(TORCH_CASES)
+    all_names = list(HF_CASES) + list(TORCH_CASES) + list(ALIBI_CASES)
     if wanted:
         unknown = wanted - set(all_names)
         if unknown:
@@ -921,6 +1042,11 @@ def main():
             model.save_pretrained(case_dir, safe_serialization=True)
             write_case(args.out, name, spec, hidden, positions, expected, expected, layer_index,
                        seq_len // 2, source, case_seed)
+        elif name in ALIBI_CASES:
+            spec, hidden, positions, expected, expected_split, split, layer_index, source = \
+                ALIBI_CASES[name](case_dir)
+            write_case(args.out, name, spec, hidden, positions, expected, expected_split,
+                       layer_index, split, source, case_seed)
         else:
             spec, hidden, positions, expected, expected_split, split = TORCH_CASES[name](case_dir)
             write_case(args.out, name, spec, hidden, positions, expected, expected_split, 0, split,

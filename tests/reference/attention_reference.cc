@@ -52,6 +52,17 @@ bool Allowed(const LayerSpec& spec, int64_t i, int64_t j) {
   return true;
 }
 
+// ALiBi's bias on the logit of key j for query i over a sequence of `len` keys, as transformers
+// adds it: BLOOM slope * j (build_alibi_tensor over the attention mask's cumsum), MPT
+// slope * (j - (len - 1)) (build_mpt_alibi_tensor sliced to the keys). Both differ from the
+// engine's slope * (j - i) by a per-row constant.
+double AlibiBias(const LayerSpec& spec, const std::vector<double>& slopes, int h, int64_t len,
+                 int64_t j) {
+  if (spec.alibi == Alibi::kBloom) return slopes[h] * static_cast<double>(j);
+  if (spec.alibi == Alibi::kMpt) return slopes[h] * static_cast<double>(j - (len - 1));
+  return 0.0;
+}
+
 // Scaled-dot-product attention over one whole sequence, with the full score matrix.
 //   q: [L, num_heads, dqk]; k: [L, num_kv_heads, dqk]; v: [L, num_kv_heads, dv].
 //   Query head h reads kv head h / (num_heads / num_kv_heads).
@@ -61,6 +72,7 @@ std::vector<double> Attend(const LayerSpec& spec, int64_t len, int num_heads, in
                            const std::vector<double>& k, const std::vector<double>& v) {
   const double scale = static_cast<double>(EffectiveSoftmaxScale(spec));
   const int group = num_heads / num_kv_heads;
+  const std::vector<double> slopes = AlibiSlopesReference(spec);
   std::vector<double> out(static_cast<size_t>(len) * num_heads * dv, 0.0);
   std::vector<double> scores(static_cast<size_t>(len));
   for (int h = 0; h < num_heads; ++h) {
@@ -73,7 +85,7 @@ std::vector<double> Attend(const LayerSpec& spec, int64_t len, int num_heads, in
         const double* kj = &k[(j * num_kv_heads + kvh) * dqk];
         double dot = 0.0;
         for (int d = 0; d < dqk; ++d) dot += qi[d] * kj[d];
-        scores[j] = scale * dot;
+        scores[j] = scale * dot + AlibiBias(spec, slopes, h, len, j);
         max_score = std::max(max_score, scores[j]);
       }
       double denom = 0.0;
@@ -214,6 +226,33 @@ std::vector<double> ReferenceAttention(const LayerSpec& spec, const LayerWeights
     return MlaAttention(spec, weights, hidden, positions, options);
   }
   return StandardAttention(spec, weights, hidden, positions, options);
+}
+
+std::vector<double> AlibiSlopesReference(const LayerSpec& spec) {
+  const int heads = spec.num_heads;
+  std::vector<double> slopes;
+  if (spec.alibi == Alibi::kBloom) {
+    // closest_power_of_2 = 2 ** floor(log2(n)); base = 2 ** (-(2 ** -(log2(p) - 3))); the
+    // first p slopes are base ** 1..p, the rest extra_base ** 1, 3, 5, ... with p doubled.
+    const int p = 1 << static_cast<int>(std::floor(std::log2(heads)));
+    const double base = std::pow(2.0, -std::pow(2.0, -(std::log2(p) - 3)));
+    for (int i = 1; i <= p; ++i) slopes.push_back(std::pow(base, i));
+    const double extra_base = std::pow(2.0, -std::pow(2.0, -(std::log2(2 * p) - 3)));
+    for (int i = 0; i < std::min(p, heads - p); ++i) {
+      slopes.push_back(std::pow(extra_base, 2 * i + 1));
+    }
+  } else if (spec.alibi == Alibi::kMpt) {
+    // n = 2 ** ceil(log2(heads)); slopes 1 / 2 ** ((1..n) * bias_max / n); for n > heads the
+    // odd-indexed slopes (1::2) then the even (::2), the first `heads` of them.
+    const int n = 1 << static_cast<int>(std::ceil(std::log2(heads)));
+    std::vector<double> all;
+    for (int i = 1; i <= n; ++i) all.push_back(1.0 / std::pow(2.0, i * spec.alibi_bias_max / n));
+    if (n == heads) return all;
+    for (int i = 1; i < n; i += 2) slopes.push_back(all[i]);
+    for (int i = 0; i < n; i += 2) slopes.push_back(all[i]);
+    slopes.resize(heads);
+  }
+  return slopes;
 }
 
 void ApplyRopeReference(RopeLayout layout, double theta, int64_t position, double* x,

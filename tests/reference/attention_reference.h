@@ -3,7 +3,8 @@
 // The reference is deliberately naive: plain loops, the full [L, L] score matrix, a two-pass
 // softmax, no paging, no online softmax and no shared code with the backends beyond the public
 // types (LayerSpec, LayerWeights, Tensor). Its semantics are those of Hugging Face transformers:
-//   MHA/MQA/GQA: LlamaAttention / MistralAttention (rotate_half RoPE, sliding window i-W < j <= i).
+//   MHA/MQA/GQA: LlamaAttention / MistralAttention (rotate_half RoPE, sliding window i-W < j <= i);
+//                ALiBi as BloomAttention / MptAttention add it.
 //   MLA:         DeepseekV3Attention (q_lora optional, RMSNorm on the q and kv latents, the RoPE
 //                key shared by all heads). For the interleaved layout transformers permutes the
 //                rotary dims and then rotates halves; q.k is the same as rotating adjacent pairs
@@ -41,6 +42,10 @@ std::vector<double> ReferenceAttention(const LayerSpec& spec, const LayerWeights
                                        const std::vector<double>& hidden,
                                        const std::vector<int64_t>& positions,
                                        const ReferenceOptions& options = {});
+
+// ALiBi's per-head slopes [num_heads] as transformers computes them (build_alibi_tensor for
+// kBloom, build_mpt_alibi_tensor for kMpt), in double; empty without ALiBi.
+std::vector<double> AlibiSlopesReference(const LayerSpec& spec);
 
 // Applies RoPE in place to `x` [rotary_dim] at `position`: inv_freq[i] = theta^(-2i/rotary_dim);
 // kHalf rotates (x[i], x[i + d/2]), kInterleaved rotates (x[2i], x[2i + 1]); kNone does nothing.

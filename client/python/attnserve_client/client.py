@@ -104,6 +104,7 @@ def tensor_to_numpy(tensor: pb.Tensor, bf16_as: str = "float32") -> np.ndarray:
 
 _QK_NORMS = {"none": pb.QK_NORM_NONE, "rms": pb.QK_NORM_RMS,
              "rms_unit_offset": pb.QK_NORM_RMS_UNIT_OFFSET}
+_ALIBIS = {"none": pb.ALIBI_NONE, "bloom": pb.ALIBI_BLOOM, "mpt": pb.ALIBI_MPT}
 _ROPE_SCALINGS = {"none": pb.ROPE_SCALING_NONE, "linear": pb.ROPE_SCALING_LINEAR,
                   "dynamic": pb.ROPE_SCALING_DYNAMIC, "llama3": pb.ROPE_SCALING_LLAMA3,
                   "yarn": pb.ROPE_SCALING_YARN}
@@ -198,6 +199,8 @@ class LayerSpec:
     qk_norm_eps: float = 1e-6
     attn_logit_softcapping: float = 0.0  # 0 = none (Gemma 2: 50)
     attention_sinks: bool = False  # gpt-oss learned per-head sinks
+    alibi: str = "none"  # "none" | "bloom" | "mpt": ALiBi slopes (usually with rope="none")
+    alibi_bias_max: float = 8.0  # "mpt"'s slope range
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> "LayerSpec":
@@ -237,7 +240,8 @@ class LayerSpec:
             softmax_scale=self.softmax_scale, rotary_dim=self.rotary_dim,
             qk_norm=_enum(_QK_NORMS, "qk_norm", self.qk_norm), qk_norm_eps=self.qk_norm_eps,
             attn_logit_softcapping=self.attn_logit_softcapping,
-            attention_sinks=self.attention_sinks)
+            attention_sinks=self.attention_sinks, alibi=_enum(_ALIBIS, "alibi", self.alibi),
+            alibi_bias_max=self.alibi_bias_max if self.alibi.lower() != "none" else 0.0)
         if self.mla is not None:
             out.mla.CopyFrom(pb.MlaDims(**dataclasses.asdict(self.mla)))
         if self.rope_scaling is not None:
@@ -264,7 +268,8 @@ class LayerSpec:
             rotary_dim=spec.rotary_dim, qk_norm=_name_of(_QK_NORMS, spec.qk_norm),
             qk_norm_eps=spec.qk_norm_eps or 1e-6,
             attn_logit_softcapping=spec.attn_logit_softcapping,
-            attention_sinks=spec.attention_sinks)
+            attention_sinks=spec.attention_sinks, alibi=_name_of(_ALIBIS, spec.alibi),
+            alibi_bias_max=spec.alibi_bias_max or 8.0)
 
 
 @dataclass
@@ -410,6 +415,7 @@ class BackendCapabilities:
     partial_rotary: bool
     logit_softcapping: bool
     attention_sinks: bool
+    alibi: bool
     sliding_window: bool
     non_causal: bool
     fork: bool

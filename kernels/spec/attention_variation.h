@@ -1,0 +1,185 @@
+// The attention variations of the model families, one policy type each, composed once per layer
+// into an AttentionVariation that the kernels call through hooks instead of branching on spec
+// fields (the FlashInfer "variant" shape: logits transform, mask, softmax extra term).
+//
+//   KeyWindow      mask: which keys a query may see (causal, Mistral sliding window).
+//   LogitSoftCap   logits transform: s = cap * tanh(s / cap) (Gemma 2).
+//   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
+//   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
+//   HeadRmsNorm    pre-RoPE transform: per-head RMSNorm of q and k (Qwen3, Gemma 3).
+//
+// Why: a variation used to be a field threaded through LayerSpec, both params structs and every
+// kernel body (16-24 files each, docs/design.md). Now a new one is a type here, a field of the
+// spec and its mapping; the kernels call AttentionVariation's hooks and do not change.
+//
+// nvcc-safe: the hooks are ATTNSERVE_HD and the types hold plain values and pointers to data the
+// layer owns (sinks, norm scales), so CUDA kernels can take an AttentionVariation by value. Only
+// FromSpec, which reads a LayerSpec (absl), is host-only.
+#ifndef ATTNSERVE_KERNELS_SPEC_ATTENTION_VARIATION_H_
+#define ATTNSERVE_KERNELS_SPEC_ATTENTION_VARIATION_H_
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/core/host_device.h"
+#include "kernels/spec/attention_mask.h"
+
+#if !defined(__CUDACC__)
+#include "kernels/spec/layer_spec.h"
+#endif
+
+namespace attnserve {
+
+// Half-open range of key indices [begin, end) within a sequence.
+struct KeyRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Where one row of logits sits: its query head, the query's index in its sequence and the index
+// of the row's first key (indices as the mask uses them, never RoPE positions).
+struct LogitSite {
+  int head = 0;
+  int64_t query = 0;
+  int64_t first_key = 0;
+};
+
+// Mask: the rule of kernels/spec/attention_mask.h with the spec's parameters.
+struct KeyWindow {
+  bool causal = true;
+  int64_t window = 0;  // Sliding window in tokens; 0 = unlimited.
+
+  // Keys visible to the query at index `query` of a sequence that holds `length` tokens.
+  ATTNSERVE_HD KeyRange VisibleKeys(int64_t query, int64_t length) const {
+    KeyRange keys;
+    VisibleKeyRange<int64_t>(causal, window, query, length, &keys.begin, &keys.end);
+    return keys;
+  }
+};
+
+// Logits transform: Gemma 2's soft-capping of the scaled scores, as transformers computes it.
+struct LogitSoftCap {
+  float cap = 0.0f;  // 0 = none.
+
+  ATTNSERVE_HD bool active() const { return cap > 0.0f; }
+  ATTNSERVE_HD void Apply(float* s, int64_t n) const {
+    const float inv_cap = 1.0f / cap;
+    for (int64_t i = 0; i < n; ++i) s[i] = cap * tanhf(s[i] * inv_cap);
+  }
+};
+
+// Score bias: ALiBi's slope_h * (j - i) for query i, key j (LayerSpec::alibi). Softmax is
+// invariant to a per-row constant, so this equals BLOOM's slope * j and MPT's slope * (j - L + 1)
+// while keeping the added values small. Slopes are computed per head in double and rounded once.
+struct AlibiBias {
+  int kind = 0;  // 0 none, 1 BLOOM's slopes, 2 MPT's (Alibi's values).
+  int num_heads = 0;
+  float bias_max = 8.0f;  // MPT's alibi_bias_max.
+
+  ATTNSERVE_HD bool active() const { return kind != 0; }
+
+  ATTNSERVE_HD float Slope(int head) const {
+    if (kind == 1) {  // build_alibi_tensor: p = the largest power of two <= num_heads.
+      int p = 1;
+      while (p * 2 <= num_heads) p *= 2;
+      const double exponent = head < p ? -8.0 * (head + 1) / p : -4.0 * (2 * (head - p) + 1) / p;
+      return static_cast<float>(exp2(exponent));
+    }
+    int n = 1;  // build_mpt_alibi_tensor: n = the smallest power of two >= num_heads.
+    while (n < num_heads) n *= 2;
+    // With n > num_heads the slopes are taken odd indices first, then even.
+    const int i = n == num_heads ? head : (head < n / 2 ? 2 * head + 1 : 2 * (head - n / 2));
+    return static_cast<float>(exp2(-(i + 1) * static_cast<double>(bias_max) / n));
+  }
+
+  ATTNSERVE_HD void Apply(float* s, int64_t n, const LogitSite& site) const {
+    const float slope = Slope(site.head);
+    const int64_t offset = site.first_key - site.query;
+    for (int64_t k = 0; k < n; ++k) s[k] += slope * static_cast<float>(offset + k);
+  }
+};
+
+// Softmax extra term: gpt-oss's sink, one logit per query head that joins the row's softmax (its
+// max and its sum) once, after every key, and is dropped from the output.
+struct SoftmaxSinks {
+  const float* logits = nullptr;  // [num_heads], owned by the layer; null = none.
+
+  // Given a row's online-softmax max and sum over its keys, adds the sink to `*sum` (rescaled to
+  // the new max) and returns the factor the row's unnormalised output takes; 1 without sinks.
+  ATTNSERVE_HD float Join(int head, float max, float* sum) const {
+    if (logits == nullptr) return 1.0f;
+    const float sink = logits[head];
+    const float new_max = max > sink ? max : sink;
+    const float rescale = expf(max - new_max);  // 0 for a row that saw no key.
+    *sum = *sum * rescale + expf(sink - new_max);
+    return rescale;
+  }
+};
+
+// Pre-RoPE transform: per-head RMSNorm over head_dim in float32 (x / sqrt(mean(x^2) + eps) times
+// a scale of [head_dim]: w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm, resolved by the layer).
+struct HeadRmsNorm {
+  const float* q_scale = nullptr;  // [head_dim], owned by the layer; null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim]
+  double eps = 1e-6;
+  int dim = 0;
+
+  ATTNSERVE_HD bool active() const { return q_scale != nullptr; }
+  // `count` consecutive head vectors of `dim` floats at x, in place.
+  ATTNSERVE_HD void Apply(float* x, int64_t count, const float* scale) const {
+    for (int64_t v = 0; v < count; ++v) {
+      float* head = x + v * dim;
+      double sum_sq = 0.0;
+      for (int i = 0; i < dim; ++i) sum_sq += double{head[i]} * head[i];
+      const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / dim + eps));
+      for (int i = 0; i < dim; ++i) head[i] = head[i] * inv_rms * scale[i];
+    }
+  }
+};
+
+// The data a variation needs from the weights, owned by the layer and outliving the variation.
+struct VariationWeights {
+  const float* sinks = nullptr;    // [num_heads]; null without attention_sinks.
+  const float* q_scale = nullptr;  // [head_dim]; null without qk_norm.
+  const float* k_scale = nullptr;  // [head_dim]
+};
+
+// Every variation of one layer, built once at layer creation (FromSpec) and passed by value to the
+// kernels, which call only these hooks.
+struct AttentionVariation {
+  float scale = 1.0f;  // Multiplies q.k (EffectiveSoftmaxScale).
+  KeyWindow mask;
+  LogitSoftCap softcap;
+  AlibiBias alibi;
+  SoftmaxSinks sinks;
+  HeadRmsNorm qk_norm;
+
+  // Logits transform of one row: `s` holds scale * q.k of `n` keys from site.first_key on, all
+  // visible to the query; rewritten in place to the logits the softmax takes: soft-capped, then
+  // biased (a bias is part of the mask, which transformers adds after any capping).
+  ATTNSERVE_HD void TransformLogits(float* s, int64_t n, const LogitSite& site) const {
+    if (softcap.active()) softcap.Apply(s, n);
+    if (alibi.active()) alibi.Apply(s, n, site);
+  }
+
+#if !defined(__CUDACC__)
+  static AttentionVariation FromSpec(const LayerSpec& spec, const VariationWeights& weights = {}) {
+    AttentionVariation v;
+    v.scale = EffectiveSoftmaxScale(spec);
+    v.mask = {spec.causal, spec.sliding_window};
+    v.softcap.cap = spec.attn_logit_softcapping;
+    static_assert(static_cast<int>(Alibi::kBloom) == 1 && static_cast<int>(Alibi::kMpt) == 2);
+    v.alibi = {static_cast<int>(spec.alibi), spec.num_heads, spec.alibi_bias_max};
+    v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
+    if (spec.qk_norm != QkNorm::kNone) {
+      v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim};
+    }
+    return v;
+  }
+#endif
+};
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_KERNELS_SPEC_ATTENTION_VARIATION_H_
