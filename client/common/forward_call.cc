@@ -99,7 +99,12 @@ grpc::Status CallForwardStream(const Client& client, grpc::ClientContext* contex
                       absl::StrCat("a row of ", row_bytes, " bytes does not fit a message of ",
                                    max_message_bytes, " bytes"));
   }
-  const int64_t rows_per_message = (max_message_bytes - kForwardStreamHeadroomBytes) / row_bytes;
+  // A quarter of the limit per message: the server's in-flight quota (--max_inflight_message_bytes,
+  // 4 x the limit by default) covers every message gRPC has started receiving, and a stream of
+  // full-size messages sent back to back can pass it (RST_STREAM, RESOURCE_EXHAUSTED).
+  const int64_t message_bytes =
+      std::max(row_bytes, max_message_bytes / 4 - kForwardStreamHeadroomBytes);
+  const int64_t rows_per_message = message_bytes / row_bytes;
 
   std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardStreamRequest, v1::ForwardStreamResponse>>
       stream = client.stub->ForwardStream(context);

@@ -802,7 +802,9 @@ class AttnServeClient:
         for item in request.items:
             header.items.add(request_id=item.request_id, num_tokens=item.hidden.shape[0],
                              positions=list(item.positions))
-        per_message = max(1, (limit - _STREAM_HEADROOM_BYTES) // row_bytes) * row_bytes
+        # A quarter of the limit per message: the server's in-flight quota (4 x the limit by
+        # default) covers every message gRPC has started receiving.
+        per_message = max(1, (limit // 4 - _STREAM_HEADROOM_BYTES) // row_bytes) * row_bytes
 
         def messages():
             yield pb.ForwardStreamRequest(header=header)
