@@ -240,8 +240,6 @@ class ForwardStreamReactor final
     dtype_ = *dtype;
     d_model_ = spec.d_model;
     row_bytes_ = static_cast<size_t>(spec.d_model) * DTypeSize(*dtype);
-    // Until the first turn fixes the chunk, every announced row may be read ahead.
-    read_ahead_rows_ = total_rows_;
     std::vector<std::string> ids;
     for (const StepInput& in : inputs_) ids.push_back(in.request_id);
     // The turn takes mu_ itself, so it cannot run before ticket_ is set below.
@@ -320,8 +318,6 @@ class ForwardStreamReactor final
       if (!run.ok()) return run.status();
       absl::MutexLock lock(&mu_);
       run_ = *std::move(run);
-      read_ahead_rows_ = 2 * run_->chunk_tokens();
-      MaybeReadLocked();
     } catch (const std::bad_alloc&) {
       return OutOfMemoryError("this ForwardStream");
     }
@@ -426,22 +422,24 @@ class ForwardStreamReactor final
     if (!writing_ && !finished_) finished_ = finish_pending_ = true;
   }
 
-  // Reads the next message unless one is pending, the call is ending, or enough rows wait.
+  // Reads the next message unless one is pending or the call is ending. Rows are read as they
+  // arrive, not held back until their chunk runs: bytes left waiting in gRPC's buffers count
+  // against the server's in-flight quota (--max_inflight_message_bytes), past which gRPC resets
+  // streams, while the inbox holds no more than the unary Forward of the same rows would.
   void MaybeReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reading_ || ending_ || session_ == nullptr) return;
     // Past the last row one more read learns the half-close (or a message too many).
-    const int64_t waiting = static_cast<int64_t>(inbox_.size() / row_bytes_);
-    if (received_rows_ < total_rows_ && waiting >= read_ahead_rows_) return;
     if (received_rows_ >= total_rows_ && read_past_end_) return;
     if (received_rows_ >= total_rows_) read_past_end_ = true;
     reading_ = true;
     StartRead(&wire_in_);
   }
 
-  // Queues `out`'s rows as messages of whole rows under the message limit.
+  // Queues `out`'s rows as messages of whole rows, a quarter of the message limit each: what
+  // gRPC holds to send counts against the in-flight quota (4 x the limit by default) too.
   void QueueRowsLocked(const Tensor& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t per_message = std::max<int64_t>(
-        1, (context_.max_message_bytes - kRowsHeadroomBytes) / static_cast<int64_t>(row_bytes_));
+        1, (context_.max_message_bytes / 4 - kRowsHeadroomBytes) / static_cast<int64_t>(row_bytes_));
     for (int64_t row = 0; row < out.dim(0); row += per_message) {
       const int64_t n = std::min(per_message, out.dim(0) - row);
       v1::ForwardStreamResponse message;
@@ -504,7 +502,6 @@ class ForwardStreamReactor final
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   bool read_past_end_ ABSL_GUARDED_BY(mu_) = false;
   int64_t received_rows_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t read_ahead_rows_ ABSL_GUARDED_BY(mu_) = 0;
   std::string inbox_ ABSL_GUARDED_BY(mu_);  // Rows received and not yet run.
   std::deque<grpc::ByteBuffer> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

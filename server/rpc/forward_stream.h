@@ -7,8 +7,8 @@
 // (RESOURCE_EXHAUSTED before the rows are uploaded); each later turn runs one chunk of rows that
 // has arrived (at most --prefill_chunk_tokens, the session's chunk) and queues the chunk's output
 // rows for the client, and the op waits between chunks for more rows, so the session's other
-// requests keep decoding. Reading stops while two chunks of rows wait (back-pressure on the
-// client). A failure of any kind (a bad message, too few or too many rows, cancellation, the
+// requests keep decoding. Rows are read as they arrive (bytes left in gRPC's buffers would count
+// against --max_inflight_message_bytes, past which gRPC resets streams). A failure of any kind (a bad message, too few or too many rows, cancellation, the
 // engine) undoes the whole Forward on the session's queue: every request it created is released,
 // and the reservation returned.
 //

@@ -39,7 +39,11 @@ fi
 LOGS="${OUT:-/tmp/attnserve-gpu}"
 mkdir -p "${LOGS}"
 
-if [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
+if ((CPU_CHECK)) && [[ ! -x "${BUNDLE}/attnserve_server" ]]; then
+  echo "run.sh --cpu-check: ${BUNDLE}/attnserve_server missing: run tests/gpu/bundle.sh" >&2
+  exit 2
+fi
+if ((!CPU_CHECK)) && [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
   echo "run.sh: ${BUNDLE}/cuda_backend_test missing: run tests/gpu/bundle.sh on the build machine" \
        "and carry .gpu-bundle" >&2
   exit 2

@@ -110,8 +110,11 @@ std::vector<v1::ForwardStreamRequest> RowMessages(const Tensor& hidden, int64_t 
 class ForwardStreamTest : public ServerTest {
  protected:
   std::vector<std::string> ExtraFlags() const override {
+    // The in-flight quota well above 4 x the limit: rows arrive in bursts of the client's HTTP/2
+    // window, which gRPC buffers against that quota before the server reads them (docs/api.md).
     return {absl::StrCat("--max_message_bytes=", kMaxMessageBytes),
-            absl::StrCat("--prefill_chunk_tokens=", kChunkTokens)};
+            absl::StrCat("--prefill_chunk_tokens=", kChunkTokens),
+            "--max_inflight_message_bytes=16777216"};
   }
 
   std::string Session(uint64_t seed = 7) {
