@@ -34,6 +34,11 @@
 // not the whole Forward), and so do this session's decode batches: one batch of the steps that may
 // run (not on the Forward's requests) runs before every chunk after the first.
 //
+// A ForwardStream (server/rpc/forward_stream.h) is a resumable op (PostResumableOp): ordered as any
+// op, but its rows arrive while it runs, so a turn that finds no chunk ready waits instead of
+// being re-posted, and the stream's reactor resumes it (ResumeOp) when rows come. Between its turns,
+// as between a Forward's chunks, the session's decode steps of other requests run.
+//
 // Failures stay with the calls they concern: a call whose plan is invalid (unknown request,
 // position, length) fails alone before the batch runs; a cancelled call leaves the list before it
 // runs; and when the engine rejects a batch of several calls (e.g. RESOURCE_EXHAUSTED: the batch's
