@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/common/session_routing.h"
+#include "client/common/forward_call.h"
 #include "client/common/status_names.h"
 #include "kernels/spec/layer_spec.h"
 #include "proto/codec/tensor_codec.h"
@@ -75,7 +76,7 @@ void RunRequest(const Client& client, const Plan& plan, Request* request) {
     v1::ForwardResponse forwarded;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + plan.call_timeout));
-    grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
+    grpc::Status status = CallForward(client, &context, forward, &forwarded);
     if (!status.ok()) {
       request->Fail("prefill (Forward)", status);
     } else if (forwarded.results_size() != 1 ||

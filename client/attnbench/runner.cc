@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/common/forward_call.h"
 #include "client/common/status_names.h"
 #include "client/common/session_routing.h"
 #include "google/protobuf/descriptor.h"
@@ -135,7 +136,7 @@ bool Prefill(const Client& client, const CellPlan& plan, const v1::Tensor& hidde
   v1::ForwardResponse forwarded;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + plan.call_timeout));
-  grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
+  grpc::Status status = CallForward(client, &context, forward, &forwarded);
   if (!status.ok()) {
     stream->Fail("prefill (Forward)", status);
     return false;

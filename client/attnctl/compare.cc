@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/common/forward_call.h"
 #include "client/common/status_names.h"
 #include "kernels/spec/layer_spec_json.h"
 #include "kernels/kv/quantization.h"
@@ -186,7 +187,7 @@ absl::Status MeasureVariant(const Client& client, const CompareOptions& options,
         grpc::ClientContext context;
         client.Prepare(&context);
         const absl::Time start = absl::Now();
-        grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
+        grpc::Status status = CallForward(client, &context, forward, &forwarded);
         if (!status.ok()) return RpcError(absl::StrCat("Forward ", variant.label), status);
         prefills.push_back({NanosToMillis(forwarded.timing().compute_ns()),
                             absl::ToDoubleMilliseconds(absl::Now() - start)});

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/common/forward_call.h"
 #include "client/common/status_names.h"
 #include "client/common/demo_variants.h"
 #include "nlohmann/json.hpp"
@@ -85,7 +86,7 @@ bool RunVariant(const Client& client, const DemoOptions& options, const NamedSpe
     grpc::ClientContext context;
     client.Prepare(&context);
     const absl::Time start = absl::Now();
-    grpc::Status status = client.stub->Forward(&context, forward, &forwarded);
+    grpc::Status status = CallForward(client, &context, forward, &forwarded);
     row->prefill_client_ms = MillisSince(start);
     if (!status.ok()) return fail("Forward", status);
   }

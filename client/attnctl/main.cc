@@ -58,6 +58,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/common/client.h"
+#include "client/common/forward_call.h"
 #include "client/attnctl/compare.h"
 #include "client/common/status_names.h"
 #include "client/attnctl/demo.h"
@@ -525,7 +526,7 @@ int Forward(const Client& client) {
   grpc::ClientContext context;
   client.Prepare(&context);
   const absl::Time start = absl::Now();
-  grpc::Status status = client.stub->Forward(&context, request, &response);
+  grpc::Status status = CallForward(client, &context, request, &response);
   const double client_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
   if (!status.ok()) return ReportRpcError("Forward", status);
 

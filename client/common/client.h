@@ -3,6 +3,7 @@
 #ifndef ATTNSERVE_CLIENT_COMMON_CLIENT_H_
 #define ATTNSERVE_CLIENT_COMMON_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -31,6 +32,9 @@ struct Client {
   absl::Duration timeout =
       absl::Seconds(60);  // Deadline of each call (a whole stream for streams).
   bool json = false;
+  // The server's max_message_bytes once CallForward has asked (0 = not yet): shared by copies.
+  std::shared_ptr<std::atomic<int64_t>> server_max_message_bytes =
+      std::make_shared<std::atomic<int64_t>>(0);
 
   // Sets the deadline of `context` to now + timeout.
   void Prepare(grpc::ClientContext* context) const;

@@ -190,6 +190,8 @@ const char* RpcLabel(Rpc rpc) {
       return "export_request";
     case Rpc::kImportRequest:
       return "import_request";
+    case Rpc::kForwardStream:
+      return "forward_stream";
   }
   return "unknown";
 }

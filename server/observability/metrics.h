@@ -63,6 +63,7 @@ enum class Rpc {
   kFork,
   kExportRequest,
   kImportRequest,
+  kForwardStream,  // Observed once per stream (one Forward), not per message.
 };
 const char* RpcLabel(Rpc rpc);  // "configure", "forward", "decode_stream", ...
 

@@ -21,6 +21,7 @@
 #include "server/session/checkpoint_spec.h"
 #include "server/fleet/drain.h"
 #include "server/rpc/call_status.h"
+#include "server/rpc/forward_stream.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
@@ -211,6 +212,11 @@ void AttentionServiceImpl::ServeUnary(int index, Rpc rpc, Handler<Request, Respo
         std::move(refuse));
     return call->reactor();
   });
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionServiceImpl::ForwardStream(
+    grpc::CallbackServerContext* context) {
+  return StartForwardStream(transfer_, context);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* AttentionServiceImpl::ImportRequest(

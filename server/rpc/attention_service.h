@@ -44,13 +44,14 @@ struct StackMethods<First, Rest...> {
 };
 
 // Every method is a raw one: the wire layer (server/rpc/wire_call.h) parses each request itself, so
-// malformed bytes get INVALID_ARGUMENT, and serializes each response. The two client-streaming
-// methods use gRPC's generated mixins; the others are registered in the constructor as streams of
+// malformed bytes get INVALID_ARGUMENT, and serializes each response. The client-streaming
+// methods (DecodeStream, ImportRequest, ForwardStream) use gRPC's generated mixins; the others are registered in the constructor as streams of
 // one request, so that the caller is authenticated before its request is read
 // (server/rpc/streamed_unary_call.h).
 using RawAttentionService =
     StackMethods<v1::AttentionService::WithRawCallbackMethod_DecodeStream,
-                 v1::AttentionService::WithRawCallbackMethod_ImportRequest>::type;
+                 v1::AttentionService::WithRawCallbackMethod_ImportRequest,
+                 v1::AttentionService::WithRawCallbackMethod_ForwardStream>::type;
 
 class AttentionServiceImpl final : public RawAttentionService {
  public:
@@ -69,6 +70,9 @@ class AttentionServiceImpl final : public RawAttentionService {
   // Moving a request between replicas (server/rpc/request_transfer.h).
   grpc::ServerReadReactor<grpc::ByteBuffer>* ImportRequest(grpc::CallbackServerContext* context,
                                                            grpc::ByteBuffer* response) override;
+  // A Forward larger than one message (server/rpc/forward_stream.h).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ForwardStream(
+      grpc::CallbackServerContext* context) override;
 
   // The name Configure and GetServerInfo report as `replica` (--replica_id, or host:port once the
   // port is bound; docs/deploy.md). Empty until set.

@@ -90,18 +90,49 @@ void SessionScheduler::PostBatchTaskLocked(std::vector<Completion>* failed) {
 bool SessionScheduler::PostOp(std::vector<std::string> request_ids, std::function<void()> task) {
   auto turn = std::make_shared<OpTurn>([task = std::move(task)] {
     task();
-    return true;
+    return TurnResult::kOver;
   });
   return PostOpTurns(std::move(request_ids), std::move(turn));
 }
 
+uint64_t SessionScheduler::PostResumableOp(std::vector<std::string> request_ids,
+                                           std::function<bool()> turn) {
+  auto op = std::make_shared<OpTurn>([turn = std::move(turn)] {
+    return turn() ? TurnResult::kOver : TurnResult::kWait;
+  });
+  uint64_t ticket = 0;
+  if (!PostOpTurns(std::move(request_ids), std::move(op), &ticket)) return 0;
+  return ticket;
+}
+
+bool SessionScheduler::ResumeOp(uint64_t ticket) {
+  std::shared_ptr<OpTurn> dropped;  // Destroyed after unlocking.
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ops_.contains(ticket)) return false;
+    auto waiting = waiting_ops_.find(ticket);
+    if (waiting == waiting_ops_.end()) {
+      // Running, or not yet run: it takes another turn when this one is over.
+      resumed_.insert(ticket);
+      return true;
+    }
+    std::shared_ptr<OpTurn> turn = std::move(waiting->second);
+    waiting_ops_.erase(waiting);
+    if (PostTurnLocked(ticket, turn, /*first=*/false)) return true;
+    dropped = std::move(turn);
+  }
+  FinishOp(ticket);
+  return false;
+}
+
 bool SessionScheduler::PostOpTurns(std::vector<std::string> request_ids,
-                                   std::shared_ptr<OpTurn> turn) {
+                                   std::shared_ptr<OpTurn> turn, uint64_t* posted_ticket) {
   std::vector<Completion> failed;
   bool posted = false;
   {
     absl::MutexLock lock(&mu_);
     const uint64_t ticket = next_ticket_++;
+    if (posted_ticket != nullptr) *posted_ticket = ticket;
     // The op's requests step again only after it: a batch being formed does not wait for them
     // (an empty list, every request, leaves nothing to wait for).
     if (request_ids.empty()) {
@@ -152,10 +183,18 @@ void SessionScheduler::RunTurn(uint64_t ticket, const std::shared_ptr<OpTurn>& t
     // that may run now (those of the op's requests that arrived after it wait).
     RunBatchNow();
   }
-  if (!(*turn)()) {
+  const TurnResult result = (*turn)();
+  if (result == TurnResult::kAgain) {
     // Another turn, at the back of the queue: other sessions' work on the executor and this
     // session's work posted meanwhile run first.
     absl::MutexLock lock(&mu_);
+    if (PostTurnLocked(ticket, turn, /*first=*/false)) return;
+  } else if (result == TurnResult::kWait) {
+    absl::MutexLock lock(&mu_);
+    if (resumed_.erase(ticket) == 0) {
+      waiting_ops_.emplace(ticket, turn);  // ResumeOp posts its next turn.
+      return;
+    }
     if (PostTurnLocked(ticket, turn, /*first=*/false)) return;
   }
   FinishOp(ticket);
@@ -167,6 +206,11 @@ void SessionScheduler::FinishOp(uint64_t ticket) {
   {
     absl::MutexLock lock(&mu_);
     ops_.erase(ticket);
+    resumed_.erase(ticket);
+    if (auto waiting = waiting_ops_.find(ticket); waiting != waiting_ops_.end()) {
+      dropped.push_back(std::move(waiting->second));
+      waiting_ops_.erase(waiting);
+    }
     // The next op, if its turn already came and it was held back, goes now.
     while (!ops_.empty()) {
       auto held = held_ops_.find(ops_.begin()->first);
@@ -506,16 +550,16 @@ void SessionScheduler::SubmitForward(std::unique_ptr<ForwardCall> call) {
               std::make_shared<OpTurn>([this, forward] { return ForwardTurn(*forward); }));
 }
 
-bool SessionScheduler::ForwardTurn(ForwardRun& forward) {
+SessionScheduler::TurnResult SessionScheduler::ForwardTurn(ForwardRun& forward) {
   try {
-    return ComputeForwardTurn(forward);
+    return ComputeForwardTurn(forward) ? TurnResult::kOver : TurnResult::kAgain;
   } catch (const std::bad_alloc&) {
     // The call's memory could not be allocated: it fails alone (a chunk that could not allocate
     // undid its run; memory for planning or recording is taken before anything changes), and
     // the process and the other calls go on. A run that had started is undone.
     if (forward.prefill != nullptr) session_->AbortPrefill(*forward.prefill);
     if (!forward.answered) forward.Answer(OutOfMemoryError("this Forward"));
-    return true;
+    return TurnResult::kOver;
   }
 }
 
@@ -574,6 +618,11 @@ bool SessionScheduler::ComputeForwardTurn(ForwardRun& forward) {
   if (context_.observer) context_.observer(*session_, forward.stats);
   forward.Answer(std::move(outputs));
   return true;
+}
+
+void SessionScheduler::ObserveForward(const BatchStats& stats) {
+  prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
+  if (context_.observer) context_.observer(*session_, stats);
 }
 
 SchedulerCounters SessionScheduler::counters() const {

@@ -36,6 +36,11 @@
 // not the whole Forward), and so do this session's decode batches: one batch of the steps that may
 // run (not on the Forward's requests) runs before every chunk after the first.
 //
+// A ForwardStream (server/rpc/forward_stream.h) is a resumable op (PostResumableOp): ordered as any
+// op, but its rows arrive while it runs, so a turn that finds no chunk ready waits instead of
+// being re-posted, and the stream's reactor resumes it (ResumeOp) when rows come. Between its turns,
+// as between a Forward's chunks, the session's decode steps of other requests run.
+//
 // Failures stay with the calls they concern: a call whose plan is invalid (unknown request,
 // position, length) fails alone before the batch runs; a cancelled call leaves the list before it
 // runs; and when the engine rejects a batch of several calls (e.g. RESOURCE_EXHAUSTED: the batch's
@@ -154,6 +159,21 @@ class SessionScheduler {
   // executor refused it (shutting down): `task` was dropped.
   bool PostOp(std::vector<std::string> request_ids, std::function<void()> task);
 
+  // Any thread. An op whose input arrives while it runs (a ForwardStream's rows): posted and
+  // ordered as PostOp, but `turn` returns true when the op is over and false when it waits for
+  // more input; it then runs again (on the queue, after one batch of the session's decode steps)
+  // once ResumeOp is called; a ResumeOp while a turn runs, or before the first, counts too. Until
+  // it is over, steps of `request_ids` and later ops wait, as for a Forward between chunks.
+  // Returns the op's ticket, or 0 when the executor refused it (shutting down: `turn` dropped).
+  uint64_t PostResumableOp(std::vector<std::string> request_ids, std::function<bool()> turn);
+  // Any thread. Gives the op `ticket` (PostResumableOp) another turn. False when it is over, or
+  // when the executor refused the turn (shutting down: the op is over, its turn dropped).
+  bool ResumeOp(uint64_t ticket);
+
+  // On the session's queue. A Forward run by its own op (a ForwardStream): counted in
+  // prefill_chunks and reported to the BatchObserver as SubmitForward's are.
+  void ObserveForward(const BatchStats& stats);
+
   SchedulerCounters counters() const;
 
  private:
@@ -174,9 +194,11 @@ class SessionScheduler {
     SchedulerClock::time_point oldest;
   };
   using Completion = std::pair<std::unique_ptr<DecodeCall>, absl::Status>;
-  // One turn of an op on the session's queue: true when the op is over, false when it wants
-  // another turn (posted to the back of the queue, so other work runs first).
-  using OpTurn = std::function<bool()>;
+  // One turn of an op on the session's queue: kOver when the op is over, kAgain when it wants
+  // another turn (posted to the back of the queue, so other work runs first), kWait when it
+  // wants another once ResumeOp is called.
+  enum class TurnResult { kOver, kAgain, kWait };
+  using OpTurn = std::function<TurnResult()>;
   struct ForwardRun;
 
   // Chooses the next batch among pending calls with ticket < `before`; moves cancelled calls
@@ -205,7 +227,8 @@ class SessionScheduler {
   // whatever their wait (before every prefill chunk but the first).
   void RunBatchNow();
   // Posts an op; see PostOp.
-  bool PostOpTurns(std::vector<std::string> request_ids, std::shared_ptr<OpTurn> turn);
+  bool PostOpTurns(std::vector<std::string> request_ids, std::shared_ptr<OpTurn> turn,
+                   uint64_t* posted_ticket = nullptr);
   // Posts turn `first` (or a later one) of the op `ticket`; false when the executor refused it.
   bool PostTurnLocked(uint64_t ticket, std::shared_ptr<OpTurn> turn, bool first)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -215,8 +238,8 @@ class SessionScheduler {
   void FinishOp(uint64_t ticket);
   // A Forward's turns, on the queue: the first plans it and runs its first chunk; each later one
   // runs the next chunk; the last records it and answers the call.
-  bool ForwardTurn(ForwardRun& forward);
-  // ForwardTurn's work; may throw std::bad_alloc.
+  TurnResult ForwardTurn(ForwardRun& forward);
+  // ForwardTurn's work (true: the Forward is over); may throw std::bad_alloc.
   bool ComputeForwardTurn(ForwardRun& forward);
   static void Complete(std::vector<Completion>& completions);
 
@@ -229,6 +252,9 @@ class SessionScheduler {
   std::map<uint64_t, std::vector<std::string>> ops_ ABSL_GUARDED_BY(mu_);
   // Ops whose first turn came while an earlier op was still running, by ticket.
   std::map<uint64_t, std::shared_ptr<OpTurn>> held_ops_ ABSL_GUARDED_BY(mu_);
+  // Resumable ops waiting for ResumeOp, and those resumed while a turn ran (or before the first).
+  std::map<uint64_t, std::shared_ptr<OpTurn>> waiting_ops_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> resumed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   uint64_t timer_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -181,6 +181,36 @@ absl::StatusOr<StepPlan> Session::ContinueStepLocked(std::vector<StepInput> inpu
 
 absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decode,
                                        const std::string& call_id, int layer) {
+  return PlanRows(std::move(inputs), decode, call_id, layer, {});
+}
+
+absl::StatusOr<StepPlan> Session::PlanStreamedForward(std::vector<StepInput> inputs,
+                                                      absl::Span<const int64_t> rows) {
+  if (per_layer_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session '", id_, "' is a model session: its Forward runs one layer on all of a step's rows "
+        "in one call, which a stream cannot split; use Forward"));
+  }
+  if (rows.size() != inputs.size()) {
+    return absl::InternalError("PlanStreamedForward: one row count per input");
+  }
+  absl::StatusOr<StepPlan> plan = PlanRows(std::move(inputs), /*decode=*/false, "", 0, rows);
+  if (!plan.ok()) return plan;
+  for (size_t i = 0; i < plan->inputs.size(); ++i) {
+    // Rows appended to an existing request could not be taken back if the stream then failed.
+    if (!plan->requests[i].is_new) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "items[", i, "].request_id: request '", ClipForMessage(plan->inputs[i].request_id),
+          "' already exists in session '", id_,
+          "'; ForwardStream creates new requests only (extend one with Forward)"));
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<StepPlan> Session::PlanRows(std::vector<StepInput> inputs, bool decode,
+                                           const std::string& call_id, int layer,
+                                           absl::Span<const int64_t> row_counts) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   if (absl::Status s = drain_seal_.Check(static_cast<int64_t>(inputs.size())); !s.ok()) return s;
   if (inputs.empty()) return absl::InvalidArgumentError("items: must not be empty");
@@ -210,7 +240,7 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
   int new_requests = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const StepInput& in = inputs[i];
-    const int64_t rows = in.hidden.dim(0);
+    const int64_t rows = row_counts.empty() ? in.hidden.dim(0) : row_counts[i];
     int64_t length = 0;
     int64_t last_position = -1;
     auto it = requests_.find(in.request_id);
@@ -289,7 +319,8 @@ absl::StatusOr<StepPlan> Session::Plan(std::vector<StepInput> inputs, bool decod
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<int64_t>& positions = inputs[i].positions;
     if (!positions.empty()) continue;
-    positions.resize(static_cast<size_t>(inputs[i].hidden.dim(0)));
+    positions.resize(
+        static_cast<size_t>(row_counts.empty() ? inputs[i].hidden.dim(0) : row_counts[i]));
     for (size_t t = 0; t < positions.size(); ++t) {
       positions[t] = plan.requests[i].length + static_cast<int64_t>(t);
     }
@@ -316,11 +347,12 @@ absl::Status Session::GatherRows(const StepPlan& plan, Tensor* hidden,
   return absl::OkStatus();
 }
 
-std::vector<Tensor> Session::AllocateOutputs(const StepPlan& plan, DType dtype) {
+std::vector<Tensor> Session::AllocateOutputs(const StepPlan& plan, DType dtype, bool with_rows) {
   std::vector<Tensor> outputs;
   outputs.reserve(plan.inputs.size());
   for (const StepInput& in : plan.inputs) {
-    outputs.emplace_back(dtype, std::vector<int64_t>{in.hidden.dim(0), spec_.d_model});
+    outputs.emplace_back(dtype,
+                         std::vector<int64_t>{with_rows ? in.hidden.dim(0) : 0, spec_.d_model});
   }
   int new_requests = 0;
   for (const StepPlan::Request& r : plan.requests) new_requests += r.is_new ? 1 : 0;
@@ -364,8 +396,10 @@ std::vector<StepOutput> Session::Commit(StepPlan& plan, const Tensor& out, int64
     StepOutput& r = results[i];
     r.request_id = std::move(plan.inputs[i].request_id);
     r.output = std::move(outputs[i]);
-    std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
-    src += static_cast<size_t>(rows) * row_bytes;
+    if (rows > 0) {  // A streamed Forward's rows went to its caller chunk by chunk.
+      std::memcpy(r.output.data(), src, static_cast<size_t>(rows) * row_bytes);
+      src += static_cast<size_t>(rows) * row_bytes;
+    }
     r.sequence_length = state.length;
     state.last_call_id = plan.call_id;
     state.last_input_digest = plan.call_id.empty() ? std::string() : plan.input_digest;
@@ -443,36 +477,61 @@ absl::Status Session::RunDecode(absl::Span<StepPlan* const> plans, int64_t* comp
 
 absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefill(StepPlan plan,
                                                                   int64_t chunk_tokens) {
+  return StartPrefillRun(std::move(plan), chunk_tokens, /*streamed=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartStreamedPrefill(StepPlan plan,
+                                                                          int64_t chunk_tokens) {
+  return StartPrefillRun(std::move(plan), chunk_tokens, /*streamed=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefillRun(StepPlan plan,
+                                                                     int64_t chunk_tokens,
+                                                                     bool streamed) {
   if (layer_ == nullptr || closed()) return SessionClosedError(id_);
   std::unique_ptr<PrefillRun> run(new PrefillRun());
-  for (const StepInput& in : plan.inputs) run->total_rows_ += in.hidden.dim(0);
-  run->hidden_ = Tensor(plan.inputs[0].hidden.dtype(), {run->total_rows_, spec_.d_model});
-  if (absl::Status s = GatherRows(plan, &run->hidden_, &run->positions_); !s.ok()) {
-    return s;
+  run->streamed_ = streamed;
+  run->dtype_ = plan.inputs[0].hidden.dtype();
+  // Plan resolved one position per row, so they count the rows whether or not they are here.
+  for (const StepInput& in : plan.inputs) {
+    run->total_rows_ += static_cast<int64_t>(in.positions.size());
+  }
+  if (streamed) {
+    for (const StepInput& in : plan.inputs) {
+      run->positions_.insert(run->positions_.end(), in.positions.begin(), in.positions.end());
+    }
+  } else {
+    run->hidden_ = Tensor(run->dtype_, {run->total_rows_, spec_.d_model});
+    if (absl::Status s = GatherRows(plan, &run->hidden_, &run->positions_); !s.ok()) {
+      return s;
+    }
   }
   // A model session's step runs each layer on all its rows in one call (chunks of layer 0 would
   // each start a step), so its Forward is never chunked.
   if (chunk_tokens <= 0 || !spec_.causal || model_ != nullptr) chunk_tokens = run->total_rows_;
   run->chunk_tokens_ = chunk_tokens;
-  // Allocated before anything changes (see RunDecode).
-  run->out_ = Tensor(run->hidden_.dtype(), {run->total_rows_, spec_.d_model});
-  run->results_ = AllocateOutputs(plan, run->hidden_.dtype());
+  // Allocated before anything changes (see RunDecode). A streamed run hands each chunk's output
+  // to its caller instead, and records zero-row results.
+  run->out_ = Tensor(run->dtype_, {streamed ? 0 : run->total_rows_, spec_.d_model});
+  run->results_ = AllocateOutputs(plan, run->dtype_, /*with_rows=*/!streamed);
   run->row_start_.assign(plan.inputs.size() + 1, 0);
   for (size_t i = 0; i < plan.inputs.size(); ++i) {
-    run->row_start_[i + 1] = run->row_start_[i] + plan.inputs[i].hidden.dim(0);
+    run->row_start_[i + 1] =
+        run->row_start_[i] + static_cast<int64_t>(plan.inputs[i].positions.size());
   }
   run->reserve_per_input_.assign(plan.inputs.size(), 0);
 
   // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
-  // to the layer's charge just before the engine call.
+  // to the layer's charge just before the engine call. A streamed one always does: a prompt that
+  // cannot fit is refused before the client uploads it.
   run->budget_ = kv_budget_;
-  if (chunk_tokens < run->total_rows_ && run->budget_ != nullptr) {
+  if ((streamed || chunk_tokens < run->total_rows_) && run->budget_ != nullptr) {
     int64_t reserved = 0;
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
       const int64_t before = plan.requests[i].length;
+      const int64_t rows = run->row_start_[i + 1] - run->row_start_[i];
       run->reserve_per_input_[i] = std::max<int64_t>(
-          0, layer_->KvBytesAtLength(before + plan.inputs[i].hidden.dim(0)) -
-                 layer_->KvBytesAtLength(before));
+          0, layer_->KvBytesAtLength(before + rows) - layer_->KvBytesAtLength(before));
       reserved += run->reserve_per_input_[i];
     }
     if (!run->budget_->TryReserve(reserved)) {
@@ -523,9 +582,35 @@ void Session::AbortPrefill(PrefillRun& run) {
 }
 
 absl::Status Session::RunPrefillChunk(PrefillRun& run) {
-  if (run.over_ || run.all_chunks_ran()) {
-    return absl::FailedPreconditionError("RunPrefillChunk: the prefill run is over");
+  if (run.over_ || run.all_chunks_ran() || run.streamed_) {
+    return absl::FailedPreconditionError("RunPrefillChunk: the prefill run is over (or streamed)");
   }
+  const int64_t begin = run.next_row_;
+  const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.dtype_);
+  absl::StatusOr<Tensor> out =
+      RunRows(run, end, run.hidden_.data() + static_cast<size_t>(begin) * row_bytes);
+  if (!out.ok()) return out.status();
+  std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, out->data(),
+              static_cast<size_t>(end - begin) * row_bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Session::RunStreamedChunk(PrefillRun& run, const Tensor& rows) {
+  if (run.over_ || run.all_chunks_ran() || !run.streamed_) {
+    return absl::FailedPreconditionError("RunStreamedChunk: the prefill run is over");
+  }
+  if (rows.rank() != 2 || rows.dim(1) != spec_.d_model || rows.dtype() != run.dtype_ ||
+      rows.dim(0) < 1 || rows.dim(0) > run.total_rows_ - run.next_row_) {
+    return UndoPrefill(run, absl::InternalError(absl::StrCat(
+                                "RunStreamedChunk: rows ", ShapeString(rows.shape()),
+                                " do not continue the run (", run.next_row_, " of ",
+                                run.total_rows_, " rows ran)")));
+  }
+  return RunRows(run, run.next_row_ + rows.dim(0), rows.data());
+}
+
+absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std::byte* src) {
   // The session may have closed between two chunks (Close is held back until the Forward is
   // over, but MarkClosing and a session-TTL close are not).
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
@@ -560,12 +645,11 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
       !sealed.ok()) {
     return fail(sealed);
   }
-  const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
   std::vector<PrefillChunk> pieces;
   int64_t chunk_bytes = 0;
   absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
   bool transfer = false;
-  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.hidden_.dtype());
+  const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.dtype_);
   const auto start = std::chrono::steady_clock::now();
   try {
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
@@ -583,9 +667,8 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
         chunk_bytes += share;
       }
     }
-    Tensor rows(run.hidden_.dtype(), {end - begin, spec_.d_model});
-    std::memcpy(rows.data(), run.hidden_.data() + static_cast<size_t>(begin) * row_bytes,
-                static_cast<size_t>(end - begin) * row_bytes);
+    Tensor rows(run.dtype_, {end - begin, spec_.d_model});
+    std::memcpy(rows.data(), src, static_cast<size_t>(end - begin) * row_bytes);
     // The chunk's share goes to the layer's charge: handed over as credit on the layer's own
     // account (nothing released, so no other session can take the bytes in between), or, on a
     // budget shared with others, released just before the layer charges it again.
@@ -612,11 +695,9 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
                          .count();
   ++run.chunks_run_;
   if (!chunk_out.ok()) return fail(chunk_out.status());
-  std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, chunk_out->data(),
-              static_cast<size_t>(end - begin) * row_bytes);
   run.next_row_ = end;
   RefreshKvBytes();
-  return absl::OkStatus();
+  return chunk_out;
 }
 
 std::vector<StepOutput> Session::FinishPrefill(PrefillRun& run) {

@@ -164,6 +164,8 @@ class PrefillRun {
   PrefillRun& operator=(const PrefillRun&) = delete;
 
   bool all_chunks_ran() const { return next_row_ >= total_rows_; }
+  int64_t chunk_tokens() const { return chunk_tokens_; }  // Rows per engine call at most.
+  int64_t rows_run() const { return next_row_; }
   int chunks_run() const { return chunks_run_; }
   int64_t compute_ns() const { return compute_ns_; }  // Engine time of the chunks run so far.
   int64_t total_rows() const { return total_rows_; }
@@ -175,7 +177,11 @@ class PrefillRun {
   void ReleaseReservation();
 
   StepPlan plan_;
-  Tensor hidden_;                   // Every row of the plan, inputs concatenated.
+  DType dtype_ = DType::kF32;  // Of every input and output row.
+  // Rows arrive with each chunk (Session::RunStreamedChunk) instead of in hidden_, and each
+  // chunk's output goes back to the caller instead of into out_.
+  bool streamed_ = false;
+  Tensor hidden_;                   // Every row of the plan, inputs concatenated (not streamed).
   std::vector<int64_t> positions_;  // One per row, as the plan resolved them.
   std::vector<int64_t> row_start_;  // Input i's rows are [row_start_[i], row_start_[i + 1]).
   Tensor out_;
@@ -230,6 +236,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // step's token count and positions (FAILED_PRECONDITION naming request and layers otherwise).
   absl::StatusOr<StepPlan> Plan(std::vector<StepInput> inputs, bool decode,
                                 const std::string& call_id = "", int layer = 0);
+  // A ForwardStream's plan, made before its rows arrive: inputs[i].hidden is an empty
+  // [0, d_model] tensor of the call's dtype and `rows[i]` the rows it will have. Checked as Plan
+  // checks a Forward without call_id; in addition every input must create a request
+  // (ALREADY_EXISTS: rows appended to an existing request could not be taken back if the stream
+  // failed), and a model session is FAILED_PRECONDITION (its calls are never chunked).
+  absl::StatusOr<StepPlan> PlanStreamedForward(std::vector<StepInput> inputs,
+                                               absl::Span<const int64_t> rows);
   // Any thread: INVALID_ARGUMENT unless `layer` is one this session takes (0 unless it is a model
   // session; [0, num_layers) for one).
   absl::Status CheckLayer(int layer) const;
@@ -255,6 +268,15 @@ class Session : public std::enable_shared_from_this<Session> {
   // holds back their steps and later ops); other requests may run.
   absl::StatusOr<std::unique_ptr<PrefillRun>> StartPrefill(StepPlan plan, int64_t chunk_tokens);
   absl::Status RunPrefillChunk(PrefillRun& run);
+  // The same for a ForwardStream (a plan from PlanStreamedForward), whose rows arrive while it
+  // runs: StartStreamedPrefill always reserves the whole plan's KV bytes (a prompt that cannot fit
+  // is refused before it is uploaded); RunStreamedChunk runs the next rows.dim(0) rows (at most
+  // run.chunk_tokens() for an engine call of the planned size) and returns their output;
+  // FinishPrefill records it (its outputs have zero rows) and AbortPrefill undoes it, freeing
+  // every page it took: all its requests are new.
+  absl::StatusOr<std::unique_ptr<PrefillRun>> StartStreamedPrefill(StepPlan plan,
+                                                                   int64_t chunk_tokens);
+  absl::StatusOr<Tensor> RunStreamedChunk(PrefillRun& run, const Tensor& rows);
   std::vector<StepOutput> FinishPrefill(PrefillRun& run);
   void AbortPrefill(PrefillRun& run);
 
@@ -385,6 +407,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // Undoes a prefill run whose chunk failed or whose session closed: new sequences released,
   // reservation returned; returns `status`.
   absl::Status UndoPrefill(PrefillRun& run, const absl::Status& status);
+  // Plan with row counts given apart from the inputs' tensors (`row_counts` empty: the tensors'
+  // rows).
+  absl::StatusOr<StepPlan> PlanRows(std::vector<StepInput> inputs, bool decode,
+                                    const std::string& call_id, int layer,
+                                    absl::Span<const int64_t> row_counts);
+  absl::StatusOr<std::unique_ptr<PrefillRun>> StartPrefillRun(StepPlan plan, int64_t chunk_tokens,
+                                                              bool streamed);
+  // Runs rows [run.next_row_, end) of the run, read from `src`; returns their output. On error the
+  // run is undone (see RunPrefillChunk).
+  absl::StatusOr<Tensor> RunRows(PrefillRun& run, int64_t end, const std::byte* src);
   void EndPrefillLocked(const PrefillRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);
@@ -394,7 +426,8 @@ class Session : public std::enable_shared_from_this<Session> {
                                  absl::Time now, std::vector<Tensor> outputs);
   // One output tensor per input of `plan`, and room in requests_ for its new requests: what
   // Commit would otherwise allocate after the engine call. May throw std::bad_alloc.
-  std::vector<Tensor> AllocateOutputs(const StepPlan& plan, DType dtype);
+  // `with_rows` false: zero-row outputs (a streamed Forward's, whose rows went to its caller).
+  std::vector<Tensor> AllocateOutputs(const StepPlan& plan, DType dtype, bool with_rows = true);
 
   const std::string id_;
   const std::string label_;

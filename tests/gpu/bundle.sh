@@ -17,6 +17,10 @@ BUILD="${1:-${ROOT}/build-gpu-bundle}"
 cmake -S "${ROOT}" -B "${BUILD}" -G Ninja -DATTNSERVE_CUDA=ON -DATTNSERVE_NATIVE=OFF \
   -DATTNSERVE_BUILD_BENCHMARKS=OFF >/dev/null
 ninja -C "${BUILD}" -j2 cuda_backend_test cuda_mla_test attnserve_cuda_bench attention_kernel_bench
+# The real server and its two clients: run.sh starts the server with --backend=cuda and drives it
+# with `attnctl demo` and attnbench. The server dlopens libattnserve_cuda.so from its own folder
+# (kernels/backend_factory.cc), so the module is bundled next to it.
+ninja -C "${BUILD}" -j2 attnserve_server attnserve_cuda_plugin attnctl attnbench
 # FlashInfer's decode and prefill adapter tests, where deploy/setup.sh installed FlashInfer's
 # headers.
 extra_bins=()
@@ -33,14 +37,15 @@ OUT="${BUILD}/gpu-bundle-stage"
 rm -rf "${OUT}"
 mkdir -p "${OUT}/lib"
 for bin in tests/gpu/cuda_backend_test tests/gpu/cuda_mla_test tests/gpu/attnserve_cuda_bench \
-           tests/gpu/attention_kernel_bench "${extra_bins[@]}"; do
+           tests/gpu/attention_kernel_bench server/attnserve_server \
+           kernels/cuda/libattnserve_cuda.so client/attnctl client/attnbench "${extra_bins[@]}"; do
   cp "${BUILD}/${bin}" "${OUT}/"
   # Every resolved library except glibc's own pieces (the GPU machine's glibc is as new or newer).
   ldd "${BUILD}/${bin}" | awk '/=> \//{print $3}' |
     grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "${lib}" "${OUT}/lib/"; done
 done
-for bin in cuda_backend_test cuda_mla_test attention_kernel_bench; do
+for bin in cuda_backend_test cuda_mla_test attention_kernel_bench attnserve_server libattnserve_cuda.so; do
   if ldd "${OUT}/${bin}" | grep cublas >/dev/null; then
     echo "bundle.sh: ${bin} has a DT_NEEDED on cuBLAS; it must be dlopen'ed" >&2
     exit 1

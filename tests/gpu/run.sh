@@ -15,8 +15,19 @@
 # Outputs: full logs under $OUT (when set): bench.txt, kernel_bench.{txt,csv} and
 # torch_peer.{txt,csv} (the benchmarks, run first) and gpu_test.txt; the test summary table is
 # printed last.
+#
+# The real server (issue 19): after the tests it starts the bundle's attnserve_server with
+# --backend=cuda (then again with --cuda_attention=flashinfer), runs `attnctl demo` against it and
+# attnbench at d_model 4096, 32 heads, bf16 KV, 1/64/128 streams (server_<name>_*.txt/json), and
+# the verdict table reports both. SERVER_BENCH_SECONDS (default 5) is each attnbench cell's length.
+#
+#   tests/gpu/run.sh --cpu-check    (here, no GPU) only the server part, with the bundle's server
+#       started --backend=cpu and small shapes (d_model 512, 8 heads, 1/4 streams): checks the
+#       script, the bundled binaries and the verdict rows, not the GPU.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+CPU_CHECK=0
+if [[ "${1:-}" == "--cpu-check" ]]; then CPU_CHECK=1; fi
 # bundle.sh packs the binaries into .gpu-bundle/bundle.tar.xz (the device tool's size limit);
 # unpacked with Python's tarfile, which every machine with python3 has (xz may not be installed).
 BUNDLE="${TMPDIR:-/tmp}/attnserve-gpu-bundle"
@@ -28,7 +39,11 @@ fi
 LOGS="${OUT:-/tmp/attnserve-gpu}"
 mkdir -p "${LOGS}"
 
-if [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
+if ((CPU_CHECK)) && [[ ! -x "${BUNDLE}/attnserve_server" ]]; then
+  echo "run.sh --cpu-check: ${BUNDLE}/attnserve_server missing: run tests/gpu/bundle.sh" >&2
+  exit 2
+fi
+if ((!CPU_CHECK)) && [[ ! -x "${BUNDLE}/cuda_backend_test" ]]; then
   echo "run.sh: ${BUNDLE}/cuda_backend_test missing: run tests/gpu/bundle.sh on the build machine" \
        "and carry .gpu-bundle" >&2
   exit 2
@@ -60,6 +75,61 @@ echo "cuBLAS from: ${CUBLAS_DIR:-<loader search path>}"
 export LD_LIBRARY_PATH="${BUNDLE}/lib${CUBLAS_DIR:+:${CUBLAS_DIR}}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
 
 status=0
+
+# Starts the bundle's server with `flags`, runs `attnctl demo` and attnbench against it, stops it.
+# Logs: server_NAME.log, server_NAME_demo.json, server_NAME_bench.json; server_NAME.status holds
+# "server=<ok|failed> demo=<exit> bench=<exit> stop=<exit>" for verdict.py, which judges them
+# (its exit status counts); this returns non-zero when the server did not start or stop cleanly
+# or attnbench failed.
+run_server_checks() {
+  local name="$1"
+  shift
+  local work="${LOGS}/server_${name}.d"
+  rm -rf "${work}" && mkdir -p "${work}"
+  rm -f "${LOGS}/server_${name}".{log,status} "${LOGS}/server_${name}"_demo.{json,err} \
+        "${LOGS}/server_${name}"_bench.{json,err}
+  echo "== server ${name}: attnserve_server $* =="
+  # shellcheck source=deploy/lib/server_process.sh
+  source "${ROOT}/deploy/lib/server_process.sh"
+  if ! server_start "${BUNDLE}/attnserve_server" "${work}" "$@"; then
+    cp "${work}/server.log" "${LOGS}/server_${name}.log" 2>/dev/null
+    tail -n 20 "${LOGS}/server_${name}.log" 2>/dev/null
+    echo "server=failed demo=- bench=- stop=-" >"${LOGS}/server_${name}.status"
+    return 1
+  fi
+  local demo_args=(--kv_dtype=bf16) bench_args=(--d_model=4096 --num_heads=32 --kv_dtype=bf16
+    --variants=gqa --context=512 --concurrency=1,64,128)
+  if ((CPU_CHECK)); then
+    demo_args=(--kv_dtype=bf16 --tokens=32 --steps=4)
+    bench_args=(--d_model=512 --num_heads=8 --kv_dtype=bf16 --variants=gqa --context=64
+      --concurrency=1,4)
+  fi
+  local demo=0 bench=0 stop=0
+  # --json for verdict.py, which judges the demo: a variant the backend refuses as UNIMPLEMENTED
+  # (MLA on CUDA) is expected, any other failure is not; so its exit status is only recorded here.
+  timeout 180 "${BUNDLE}/attnctl" --server="${SERVER_ADDRESS}" --timeout_s=120 --json demo \
+    "${demo_args[@]}" >"${LOGS}/server_${name}_demo.json" 2>"${LOGS}/server_${name}_demo.err" ||
+    demo=$?
+  tail -n 5 "${LOGS}/server_${name}_demo.err"
+  timeout 300 "${BUNDLE}/attnbench" --server="${SERVER_ADDRESS}" "${bench_args[@]}" \
+    --duration="${SERVER_BENCH_SECONDS:-5}s" --progress=false --json \
+    >"${LOGS}/server_${name}_bench.json" 2>"${LOGS}/server_${name}_bench.err" || bench=$?
+  tail -n 5 "${LOGS}/server_${name}_bench.err"
+  server_stop || stop=$?
+  cp "${work}/server.log" "${LOGS}/server_${name}.log"
+  echo "server=ok demo=${demo} bench=${bench} stop=${stop}" | tee "${LOGS}/server_${name}.status"
+  ((bench == 0 && stop == 0))
+}
+
+if ((CPU_CHECK)); then
+  rm -f "${LOGS}"/server_*.status
+  run_server_checks cpu --backend=cpu || status=1
+  python3 "${ROOT}/tests/gpu/verdict.py" --servers-only "${LOGS}" 2>&1 | tee "${LOGS}/verdict.txt" ||
+    status=1
+  echo "run.sh --cpu-check: exit ${status} (logs in ${LOGS})"
+  exit "${status}"
+fi
+
 echo "== benchmark =="
 "${BUNDLE}/attnserve_cuda_bench" 2>&1 | tee "${LOGS}/bench.txt" || status=1
 # The attention kernels alone against same-run ceilings, then the PyTorch peer at the same shapes
@@ -118,6 +188,15 @@ grep -E "^\[  FAILED|Failure|error:|Expected|Which is|seed [0-9]" "${LOGS}/gpu_t
 # On the GPU machine a skip means the device or cuBLAS was not usable: that is a failure here.
 if grep -q "^CUDA vs CPU summary: SKIPPED" "${LOGS}/gpu_test.txt"; then status=3; fi
 sed -n '/^CUDA vs CPU summary/,$p' "${LOGS}/gpu_test.txt"
+# The real server on the GPU: the default CUDA attention, then FlashInfer's.
+rm -f "${LOGS}"/server_*.status
+if [[ -x "${BUNDLE}/attnserve_server" ]]; then
+  run_server_checks cuda --backend=cuda || status=1
+  run_server_checks cuda_flashinfer --backend=cuda --cuda_attention=flashinfer || status=1
+else
+  echo "run.sh: ${BUNDLE}/attnserve_server missing: rebuild the bundle (tests/gpu/bundle.sh)"
+  status=1
+fi
 # The one verdict table: correctness per implementation, each target of the GPU issue against
 # this run's numbers, and `flashinfer default: yes|no (reason)` (docs/gpu_benchmarks.md).
 echo "== verdict =="

@@ -6,13 +6,15 @@ and the line `flashinfer default: yes|no (reason)`.
 Reads run.sh's logs: gpu_test.txt (cuda_backend_test's summary), flashinfer_test.txt and
 flashinfer_prefill_test.txt (FlashInfer's adapters against float64), kernel_bench.csv
 (attention_kernel_bench, ours and FlashInfer's rows with their same-run ceilings), torch_peer.csv
-(PyTorch SDPA at the same shapes) and bench.txt (attnserve_cuda_bench: layer calls against their
-kernels). A target with no measurement in this run says so; nothing is carried over from another
+(PyTorch SDPA at the same shapes), bench.txt (attnserve_cuda_bench: layer calls against their
+kernels) and server_*.status/_demo.json/_bench.json (the real server under attnctl demo and
+attnbench; `--servers-only LOG_DIR` prints just those rows, for run.sh --cpu-check). A target with no measurement in this run says so; nothing is carried over from another
 run. Standard library only (the GPU machine's python3).
 
     python3 tests/gpu/verdict.py LOG_DIR
 """
 import csv
+import json
 import os
 import re
 import sys
@@ -63,7 +65,79 @@ def torch_ms(torch_rows, r, kind):
     return None
 
 
+def read_json(path):
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError:
+        return None
+
+
+def servers(logs):
+    """The real server's rows (run.sh's run_server_checks): for each server_NAME.status, whether
+    `attnctl demo` ran every variant (both backends serve all four demo variants, MLA included,
+    so a refusal fails too) and attnbench's decode rate per stream count. True when all passed."""
+    names = sorted(f[len("server_"):-len(".status")] for f in os.listdir(logs)
+                   if f.startswith("server_") and f.endswith(".status"))
+    print("verdict: the real server (attnserve_server, attnctl demo, attnbench)")
+    if not names:
+        print("  not run")
+        return True
+    ok = True
+    for name in names:
+        state = dict(kv.split("=", 1) for kv in read_text(
+            os.path.join(logs, f"server_{name}.status")).split())
+        if state.get("server") != "ok":
+            print(f"  {name:<16} server did not start: FAIL (server_{name}.log)")
+            ok = False
+            continue
+        demo = read_json(os.path.join(logs, f"server_{name}_demo.json"))
+        if demo is None:
+            print(f"  {name:<16} demo: no JSON (exit {state.get('demo')}): FAIL")
+            ok = False
+        else:
+            ran = [v["variant"] for v in demo.get("variants", [])]
+            refused = [f["variant"] for f in demo.get("failed", [])
+                       if "UNIMPLEMENTED" in f.get("error", "")]
+            broken = [f"{f['variant']} ({f.get('error', '')})" for f in demo.get("failed", [])
+                      if "UNIMPLEMENTED" not in f.get("error", "")]
+            good = bool(ran) and not broken and not refused
+            ok = ok and good
+            text = f"ran {', '.join(ran) or 'none'}"
+            if refused:
+                text += f"; refused as unserved: {', '.join(refused)}"
+            if broken:
+                text += f"; FAILED: {'; '.join(broken)}"
+            backend = demo.get("server", {}).get("backend", "?")
+            print(f"  {name:<16} demo on {backend}: {text}: {'pass' if good else 'FAIL'}")
+        bench = read_json(os.path.join(logs, f"server_{name}_bench.json"))
+        if bench is None:
+            print(f"  {name:<16} attnbench: no JSON (exit {state.get('bench')}): FAIL")
+            ok = False
+        else:
+            rows = bench.get("results", [])
+            errors = bench.get("errors", 0)
+            errors = len(errors) if isinstance(errors, list) else errors
+            cells = ", ".join(f"c={r['concurrency']} {r['tokens_per_s']:.0f} tok/s "
+                              f"(p50 {r['step_latency_ms']['p50']:.2f} ms)" for r in rows)
+            label = rows[0]["spec"] if rows else "-"
+            good = (state.get("bench") == "0" and bool(rows) and not errors and
+                    all(r["tokens_per_s"] > 0 for r in rows))
+            ok = ok and good
+            print(f"  {name:<16} attnbench {label}, ctx {rows[0]['context'] if rows else '-'}: "
+                  f"{cells or 'no rows'}; errors {errors}: {'pass' if good else 'FAIL'}")
+        if state.get("stop") != "0":
+            print(f"  {name:<16} the server did not stop cleanly (exit {state.get('stop')}): FAIL")
+            ok = False
+    return ok
+
+
 def main(argv):
+    if len(argv) > 1 and argv[1] == "--servers-only":
+        logs = argv[2] if len(argv) > 2 else os.environ.get("OUT", "/tmp/attnserve-gpu")
+        return 0 if servers(logs) else 1
     logs = argv[1] if len(argv) > 1 else os.environ.get("OUT", "/tmp/attnserve-gpu")
     ours = read_rows(os.path.join(logs, "kernel_bench.csv"))
     torch = read_rows(os.path.join(logs, "torch_peer.csv"))
@@ -138,7 +212,9 @@ def main(argv):
         report(f"layer call / its kernels alone, {m.group(1)} {m.group(3)}", m.group(2),
                x if x > 0 else None, 1.3, "x", at_most=True)
     report("service decode tok/s at 64 streams / kernel-only rate", "-", None, 0.7, "")
-    print("  (service rate: the bundle runs no server)")
+    print("  (service rate: the server's tok/s is below, with no kernel-only rate at its shape to "
+          "divide by)")
+    servers_ok = servers(logs)
 
     correct = re.search(r"^flashinfer correct: (yes|no)(.*)$", tests, re.M)
     if correct is None:
@@ -151,7 +227,7 @@ def main(argv):
     else:
         verdict = "yes (every CUDA-vs-CPU case and both adapter tests passed on this device)"
     print(f"flashinfer default: {verdict}")
-    return 0
+    return 0 if servers_ok else 1
 
 
 if __name__ == "__main__":

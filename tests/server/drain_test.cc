@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/http_get.h"
 #include "tests/support/second_server.h"
 #include "tests/support/service_test_util.h"
@@ -43,11 +44,7 @@ int64_t PoolUsed(v1::AttentionService::Stub& stub) {
 
 // Waits (bounded: 20 s) until the pool's used bytes pass `above`; true when they do.
 bool AwaitPoolAbove(v1::AttentionService::Stub& stub, int64_t above) {
-  for (int i = 0; i < 2000; ++i) {
-    if (PoolUsed(stub) > above) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  return AwaitUntil([&] { return PoolUsed(stub) > above; }, std::chrono::seconds(20));
 }
 
 // The requests of `session` at `stub` with their lengths, or the call's error; `token` (when

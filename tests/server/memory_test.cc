@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
@@ -28,13 +29,12 @@ class MemoryTest : public ServerTest {
   // Polls GetServerInfo (which touches no session) until `done(info)` or `timeout`.
   template <typename Predicate>
   bool WaitForInfo(Predicate done, std::chrono::milliseconds timeout) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
-      if (info.ok() && done(*info)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
+    return AwaitUntil(
+        [&] {
+          absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub());
+          return info.ok() && done(*info);
+        },
+        timeout, std::chrono::milliseconds(50));
   }
 
   std::string Session(const LayerSpec& spec) {

@@ -24,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "tests/support/await_until.h"
 #include "tests/support/server_process.h"
 #include "tests/support/service_test_util.h"
 
@@ -275,12 +276,9 @@ int64_t PoolUsed(v1::AttentionService::Stub& stub) {
 // Polls GetServerInfo until the pool's use is `want` (bounded); returns the last value seen.
 int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t want,
                       std::chrono::seconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  int64_t used = PoolUsed(stub);
-  while (used != want && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    used = PoolUsed(stub);
-  }
+  int64_t used = -1;
+  AwaitUntil([&] { return (used = PoolUsed(stub)) == want; }, timeout,
+             std::chrono::milliseconds(50));
   return used;
 }
 

@@ -18,6 +18,7 @@
 #include "proto/codec/import_stream.h"
 #include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/second_server.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
@@ -94,11 +95,9 @@ int64_t PoolUsed(v1::AttentionService::Stub& stub) {
 
 // Polls (bounded: 10 s) until the pool's used bytes are `expected`; returns the last value seen.
 int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t expected) {
-  int64_t used = PoolUsed(stub);
-  for (int i = 0; i < 200 && used != expected; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    used = PoolUsed(stub);
-  }
+  int64_t used = -1;
+  AwaitUntil([&] { return (used = PoolUsed(stub)) == expected; }, std::chrono::seconds(10),
+             std::chrono::milliseconds(50));
   return used;
 }
 

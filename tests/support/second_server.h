@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "attnserve/v1/attention_service.grpc.pb.h"
+#include "tests/support/await_until.h"
 #include "tests/support/server_process.h"
 #include "tests/support/service_test_util.h"
 
@@ -52,12 +53,8 @@ class SecondServer {
   // Waits (bounded by `timeout`) until the log holds `text`; true when it does.
   bool AwaitLog(const std::string& text,
                 std::chrono::milliseconds timeout = std::chrono::seconds(20)) const {
-    const auto give_up = std::chrono::steady_clock::now() + timeout;
-    while (!absl::StrContains(process_->LogTail(1 << 20), text)) {
-      if (std::chrono::steady_clock::now() > give_up) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return true;
+    return AwaitUntil([&] { return absl::StrContains(process_->LogTail(1 << 20), text); },
+                      timeout);
   }
   // SIGTERM and a bounded wait; the destructor then has nothing left to stop.
   absl::StatusOr<ExitState> Terminate() {

@@ -29,6 +29,10 @@ from attnserve.v1 import attention_service_pb2 as pb
 from attnserve.v1 import attention_service_pb2_grpc as pb_grpc
 
 _MAX_MESSAGE_BYTES = 1 << 30
+# forward(): requests up to this size always go unary (every server's limit is larger); above it,
+# those that do not fit the server's max_message_bytes (less this headroom) go over ForwardStream.
+_ALWAYS_UNARY_FORWARD_BYTES = 16 << 10
+_STREAM_HEADROOM_BYTES = 1024
 
 _VARIANTS = {"mha": pb.VARIANT_MHA, "mqa": pb.VARIANT_MQA, "gqa": pb.VARIANT_GQA,
              "mla": pb.VARIANT_MLA}
@@ -578,6 +582,7 @@ class AttnServeClient:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         # The service's calls carry the token; the health check (health()) needs none.
+        self._server_max_message_bytes = 0  # Read once, when a Forward may not fit a message.
         self.stub = pb_grpc.AttentionServiceStub(
             grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel)
 
@@ -769,8 +774,73 @@ class AttnServeClient:
             pb.ForwardItem(request_id=rid, hidden=numpy_to_tensor(np.atleast_2d(x), dtype),
                            positions=list(positions.get(rid, ())))
             for rid, x in inputs.items()])
+        size = request.ByteSize()
+        if (size > _ALWAYS_UNARY_FORWARD_BYTES and
+                size + _STREAM_HEADROOM_BYTES > self._max_message_bytes()):
+            # Too large for one message: the same call over ForwardStream (docs/api.md).
+            if call_id or retries:
+                raise ValueError("call_id/retries: a Forward too large for one message goes "
+                                 "through ForwardStream, which has no idempotency key")
+            if layer:
+                raise ValueError("layer: a model session's Forward must fit one message")
+            return self.forward_stream(session_id, request)
         start = time.perf_counter()
         response = self._call_idempotent("Forward", request, retries)
+        return self._results(response, (time.perf_counter() - start) * 1e3)
+
+    def _max_message_bytes(self) -> int:
+        if not self._server_max_message_bytes:
+            info = self._call("GetServerInfo", pb.GetServerInfoRequest())
+            self._server_max_message_bytes = info.limits.max_message_bytes or (4 << 20)
+        return self._server_max_message_bytes
+
+    def forward_stream(self, session_id: str, request: pb.ForwardRequest,
+                       max_message_bytes: int = 0) -> StepResult:
+        """A ForwardRequest (new requests only, no call_id) sent over ForwardStream: the header,
+        then the rows in messages under `max_message_bytes` (0 = the server's limit); the output
+        rows come back as the server computes them. forward() calls it when a request does not
+        fit one message. All or nothing: an error leaves the session as it was."""
+        limit = max_message_bytes or self._max_message_bytes()
+        first = request.items[0].hidden
+        d_model = first.shape[1]
+        row_bytes = len(first.data) // max(first.shape[0], 1)
+        header = pb.ForwardStreamHeader(session_id=session_id, dtype=first.dtype, d_model=d_model)
+        for item in request.items:
+            header.items.add(request_id=item.request_id, num_tokens=item.hidden.shape[0],
+                             positions=list(item.positions))
+        # A quarter of the limit per message: the server's in-flight quota (4 x the limit by
+        # default) covers every message gRPC has started receiving.
+        per_message = max(1, (limit // 4 - _STREAM_HEADROOM_BYTES) // row_bytes) * row_bytes
+
+        def messages():
+            yield pb.ForwardStreamRequest(header=header)
+            rows = b"".join(item.hidden.data for item in request.items)
+            for at in range(0, len(rows), per_message):
+                yield pb.ForwardStreamRequest(rows=pb.HiddenRows(data=rows[at:at + per_message]))
+
+        start = time.perf_counter()
+        chunks: List[bytes] = []
+        summary = None
+        try:
+            for answer in self.stub.ForwardStream(messages(), timeout=self.timeout_s,
+                                                  metadata=_session_metadata(session_id)):
+                if answer.HasField("rows"):
+                    chunks.append(answer.rows.data)
+                else:
+                    summary = answer.summary
+        except grpc.RpcError as error:
+            raise _wrap("ForwardStream", error) from None
+        if summary is None:
+            raise AttnServeError("ForwardStream", "INTERNAL", "the stream ended OK without its summary")
+        outputs = b"".join(chunks)
+        response = pb.ForwardResponse(timing=summary.timing)
+        at = 0
+        for done in summary.results:
+            n = done.num_tokens * row_bytes
+            response.results.add(request_id=done.request_id, sequence_length=done.sequence_length,
+                                 output=pb.Tensor(dtype=first.dtype, shape=[done.num_tokens, d_model],
+                                                  data=outputs[at:at + n]))
+            at += n
         return self._results(response, (time.perf_counter() - start) * 1e3)
 
     def _decode_request(self, session_id: str, inputs: Mapping[str, np.ndarray],
