@@ -865,20 +865,33 @@ class DecodeStream:
         self._closed = False
 
     def step(self, inputs: Mapping[str, np.ndarray],
-             positions: Optional[Mapping[str, int]] = None) -> StepResult:
-        """Sends one step (`positions` as for AttnServeClient.decode) and waits for its answer."""
+             positions: Optional[Mapping[str, int]] = None, *, layer: int = 0,
+             session_id: str = "") -> StepResult:
+        """Sends one step (`positions` as for AttnServeClient.decode) and waits for its answer.
+        `layer`: the layer of a model session this message runs (one message per layer, layers
+        0..n-1 in order, each carrying every request of the step). `session_id`: another session
+        than the stream's for this message (each message names its own; the stream's metadata
+        names the first, for a balancer's affinity). The first failing message ends the stream
+        with its status (AttnServeError); the stream is closed then."""
         if self._closed:
             raise RuntimeError("the decode stream is closed")
-        self._requests.put(self._client._decode_request(self._session_id, inputs, self._dtype,
-                                                        positions))
+        self._requests.put(self._client._decode_request(session_id or self._session_id, inputs,
+                                                        self._dtype, positions, layer))
         start = time.perf_counter()
         try:
             response = next(self._responses)
         except StopIteration:
+            self._abandon()
             raise AttnServeError("DecodeStream", "UNKNOWN", "the server ended the stream") from None
         except grpc.RpcError as error:
+            self._abandon()
             raise _wrap("DecodeStream", error) from None
         return self._client._results(response, (time.perf_counter() - start) * 1e3)
+
+    def _abandon(self) -> None:
+        """After the stream ended: nothing more is sent, and close() has nothing to drain."""
+        self._closed = True
+        self._requests.put(self._END)
 
     def close(self) -> None:
         if self._closed:
