@@ -69,7 +69,8 @@ v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& sessio
 std::vector<std::pair<int64_t, int>> States(v1::AttentionService::Stub& stub,
                                             const std::string& session) {
   std::vector<std::pair<int64_t, int>> states(kRequests.size(), {-1, -1});
-  for (const v1::RequestInfo& r : Info(stub, session).requests()) {
+  const v1::SessionInfo info = Info(stub, session);
+  for (const v1::RequestInfo& r : info.requests()) {
     for (size_t i = 0; i < kRequests.size(); ++i) {
       if (r.request_id() == kRequests[i]) states[i] = {r.sequence_length(), r.next_layer()};
     }

@@ -156,6 +156,7 @@ class RemoteModel:
         self._helper: Optional[ThreadPoolExecutor] = None  # runs micro-batch 1 with overlap
         self._rpc_lock = threading.Lock()
         self.rpc_seconds = 0.0
+        self.stream_messages = 0  # layer messages answered over decode streams
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
         self.sessions = self._configure(client)
@@ -311,7 +312,10 @@ class RemoteModel:
             stream = self.client.open_decode_stream(sid, dtype=self.wire_dtype)
             self._streams[lane] = stream
         try:
-            return stream.step(inputs, positions, layer=layer, session_id=sid)
+            result = stream.step(inputs, positions, layer=layer, session_id=sid)
+            with self._rpc_lock:
+                self.stream_messages += 1
+            return result
         except AttnServeError as error:
             self._streams.pop(lane, None)
             if error.code == "UNIMPLEMENTED":
