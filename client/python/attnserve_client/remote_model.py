@@ -157,6 +157,12 @@ class RemoteModel:
         self._rpc_lock = threading.Lock()
         self.rpc_seconds = 0.0
         self.stream_messages = 0  # layer messages answered over decode streams
+        # Decode calls or stream messages (one per layer per step per micro-batch), the client's
+        # wall time in them and the server's own time for them (Timing.total_ns: arrival to
+        # answer), for the per-layer round trip.
+        self.decode_calls = 0
+        self.decode_rpc_seconds = 0.0
+        self.decode_server_seconds = 0.0
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
         self.sessions = self._configure(client)
@@ -293,8 +299,13 @@ class RemoteModel:
             if result is None:
                 result = self.client.decode(sid, inputs, positions=positions, layer=index,
                                             dtype=self.wire_dtype)
+        elapsed = time.perf_counter() - start
         with self._rpc_lock:
-            self.rpc_seconds += time.perf_counter() - start
+            self.rpc_seconds += elapsed
+            if not any(s.prefill for s in plan.segments):
+                self.decode_calls += 1
+                self.decode_rpc_seconds += elapsed
+                self.decode_server_seconds += result.timing.total_ns * 1e-9
         out = np.empty_like(rows)
         for s in plan.segments:
             out[s.start:s.start + s.length] = result.outputs[s.request_id].reshape(
