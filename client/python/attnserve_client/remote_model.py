@@ -18,8 +18,12 @@ prompt into one sequence [1, N] with explicit position ids; each decoder layer r
 input_layernorm locally, and `RemoteAttention` sends each prompt's rows of the normed hidden
 states to the server — one call per layer per step, naming the layer in the model session —
 Forward (prefill, explicit positions) when some prompt is new,
-else Decode with explicit positions — and returns what attnserve returns: the attention output
-after o_proj, which the decoder layer adds to its residual. Every prompt is one request id (in
+else a decode step with explicit positions, by default one message of a DecodeStream that lasts
+the generation (decode_stream=False: unary Decode) — and returns what attnserve returns: the
+attention output after o_proj, which the decoder layer adds to its residual. With overlap=True a
+step runs as two micro-batches on two threads, each with its own stream, so that one's MLPs run
+here while the other's attention is on the server. Hidden states travel as bf16 when the model
+or the KV pages are 16-bit (wire_dtype), else as f32. Every prompt is one request id (in
 every session); the server holds the KV caches, the client none. Moving requests to another
 server (move_to) needs one session per layer: model sessions do not export requests yet.
 
