@@ -34,13 +34,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import grpc  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
 from attnserve_client import AttnServeClient  # noqa: E402
+from attnserve_client.client import LoopDecodeStream  # noqa: E402
 from attnserve_client.remote_model import GenerateStats, serve_attention  # noqa: E402
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
@@ -116,6 +116,10 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
         check(f"{name} continuous max_batch=3, two micro-batches overlapped",
               remote.generate(prompts, new_tokens, max_batch=3), want)
         remote.overlap = False
+    with serve_attention(model, client, checkpoint) as remote:
+        remote.stream_in_thread = False  # The sync API's stream (gRPC's request thread).
+        check(f"{name} batched x{len(prompts)}, decode stream of the sync gRPC API",
+              remote.generate(prompts, new_tokens), want)
     with serve_attention(model, client, checkpoint, decode_stream=False) as remote:
         check(f"{name} batched x{len(prompts)}, unary Decode per layer",
               remote.generate(prompts, new_tokens), want)
@@ -224,39 +228,12 @@ def tiny(args, client, client2):
         stream_fallback(name, model, prompts, client, want)
 
 
-class _Unimplemented(grpc.RpcError):
-    """What a server (or proxy) without DecodeStream answers a stream with."""
-
-    def code(self):
-        return grpc.StatusCode.UNIMPLEMENTED
-
-    def details(self):
-        return "Method not found: attnserve.v1.AttentionService/DecodeStream"
-
-
-class _StubWithoutStreams:
-    """The client's stub, but DecodeStream fails as on a server that does not serve it."""
-
-    def __init__(self, stub):
-        self._stub = stub
-
-    def __getattr__(self, name):
-        return getattr(self._stub, name)
-
-    def DecodeStream(self, requests, **kwargs):  # noqa: N802 - gRPC's method name
-        def fail():
-            next(requests, None)  # The first message is sent, and refused.
-            raise _Unimplemented()
-            yield  # noqa: unreachable - makes this a generator
-        return fail()
-
-
 def stream_fallback(name, model, prompts, client, want):
-    """A server that does not serve DecodeStream: the first decode message is refused
-    (UNIMPLEMENTED, so it never ran), the client decodes with unary calls from then on, and the
-    tokens are the same."""
-    stub = client.stub
-    client.stub = _StubWithoutStreams(stub)
+    """A server that does not serve DecodeStream: the client's stream names a method the server
+    lacks, so the server itself answers its first message UNIMPLEMENTED (it never ran); the
+    client decodes with unary calls from then on, and the tokens are the same."""
+    method = LoopDecodeStream.METHOD
+    LoopDecodeStream.METHOD = "/attnserve.v1.AttentionService/NoSuchDecodeStream"
     try:
         with serve_attention(model, client, name) as remote:
             got = remote.generate(prompts, NEW_TOKENS)
@@ -264,7 +241,7 @@ def stream_fallback(name, model, prompts, client, want):
                 failures.append(f"{name}: expected one fallback from the stream to unary "
                                 f"Decode, got {remote.stream_fallbacks}")
     finally:
-        client.stub = stub
+        LoopDecodeStream.METHOD = method
     check(f"{name} batched, server without DecodeStream (falls back to unary Decode)", got, want)
 
 

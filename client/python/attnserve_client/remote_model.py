@@ -51,7 +51,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from attnserve_client.client import AttnServeClient, AttnServeError, DecodeStream
+from attnserve_client.client import AttnServeClient, AttnServeError
 
 
 @dataclass
@@ -140,6 +140,9 @@ class RemoteModel:
         # Decode steps over DecodeStream (one stream per micro-batch, one message per layer per
         # step); off, or after a server refused the stream (UNIMPLEMENTED), unary Decode calls.
         self.decode_stream = decode_stream
+        # Drive each stream from its own thread (grpc.aio on a private loop: no thread handoff
+        # per message) rather than through the sync API's request-iterator thread.
+        self.stream_in_thread = True
         # Two micro-batches per step, one on a helper thread: while one's attention call is on
         # the server, the other runs its norms, MLPs and LM head here.
         self.overlap = overlap
@@ -156,7 +159,7 @@ class RemoteModel:
         self._layers = _decoder_layers(model)
         self._originals = [layer.self_attn for layer in self._layers]
         self._local = threading.local()  # .plan: the packed step this thread runs
-        self._streams: Dict[int, DecodeStream] = {}  # lane -> open decode stream
+        self._streams: Dict[int, object] = {}  # lane -> open (Loop)DecodeStream
         self._helper: Optional[ThreadPoolExecutor] = None  # runs micro-batch 1 with overlap
         self._rpc_lock = threading.Lock()
         self.rpc_seconds = 0.0
@@ -324,7 +327,8 @@ class RemoteModel:
         request's next_layer), and the next decode step opens a new stream."""
         stream = self._streams.get(lane)
         if stream is None:
-            stream = self.client.open_decode_stream(sid, dtype=self.wire_dtype)
+            stream = self.client.open_decode_stream(sid, dtype=self.wire_dtype,
+                                                    in_thread=self.stream_in_thread)
             self._streams[lane] = stream
         try:
             result = stream.step(inputs, positions, layer=layer, session_id=sid)
