@@ -928,7 +928,9 @@ class LoopDecodeStream:
     write-then-read run to completion on it. The sync API's bidi call consumes its requests on a
     thread of its own, so every message crosses threads twice; here none does. The stream has
     its own channel (an aio channel belongs to one loop), opened with the client's target,
-    credentials, options and token. Not thread-safe: one thread drives it."""
+    credentials, options and token. Not thread-safe: one thread drives it, and grpc.aio serves
+    one event loop at a time per process, so at most one LoopDecodeStream should be in use at a
+    time (two on two threads race for grpc.aio's poller)."""
 
     METHOD = "/attnserve.v1.AttentionService/DecodeStream"
 

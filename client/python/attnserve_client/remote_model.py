@@ -140,8 +140,9 @@ class RemoteModel:
         # Decode steps over DecodeStream (one stream per micro-batch, one message per layer per
         # step); off, or after a server refused the stream (UNIMPLEMENTED), unary Decode calls.
         self.decode_stream = decode_stream
-        # Drive each stream from its own thread (grpc.aio on a private loop: no thread handoff
-        # per message) rather than through the sync API's request-iterator thread.
+        # Drive the stream from the model's thread (grpc.aio on a private loop: no thread
+        # handoff per message) rather than through the sync API's request-iterator thread.
+        # With overlap, the helper thread's micro-batch uses the sync API's stream.
         self.stream_in_thread = True
         # Two micro-batches per step, one on a helper thread: while one's attention call is on
         # the server, the other runs its norms, MLPs and LM head here.
@@ -327,8 +328,11 @@ class RemoteModel:
         request's next_layer), and the next decode step opens a new stream."""
         stream = self._streams.get(lane)
         if stream is None:
-            stream = self.client.open_decode_stream(sid, dtype=self.wire_dtype,
-                                                    in_thread=self.stream_in_thread)
+            # grpc.aio serves one event loop at a time in a process (two loops on two threads
+            # race for its poller: BlockingIOError in PollerCompletionQueue), so only lane 0,
+            # the caller's thread, drives its stream on a loop; lane 1 uses the sync API's.
+            stream = self.client.open_decode_stream(
+                sid, dtype=self.wire_dtype, in_thread=self.stream_in_thread and lane == 0)
             self._streams[lane] = stream
         try:
             result = stream.step(inputs, positions, layer=layer, session_id=sid)
