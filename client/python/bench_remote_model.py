@@ -147,9 +147,9 @@ def main() -> int:
             print(f"local batch {batch}, {t} threads: {local[(batch, t)]:.1f} tokens/s",
                   file=sys.stderr, flush=True)
 
-    print("| batch | " + " | ".join(f"remote {m}, tokens/s (in calls)" for m in modes) +
-          " | " + " | ".join(f"transformers, {t} thread{'s' if t > 1 else ''}, tokens/s"
-                             for t in threads) + " |")
+    print("| " + " | ".join(["batch"] + [f"remote {m}, tokens/s (in calls)" for m in modes] +
+                            [f"transformers, {t} thread{'s' if t > 1 else ''}, tokens/s"
+                             for t in threads]) + " |")
     print("|" + "---|" * (1 + len(modes) + len(threads)))
     for batch in batches:
         cells = []
