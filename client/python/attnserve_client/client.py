@@ -828,15 +828,19 @@ class AttnServeClient:
             raise _wrap("DecodeStream", error) from None
 
     def open_decode_stream(self, session_id: str, *, dtype: Optional[str] = None,
-                           in_thread: bool = False) -> "DecodeStream":
+                           in_thread: bool = False,
+                           timeout_s: Union[float, None, str] = "client") -> "DecodeStream":
         """An open DecodeStream driven step by step: `stream.step({rid: x})` sends one step and
         waits for its answer. Close it (or use `with`) to end the call. `in_thread=True` drives
         it from the calling thread (LoopDecodeStream: grpc.aio on a private event loop) instead
         of through gRPC's request-iterator thread: no thread handoff per message, which is what
-        a step-at-a-time caller pays for on a busy machine."""
+        a step-at-a-time caller pays for on a busy machine. `timeout_s` is the deadline of the
+        whole stream: the client's timeout_s by default, None for none (a stream that lasts a
+        generation outlives any per-call timeout)."""
+        timeout = self.timeout_s if timeout_s == "client" else timeout_s
         if in_thread:
-            return LoopDecodeStream(self, session_id, dtype)
-        return DecodeStream(self, session_id, dtype)
+            return LoopDecodeStream(self, session_id, dtype, timeout)
+        return DecodeStream(self, session_id, dtype, timeout)
 
     # -- health --
 
@@ -865,13 +869,14 @@ class DecodeStream:
 
     _END = object()
 
-    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str]):
+    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str],
+                 timeout_s: Optional[float] = None):
         self._client = client
         self._session_id = session_id
         self._dtype = dtype
         self._requests: "queue.Queue[Any]" = queue.Queue()
         self._responses = client.stub.DecodeStream(iter(self._requests.get, self._END),
-                                                   timeout=client.timeout_s,
+                                                   timeout=timeout_s,
                                                    metadata=_session_metadata(session_id))
         self._closed = False
 
@@ -934,8 +939,10 @@ class LoopDecodeStream:
 
     METHOD = "/attnserve.v1.AttentionService/DecodeStream"
 
-    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str]):
+    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str],
+                 timeout_s: Optional[float] = None):
         import asyncio  # noqa: PLC0415 - only this class needs it
+        self._timeout_s = timeout_s
         self._client = client
         self._session_id = session_id
         self._dtype = dtype
@@ -960,7 +967,7 @@ class LoopDecodeStream:
             response_deserializer=pb.DecodeResponse.FromString)
         metadata = tuple(self._client._token_metadata) + tuple(
             _session_metadata(self._session_id) or ())
-        self._call = method(timeout=self._client.timeout_s, metadata=metadata)
+        self._call = method(timeout=self._timeout_s, metadata=metadata)
 
     async def _exchange(self, request):
         await self._call.write(request)

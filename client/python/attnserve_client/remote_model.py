@@ -331,8 +331,11 @@ class RemoteModel:
             # grpc.aio serves one event loop at a time in a process (two loops on two threads
             # race for its poller: BlockingIOError in PollerCompletionQueue), so only lane 0,
             # the caller's thread, drives its stream on a loop; lane 1 uses the sync API's.
+            # No deadline: the stream lasts the generation, longer than any one call's timeout
+            # (a batch of 64 x 32 tokens took 57 s on the loaded test machine).
             stream = self.client.open_decode_stream(
-                sid, dtype=self.wire_dtype, in_thread=self.stream_in_thread and lane == 0)
+                sid, dtype=self.wire_dtype, in_thread=self.stream_in_thread and lane == 0,
+                timeout_s=None)
             self._streams[lane] = stream
         try:
             result = stream.step(inputs, positions, layer=layer, session_id=sid)
