@@ -7,6 +7,7 @@
 // GetSession reports, from which the step continues.
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -116,6 +117,11 @@ struct WireCase {
   DType kv_dtype;
   DType wire;
 };
+
+// For gtest's test names and messages (not "2-byte object <00-00>").
+void PrintTo(const WireCase& c, std::ostream* os) {
+  *os << "kv " << DTypeName(c.kv_dtype) << ", wire " << DTypeName(c.wire);
+}
 
 class ModelDecodeStreamEqualsUnaryTest : public ModelDecodeStreamTest,
                                          public ::testing::WithParamInterface<WireCase> {};
