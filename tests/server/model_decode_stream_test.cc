@@ -106,9 +106,8 @@ class ModelDecodeStreamTest : public ServerTest {
   }
 
   // Sends `message` on `stream` and reads its answer; false with the stream's status otherwise.
-  static bool Exchange(
-      grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>& stream,
-      const v1::DecodeRequest& message, v1::DecodeResponse* response) {
+  static bool Exchange(grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>& stream,
+                       const v1::DecodeRequest& message, v1::DecodeResponse* response) {
     return stream.Write(message) && stream.Read(response);
   }
 };
@@ -277,8 +276,8 @@ TEST_F(ModelDecodeStreamTest, BadMessageEndsTheStreamWithNothingChanged) {
   std::vector<BadCase> cases;
   {
     v1::DecodeRequest m = StepMessage(session, 1, good, kPrompt);
-    *m.mutable_items(1)->mutable_hidden() = MakeDecodeItem("b", RandomHidden(1, kDModel + 1, rng))
-                                                .hidden();
+    *m.mutable_items(1)->mutable_hidden() =
+        MakeDecodeItem("b", RandomHidden(1, kDModel + 1, rng)).hidden();
     cases.push_back({"width", m, grpc::StatusCode::INVALID_ARGUMENT, "items[1].hidden: shape"});
   }
   {
