@@ -105,7 +105,8 @@ class ModelDecodeStreamTest : public ServerTest {
     return session;
   }
 
-  // Sends `message` on `stream` and reads its answer; false with the stream's status otherwise.
+  // Sends `message` on `stream` and reads its answer; false when the stream ended first (its
+  // status is then Finish()'s).
   static bool Exchange(grpc::ClientReaderWriter<v1::DecodeRequest, v1::DecodeResponse>& stream,
                        const v1::DecodeRequest& message, v1::DecodeResponse* response) {
     return stream.Write(message) && stream.Read(response);
