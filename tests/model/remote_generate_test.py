@@ -11,7 +11,10 @@ for token against transformers' own generate() on the same float32 weights.
 
 For every model: each prompt alone, all prompts in one batch, and continuous batching with
 max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
-generate() on each prompt alone. With --server2 (a second server with the same checkpoint root),
+generate() on each prompt alone. Decode steps go over DecodeStream (one message per layer per
+step); the batch is also run as two overlapped micro-batches (batched, and continuous with
+max_batch=3), with unary Decode calls instead of the stream, and (tiny models) against a server
+that refuses DecodeStream, so that the client falls back to unary calls: all token-identical. With --server2 (a second server with the same checkpoint root),
 a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
 ImportRequest of every request) and must continue identically. Every check serves the model from
 one model session per server (serve_attention's default): the move carries each request's pages
@@ -38,6 +41,7 @@ import transformers  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
 from attnserve_client import AttnServeClient  # noqa: E402
+from attnserve_client.client import LoopDecodeStream  # noqa: E402
 from attnserve_client.remote_model import GenerateStats, serve_attention  # noqa: E402
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
@@ -139,6 +143,28 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
               remote.generate(prompts, new_tokens, max_batch=2, stats=stats), want)
         print(f"{name}: remote {stats.new_tokens} tokens in {stats.seconds:.1f} s "
               f"({stats.rpc_seconds:.1f} s in attnserve calls)", flush=True)
+        if remote.stream_messages == 0 or remote.stream_fallbacks != 0:
+            failures.append(f"{name}: decode steps did not go over DecodeStream "
+                            f"({remote.stream_messages} messages, {remote.stream_fallbacks} "
+                            "fallbacks)")
+        # The same with two micro-batches in flight (one's MLPs while the other's attention is
+        # on the server), continuous too (prompts of both micro-batches join and leave).
+        remote.overlap = True
+        check(f"{name} batched x{len(prompts)}, two micro-batches overlapped",
+              remote.generate(prompts, new_tokens), want)
+        check(f"{name} continuous max_batch=3, two micro-batches overlapped",
+              remote.generate(prompts, new_tokens, max_batch=3), want)
+        remote.overlap = False
+    with serve_attention(model, client, checkpoint) as remote:
+        remote.stream_in_thread = False  # The sync API's stream (gRPC's request thread).
+        check(f"{name} batched x{len(prompts)}, decode stream of the sync gRPC API",
+              remote.generate(prompts, new_tokens), want)
+    with serve_attention(model, client, checkpoint, decode_stream=False) as remote:
+        check(f"{name} batched x{len(prompts)}, unary Decode per layer",
+              remote.generate(prompts, new_tokens), want)
+        if remote.stream_messages != 0:
+            failures.append(f"{name}: decode_stream=False sent {remote.stream_messages} stream "
+                            "messages")
     if client2 is not None:
         check_move(name, model, checkpoint, prompts, client, client2, want, new_tokens, True)
         if per_layer_move:
@@ -147,16 +173,22 @@ def run_model(name, model, checkpoint, prompts, client, client2, new_tokens=NEW_
     return want
 
 
-def bf16_kv_report(name, model, checkpoint, prompts, client, want, new_tokens=NEW_TOKENS):
+def bf16_kv_report(name, model, checkpoint, prompts, client, want, new_tokens=NEW_TOKENS,
+                   wire_dtype=None):
     """The same batched generation with bf16 KV pages (attention still computed in f32): not
     expected to be token-identical to transformers' float32 generate(), so it reports how many
-    tokens agree and where each prompt first diverges. Fails only if the bf16 session is not one or
-    a prompt does not get its tokens."""
-    with serve_attention(model, client, checkpoint, kv_dtype="bf16") as remote:
+    tokens agree and where each prompt first diverges. Fails only if the bf16 session is not one,
+    the hidden states did not travel as `wire_dtype` (default: bf16, the client's choice for
+    16-bit KV) or a prompt does not get its tokens."""
+    with serve_attention(model, client, checkpoint, kv_dtype="bf16",
+                         wire_dtype=wire_dtype) as remote:
         info = client.get_session(remote.sessions[0])
         if info.kv_cache_dtype != "bf16":
             failures.append(f"{name} bf16 KV: the session's KV dtype is {info.kv_cache_dtype}")
+        if remote.wire_dtype != (wire_dtype or "bf16"):
+            failures.append(f"{name} bf16 KV: hidden states sent as {remote.wire_dtype}")
         got = remote.generate(prompts, new_tokens)
+    name = f"{name} (hidden states {remote.wire_dtype} on the wire)"
     agree = total = 0
     for i, (g, w) in enumerate(zip(got, want)):
         if len(g) != len(w):
@@ -183,6 +215,7 @@ def smollm2(args, client, client2):
                for q in CHAT_QUESTIONS]
     want = run_model(SMOLLM2, model, SMOLLM2, prompts, client, client2)
     bf16_kv_report(SMOLLM2, model, SMOLLM2, prompts, client, want)
+    bf16_kv_report(SMOLLM2, model, SMOLLM2, prompts, client, want, wire_dtype="f32")
 
 
 def tiny_gemma3():
@@ -220,8 +253,26 @@ def tiny(args, client, client2):
         model.save_pretrained(Path(args.models_dir) / name, safe_serialization=True)
         # The per-layer-session move once (Gemma 3: window and global layers); the model
         # session's move for both.
-        run_model(name, model, name, prompts, client, client2,
-                  per_layer_move=name == "gemma3-tiny")
+        want = run_model(name, model, name, prompts, client, client2,
+                         per_layer_move=name == "gemma3-tiny")
+        stream_fallback(name, model, prompts, client, want)
+
+
+def stream_fallback(name, model, prompts, client, want):
+    """A server that does not serve DecodeStream: the client's stream names a method the server
+    lacks, so the server itself answers its first message UNIMPLEMENTED (it never ran); the
+    client decodes with unary calls from then on, and the tokens are the same."""
+    method = LoopDecodeStream.METHOD
+    LoopDecodeStream.METHOD = "/attnserve.v1.AttentionService/NoSuchDecodeStream"
+    try:
+        with serve_attention(model, client, name) as remote:
+            got = remote.generate(prompts, NEW_TOKENS)
+            if remote.stream_fallbacks != 1 or remote.decode_stream:
+                failures.append(f"{name}: expected one fallback from the stream to unary "
+                                f"Decode, got {remote.stream_fallbacks}")
+    finally:
+        LoopDecodeStream.METHOD = method
+    check(f"{name} batched, server without DecodeStream (falls back to unary Decode)", got, want)
 
 
 def main() -> int:

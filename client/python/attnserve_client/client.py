@@ -23,6 +23,7 @@ from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequ
                     Union)
 
 import grpc
+import grpc.aio
 import numpy as np
 
 from attnserve.v1 import attention_service_pb2 as pb
@@ -573,6 +574,7 @@ class AttnServeClient:
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
         ]
+        credentials = None
         if tls_ca:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(tls_ca),
@@ -583,6 +585,9 @@ class AttnServeClient:
             self._channel = grpc.insecure_channel(target, options=options)
         # The service's calls carry the token; the health check (health()) needs none.
         self._server_max_message_bytes = 0  # Read once, when a Forward may not fit a message.
+        # What a grpc.aio channel of a LoopDecodeStream needs to reach the same server.
+        self._aio_channel_args = (target, credentials, options)
+        self._token_metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.stub = pb_grpc.AttentionServiceStub(
             grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel)
 
@@ -898,10 +903,20 @@ class AttnServeClient:
         except grpc.RpcError as error:
             raise _wrap("DecodeStream", error) from None
 
-    def open_decode_stream(self, session_id: str, *, dtype: Optional[str] = None) -> "DecodeStream":
+    def open_decode_stream(self, session_id: str, *, dtype: Optional[str] = None,
+                           in_thread: bool = False,
+                           timeout_s: Union[float, None, str] = "client") -> "DecodeStream":
         """An open DecodeStream driven step by step: `stream.step({rid: x})` sends one step and
-        waits for its answer. Close it (or use `with`) to end the call."""
-        return DecodeStream(self, session_id, dtype)
+        waits for its answer. Close it (or use `with`) to end the call. `in_thread=True` drives
+        it from the calling thread (LoopDecodeStream: grpc.aio on a private event loop) instead
+        of through gRPC's request-iterator thread: no thread handoff per message, which is what
+        a step-at-a-time caller pays for on a busy machine. `timeout_s` is the deadline of the
+        whole stream: the client's timeout_s by default, None for none (a stream that lasts a
+        generation outlives any per-call timeout)."""
+        timeout = self.timeout_s if timeout_s == "client" else timeout_s
+        if in_thread:
+            return LoopDecodeStream(self, session_id, dtype, timeout)
+        return DecodeStream(self, session_id, dtype, timeout)
 
     # -- health --
 
@@ -930,31 +945,45 @@ class DecodeStream:
 
     _END = object()
 
-    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str]):
+    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str],
+                 timeout_s: Optional[float] = None):
         self._client = client
         self._session_id = session_id
         self._dtype = dtype
         self._requests: "queue.Queue[Any]" = queue.Queue()
         self._responses = client.stub.DecodeStream(iter(self._requests.get, self._END),
-                                                   timeout=client.timeout_s,
+                                                   timeout=timeout_s,
                                                    metadata=_session_metadata(session_id))
         self._closed = False
 
     def step(self, inputs: Mapping[str, np.ndarray],
-             positions: Optional[Mapping[str, int]] = None) -> StepResult:
-        """Sends one step (`positions` as for AttnServeClient.decode) and waits for its answer."""
+             positions: Optional[Mapping[str, int]] = None, *, layer: int = 0,
+             session_id: str = "") -> StepResult:
+        """Sends one step (`positions` as for AttnServeClient.decode) and waits for its answer.
+        `layer`: the layer of a model session this message runs (one message per layer, layers
+        0..n-1 in order, each carrying every request of the step). `session_id`: another session
+        than the stream's for this message (each message names its own; the stream's metadata
+        names the first, for a balancer's affinity). The first failing message ends the stream
+        with its status (AttnServeError); the stream is closed then."""
         if self._closed:
             raise RuntimeError("the decode stream is closed")
-        self._requests.put(self._client._decode_request(self._session_id, inputs, self._dtype,
-                                                        positions))
+        self._requests.put(self._client._decode_request(session_id or self._session_id, inputs,
+                                                        self._dtype, positions, layer))
         start = time.perf_counter()
         try:
             response = next(self._responses)
         except StopIteration:
+            self._abandon()
             raise AttnServeError("DecodeStream", "UNKNOWN", "the server ended the stream") from None
         except grpc.RpcError as error:
+            self._abandon()
             raise _wrap("DecodeStream", error) from None
         return self._client._results(response, (time.perf_counter() - start) * 1e3)
+
+    def _abandon(self) -> None:
+        """After the stream ended: nothing more is sent, and close() has nothing to drain."""
+        self._closed = True
+        self._requests.put(self._END)
 
     def close(self) -> None:
         if self._closed:
@@ -968,6 +997,119 @@ class DecodeStream:
             raise _wrap("DecodeStream", error) from None
 
     def __enter__(self) -> "DecodeStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class LoopDecodeStream:
+    """One DecodeStream driven from the calling thread (AttnServeClient.open_decode_stream with
+    in_thread=True): a grpc.aio channel and call on a private event loop, each step one
+    write-then-read run to completion on it. The sync API's bidi call consumes its requests on a
+    thread of its own, so every message crosses threads twice; here none does. The stream has
+    its own channel (an aio channel belongs to one loop), opened with the client's target,
+    credentials, options and token. Not thread-safe: one thread drives it, and grpc.aio serves
+    one event loop at a time per process, so at most one LoopDecodeStream should be in use at a
+    time (two on two threads race for grpc.aio's poller)."""
+
+    METHOD = "/attnserve.v1.AttentionService/DecodeStream"
+
+    def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str],
+                 timeout_s: Optional[float] = None):
+        import asyncio  # noqa: PLC0415 - only this class needs it
+        self._timeout_s = timeout_s
+        self._client = client
+        self._session_id = session_id
+        self._dtype = dtype
+        self._loop = asyncio.new_event_loop()
+        self._closed = False
+        self._channel = None
+        self._call = None
+        try:
+            self._loop.run_until_complete(self._open())
+        except BaseException:
+            self._loop.close()
+            raise
+
+    async def _open(self) -> None:
+        target, credentials, options = self._client._aio_channel_args
+        self._channel = (grpc.aio.secure_channel(target, credentials, options=options)
+                         if credentials is not None else
+                         grpc.aio.insecure_channel(target, options=options))
+        method = self._channel.stream_stream(
+            self.METHOD,
+            request_serializer=pb.DecodeRequest.SerializeToString,
+            response_deserializer=pb.DecodeResponse.FromString)
+        metadata = tuple(self._client._token_metadata) + tuple(
+            _session_metadata(self._session_id) or ())
+        self._call = method(timeout=self._timeout_s, metadata=metadata)
+
+    async def _exchange(self, request):
+        await self._call.write(request)
+        return await self._call.read()
+
+    def step(self, inputs: Mapping[str, np.ndarray],
+             positions: Optional[Mapping[str, int]] = None, *, layer: int = 0,
+             session_id: str = "") -> StepResult:
+        """As DecodeStream.step."""
+        if self._closed:
+            raise RuntimeError("the decode stream is closed")
+        request = self._client._decode_request(session_id or self._session_id, inputs,
+                                               self._dtype, positions, layer)
+        start = time.perf_counter()
+        try:
+            response = self._loop.run_until_complete(self._exchange(request))
+        except grpc.RpcError as error:
+            self._shut()
+            raise _wrap("DecodeStream", error) from None
+        if response is grpc.aio.EOF:
+            status = self._final_status()
+            self._shut()
+            raise AttnServeError("DecodeStream", status[0], status[1])
+        return self._client._results(response, (time.perf_counter() - start) * 1e3)
+
+    def _final_status(self) -> Tuple[str, str]:
+        try:
+            code = self._loop.run_until_complete(self._call.code())
+            details = self._loop.run_until_complete(self._call.details())
+            return code.name, details or "the server ended the stream"
+        except grpc.RpcError as error:
+            wrapped = _wrap("DecodeStream", error)
+            return wrapped.code, wrapped.message
+
+    async def _finish(self) -> None:
+        await self._call.done_writing()
+        while await self._call.read() is not grpc.aio.EOF:
+            pass
+
+    def _shut(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._closed = True
+        try:
+            self._loop.run_until_complete(self._channel.close())
+        finally:
+            self._loop.close()
+
+    def close(self) -> None:
+        """Half-closes the stream, reads it to its end and closes the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.run_until_complete(self._finish())
+            code = self._loop.run_until_complete(self._call.code())
+            if code != grpc.StatusCode.OK:
+                details = self._loop.run_until_complete(self._call.details())
+                raise AttnServeError("DecodeStream", code.name, details or "")
+        except grpc.RpcError as error:
+            raise _wrap("DecodeStream", error) from None
+        finally:
+            self._loop.run_until_complete(self._channel.close())
+            self._loop.close()
+
+    def __enter__(self) -> "LoopDecodeStream":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -18,10 +18,14 @@ prompt into one sequence [1, N] with explicit position ids; each decoder layer r
 input_layernorm locally, and `RemoteAttention` sends each prompt's rows of the normed hidden
 states to the server — one call per layer per step, naming the layer in the model session —
 Forward (prefill, explicit positions) when some prompt is new,
-else Decode with explicit positions — and returns what attnserve returns: the attention output
-after o_proj, which the decoder layer adds to its residual. Every prompt is one request id (in
-every session); the server holds the KV caches, the client none. move_to moves every live
-request to another server between steps: a model session's request travels whole (every
+else a decode step with explicit positions, by default one message of a DecodeStream that lasts
+the generation (decode_stream=False: unary Decode) — and returns what attnserve returns: the
+attention output after o_proj, which the decoder layer adds to its residual. With overlap=True a
+step runs as two micro-batches on two threads, each with its own stream, so that one's MLPs run
+here while the other's attention is on the server. Hidden states travel as bf16 when the model
+or the KV pages are 16-bit (wire_dtype), else as f32. Every prompt is one request id (in
+every session); the server holds the KV caches, the client none. Moving requests to another
+server (move_to) happens between steps: a model session's request travels whole (every
 layer's pages in one ExportRequest), one session per layer's one request per layer.
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
@@ -39,14 +43,16 @@ prompt joins (prefilled in the same step as the others decode). Greedy by defaul
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from attnserve_client.client import AttnServeClient
+from attnserve_client.client import AttnServeClient, AttnServeError
 
 
 @dataclass
@@ -63,6 +69,7 @@ class _Segment:
 @dataclass
 class _Plan:
     segments: List[_Segment] = field(default_factory=list)
+    lane: int = 0  # the micro-batch (0 or 1 with overlap): each has its own decode stream
 
 
 class RemoteAttention(torch.nn.Module):
@@ -83,7 +90,7 @@ class RemoteAttention(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         owner = self._owner
-        plan = owner._plan
+        plan = getattr(owner._local, "plan", None)
         if plan is None:
             raise RuntimeError("RemoteAttention called outside RemoteModel.step/generate: the "
                                "request ids and positions of the rows are unknown")
@@ -121,7 +128,9 @@ class RemoteModel:
     """A model whose self_attn modules are RemoteAttention (see serve_attention)."""
 
     def __init__(self, model, client: AttnServeClient, checkpoint: str, *, kv_dtype: str = "f32",
-                 page_size: int = 0, label: str = "remote_model", one_session: bool = True):
+                 page_size: int = 0, label: str = "remote_model", one_session: bool = True,
+                 decode_stream: bool = True, overlap: bool = False,
+                 wire_dtype: Optional[str] = None):
         self.model = model
         self.one_session = one_session
         self.client = client
@@ -129,10 +138,41 @@ class RemoteModel:
         self.kv_dtype = kv_dtype
         self.page_size = page_size
         self.label = label
+        # Decode steps over DecodeStream (one stream per micro-batch, one message per layer per
+        # step); off, or after a server refused the stream (UNIMPLEMENTED), unary Decode calls.
+        self.decode_stream = decode_stream
+        # Drive the stream from the model's thread (grpc.aio on a private loop: no thread
+        # handoff per message) rather than through the sync API's request-iterator thread.
+        # With overlap, the helper thread's micro-batch uses the sync API's stream.
+        self.stream_in_thread = True
+        # Two micro-batches per step, one on a helper thread: while one's attention call is on
+        # the server, the other runs its norms, MLPs and LM head here.
+        self.overlap = overlap
+        # Hidden states on the wire: bf16 when the model computes in bf16 or the KV pages are
+        # 16-bit (the attention input is rounded to 16 bits on the server anyway as K/V), f32
+        # otherwise. Outputs come back in the same dtype.
+        if wire_dtype is None:
+            sixteen_bit = (getattr(model, "dtype", torch.float32) == torch.bfloat16 or
+                           kv_dtype in ("bf16", "f16"))
+            wire_dtype = "bf16" if sixteen_bit else "f32"
+        if wire_dtype not in ("f32", "bf16"):
+            raise ValueError(f"wire_dtype '{wire_dtype}': expected f32 or bf16")
+        self.wire_dtype = wire_dtype
         self._layers = _decoder_layers(model)
         self._originals = [layer.self_attn for layer in self._layers]
-        self._plan: Optional[_Plan] = None
+        self._local = threading.local()  # .plan: the packed step this thread runs
+        self._streams: Dict[int, object] = {}  # lane -> open (Loop)DecodeStream
+        self._helper: Optional[ThreadPoolExecutor] = None  # runs micro-batch 1 with overlap
+        self._rpc_lock = threading.Lock()
         self.rpc_seconds = 0.0
+        self.stream_messages = 0  # layer messages answered over decode streams
+        # Decode calls or stream messages (one per layer per step per micro-batch), the client's
+        # wall time in them and the server's own time for them (Timing.total_ns: arrival to
+        # answer), for the per-layer round trip.
+        self.decode_calls = 0
+        self.decode_rpc_seconds = 0.0
+        self.decode_server_seconds = 0.0
+        self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
         self.sessions = self._configure(client)
         self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
@@ -189,6 +229,10 @@ class RemoteModel:
 
     def close(self) -> None:
         """Releases every session and puts the original attention modules back."""
+        self.close_streams()
+        if self._helper is not None:
+            self._helper.shutdown(wait=True)
+            self._helper = None
         for layer, original in zip(self._layers, self._originals):
             layer.self_attn = original
         sessions, self.sessions = self.sessions, []
@@ -220,6 +264,7 @@ class RemoteModel:
         session refuses to export a request whose step has not run every layer. With one model
         session, one export per request carries every layer's pages; with one_session=False,
         one export per request and layer."""
+        self.close_streams()  # Their messages name the old server's sessions.
         old_client, old_sessions = self.client, self.sessions
         new_sessions = self._configure(client)
         for old_sid, new_sid in zip(old_sessions, new_sessions):
@@ -232,6 +277,16 @@ class RemoteModel:
 
     # -- one layer's attention over a packed step --
 
+    def close_streams(self) -> None:
+        """Ends the open decode streams (generate() does at its end; a later decode step opens a
+        new one)."""
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            try:
+                stream.close()
+            except AttnServeError:  # It already failed; its error went to its step.
+                pass
+
     def _attend(self, layer: int, rows: np.ndarray, plan: _Plan) -> np.ndarray:
         # A model session: one session, the call names the layer; else the layer's own session.
         sid, index = ((self.sessions[0], layer) if self.one_session
@@ -240,29 +295,97 @@ class RemoteModel:
         if any(s.prefill for s in plan.segments):
             result = self.client.forward(
                 sid, {s.request_id: rows[s.start:s.start + s.length] for s in plan.segments},
-                positions={s.request_id: s.positions for s in plan.segments}, layer=index)
+                positions={s.request_id: s.positions for s in plan.segments}, layer=index,
+                dtype=self.wire_dtype)
         else:
-            result = self.client.decode(
-                sid, {s.request_id: rows[s.start] for s in plan.segments},
-                positions={s.request_id: s.positions[0] for s in plan.segments}, layer=index)
-        self.rpc_seconds += time.perf_counter() - start
+            inputs = {s.request_id: rows[s.start] for s in plan.segments}
+            positions = {s.request_id: s.positions[0] for s in plan.segments}
+            result = None
+            if self.decode_stream:
+                result = self._stream_step(plan.lane, sid, index, inputs, positions)
+            if result is None:
+                result = self.client.decode(sid, inputs, positions=positions, layer=index,
+                                            dtype=self.wire_dtype)
+        elapsed = time.perf_counter() - start
+        with self._rpc_lock:
+            self.rpc_seconds += elapsed
+            if not any(s.prefill for s in plan.segments):
+                self.decode_calls += 1
+                self.decode_rpc_seconds += elapsed
+                self.decode_server_seconds += result.timing.total_ns * 1e-9
         out = np.empty_like(rows)
         for s in plan.segments:
             out[s.start:s.start + s.length] = result.outputs[s.request_id].reshape(
                 s.length, rows.shape[1])
         return out
 
+    def _stream_step(self, lane: int, sid: str, layer: int, inputs, positions):
+        """One layer's decode message on the lane's stream (opened on first use). None when the
+        server does not serve DecodeStream (UNIMPLEMENTED: the message never ran), after which
+        this model decodes with unary calls. Any other failure ends the stream and is raised,
+        as a failed unary call would be: whether the message ran is for GetSession to say (the
+        request's next_layer), and the next decode step opens a new stream."""
+        stream = self._streams.get(lane)
+        if stream is None:
+            # grpc.aio serves one event loop at a time in a process (two loops on two threads
+            # race for its poller: BlockingIOError in PollerCompletionQueue), so only lane 0,
+            # the caller's thread, drives its stream on a loop; lane 1 uses the sync API's.
+            # No deadline: the stream lasts the generation, longer than any one call's timeout
+            # (a batch of 64 x 32 tokens took 57 s on the loaded test machine).
+            stream = self.client.open_decode_stream(
+                sid, dtype=self.wire_dtype, in_thread=self.stream_in_thread and lane == 0,
+                timeout_s=None)
+            self._streams[lane] = stream
+        try:
+            result = stream.step(inputs, positions, layer=layer, session_id=sid)
+            with self._rpc_lock:
+                self.stream_messages += 1
+            return result
+        except AttnServeError as error:
+            self._streams.pop(lane, None)
+            if error.code == "UNIMPLEMENTED":
+                self.decode_stream = False
+                with self._rpc_lock:
+                    self.stream_fallbacks += 1
+                return None
+            raise
+
     # -- one packed step of the whole model --
 
     @torch.no_grad()
     def step(self, tokens: Dict[str, Sequence[int]]) -> Dict[str, torch.Tensor]:
         """Appends `tokens` (request id -> new token ids; a new id starts a request at position
-        0) and returns each request's logits for its last token [vocab]."""
-        segments, ids, positions = [], [], []
+        0) and returns each request's logits for its last token [vocab]. With overlap and two or
+        more requests, the requests run as two micro-batches at once (see RemoteModel)."""
+        items = []
         for rid, new in tokens.items():
             new = [int(t) for t in new]
             if not new:
                 raise ValueError(f"request '{rid}': no tokens")
+            items.append((rid, new))
+        if self.overlap and len(items) >= 2:
+            half = (len(items) + 1) // 2
+            if self._helper is None:
+                self._helper = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="attnserve-microbatch")
+            second = self._helper.submit(self._run_packed, items[half:], 1)
+            try:
+                first = self._run_packed(items[:half], 0)
+            finally:
+                rest = second.result()  # Waits even when the first failed: no stray thread.
+            segments = first[0] + rest[0]
+            logits = {**first[1], **rest[1]}
+        else:
+            segments, logits = self._run_packed(items, 0)
+        for s in segments:
+            self.live[s.request_id] = s.positions[-1] + 1
+        return logits
+
+    def _run_packed(self, items, lane: int):
+        """The model's forward over `items` packed into one sequence [1, N]; returns the
+        segments and each request's last-token logits."""
+        segments, ids, positions = [], [], []
+        for rid, new in items:
             first = self.live.get(rid, 0)
             pos = list(range(first, first + len(new)))
             segments.append(_Segment(rid, len(ids), len(new), pos,
@@ -274,15 +397,14 @@ class RemoteModel:
         position_ids = torch.tensor([positions], dtype=torch.long, device=device)
         last = torch.tensor([s.start + s.length - 1 for s in segments], dtype=torch.long,
                             device=device)
-        self._plan = _Plan(segments)
+        self._local.plan = _Plan(segments, lane)
         try:
-            logits = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                                logits_to_keep=last).logits[0]
+            with torch.no_grad():
+                logits = self.model(input_ids=input_ids, position_ids=position_ids,
+                                    use_cache=False, logits_to_keep=last).logits[0]
         finally:
-            self._plan = None
-        for s in segments:
-            self.live[s.request_id] = s.positions[-1] + 1
-        return {s.request_id: logits[i] for i, s in enumerate(segments)}
+            self._local.plan = None
+        return segments, {s.request_id: logits[i] for i, s in enumerate(segments)}
 
     # -- continuous batched generation --
 
@@ -332,6 +454,7 @@ class RemoteModel:
                     else:
                         pending[rid] = [token]
         finally:
+            self.close_streams()  # One stream per generation loop.
             for rid in list(running):
                 self.release(rid)
         if stats is not None:
@@ -367,5 +490,9 @@ def serve_attention(model, client: AttnServeClient, checkpoint: str, **options) 
     decoder layer, which move_to needs), configured from `checkpoint` (the model's checkpoint
     directory as the server names it: a path under its --checkpoint_root). Returns the
     RemoteModel (a context manager: closing it releases the sessions and restores the model).
-    Options: kv_dtype ("f32" or "bf16"), page_size, label, one_session."""
+    Options: kv_dtype ("f32" or "bf16"), page_size, label, one_session; decode_stream (default
+    True: decode steps over DecodeStream, one message per layer per step; False: unary Decode);
+    overlap (default False: two micro-batches per step, one's MLPs here while the other's
+    attention is on the server); wire_dtype ("f32" or "bf16"; default bf16 when the model is
+    bf16 or kv_dtype is 16-bit, else f32)."""
     return RemoteModel(model, client, checkpoint, **options)
