@@ -229,7 +229,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   p.rows_per_kv_head = mla ? spec.num_heads : spec.num_heads / spec.num_kv_heads;
   p.key_dim = mla ? spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim : spec.head_dim;
   p.value_dim = mla ? spec.mla.kv_lora_rank : spec.head_dim;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(p.key_dim));
+  p.variation.scale = 1.0f / std::sqrt(static_cast<float>(p.key_dim));
   p.batch = batch;
   HostPageStore store(p.layout.page_elements * DTypeSize(kv.storage.element));
   std::mt19937 rng(1);
