@@ -36,12 +36,6 @@ using ::testing::HasSubstr;
 
 LayerSpec Spec() { return FindSpec("gqa2_half_bias_hd16_theta5e5").spec; }
 
-int64_t PoolUsed(v1::AttentionService::Stub& stub) {
-  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->kv_pool_used_bytes() : -1;
-}
-
 // Waits (bounded: 20 s) until the pool's used bytes pass `above`; true when they do.
 bool AwaitPoolAbove(v1::AttentionService::Stub& stub, int64_t above) {
   return AwaitUntil([&] { return PoolUsed(stub) > above; }, std::chrono::seconds(20));

@@ -74,12 +74,6 @@ std::pair<int64_t, int> RequestState(v1::AttentionService::Stub& stub, const std
   return {-1, -1};
 }
 
-int64_t PoolUsed(v1::AttentionService::Stub& stub) {
-  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->kv_pool_used_bytes() : -1;
-}
-
 grpc::Status ForwardLayer(v1::AttentionService::Stub& stub, const std::string& session, int layer,
                           const std::string& request_id, const Tensor& hidden,
                           v1::ForwardResponse* response) {

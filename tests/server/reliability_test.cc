@@ -267,12 +267,6 @@ TEST(ReliabilityTest, ACallThatCannotAllocateIsResourceExhausted) {
   EXPECT_TRUE(status.ok()) << Describe(status);
 }
 
-int64_t PoolUsed(v1::AttentionService::Stub& stub) {
-  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->kv_pool_used_bytes() : -1;
-}
-
 // Polls GetServerInfo until the pool's use is `want` (bounded); returns the last value seen.
 int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t want,
                       std::chrono::seconds timeout) {

@@ -87,12 +87,6 @@ v1::DecodeRequest DecodeOne(const std::string& session, const std::string& reque
   return request;
 }
 
-int64_t PoolUsed(v1::AttentionService::Stub& stub) {
-  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->kv_pool_used_bytes() : -1;
-}
-
 // Polls (bounded: 10 s) until the pool's used bytes are `expected`; returns the last value seen.
 int64_t AwaitPoolUsed(v1::AttentionService::Stub& stub, int64_t expected) {
   int64_t used = -1;

@@ -142,6 +142,12 @@ absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::AttentionService::Stub&
   return response;
 }
 
+int64_t PoolUsed(v1::AttentionService::Stub& stub) {
+  absl::StatusOr<v1::GetServerInfoResponse> info = ServerInfo(stub);
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->kv_pool_used_bytes() : -1;
+}
+
 v1::ForwardItem MakeForwardItem(const std::string& request_id, const Tensor& hidden,
                                 absl::Span<const int64_t> positions) {
   v1::ForwardItem item;

@@ -71,6 +71,9 @@ grpc::Status Decode(v1::AttentionService::Stub& stub, const v1::DecodeRequest& r
 grpc::Status Release(v1::AttentionService::Stub& stub, const std::string& session_id,
                      const std::string& request_id, v1::ReleaseResponse* response = nullptr);
 absl::StatusOr<v1::GetServerInfoResponse> ServerInfo(v1::AttentionService::Stub& stub);
+// The KV pool's used bytes (GetServerInfo.kv_pool_used_bytes); -1, with a test failure, when the
+// call fails.
+int64_t PoolUsed(v1::AttentionService::Stub& stub);
 
 v1::ForwardItem MakeForwardItem(const std::string& request_id, const Tensor& hidden,
                                 absl::Span<const int64_t> positions = {});
