@@ -326,6 +326,7 @@ class RemoteModel:
         as a failed unary call would be: whether the message ran is for GetSession to say (the
         request's next_layer), and the next decode step opens a new stream."""
         stream = self._streams.get(lane)
+        fresh = stream is None
         if stream is None:
             # grpc.aio serves one event loop at a time in a process (two loops on two threads
             # race for its poller: BlockingIOError in PollerCompletionQueue), so only lane 0,
@@ -343,7 +344,11 @@ class RemoteModel:
             return result
         except AttnServeError as error:
             self._streams.pop(lane, None)
-            if error.code == "UNIMPLEMENTED":
+            # grpc.aio sometimes reports a fresh stream's refused first write as its own INTERNAL
+            # ("Internal error from Core") instead of the server's UNIMPLEMENTED; unary calls are
+            # safe to fall back to either way: had the message run, the layer's unary call would
+            # be refused as out of order (FAILED_PRECONDITION) and raised, never applied twice.
+            if error.code == "UNIMPLEMENTED" or (fresh and error.code == "INTERNAL"):
                 self.decode_stream = False
                 with self._rpc_lock:
                     self.stream_fallbacks += 1
