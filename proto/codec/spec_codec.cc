@@ -154,7 +154,11 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
       return absl::InvalidArgumentError(
           absl::StrCat("spec.alibi: unknown value ", static_cast<int>(proto.alibi())));
   }
-  spec.alibi_bias_max = proto.alibi_bias_max() == 0.0f ? 8.0f : proto.alibi_bias_max();
+  // The slope range only means something with ALiBi, and LayerSpecToProto writes it only then;
+  // without ALiBi it stays the default so a spec round-trips (and fingerprints) the same.
+  spec.alibi_bias_max = spec.alibi == Alibi::kNone || proto.alibi_bias_max() == 0.0f
+                            ? 8.0f
+                            : proto.alibi_bias_max();
   if (spec.variant == AttentionVariant::kMLA) {
     const v1::MlaDims& mla = proto.mla();
     spec.mla.q_lora_rank = mla.q_lora_rank();
