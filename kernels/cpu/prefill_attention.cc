@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/prefill_tiles.h"
 #include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -30,12 +31,37 @@ struct WorkItem {
   int64_t query_end;
 };
 
-// Float32 keys [key_dim] and values [value_dim] of keys [begin, end) of one (sequence, KV head).
+// Float32 keys and values [value_dim] of keys [begin, end) of one (sequence, KV head). The keys
+// are rows [key_dim] on the portable (sgemm) path, and transposed 16-key panels from `begin` on
+// (PackKeyPanels) on the tiled paths.
 struct GatheredKv {
   int64_t begin = 0;
   const float* keys = nullptr;
   const float* values = nullptr;
 };
+
+// Floats a run of `count` keys takes when gathered: panels round the keys up to whole panels.
+int64_t GatheredKeyFloats(PrefillTileIsa isa, int64_t count, int key_dim) {
+  if (isa != PrefillTileIsa::kPortable) count = (count + kKeyPanel - 1) / kKeyPanel * kKeyPanel;
+  return count * key_dim;
+}
+
+// Fills keys [begin, end) of `kv_head` into `keys` (rows, or panels from `begin` on) and `values`.
+// Panels are packed from a row copy of at most 256 keys at a time, so no second full-size buffer.
+void GatherKv(PrefillTileIsa isa, const KvBlockSource& source, int kv_head, int64_t begin,
+              int64_t end, int key_dim, int value_dim, float* keys, float* values) {
+  if (isa == PrefillTileIsa::kPortable) {
+    source.Fill(kv_head, begin, end, keys, values);
+    return;
+  }
+  constexpr int64_t kChunk = 256;  // A multiple of kKeyPanel.
+  std::vector<float> rows(std::min(kChunk, end - begin) * key_dim);
+  for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
+    const int64_t count = std::min(kChunk, end - chunk);
+    source.Fill(kv_head, chunk, chunk + count, rows.data(), values + (chunk - begin) * value_dim);
+    PackKeyPanels(rows.data(), count, key_dim, keys + (chunk - begin) * key_dim);
+  }
+}
 
 // Keys any new token of the sequence may see.
 KeyRange SequenceKeys(const PrefillAttentionParams& p, const PrefillSequence& seq) {
@@ -43,8 +69,10 @@ KeyRange SequenceKeys(const PrefillAttentionParams& p, const PrefillSequence& se
           p.variation.mask.VisibleKeys(seq.first_index + seq.num_new - 1, seq.length).end};
 }
 
-void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& seq,
-                      const WorkItem& item, const GatheredKv* gathered) {
+void AttendQueryBlock(const PrefillAttentionParams& p, PrefillTileIsa isa,
+                      const PrefillSequence& seq, const WorkItem& item,
+                      const GatheredKv* gathered) {
+  const bool tiled = isa != PrefillTileIsa::kPortable;
   const int group = p.group_size;
   const int64_t tokens = item.query_end - item.query_begin;
   const int64_t rows = tokens * group;
@@ -57,7 +85,12 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
                        int64_t{item.kv_head} * group * p.key_dim;
     std::copy(src, src + int64_t{group} * p.key_dim, &q[t * group * p.key_dim]);
   }
+  // The tiles take the softmax scale with q (one multiply per q element, not per score).
+  if (tiled && p.variation.scale != 1.0f) {
+    for (float& x : q) x *= p.variation.scale;
+  }
   std::vector<float> key_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.key_dim);
+  std::vector<float> panel_buffer(gathered != nullptr || !tiled ? 0 : kKeysPerBlock * p.key_dim);
   std::vector<float> value_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.value_dim);
   std::vector<float> scores(rows * kKeysPerBlock);
   std::vector<float> acc(rows * p.value_dim, 0.0f), row_max(rows, kNegInf), row_sum(rows, 0.0f);
@@ -71,8 +104,16 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
   const int64_t keys_begin = first_visible.begin;
   const int64_t keys_end = last_visible.end;
 
-  for (int64_t block = keys_begin; block < keys_end; block += kKeysPerBlock) {
+  // Gathered panels start at gathered->begin, so the tiled path's blocks start on that grid (the
+  // keys before keys_begin in the first block are masked like any other invisible key).
+  int64_t first_block = keys_begin;
+  if (tiled && gathered != nullptr) {
+    first_block -= (keys_begin - gathered->begin) % kKeyPanel;
+  }
+  for (int64_t block = first_block; block < keys_end; block += kKeysPerBlock) {
     const int64_t count = std::min(kKeysPerBlock, keys_end - block);
+    // Row stride of the scores: whole panels on the tiled path.
+    const int64_t ld = tiled ? (count + kKeyPanel - 1) / kKeyPanel * kKeyPanel : count;
     const float* keys;
     const float* values;
     if (gathered != nullptr) {
@@ -82,17 +123,27 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
       seq.source->Fill(item.kv_head, block, block + count, key_buffer.data(), value_buffer.data());
       keys = key_buffer.data();
       values = value_buffer.data();
+      if (tiled) {
+        PackKeyPanels(keys, count, p.key_dim, panel_buffer.data());
+        keys = panel_buffer.data();
+      }
     }
-    // S = scale * Q · K^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(count), p.key_dim, p.variation.scale, q.data(), p.key_dim, keys,
-                p.key_dim, 0.0f, scores.data(), static_cast<int>(count));
+    if (tiled) {
+      // S = (scale * Q) · K^T, whole panels (the scores past `count` are never read).
+      PanelScores(isa, q.data(), static_cast<int>(rows), p.key_dim, keys,
+                  static_cast<int>(ld / kKeyPanel), scores.data(), ld);
+    } else {
+      // S = scale * Q · K^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(count), p.key_dim, p.variation.scale, q.data(), p.key_dim, keys,
+                  p.key_dim, 0.0f, scores.data(), static_cast<int>(count));
+    }
     // Visible ranges only grow with the query index, so the block is seen whole by every row when
     // the first row sees its end and the last row its start: no per-row mask then.
     const bool whole = first_visible.end >= block + count && last_visible.begin <= block;
     // Mask, then the online-softmax update; P overwrites S.
     for (int64_t r = 0; r < rows; ++r) {
-      float* s = &scores[r * count];
+      float* s = &scores[r * ld];
       int64_t lo = 0, hi = count;
       if (!whole) {
         const KeyRange visible = p.variation.mask.VisibleKeys(first_query + r / group, seq.length);
@@ -109,9 +160,14 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
                        &row_sum[r], &acc[r * p.value_dim], p.value_dim);
     }
     // O += P · V
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), p.value_dim,
-                static_cast<int>(count), 1.0f, scores.data(), static_cast<int>(count), values,
-                p.value_dim, 1.0f, acc.data(), p.value_dim);
+    if (tiled) {
+      TileAccumulate(isa, scores.data(), ld, static_cast<int>(rows), values,
+                     static_cast<int>(count), p.value_dim, acc.data());
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), p.value_dim,
+                  static_cast<int>(count), 1.0f, scores.data(), static_cast<int>(count), values,
+                  p.value_dim, 1.0f, acc.data(), p.value_dim);
+    }
   }
 
   // Normalise and scatter back: row (token t, group g) -> out[t, kv_head * group + g].
@@ -132,14 +188,16 @@ void AttendQueryBlock(const PrefillAttentionParams& p, const PrefillSequence& se
 
 void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillSequence> sequences,
                       ThreadPool& pool) {
+  const PrefillTileIsa isa = PrefillTileIsaFor(p.key_dim, p.value_dim);
   // Convert each (sequence, KV head)'s visible keys and values to float32 once, when that fits.
   int64_t gathered_floats = 0;
   std::vector<int64_t> gathered_offset(sequences.size() + 1, 0);
   for (size_t s = 0; s < sequences.size(); ++s) {
     const KeyRange keys = sequences[s].num_new > 0 ? SequenceKeys(p, sequences[s]) : KeyRange{};
     gathered_offset[s] = gathered_floats;
+    const int64_t count = std::max<int64_t>(0, keys.end - keys.begin);
     gathered_floats +=
-        std::max<int64_t>(0, keys.end - keys.begin) * p.num_kv_heads * (p.key_dim + p.value_dim);
+        p.num_kv_heads * (GatheredKeyFloats(isa, count, p.key_dim) + count * p.value_dim);
   }
   gathered_offset[sequences.size()] = gathered_floats;
   const bool gather = gathered_floats <= kMaxGatheredFloats;
@@ -152,9 +210,13 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
       if (sequences[s].num_new == 0) return;
       const KeyRange keys = SequenceKeys(p, sequences[s]);
       const int64_t count = keys.end - keys.begin;
-      float* base = storage.data() + gathered_offset[s] + h * count * (p.key_dim + p.value_dim);
-      float* values = base + count * p.key_dim;
-      if (count > 0) sequences[s].source->Fill(h, keys.begin, keys.end, base, values);
+      const int64_t key_floats = GatheredKeyFloats(isa, count, p.key_dim);
+      float* base = storage.data() + gathered_offset[s] + h * (key_floats + count * p.value_dim);
+      float* values = base + key_floats;
+      if (count > 0) {
+        GatherKv(isa, *sequences[s].source, h, keys.begin, keys.end, p.key_dim, p.value_dim, base,
+                 values);
+      }
       gathered[i] = {keys.begin, base, values};
     });
   }
@@ -178,7 +240,7 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
     const GatheredKv* kv =
         gather ? &gathered[static_cast<size_t>(item.sequence) * p.num_kv_heads + item.kv_head]
                : nullptr;
-    AttendQueryBlock(p, sequences[item.sequence], item, kv);
+    AttendQueryBlock(p, isa, sequences[item.sequence], item, kv);
   });
 }
 
