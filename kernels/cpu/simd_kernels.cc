@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/cpu/avx2_helpers.h"
+#include "kernels/cpu/avx512_helpers.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
@@ -383,6 +384,86 @@ ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int ro
 
 #endif  // ATTNSERVE_X86
 
+#ifdef ATTNSERVE_X86_AVX512
+
+// ---- AVX-512F version of the softmax row (prefill's blocks of 128 keys: 8 vectors a pass).
+
+// ExpApprox (vector_math.h) on 16 lanes: the same range reduction and polynomial; 2^n is built
+// with scalef instead of the exponent-bit shift.
+ATTNSERVE_AVX512 inline __m512 Exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.37f));
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 e_r = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(e_r, n);
+}
+
+ATTNSERVE_AVX512 void OnlineSoftmaxRowAvx512(float* s, int64_t count, int64_t lo, int64_t hi,
+                                             float scale, const AttentionVariation& variation,
+                                             const LogitSite& site, float* max, float* sum,
+                                             float* acc, int64_t value_dim) {
+  float* const v = s + lo;
+  const int64_t n = hi - lo;
+  const int64_t n16 = n / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - n16)) - 1u);
+  if (scale != 1.0f) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t k = 0; k < n16; k += 16) {
+      _mm512_storeu_ps(v + k, _mm512_mul_ps(_mm512_loadu_ps(v + k), vscale));
+    }
+    if (tail != 0) {
+      _mm512_mask_storeu_ps(v + n16, tail,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, v + n16), vscale));
+    }
+  }
+  variation.TransformLogits(v, n, {site.head, site.query, site.first_key + lo});
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 vmax = neg_inf;
+  for (int64_t k = 0; k < n16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(v + k));
+  if (tail != 0) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, v + n16));
+  const float new_max = std::max(*max, _mm512_reduce_max_ps(vmax));
+  const float correction = std::exp(*max - new_max);
+  if (correction != 1.0f) {
+    *sum *= correction;
+    const __m512 c = _mm512_set1_ps(correction);
+    int64_t d = 0;
+    for (; d + 16 <= value_dim; d += 16) {
+      _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), c));
+    }
+    for (; d < value_dim; ++d) acc[d] *= correction;
+  }
+  const __m512 vnew_max = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n16; k += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(v + k), vnew_max));
+    _mm512_storeu_ps(v + k, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (tail != 0) {
+    const __m512 e =
+        _mm512_maskz_mov_ps(tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, v + n16),
+                                                      vnew_max)));
+    _mm512_mask_storeu_ps(v + n16, tail, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  std::fill(s, s + lo, 0.0f);
+  std::fill(s + hi, s + count, 0.0f);
+  *sum += _mm512_reduce_add_ps(vsum);
+  *max = new_max;
+}
+
+#endif  // ATTNSERVE_X86_AVX512
+
 // ATTNSERVE_CPU_PORTABLE=1 in the environment forces the portable loops (to test them on an
 // AVX2 machine).
 bool DetectAvx2() {
@@ -450,6 +531,12 @@ bool SimdKernelsUseAvx512() {
 void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float scale,
                       const AttentionVariation& variation, const LogitSite& site, float* max,
                       float* sum, float* acc, int64_t value_dim) {
+#ifdef ATTNSERVE_X86_AVX512
+  if (SimdKernelsUseAvx512()) {
+    OnlineSoftmaxRowAvx512(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);
+    return;
+  }
+#endif
 #ifdef ATTNSERVE_X86
   if (UseAvx2()) {
     OnlineSoftmaxRowAvx2(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);

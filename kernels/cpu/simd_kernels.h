@@ -1,4 +1,5 @@
-// Inner loops of the attention kernels with an AVX2/FMA implementation chosen at run time
+// Inner loops of the attention kernels with an AVX2/FMA implementation (and AVX-512F for
+// OnlineSoftmaxRow) chosen at run time
 // (__builtin_cpu_supports; the AVX2 code is compiled with target attributes, so one portable
 // build serves every x86-64 CPU) and a portable fallback with the same semantics.
 //
@@ -24,7 +25,8 @@ namespace attnserve {
 
 // True when the AVX2/FMA paths run (CPU support, checked once).
 bool SimdKernelsUseAvx2();
-// True when the AVX-512F paths run (only the small-batch projections have one): CPU support,
+// True when the AVX-512F paths run (the small-batch projections, OnlineSoftmaxRow and the
+// prefill tiles have one): CPU support,
 // checked once, unless ATTNSERVE_CPU_AVX512=0 or ATTNSERVE_CPU_PORTABLE=1 is set.
 bool SimdKernelsUseAvx512();
 

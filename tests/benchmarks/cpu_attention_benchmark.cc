@@ -6,6 +6,8 @@
 //   BM_Decode        - one decode step per variant at a long context: GB/s of KV read
 //   BM_DecodeAttention - the paged decode attention kernel alone at BM_Decode's shapes (no
 //                      projections, no KV append): GB/s of KV read, for the read-ceiling ratio
+//   BM_PrefillAttention - the prefill attention kernel alone at BM_Prefill's shapes (causal, f32
+//                      keys and values already gathered in memory; no projections): useful GFLOP/s
 //   BM_SmolStep      - one decode step of a SmolLM2-135M layer at a short context (the per-step
 //                      fixed cost): bytes of weights + KV read per second, against BM_ReadCeiling
 // tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
@@ -28,6 +30,7 @@
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/mla_layer.h"
+#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/small_batch_gemv.h"
 #include "kernels/cpu/thread_pool.h"
@@ -164,6 +167,65 @@ BENCHMARK(BM_Prefill)
     ->ArgsProduct({{0, 1, 2, 3}, {512, 2048}, {0}})
     ->Args({0, 2048, 1})
     ->Args({3, 2048, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Keys and values of one sequence as float32 rows [length][kv_heads][dim], random.
+class RandomKvSource : public KvBlockSource {
+ public:
+  RandomKvSource(int64_t length, int kv_heads, int dim)
+      : kv_heads_(kv_heads), dim_(dim), kv_(2 * length * kv_heads * dim) {
+    std::mt19937 rng(2);
+    std::normal_distribution<float> normal;
+    for (float& x : kv_) x = normal(rng);
+  }
+  void Fill(int kv_head, int64_t begin, int64_t end, float* keys, float* values) const override {
+    const int64_t half = static_cast<int64_t>(kv_.size()) / 2;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = (i * kv_heads_ + kv_head) * dim_;
+      std::memcpy(keys + (i - begin) * dim_, &kv_[row], dim_ * sizeof(float));
+      std::memcpy(values + (i - begin) * dim_, &kv_[half + row], dim_ * sizeof(float));
+    }
+  }
+
+ private:
+  int kv_heads_, dim_;
+  std::vector<float> kv_;
+};
+
+// Args: variant index (MHA, GQA-4, MQA), sequence length.
+void BM_PrefillAttention(benchmark::State& state) {
+  const LayerSpec& spec = Variant(state.range(0)).spec;
+  const int64_t length = state.range(1);
+  const int heads = spec.num_heads, dim = spec.head_dim;
+  static ThreadPool* pool = new ThreadPool(Threads());
+  const RandomKvSource source(length, spec.num_kv_heads, dim);
+  std::vector<float> q(length * heads * dim), out(length * heads * dim);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (float& x : q) x = normal(rng);
+  PrefillAttentionParams p;
+  p.q = q.data();
+  p.q_row_stride = int64_t{heads} * dim;
+  p.out = out.data();
+  p.out_row_stride = int64_t{heads} * dim;
+  p.num_kv_heads = spec.num_kv_heads;
+  p.group_size = heads / spec.num_kv_heads;
+  p.key_dim = dim;
+  p.value_dim = dim;
+  p.variation.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  const PrefillSequence sequence{0, length, 0, length, &source};
+  for (auto _ : state) {
+    PrefillAttention(p, {&sequence, 1}, *pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(Variant(state.range(0)).label);
+  const double pairs = static_cast<double>(length) * (length + 1) / 2;
+  state.counters["GFLOPs"] = benchmark::Counter(4.0 * heads * dim * pairs * state.iterations() / 1e9,
+                                                benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PrefillAttention)
+    ->ArgsProduct({{0, 1, 2}, {2048}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
