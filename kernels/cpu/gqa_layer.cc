@@ -95,43 +95,37 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
   const LayerSpec& s = spec();
   const int64_t rows = batch.rows;
   const int64_t qkv_width = wqkv_.out_features();
-  // resize() keeps the capacity: a decode step of no more rows than an earlier one allocates
-  // nothing.
-  p.qkv.resize(rows * qkv_width);
-  p.q.resize(rows * q_width_);
-  p.k.resize(rows * kv_width_);
-  p.v.resize(rows * kv_width_);
-  p.attention.assign(rows * q_width_, 0.0f);
-  LinearForward(batch.hidden, s.d_model, rows, wqkv_, bqkv_.empty() ? nullptr : bqkv_.data(),
-                p.qkv.data(), qkv_width, pool());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = p.qkv.data() + r * qkv_width;
-    std::copy(row, row + q_width_, p.q.data() + r * q_width_);
-    std::copy(row + q_width_, row + q_width_ + kv_width_, p.k.data() + r * kv_width_);
-    std::copy(row + q_width_ + kv_width_, row + qkv_width, p.v.data() + r * kv_width_);
-  }
+  // Grows only: a decode step of no more rows than an earlier one allocates nothing.
+  float* qkv = p.qkv.Resize(rows * qkv_width);
+  float* q = qkv;
+  float* k = qkv + q_width_;
+  float* v = qkv + q_width_ + kv_width_;
+  LinearForward(batch.hidden, s.d_model, rows, wqkv_, bqkv_.empty() ? nullptr : bqkv_.data(), qkv,
+                qkv_width, pool());
   // The pre-RoPE transform (q/k norm), so the cache holds k after it.
   if (const HeadRmsNorm& norm = variation_.qk_norm; norm.active()) {
-    norm.Apply(p.q.data(), rows * s.num_heads, norm.q_scale);
-    norm.Apply(p.k.data(), rows * s.num_kv_heads, norm.k_scale);
+    for (int64_t r = 0; r < rows; ++r) {
+      norm.Apply(q + r * qkv_width, s.num_heads, norm.q_scale);
+      norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
+    }
   }
   // Rotates the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set).
-  rope_.Apply(p.q.data(), q_width_, s.num_heads, s.head_dim, batch.positions);
-  rope_.Apply(p.k.data(), kv_width_, s.num_kv_heads, s.head_dim, batch.positions);
+  rope_.Apply(q, qkv_width, s.num_heads, s.head_dim, batch.positions);
+  rope_.Apply(k, qkv_width, s.num_kv_heads, s.head_dim, batch.positions);
   for (const BatchSequence& seq : batch.sequences) {
     for (int64_t i = 0; i < seq.num_new; ++i) {
       const int64_t row = seq.first_row + i;
       for (int h = 0; h < s.num_kv_heads; ++h) {
-        const int64_t offset = row * kv_width_ + int64_t{h} * s.head_dim;
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/false, &p.k[offset], s.head_dim);
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/true, &p.v[offset], s.head_dim);
+        const int64_t offset = row * qkv_width + int64_t{h} * s.head_dim;
+        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/false, k + offset, s.head_dim);
+        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/true, v + offset, s.head_dim);
       }
     }
   }
 }
 
-void GqaLayer::OutputProjection(const CpuBatch& batch, const std::vector<float>& attention) {
-  LinearForward(attention.data(), q_width_, batch.rows, wo_, bo_.empty() ? nullptr : bo_.data(),
+void GqaLayer::OutputProjection(const CpuBatch& batch, const float* attention) {
+  LinearForward(attention, q_width_, batch.rows, wo_, bo_.empty() ? nullptr : bo_.data(),
                 batch.out, spec().d_model, pool());
 }
 
@@ -147,10 +141,12 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
     sequences.push_back(
         {seq.first_row, seq.num_new, seq.first_index, seq.table->num_tokens, &sources.back()});
   }
+  // Every row belongs to one sequence, and PrefillAttention writes each of its heads.
+  float* attention = p.attention.Resize(batch.rows * q_width_);
   PrefillAttentionParams params;
-  params.q = p.q.data();
-  params.q_row_stride = q_width_;
-  params.out = p.attention.data();
+  params.q = p.qkv.data();  // q in place in the fused projection.
+  params.q_row_stride = wqkv_.out_features();
+  params.out = attention;
   params.out_row_stride = q_width_;
   params.num_kv_heads = s.num_kv_heads;
   params.group_size = s.num_heads / s.num_kv_heads;
@@ -158,19 +154,27 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
   params.value_dim = s.head_dim;
   params.variation = variation_;
   PrefillAttention(params, sequences, pool());
-  OutputProjection(batch, p.attention);
+  OutputProjection(batch, attention);
 }
 
 void GqaLayer::RunDecode(const CpuBatch& batch) {
   const LayerSpec& s = spec();
   Buffers& p = decode_buffers_;
   ProjectAndCache(batch, p);
+  // q [rows, num_heads * head_dim] out of the fused projection: [batch, num_kv_heads, group,
+  // head_dim] as the decode kernel takes it.
+  const int64_t qkv_width = wqkv_.out_features();
+  float* q = p.q.Resize(batch.rows * q_width_);
+  for (int64_t r = 0; r < batch.rows; ++r) {
+    std::copy_n(p.qkv.data() + r * qkv_width, q_width_, q + r * q_width_);
+  }
+  float* attention = p.attention.Resize(batch.rows * q_width_);
+  std::fill_n(attention, batch.rows * q_width_, 0.0f);
   std::vector<const PageTable*> tables;
   for (const BatchSequence& seq : batch.sequences) tables.push_back(seq.table);
-  // q [rows, num_heads * head_dim] is already [batch, num_kv_heads, group, head_dim].
   DecodeAttentionParams params;
-  params.q = p.q.data();
-  params.out = p.attention.data();
+  params.q = q;
+  params.out = attention;
   params.batch = static_cast<int>(batch.rows);
   params.num_kv_heads = s.num_kv_heads;
   params.rows_per_kv_head = s.num_heads / s.num_kv_heads;
@@ -181,7 +185,7 @@ void GqaLayer::RunDecode(const CpuBatch& batch) {
   params.store = &store();
   params.tables = tables;
   PagedDecodeAttention(params, pool());
-  OutputProjection(batch, p.attention);
+  OutputProjection(batch, attention);
 }
 
 }  // namespace attnserve

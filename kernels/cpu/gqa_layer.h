@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
@@ -35,16 +36,17 @@ class GqaLayer : public CpuLayer {
  private:
   // One call's intermediates. Decode reuses the layer's own (calls are serialised by CpuLayer's
   // mutex), so a step allocates nothing here; prefill, whose rows are many, uses its own.
+  // k and v are read in place from qkv (RoPE and norms applied there); q too in prefill, while
+  // decode copies it out because its kernel takes q as [batch, num_heads, head_dim].
   struct Buffers {
-    std::vector<float> qkv;        // [rows, q_width + 2 * kv_width]: the fused projection.
-    std::vector<float> q;          // [rows, num_heads * head_dim]
-    std::vector<float> k;          // [rows, num_kv_heads * head_dim]
-    std::vector<float> v;          // [rows, num_kv_heads * head_dim]
-    std::vector<float> attention;  // [rows, num_heads * head_dim]
+    ScratchFloats qkv;        // [rows, q_width + 2 * kv_width]: the fused projection.
+    ScratchFloats q;          // [rows, num_heads * head_dim]; decode only.
+    ScratchFloats attention;  // [rows, num_heads * head_dim]
   };
-  // Projects the batch into `b` (q, k, v), applies RoPE and writes K/V into the sequences' pages.
+  // Projects the batch into b.qkv, applies the q/k norms and RoPE there and writes K/V into the
+  // sequences' pages.
   void ProjectAndCache(const CpuBatch& batch, Buffers& b);
-  void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
+  void OutputProjection(const CpuBatch& batch, const float* attention);
 
   int q_width_;   // num_heads * head_dim
   int kv_width_;  // num_kv_heads * head_dim
