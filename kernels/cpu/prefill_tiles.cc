@@ -37,27 +37,30 @@ ATTNSERVE_AVX512 inline void ScoresTile512(const float* q, int dim, const float*
   }
 }
 
-template <int R>
-ATTNSERVE_AVX512 void ScoresRows512(const float* q, int dim, const float* panels, int num_panels,
-                                    float* scores, int64_t ld) {
-  const int64_t panel_stride = int64_t{kKeyPanel} * dim;
-  int p = 0;
-  for (; p + 2 <= num_panels; p += 2) {
-    ScoresTile512<R, 2>(q, dim, panels + p * panel_stride, scores + p * kKeyPanel, ld);
-  }
-  if (p < num_panels) {
-    ScoresTile512<R, 1>(q, dim, panels + p * panel_stride, scores + p * kKeyPanel, ld);
-  }
-}
-
+// Panel pairs outer, rows inner: a pair of panels (8 KiB at head dim 64) stays in L1 while every
+// row passes over it, instead of each group of rows streaming the whole block from L2.
 ATTNSERVE_AVX512 void PanelScores512(const float* q, int rows, int dim, const float* panels,
                                      int num_panels, float* scores, int64_t ld) {
-  int r = 0;
-  for (; r + 8 <= rows; r += 8) {
-    ScoresRows512<8>(q + int64_t{r} * dim, dim, panels, num_panels, scores + r * ld, ld);
-  }
-  for (; r < rows; ++r) {
-    ScoresRows512<1>(q + int64_t{r} * dim, dim, panels, num_panels, scores + r * ld, ld);
+  const int64_t panel_stride = int64_t{kKeyPanel} * dim;
+  for (int p = 0; p < num_panels; p += 2) {
+    const float* k = panels + p * panel_stride;
+    float* out = scores + p * kKeyPanel;
+    const bool pair = p + 2 <= num_panels;
+    int r = 0;
+    for (; r + 8 <= rows; r += 8) {
+      if (pair) {
+        ScoresTile512<8, 2>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
+      } else {
+        ScoresTile512<8, 1>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
+      }
+    }
+    for (; r < rows; ++r) {
+      if (pair) {
+        ScoresTile512<1, 2>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
+      } else {
+        ScoresTile512<1, 1>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
+      }
+    }
   }
 }
 
@@ -93,14 +96,21 @@ ATTNSERVE_AVX512 void AccumulateRows512(const float* weights, int64_t ld, const 
   for (; c < dim; c += 16) AccumulateTile512<R, 1>(weights, ld, values + c, count, dim, acc + c);
 }
 
+// Runs of kAccumulateKeys value rows outer, rows inner: the run (8 KiB at head dim 64) stays in L1
+// while every row group passes over it; the accumulators go through L1 once per run.
+constexpr int kAccumulateKeys = 32;
+
 ATTNSERVE_AVX512 void TileAccumulate512(const float* weights, int64_t ld, int rows,
                                         const float* values, int count, int dim, float* acc) {
-  int r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    AccumulateRows512<4>(weights + r * ld, ld, values, count, dim, acc + int64_t{r} * dim);
-  }
-  for (; r < rows; ++r) {
-    AccumulateRows512<1>(weights + r * ld, ld, values, count, dim, acc + int64_t{r} * dim);
+  for (int k = 0; k < count; k += kAccumulateKeys) {
+    const int n = std::min(kAccumulateKeys, count - k);
+    const float* w = weights + k;
+    const float* v = values + int64_t{k} * dim;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      AccumulateRows512<4>(w + r * ld, ld, v, n, dim, acc + int64_t{r} * dim);
+    }
+    for (; r < rows; ++r) AccumulateRows512<1>(w + r * ld, ld, v, n, dim, acc + int64_t{r} * dim);
   }
 }
 
@@ -130,21 +140,16 @@ ATTNSERVE_AVX2 inline void ScoresTile256(const float* q, int dim, const float* p
   }
 }
 
+// Panels outer, rows inner, as PanelScores512.
 ATTNSERVE_AVX2 void PanelScores256(const float* q, int rows, int dim, const float* panels,
                                    int num_panels, float* scores, int64_t ld) {
   const int64_t panel_stride = int64_t{kKeyPanel} * dim;
-  int r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    for (int p = 0; p < num_panels; ++p) {
-      ScoresTile256<4>(q + int64_t{r} * dim, dim, panels + p * panel_stride,
-                       scores + r * ld + p * kKeyPanel, ld);
-    }
-  }
-  for (; r < rows; ++r) {
-    for (int p = 0; p < num_panels; ++p) {
-      ScoresTile256<1>(q + int64_t{r} * dim, dim, panels + p * panel_stride,
-                       scores + r * ld + p * kKeyPanel, ld);
-    }
+  for (int p = 0; p < num_panels; ++p) {
+    const float* k = panels + p * panel_stride;
+    float* out = scores + p * kKeyPanel;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) ScoresTile256<4>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
+    for (; r < rows; ++r) ScoresTile256<1>(q + int64_t{r} * dim, dim, k, out + r * ld, ld);
   }
 }
 
@@ -172,19 +177,24 @@ ATTNSERVE_AVX2 inline void AccumulateTile256(const float* weights, int64_t ld, c
   }
 }
 
+// Runs of value rows outer, rows inner, as TileAccumulate512.
 ATTNSERVE_AVX2 void TileAccumulate256(const float* weights, int64_t ld, int rows,
                                       const float* values, int count, int dim, float* acc) {
-  int r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    for (int c = 0; c < dim; c += 16) {
-      AccumulateTile256<4>(weights + r * ld, ld, values + c, count, dim,
-                           acc + int64_t{r} * dim + c);
+  constexpr int kRun = 32;
+  for (int k = 0; k < count; k += kRun) {
+    const int n = std::min(kRun, count - k);
+    const float* w = weights + k;
+    const float* v = values + int64_t{k} * dim;
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      for (int c = 0; c < dim; c += 16) {
+        AccumulateTile256<4>(w + r * ld, ld, v + c, n, dim, acc + int64_t{r} * dim + c);
+      }
     }
-  }
-  for (; r < rows; ++r) {
-    for (int c = 0; c < dim; c += 16) {
-      AccumulateTile256<1>(weights + r * ld, ld, values + c, count, dim,
-                           acc + int64_t{r} * dim + c);
+    for (; r < rows; ++r) {
+      for (int c = 0; c < dim; c += 16) {
+        AccumulateTile256<1>(w + r * ld, ld, v + c, n, dim, acc + int64_t{r} * dim + c);
+      }
     }
   }
 }
