@@ -431,7 +431,7 @@ ATTNSERVE_AVX512 void OnlineSoftmaxRowAvx512(float* s, int64_t count, int64_t lo
   __m512 vmax = neg_inf;
   for (int64_t k = 0; k < n16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(v + k));
   if (tail != 0) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, v + n16));
-  // Halves, then the AVX2 reduction (GCC 12's _mm512_reduce_max_ps warns maybe-uninitialized).
+  // Halves, then the AVX2 reduction.
   const __m256 half_max = _mm256_max_ps(
       _mm512_castps512_ps256(vmax),
       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vmax), 1)));
