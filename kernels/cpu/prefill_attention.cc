@@ -20,10 +20,6 @@ namespace {
 // peak, small enough that Q, K, V, S and O of one item stay in L2.
 constexpr int64_t kTargetRowsPerBlock = 64;
 constexpr int64_t kKeysPerBlock = 128;
-// Keys and values of every (sequence, KV head) are converted to float32 once, before the query
-// blocks, when they take at most this many floats (128 MiB); larger problems (a short chunk over
-// a very long cached prefix) fall back to filling each key block per query block.
-constexpr int64_t kMaxGatheredFloats = int64_t{32} << 20;
 
 struct WorkItem {
   int sequence;
@@ -201,7 +197,7 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
         p.num_kv_heads * (GatheredKeyFloats(isa, count, p.key_dim) + count * p.value_dim);
   }
   gathered_offset[sequences.size()] = gathered_floats;
-  const bool gather = gathered_floats <= kMaxGatheredFloats;
+  const bool gather = gathered_floats <= p.max_gathered_floats;
   // Not value-initialised: every float is written by the gather (zeroing 8 MiB at 2048 tokens
   // cost a measurable share of a prefill).
   std::unique_ptr<float[]> storage(gather ? new float[gathered_floats] : nullptr);

@@ -38,6 +38,11 @@ struct PrefillAttentionParams {
   // Scale, mask, logits transform and softmax extra term (kernels/spec/attention_variation.h),
   // by query head; the sinks' extra term joins once, after a query block's last key block.
   AttentionVariation variation;
+  // Keys and values of every (sequence, KV head) are converted to float32 once, before the query
+  // blocks, when they take at most this many floats (128 MiB); larger problems (a short chunk over
+  // a very long cached prefix) fill each key block per query block instead. Tests set 0 to run
+  // that path.
+  int64_t max_gathered_floats = int64_t{32} << 20;
 };
 
 struct PrefillSequence {

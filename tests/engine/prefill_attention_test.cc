@@ -321,8 +321,13 @@ TEST_P(PrefillAttentionKernelTest, MatchesFloat64) {
   p.variation = v;
   ThreadPool pool(2);
   PrefillAttention(p, sequences, pool);
+  // The same with keys and values filled per key block (the path of very long cached prefixes).
+  std::vector<float> out_per_block(out.size(), NAN);
+  p.out = out_per_block.data();
+  p.max_gathered_floats = 0;
+  PrefillAttention(p, sequences, pool);
 
-  std::vector<double> actual, expected;
+  std::vector<double> actual, actual_per_block, expected;
   for (size_t i = 0; i < std::size(seqs); ++i) {
     for (int64_t t = 0; t < seqs[i].num_new; ++t) {
       const int64_t row = sequences[i].first_row + t;
@@ -333,12 +338,17 @@ TEST_P(PrefillAttentionKernelTest, MatchesFloat64) {
         expected.insert(expected.end(), exact.begin(), exact.end());
         const float* got = &out[row * p.out_row_stride + h * c.value_dim];
         actual.insert(actual.end(), got, got + c.value_dim);
+        const float* got_per_block = &out_per_block[row * p.out_row_stride + h * c.value_dim];
+        actual_per_block.insert(actual_per_block.end(), got_per_block, got_per_block + c.value_dim);
       }
     }
   }
   const double error = RelativeError(actual, expected);
   RecordProperty("relative_error", absl::StrFormat("%.3g", error));
   EXPECT_LE(error, 2e-5) << "max-norm relative error " << MaxRelativeError(actual, expected);
+  const double error_per_block = RelativeError(actual_per_block, expected);
+  RecordProperty("relative_error_per_block", absl::StrFormat("%.3g", error_per_block));
+  EXPECT_LE(error_per_block, 2e-5) << "keys and values filled per key block";
 }
 
 INSTANTIATE_TEST_SUITE_P(
