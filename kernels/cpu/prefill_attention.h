@@ -1,6 +1,7 @@
 // Prefill attention: a chunk of new query tokens per sequence attends to the keys its mask
-// allows, in key blocks gathered to float32 and multiplied with sgemm (a CPU flash-attention: an
-// online softmax over blocks, never an L x L score matrix).
+// allows, in key blocks gathered to float32 (a CPU flash-attention: an online softmax over blocks,
+// never an L x L score matrix). Q·Kᵀ and P·V run in the register tiles of prefill_tiles.h
+// (AVX-512 or AVX2, chosen at run time) when the head dims are multiples of 16, else as sgemm.
 //
 // Work items are (sequence, KV head, query block); rows of a query block are its tokens times the
 // query heads of the KV head's group, so a GQA/MQA key block is loaded once per group.

@@ -5,7 +5,7 @@
 // the catalogue of reference_test has mostly head dims the tiles do not take (8, 10, 24), so the
 // specs here have head dims that are multiples of 16 and every variation prefill supports.
 //
-// Sizes cross every boundary of the kernel: 16-key panels, 128-key blocks, 64-row query tiles
+// Sizes cross every boundary of the kernel: 16-key panels, 256-key blocks, 64-row query tiles
 // (tokens × group), pages of 5 and 16 tokens; a sequence is prefilled whole (303 tokens) and, if
 // causal, in two chunks (173 + 130: the second over a cached prefix that ends mid-panel and
 // mid-page).
@@ -89,7 +89,7 @@ std::vector<NamedSpec> TileSpecs() {
   }
   {
     LayerSpec s = standard(4, 2, 48, RopeLayout::kInterleaved);
-    s.sliding_window = 150;  // Cuts 128-key blocks and 16-key panels in the middle.
+    s.sliding_window = 150;  // Cuts 256-key blocks and 16-key panels in the middle.
     specs.push_back({"gqa2_hd48_window150", s});
   }
   {
