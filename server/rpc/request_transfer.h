@@ -38,7 +38,8 @@ struct TransferContext {
   int64_t max_message_bytes = 0;  // The server's limit; page chunks stay under it.
   // Who is calling (UNAUTHENTICATED ends the call); the registry shows a caller its own sessions.
   std::function<absl::StatusOr<Principal>(const grpc::ServerContextBase&)> authenticate;
-  // UNAVAILABLE while the replica drains (--drain_to), else OK: refuses the call first.
+  // UNAVAILABLE while the replica drains (--drain_to) or stops (SIGTERM), else OK: refuses the
+  // call first.
   std::function<grpc::Status()> draining;
   // The serving backend's table: without export_import both calls are UNIMPLEMENTED at once.
   const BackendCapabilities* capabilities = nullptr;
