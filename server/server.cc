@@ -131,6 +131,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   if (l.import_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--import_idle_timeout must be >= 0 (0 = never)");
   }
+  if (l.forward_stream_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--forward_stream_idle_timeout must be >= 0 (0 = never)");
+  }
   if (l.max_retained_output_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_retained_output_bytes = ", l.max_retained_output_bytes, ", must be >= 1"));

@@ -152,7 +152,7 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
                 [this] { return AdmissionStatus(); }, &backend->capabilities(),
-                limits.import_idle_timeout, &timer_},
+                limits.import_idle_timeout, &timer_, limits.forward_stream_idle_timeout},
       retained_(std::make_shared<RetainedOutputs>(
           limits.max_retained_output_bytes,
           registry->tenant_quotas().max_retained_output_bytes)) {

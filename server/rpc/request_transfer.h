@@ -48,6 +48,9 @@ struct TransferContext {
   // (--import_idle_timeout; zero = never). Checked on `timer`.
   absl::Duration import_idle_timeout = absl::ZeroDuration();
   TimerQueue* timer = nullptr;
+  // The same for a ForwardStream that owes rows or its header (--forward_stream_idle_timeout):
+  // ended DEADLINE_EXCEEDED, and every request it created released (server/rpc/forward_stream.h).
+  absl::Duration forward_stream_idle_timeout = absl::ZeroDuration();
 };
 
 // The header ExportRequest sends first for `exported`, a request of `session` (also what a drain

@@ -306,7 +306,14 @@ TEST_F(FullBatchTest, SixtyFourReadyStreamsDecodeInOneBatchOfSixtyFour) {
       const auto all_back = [&] { return answered == (round + 1) * kStreams || over > 0; };
       mu.Await(absl::Condition(&all_back));
     }
-    absl::StatusOr<v1::BatchingStats> after = batching();
+    // The session counts a batch after its answers went out: wait for its 64 steps to count.
+    absl::StatusOr<v1::BatchingStats> after;
+    AwaitUntil(
+        [&] {
+          after = batching();
+          return !after.ok() || after->decode_steps() >= before->decode_steps() + kStreams;
+        },
+        std::chrono::seconds(10));
     ASSERT_TRUE(held.ok()) << held.status();
     ASSERT_TRUE(after.ok()) << after.status();
     if (!in_time) continue;  // The scheduler may have given stream 0 up: inconclusive.
