@@ -88,6 +88,11 @@ ABSL_FLAG(absl::Duration, import_idle_timeout, kDefaultLimits.import_idle_timeou
           "An ImportRequest stream that sends no message for this long (its header, then each "
           "chunk of page bytes) is ended DEADLINE_EXCEEDED and the KV pool bytes its header "
           "reserved are given back; 0 = never (not advised: a stalled client holds them).");
+ABSL_FLAG(absl::Duration, forward_stream_idle_timeout, kDefaultLimits.forward_stream_idle_timeout,
+          "A ForwardStream that sends no message for this long while it still owes rows (or its "
+          "header) is ended DEADLINE_EXCEEDED and every request it created is released, so the "
+          "session's later ops (which wait for it) go on; 0 = never (not advised: a stalled "
+          "client holds them until its call's deadline).");
 ABSL_FLAG(absl::Duration, request_ttl, kDefaultLimits.request_ttl,
           "Idle time after which a request's KV cache is freed; 0 = never.");
 ABSL_FLAG(absl::Duration, session_ttl, kDefaultLimits.session_ttl,
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
   options.limits.max_inflight_message_bytes = absl::GetFlag(FLAGS_max_inflight_message_bytes);
   options.limits.max_retained_output_bytes = absl::GetFlag(FLAGS_max_retained_output_bytes);
   options.limits.import_idle_timeout = absl::GetFlag(FLAGS_import_idle_timeout);
+  options.limits.forward_stream_idle_timeout = absl::GetFlag(FLAGS_forward_stream_idle_timeout);
   options.limits.request_ttl = absl::GetFlag(FLAGS_request_ttl);
   options.limits.session_ttl = absl::GetFlag(FLAGS_session_ttl);
   options.limits.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);

@@ -13,10 +13,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "kernels/backend_factory.h"
 #include "server/rpc/attention_service.h"
+#include "server/rpc/call_tracker.h"
 #include "server/security/auth.h"
 #include "server/fleet/drain.h"
 #include "server/listen_address.h"
@@ -126,6 +130,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
   }
   if (l.import_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--import_idle_timeout must be >= 0 (0 = never)");
+  }
+  if (l.forward_stream_idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--forward_stream_idle_timeout must be >= 0 (0 = never)");
   }
   if (l.max_retained_output_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -339,6 +346,14 @@ absl::Status RunServer(const ServerOptions& options) {
   quota.Resize(static_cast<size_t>(inflight_bytes));
   builder.SetResourceQuota(quota);
   builder.RegisterService(&service);
+  // Counts the calls in flight, for the shutdown below to wait for (declared before the server,
+  // which it must outlive).
+  CallTracker calls;
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
+    counting.push_back(calls.NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(counting));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
@@ -432,8 +447,16 @@ absl::Status RunServer(const ServerOptions& options) {
     service.StartDraining(options.drain_to);
     DrainSessions(registry, metrics, drain);
   }
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoNanoseconds(options.shutdown_grace));
+  // New calls are refused, and the calls in flight finish, before gRPC's Shutdown sends GOAWAY:
+  // its final GOAWAY and the close then wait for each client to have read its answers
+  // (server/rpc/call_tracker.h says why); Shutdown cancels what is still running at the deadline.
+  const absl::Time grace_end = absl::Now() + options.shutdown_grace;
+  service.StopAccepting();
+  const int64_t in_flight = calls.live();
+  const bool ended = calls.AwaitCallsStartedBefore(grace_end);
+  SERVER_LOG(INFO, "shutdown: %d calls in flight at the stop; %s", in_flight,
+             ended ? "all ended" : "the grace period ended first: cancelling the rest");
+  server->Shutdown(absl::ToChronoTime(grace_end));
   server->Wait();
   if (!options.drain_to.empty()) {
     // Calls still in flight after the drain's log line may have been refused since.

@@ -32,6 +32,10 @@ struct ServerLimits {
   // An ImportRequest stream silent this long (no header, or no next page chunk) is ended
   // DEADLINE_EXCEEDED and the pool bytes its header reserved are given back; zero = never.
   absl::Duration import_idle_timeout = absl::Seconds(30);
+  // A ForwardStream that owes rows (or its header) and sends no message this long is ended
+  // DEADLINE_EXCEEDED, and every request it created released: until then the session's later ops
+  // wait for it (server/rpc/forward_stream.h); zero = never.
+  absl::Duration forward_stream_idle_timeout = absl::Seconds(30);
 };
 
 // Continuous batching and chunked prefill, per session (see server/session/scheduler.h and the

@@ -151,8 +151,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
-                [this] { return DrainingStatus(); }, &backend->capabilities(),
-                limits.import_idle_timeout, &timer_},
+                [this] { return AdmissionStatus(); }, &backend->capabilities(),
+                limits.import_idle_timeout, &timer_, limits.forward_stream_idle_timeout},
       retained_(std::make_shared<RetainedOutputs>(
           limits.max_retained_output_bytes,
           registry->tenant_quotas().max_retained_output_bytes)) {
@@ -201,8 +201,9 @@ void AttentionServiceImpl::ServeUnary(int index, Rpc rpc, Handler<Request, Respo
     }
     const bool changes_sessions = rpc != Rpc::kGetSession && rpc != Rpc::kListSessions &&
                                   rpc != Rpc::kGetServerInfo;
-    if (grpc::Status draining = DrainingStatus(); changes_sessions && !draining.ok()) {
-      refuse(call, std::move(draining));
+    if (grpc::Status admitted = AdmissionStatus();
+        !admitted.ok() && (changes_sessions || stopping_.load())) {
+      refuse(call, std::move(admitted));
       return call->reactor();
     }
     call->ReadRequest(
@@ -586,6 +587,10 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     caller_ = *std::move(caller);
+    if (service_->stopping_.load()) {
+      FinishMessage(service_->AdmissionStatus());
+      return;
+    }
     StartRead(&wire_request_);
   }
 
@@ -834,6 +839,15 @@ grpc::Status AttentionServiceImpl::DrainingStatus() const {
                       absl::StrCat("replica '", replica_, "' is draining (shutting down): its "
                                    "sessions are moving to ", drain_peer_,
                                    "; retry, through the balancer, in a moment"));
+}
+
+grpc::Status AttentionServiceImpl::AdmissionStatus() const {
+  if (stopping_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the server is shutting down (SIGTERM) and takes no new calls; retry, "
+                        "through the balancer or on another replica");
+  }
+  return DrainingStatus();
 }
 
 std::string AttentionServiceImpl::replica() const {

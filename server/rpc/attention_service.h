@@ -86,6 +86,11 @@ class AttentionServiceImpl final : public RawAttentionService {
   void StartDraining(std::string peer) ABSL_LOCKS_EXCLUDED(replica_mu_);
   std::string replica() const ABSL_LOCKS_EXCLUDED(replica_mu_);
 
+  // On SIGTERM, once any drain is done and before the server waits for the calls in flight
+  // (server.cc): every new call is refused UNAVAILABLE at its start, so that the wait ends. Calls
+  // already admitted run to their end, open streams' next messages included.
+  void StopAccepting() { stopping_.store(true); }
+
  private:
   class DecodeStreamReactor;
 
@@ -128,6 +133,9 @@ class AttentionServiceImpl final : public RawAttentionService {
                            const Principal& owner, const std::string& session_id);
   // UNAVAILABLE "replica ... is draining" once StartDraining ran, else OK.
   grpc::Status DrainingStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
+  // What a new call is told at its start: UNAVAILABLE once StopAccepting ran, else
+  // DrainingStatus().
+  grpc::Status AdmissionStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
   // Who is calling (server/security/auth.h), and for whom: an admin may act for the owner a
   // drain names (server/security/acting_owner.h).
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
@@ -149,6 +157,7 @@ class AttentionServiceImpl final : public RawAttentionService {
   const Authenticator* const authenticator_;
   bool keep_configure_requests_ = false;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> stopping_{false};
   // What ExportRequest and ImportRequest use of the above.
   const TransferContext transfer_;
   // Outputs kept for call_id retries by every session (server/session/retained_outputs.h).

@@ -1,6 +1,7 @@
 #include "server/rpc/forward_stream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "attnserve/v1/attention_service.pb.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/observability/call_log.h"
@@ -36,6 +39,18 @@ int64_t NanosBetween(Clock::time_point from, Clock::time_point to) {
 // Room left under the message limit for the framing around one message's rows.
 constexpr int64_t kRowsHeadroomBytes = 1024;
 
+class ForwardStreamReactor;
+
+// A ForwardStream's idle watch (--forward_stream_idle_timeout), shared with the timer callbacks
+// that check it. `reactor` is null once the call is done (OnDone clears it under `mu`, so a
+// callback that holds `mu` uses a live reactor). Lock order: `mu`, then the reactor's mutex.
+struct IdleWatch {
+  absl::Mutex mu;
+  ForwardStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  // When the last message arrived (absl::Now() in nanoseconds); written without `mu`.
+  std::atomic<int64_t> last_message_ns{absl::GetCurrentTimeNanos()};
+};
+
 class ForwardStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -51,12 +66,18 @@ class ForwardStreamReactor final
       return;
     }
     caller_ = *std::move(caller);
+    if (context_.timer != nullptr && context_.forward_stream_idle_timeout > absl::ZeroDuration()) {
+      absl::MutexLock lock(&watch_->mu);
+      watch_->reactor = this;
+      ScheduleWatch(watch_, context_, absl::Now() + context_.forward_stream_idle_timeout);
+    }
     absl::MutexLock lock(&mu_);
     reading_ = true;
     StartRead(&wire_in_);
   }
 
   void OnReadDone(bool ok) override {
+    if (ok) watch_->last_message_ns.store(absl::GetCurrentTimeNanos());
     grpc::Status finish_with;
     bool finish = false;
     {
@@ -119,9 +140,61 @@ class ForwardStreamReactor final
     if (finish) Finish(std::move(finish_with));
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&watch_->mu);
+      watch_->reactor = nullptr;  // Timer callbacks are done with this call.
+    }
+    delete this;
+  }
 
  private:
+  // ---- The idle watch ----------------------------------------------------------------------------
+
+  // Checks `watch` at `at`: ends its stream when it owes rows and no message came for the idle
+  // timeout, else checks again when the timeout after its last message passes.
+  static void ScheduleWatch(std::shared_ptr<IdleWatch> watch, const TransferContext& context,
+                            absl::Time at) {
+    context.timer->Schedule(at, [watch, &context] {
+      absl::MutexLock lock(&watch->mu);
+      if (watch->reactor == nullptr) return;
+      const absl::Time due = absl::FromUnixNanos(watch->last_message_ns.load()) +
+                             context.forward_stream_idle_timeout;
+      if (absl::Now() < due) {
+        ScheduleWatch(watch, context, due);
+        return;
+      }
+      if (!watch->reactor->EndIdle()) watch->reactor = nullptr;  // Nothing more to watch.
+    });
+  }
+
+  // The idle timeout passed since the last message. When the stream still owes its header or
+  // rows, fails it DEADLINE_EXCEEDED (the op's next turn undoes the Forward, releasing every
+  // request it created) and returns true; else (all rows here, or ending) false. Called with the
+  // watch's mutex held; the read pending while rows are owed keeps OnDone from running inside
+  // Finish here.
+  bool EndIdle() {
+    grpc::Status finish_with;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ending_ || (session_ != nullptr && received_rows_ >= total_rows_)) return false;
+      FailLocked(grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("ForwardStream: no message for ",
+                       absl::FormatDuration(context_.forward_stream_idle_timeout),
+                       " (--forward_stream_idle_timeout) with ",
+                       session_ == nullptr
+                           ? std::string("the header not yet sent")
+                           : absl::StrCat(received_rows_, " of the ", total_rows_,
+                                          " announced rows received"),
+                       "; the Forward is abandoned and every request it created released")));
+      finish = TakeFinishLocked(&finish_with);
+    }
+    if (finish) Finish(std::move(finish_with));
+    return true;
+  }
+
   // ---- Before the op: the header ---------------------------------------------------------------
 
   // Ends a call whose op was never posted (nothing to undo).
@@ -479,6 +552,7 @@ class ForwardStreamReactor final
 
   const TransferContext& context_;
   grpc::CallbackServerContext* const call_;
+  const std::shared_ptr<IdleWatch> watch_ = std::make_shared<IdleWatch>();
   const Clock::time_point arrival_ = Clock::now();
   Principal caller_;
   std::string variant_ = kNoVariant;

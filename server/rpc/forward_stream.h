@@ -10,7 +10,9 @@
 // requests keep decoding. Rows are read as they arrive (bytes left in gRPC's buffers would count
 // against --max_inflight_message_bytes, past which gRPC resets streams). A failure of any kind (a bad message, too few or too many rows, cancellation, the
 // engine) undoes the whole Forward on the session's queue: every request it created is released,
-// and the reservation returned.
+// and the reservation returned. A stream that owes its header or rows and sends nothing for
+// --forward_stream_idle_timeout is such a failure (DEADLINE_EXCEEDED), checked on the service's
+// TimerQueue: its op would otherwise hold the session's later ops until the call's deadline.
 //
 // All the reactor's state is guarded by one mutex; compute runs outside it. After the op is
 // posted, only its turn (or a write completion the turn armed) finishes the call, so the reactor

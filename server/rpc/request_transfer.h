@@ -38,7 +38,8 @@ struct TransferContext {
   int64_t max_message_bytes = 0;  // The server's limit; page chunks stay under it.
   // Who is calling (UNAUTHENTICATED ends the call); the registry shows a caller its own sessions.
   std::function<absl::StatusOr<Principal>(const grpc::ServerContextBase&)> authenticate;
-  // UNAVAILABLE while the replica drains (--drain_to), else OK: refuses the call first.
+  // UNAVAILABLE while the replica drains (--drain_to) or stops (SIGTERM), else OK: refuses the
+  // call first.
   std::function<grpc::Status()> draining;
   // The serving backend's table: without export_import both calls are UNIMPLEMENTED at once.
   const BackendCapabilities* capabilities = nullptr;
@@ -47,6 +48,9 @@ struct TransferContext {
   // (--import_idle_timeout; zero = never). Checked on `timer`.
   absl::Duration import_idle_timeout = absl::ZeroDuration();
   TimerQueue* timer = nullptr;
+  // The same for a ForwardStream that owes rows or its header (--forward_stream_idle_timeout):
+  // ended DEADLINE_EXCEEDED, and every request it created released (server/rpc/forward_stream.h).
+  absl::Duration forward_stream_idle_timeout = absl::ZeroDuration();
 };
 
 // The header ExportRequest sends first for `exported`, a request of `session` (also what a drain

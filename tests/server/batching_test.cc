@@ -13,8 +13,8 @@
 //    |out - ref| <= 1e-5 + 1e-5 * |ref| per element (float32 results of O(1)), and record how
 //    many outputs were nevertheless bit-identical. (Prompts over --prefill_chunk_tokens = 512 run
 //    in two chunks, which rounds differently from the reference's one call as well.)
-//    Issue 23: 64 streams decode in batches of nearly 64 once under way (the server's counters,
-//    mean >= 56), a lone stream's steps never wait for a batch to form, and a re-prefill's
+//    Issue 23: 64 streams with their steps ready decode in one batch of 64 (the server's gauges,
+//    round by round), a lone stream's steps never wait for a batch to form, and a re-prefill's
 //    Release and Forward neither cut the batch being formed nor keep it waiting.
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/support/await_until.h"
 #include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
@@ -190,105 +191,146 @@ TEST_F(BatchingTest, ThirtyTwoStreamsShareDecodeBatchesAndMatchUnbatchedEngine) 
   std::cout << identical << " of " << compared << " decode outputs bit-identical to unbatched\n";
 }
 
-// 64 closed-loop streams (one step outstanding each) decode in batches of about 64 once they are
-// under way: the batch being formed waits for the streams the previous batch answered instead of
-// launching with those that arrived while it ran (which split them into two cohorts of ~32 that
-// took turns). The window is read from the server's own counters (GetSession), between the
-// moments the clients have had 8 and 32 steps of each stream answered (ramp-up and tail left out).
-// The layer is the attnbench demo's GQA-4 shape at a 256-token context, so a batch of 64 takes a
-// few milliseconds: longer than a stream's round trip on an idle machine.
-TEST_F(BatchingTest, SixtyFourStreamsDecodeInBatchesOfNearlySixtyFour) {
+// 64 streams, each with its step ready, decode in one batch of 64: the batch being formed waits
+// for every stream the previous batch answered and takes all of their steps (launching with those
+// that came back first split 64 streams into two cohorts of ~32 that took turns). Shown round by
+// round from the server's own gauges, not from a mean batch size: a closed loop's mean depends on
+// whether the clients come back within the scheduler's give-up gap, which a loaded 2-core machine
+// does not promise (it measured 48 against 56 there, 2 runs in 6). Each round, 63 streams send
+// their step and the test waits until the session reports 63 steps waiting (the batch holds for
+// the 64th); then the 64th sends, and the round must be one engine call of 64 steps. A round
+// whose steps took longer than --max_queue_delay (1 s, the give-up) cannot tell a split from the
+// give-up and is left out; the test is skipped when every round was.
+class FullBatchTest : public ServerTest {
+ protected:
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--max_requests_per_session=64", "--max_batch_size=64", "--max_queue_delay=1s"};
+  }
+};
+
+TEST_F(FullBatchTest, SixtyFourReadyStreamsDecodeInOneBatchOfSixtyFour) {
   constexpr int kStreams = 64;
-  constexpr int kSteps = 40;
-  constexpr int kWindowBegin = 8;  // Steps per stream answered when the window opens...
-  constexpr int kWindowEnd = 32;   // ...and when it closes.
-  LayerSpec spec = SmallBiasedGqa();
-  spec.d_model = 512;
-  spec.num_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
+  constexpr int kRounds = 4;
+  constexpr auto kGiveUp = std::chrono::seconds(1);  // --max_queue_delay.
+  const LayerSpec spec = SmallBiasedGqa();
   v1::ConfigureResponse configured;
   grpc::Status status = Configure(stub(), SeedConfigure(spec, 7), &configured);
   ASSERT_TRUE(status.ok()) << Describe(status);
   const std::string session = configured.session_id();
+  std::mt19937_64 rng(7);
+  auto batching = [&]() -> absl::StatusOr<v1::BatchingStats> {
+    absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub(), session);
+    if (!info.ok()) return info.status();
+    return info->batching();
+  };
 
+  // Every stream prefilled, then one batch of all 64 (a Decode call's items run together): the
+  // next batch waits for every one of them.
+  v1::ForwardRequest forward;
+  forward.set_session_id(session);
+  v1::DecodeRequest first;
+  first.set_session_id(session);
+  std::vector<v1::DecodeRequest> steps(kStreams);
+  for (int s = 0; s < kStreams; ++s) {
+    const std::string id = absl::StrCat("s", s);
+    *forward.add_items() = MakeForwardItem(id, RandomHidden(16, spec.d_model, rng));
+    *first.add_items() = MakeDecodeItem(id, RandomHidden(1, spec.d_model, rng));
+    steps[s].set_session_id(session);
+    *steps[s].add_items() = MakeDecodeItem(id, RandomHidden(1, spec.d_model, rng));
+  }
+  v1::ForwardResponse forwarded;
+  status = Forward(stub(), forward, &forwarded);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  Clock::time_point last_launch = Clock::now();  // Before the previous batch could launch.
+  v1::DecodeResponse decoded;
+  status = Decode(stub(), first, &decoded);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+
+  // Stream s sends its step of round r once allowed[s] > r, then reads the answer.
   absl::Mutex mu;
-  int answered = 0;  // Steps answered, all streams.
-  int prefilled = 0;
-  int finished = 0;  // Streams over (a failed one included: the waits below end then too).
+  std::vector<int> allowed(kStreams, 0);
+  int answered = 0;
+  int over = 0;  // Streams done (a failed one included: the waits below end then too).
   std::vector<std::string> failures(kStreams);
   std::vector<std::thread> threads;
   for (int s = 0; s < kStreams; ++s) {
     threads.emplace_back([&, s] {
-      std::mt19937_64 rng(700 + s);
-      const std::string id = absl::StrCat("s", s);
       auto client = v1::AttentionService::NewStub(server().NewChannel());
-      v1::ForwardRequest forward;
-      forward.set_session_id(session);
-      *forward.add_items() = MakeForwardItem(id, RandomHidden(256, spec.d_model, rng));
-      v1::ForwardResponse forwarded;
-      grpc::Status st = Forward(*client, forward, &forwarded);
-      if (!st.ok()) failures[s] = "Forward: " + Describe(st);
-      {
-        // Every stream starts decoding once all are prefilled (or one failed).
-        absl::MutexLock lock(&mu);
-        ++prefilled;
-        const auto all_prefilled = [&] { return prefilled == kStreams; };
-        mu.Await(absl::Condition(&all_prefilled));
-      }
-      if (!st.ok()) {
-        absl::MutexLock lock(&mu);
-        ++finished;
-        return;
-      }
-      v1::DecodeRequest request;
-      request.set_session_id(session);
-      *request.add_items() = MakeDecodeItem(id, RandomHidden(1, spec.d_model, rng));
       grpc::ClientContext context;
       SetDeadline(context);
       auto stream = client->DecodeStream(&context);
-      for (int step = 0; step < kSteps; ++step) {
+      for (int round = 0; round < kRounds; ++round) {
+        {
+          absl::MutexLock lock(&mu);
+          const auto go = [&] { return allowed[s] > round; };
+          mu.Await(absl::Condition(&go));
+        }
         v1::DecodeResponse response;
-        if (!stream->Write(request) || !stream->Read(&response)) break;
+        if (!stream->Write(steps[s]) || !stream->Read(&response)) break;
         absl::MutexLock lock(&mu);
         ++answered;
       }
       stream->WritesDone();
       grpc::Status end = stream->Finish();
-      if (!end.ok()) failures[s] = "DecodeStream: " + Describe(end);
       absl::MutexLock lock(&mu);
-      ++finished;
+      if (!end.ok()) failures[s] = Describe(end);
+      ++over;
     });
   }
-  // The server's counters when `steps_per_stream` steps of every stream (in all) were answered.
-  auto counters_at = [&](int steps_per_stream) -> absl::StatusOr<v1::BatchingStats> {
+  auto release = [&](int from, int to, int round) {
+    absl::MutexLock lock(&mu);
+    for (int s = from; s < to; ++s) allowed[s] = round + 1;
+  };
+
+  int conclusive = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    absl::StatusOr<v1::BatchingStats> before = batching();
+    ASSERT_TRUE(before.ok()) << before.status();
+    release(1, kStreams, round);
+    // The batch being formed holds the 63 steps for stream 0, which the previous batch answered.
+    absl::StatusOr<v1::BatchingStats> held;
+    AwaitUntil(
+        [&] {
+          held = batching();
+          return !held.ok() || held->decode_steps_waiting() == kStreams - 1 ||
+                 held->decode_batches() != before->decode_batches();
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(kRpcTimeout));
+    const Clock::time_point now = Clock::now();
+    const bool in_time = now - last_launch < kGiveUp;
+    last_launch = now;
+    release(0, 1, round);
     {
       absl::MutexLock lock(&mu);
-      const auto reached = [&] {
-        return answered >= steps_per_stream * kStreams || finished == kStreams;
-      };
-      mu.Await(absl::Condition(&reached));
+      const auto all_back = [&] { return answered == (round + 1) * kStreams || over > 0; };
+      mu.Await(absl::Condition(&all_back));
     }
-    absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub(), session);
-    if (!info.ok()) return info.status();
-    return info->batching();
-  };
-  absl::StatusOr<v1::BatchingStats> begin = counters_at(kWindowBegin);
-  absl::StatusOr<v1::BatchingStats> end = counters_at(kWindowEnd);
+    // The session counts a batch after its answers went out: wait for its 64 steps to count.
+    absl::StatusOr<v1::BatchingStats> after;
+    AwaitUntil(
+        [&] {
+          after = batching();
+          return !after.ok() || after->decode_steps() >= before->decode_steps() + kStreams;
+        },
+        std::chrono::seconds(10));
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_TRUE(after.ok()) << after.status();
+    if (!in_time) continue;  // The scheduler may have given stream 0 up: inconclusive.
+    ++conclusive;
+    EXPECT_EQ(held->decode_steps_waiting(), kStreams - 1)
+        << "the 63 steps did not wait for the 64th stream";
+    EXPECT_EQ(held->decode_batches(), before->decode_batches())
+        << "the batch launched without stream 0, which the previous batch answered";
+    EXPECT_EQ(after->decode_batches() - before->decode_batches(), 1)
+        << "64 ready steps were split into several engine calls";
+    EXPECT_EQ(after->decode_steps() - before->decode_steps(), kStreams);
+  }
   for (std::thread& t : threads) t.join();
   for (int s = 0; s < kStreams; ++s) EXPECT_EQ(failures[s], "") << "stream " << s;
-  ASSERT_TRUE(begin.ok()) << begin.status();
-  ASSERT_TRUE(end.ok()) << end.status();
-
-  const int64_t steps = end->decode_steps() - begin->decode_steps();
-  const int64_t batches = end->decode_batches() - begin->decode_batches();
-  const double mean = static_cast<double>(steps) / std::max<int64_t>(1, batches);
-  RecordProperty("window_decode_steps", std::to_string(steps));
-  RecordProperty("window_decode_batches", std::to_string(batches));
-  std::cout << "window: " << steps << " decode steps in " << batches << " engine calls: mean batch "
-            << mean << " (64 streams)\n";
-  EXPECT_GE(steps, (kWindowEnd - kWindowBegin) * kStreams - kStreams);
-  EXPECT_GE(mean, 56.0) << "64 ready streams should decode together, not in two cohorts";
+  RecordProperty("conclusive_rounds", conclusive);
+  std::cout << conclusive << " of " << kRounds << " rounds within --max_queue_delay\n";
+  if (conclusive == 0) GTEST_SKIP() << "every round took longer than --max_queue_delay";
 }
 
 // Issue 23: a re-prefill (Release of a stream's finished request, Forward of its next one) does

@@ -3,8 +3,9 @@
 // 4096 against the default 4 MiB, at CI size). The streamed prompt's outputs are bit for bit those
 // of the same rows sent as unary Forwards of 192 rows (the prefill chunk is 64 rows either way),
 // and the request decodes on bit for bit as its unary twin. Every refusal has its precise status;
-// a stream that fails, ends early or is cancelled leaves no request and no KV bytes behind; a
-// decode step of another request runs while the stream waits for rows.
+// a stream that fails, ends early, is cancelled or stalls (--forward_stream_idle_timeout) leaves no
+// request and no KV bytes behind; a decode step of another request runs while the stream waits
+// for rows.
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -339,6 +340,82 @@ TEST_F(ForwardStreamTest, CancelledStreamLeavesNothingAndOthersDecodeMeanwhile) 
       std::chrono::seconds(10)))
       << "the cancelled stream's request or pages are still held";
   EXPECT_FALSE(DecodeOnce(session, other, RandomHidden(1, spec_.d_model, rng_)).empty());
+}
+
+// --forward_stream_idle_timeout, short here: a stalled stream's op holds the session's later ops.
+class ForwardStreamIdleTest : public ForwardStreamTest {
+ protected:
+  std::vector<std::string> ExtraFlags() const override {
+    std::vector<std::string> flags = ForwardStreamTest::ExtraFlags();
+    flags.push_back("--forward_stream_idle_timeout=1s");
+    return flags;
+  }
+};
+
+// A stream that stalls (its header and 200 of 1000 rows, then silence: neither the rest, nor a
+// half-close, nor a cancel) is ended DEADLINE_EXCEEDED naming the flag once it has been silent
+// for the idle timeout, and undone: its request, pages and reservation are released, and the
+// Forward queued behind it on the session runs. Each wait is for the server's own answer or
+// counters, never a sleep.
+TEST_F(ForwardStreamIdleTest, StalledStreamIsEndedAndReleasesItsRequests) {
+  const std::string session = Session();
+  ASSERT_FALSE(UnaryInPieces(session, "other", RandomHidden(16, spec_.d_model, rng_)).empty());
+  const int64_t other_bytes = Info(session).kv_bytes_used();
+  const Tensor prompt = RandomHidden(kPromptTokens, spec_.d_model, rng_);
+
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<Stream> stream = stub().ForwardStream(&context);
+  ASSERT_TRUE(stream->Write(Header(session, "stalled", kPromptTokens, spec_.d_model)));
+  ASSERT_TRUE(stream->Write(Rows(Bytes(SliceRows(prompt, 0, 200)))));
+  // The op's first turn reserved the prompt's pages: it is on the session's queue.
+  ASSERT_TRUE(AwaitUntil([&] { return Info(session).kv_bytes_used() > other_bytes; },
+                         std::chrono::seconds(10)));
+  // A Forward of a new request: an op, so it waits until the stalled stream's op is over.
+  grpc::Status behind_status;
+  std::thread behind([&] {
+    v1::ForwardRequest request;
+    request.set_session_id(session);
+    *request.add_items() = MakeForwardItem("next", RandomHidden(16, spec_.d_model, rng_));
+    v1::ForwardResponse response;
+    behind_status = Forward(stub(), request, &response);
+  });
+
+  v1::ForwardStreamResponse message;
+  while (stream->Read(&message)) {
+  }
+  const grpc::Status ended = stream->Finish();
+  behind.join();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(ended);
+  EXPECT_THAT(ended.error_message(),
+              HasSubstr("ForwardStream: no message for 1s (--forward_stream_idle_timeout) with "
+                        "200 of the 1000 announced rows received; the Forward is abandoned and "
+                        "every request it created released"));
+  EXPECT_TRUE(behind_status.ok()) << "the Forward behind the stalled stream: "
+                                  << Describe(behind_status);
+  // Undone: "other" and "next" remain, holding the session's pages alone.
+  EXPECT_TRUE(AwaitUntil(
+      [&] {
+        const v1::SessionInfo info = Info(session);
+        int64_t held = 0;
+        for (const auto& request : info.requests()) {
+          if (request.request_id() == "stalled") return false;
+          held += request.kv_bytes();
+        }
+        return info.requests_size() == 2 && info.kv_bytes_used() == held;
+      },
+      std::chrono::seconds(10)))
+      << "the stalled stream's request or pages are still held";
+
+  // A stream that never sends its header ends the same way (it holds no op, only the call).
+  grpc::ClientContext silent_context;
+  SetDeadline(silent_context);
+  std::unique_ptr<Stream> silent = stub().ForwardStream(&silent_context);
+  while (silent->Read(&message)) {
+  }
+  const grpc::Status silent_end = silent->Finish();
+  EXPECT_EQ(silent_end.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(silent_end);
+  EXPECT_THAT(silent_end.error_message(), HasSubstr("with the header not yet sent"));
 }
 
 class ForwardStreamPoolTest : public ForwardStreamTest {

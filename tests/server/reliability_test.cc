@@ -238,16 +238,19 @@ TEST(ReliabilityTest, DefaultParameterBudgetFollowsTheAddressSpaceLimit) {
 
 // Issue item 2: no std::bad_alloc ends the process. A Configure whose weights cannot be allocated
 // under the address-space limit (the budget set far past it) fails alone with RESOURCE_EXHAUSTED,
-// gives its charge back, and the server goes on serving.
+// gives its charge back, and the server goes on serving. The weights (4 x 1 GiB) do not fit the
+// 3 GiB at all, so an allocation of the tensors fails (the first ones freed as it unwinds) before a
+// value is drawn: with 2 GiB that fit, the failure came only after drawing them, which on a loaded
+// 2-core machine took past the call's 30 s deadline (DEADLINE_EXCEEDED, the charge still held).
 TEST(ReliabilityTest, ACallThatCannotAllocateIsResourceExhausted) {
   auto server = LimitedServer::Start(
       {"--kv_pool_bytes=268435456", absl::StrCat("--max_parameter_bytes=", 64 * kGiB)},
       AddressSpace(3 * kGiB));
   ASSERT_NE(server, nullptr);
-  // 4 x 8192 x 16384 f32 weights: 2 GiB, and Configure's peak is twice that.
+  // 4 x 16384 x 16384 f32 weights: 4 GiB.
   v1::ConfigureResponse configured;
   grpc::Status status =
-      Configure(*server->stub, SeedConfigure(Mha(8192, 128, 128), 1), &configured);
+      Configure(*server->stub, SeedConfigure(Mha(16384, 128, 128), 1), &configured);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("out of memory"));
   server->ExpectUp();
