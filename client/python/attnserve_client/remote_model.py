@@ -184,6 +184,10 @@ class RemoteModel:
         self.decode_calls = 0
         self.decode_rpc_seconds = 0.0
         self.decode_server_seconds = 0.0
+        # The calling thread's CPU time in those calls (thread_time: the rows' conversion,
+        # protobuf, gRPC, and the kernel's loopback send, which delivers to the server): the
+        # client's own work, apart from waiting for the server or for a core.
+        self.decode_client_cpu_seconds = 0.0
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
         self.sessions = self._configure(client)
@@ -315,7 +319,7 @@ class RemoteModel:
         # A model session: one session, the call names the layer; else the layer's own session.
         sid, index = ((self.sessions[0], layer) if self.one_session
                       else (self.sessions[layer], 0))
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         wire = self._wire_rows(rows)
         prefill = any(s.prefill for s in plan.segments)
         if prefill:
@@ -336,12 +340,14 @@ class RemoteModel:
             out = self._decode_outputs(response, plan, rows.shape[1])
             server_ns = response.timing.total_ns
         elapsed = time.perf_counter() - start
+        cpu = time.thread_time() - start_cpu
         with self._rpc_lock:
             self.rpc_seconds += elapsed
             if not prefill:
                 self.decode_calls += 1
                 self.decode_rpc_seconds += elapsed
                 self.decode_server_seconds += server_ns * 1e-9
+                self.decode_client_cpu_seconds += cpu
         return out
 
     def _decode(self, sid: str, index: int, wire: np.ndarray, plan: _Plan) -> pb.DecodeResponse:
