@@ -116,6 +116,9 @@ def main() -> int:
                                                               dtype=torch.float32).eval()
     batches = [int(b) for b in args.batches.split(",")]
     threads = [int(t) for t in args.local_threads.split(",") if t]
+    # The local rows' own copy: `model`'s attention is remote while it is served.
+    local_model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=torch.float32).eval() if threads else None
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:
@@ -132,7 +135,7 @@ def main() -> int:
             for mode in modes:  # Warm up each path (and the micro-batch thread).
                 run_remote(remote, prompts_for(tokenizer, 2), 4, mode)
             for t in threads:
-                local_tokens_per_s(model, tokenizer, prompts_for(tokenizer, 1), 4, t)
+                local_tokens_per_s(local_model, tokenizer, prompts_for(tokenizer, 1), 4, t)
             for repeat in range(args.repeats):
                 info_ms.append(info_round_trip_ms(client, args.info_calls))
                 print(f"run {repeat + 1}: GetServerInfo round trip {info_ms[-1]:.3f} ms (median "
@@ -158,7 +161,7 @@ def main() -> int:
                               f"{cpu_ms:.2f} ms)", file=sys.stderr, flush=True)
                     for t in threads:
                         loads.append(os.getloadavg()[0])
-                        rate = local_tokens_per_s(model, tokenizer, prompts, args.tokens, t)
+                        rate = local_tokens_per_s(local_model, tokenizer, prompts, args.tokens, t)
                         torch.set_num_threads(1)  # The remote rows' client: one thread.
                         local.setdefault((batch, t), []).append(rate)
                         print(f"local batch {batch}, {t} threads: {rate:.1f} tokens/s",
