@@ -19,8 +19,10 @@ mode must equal those of the first (checked). Local: generate() with PyTorch on 
 threads (a list: each is one column).
 
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
-call of the batch; its server part is Timing.total_ns, arrival to answer) against a
-GetServerInfo round trip (median of --info_calls), the floor of one gRPC call.
+call of the batch; its server part is Timing.total_ns, arrival to answer; the client's CPU time
+in it, thread_time) against a GetServerInfo round trip (median of --info_calls), the floor of
+one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
+set that many times, and the tables give medians (and the 1-minute load averages seen).
 Prints Markdown tables.
 """
 
@@ -84,13 +86,15 @@ def info_round_trip_ms(client, calls):
 def run_remote(remote, prompts, tokens, mode):
     for key, value in MODES[mode].items():
         setattr(remote, key, value)
-    before = (remote.decode_calls, remote.decode_rpc_seconds, remote.decode_server_seconds)
+    before = (remote.decode_calls, remote.decode_rpc_seconds, remote.decode_server_seconds,
+              remote.decode_client_cpu_seconds)
     stats = GenerateStats()
     out = remote.generate(prompts, tokens, eos_token_id=[], stats=stats)
     calls = remote.decode_calls - before[0]
     per_call_ms = (remote.decode_rpc_seconds - before[1]) / max(calls, 1) * 1e3
     server_ms = (remote.decode_server_seconds - before[2]) / max(calls, 1) * 1e3
-    return out, stats, per_call_ms, server_ms
+    client_cpu_ms = (remote.decode_client_cpu_seconds - before[3]) / max(calls, 1) * 1e3
+    return out, stats, per_call_ms, server_ms, client_cpu_ms
 
 
 def main() -> int:
@@ -103,6 +107,8 @@ def main() -> int:
     parser.add_argument("--local_threads", default="1,2")
     parser.add_argument("--modes", default="unary,stream,overlap")
     parser.add_argument("--info_calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every row; the tables give each cell's median")
     args = parser.parse_args()
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model_dir)
@@ -110,63 +116,87 @@ def main() -> int:
                                                               dtype=torch.float32).eval()
     batches = [int(b) for b in args.batches.split(",")]
     threads = [int(t) for t in args.local_threads.split(",") if t]
+    # The local rows' own copy: `model`'s attention is remote while it is served.
+    local_model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=torch.float32).eval() if threads else None
     modes = args.modes.split(",")
     for mode in modes:
         if mode not in MODES:
             parser.error(f"--modes: '{mode}' is not one of {', '.join(MODES)}")
-    remote_rows = {}  # (batch, mode) -> (stats, per-call ms, server ms)
+    # (batch, mode) -> per repeat: (tokens/s, share in calls, per-call ms, server ms, client
+    # CPU ms); (batch, threads) -> per repeat: tokens/s.
+    remote_rows = {}
+    local = {}
+    loads = []  # 1-minute load averages, sampled before every row
+    info_ms = []
     mismatches = []
     with AttnServeClient(args.server, timeout_s=300) as client:
-        info_ms = info_round_trip_ms(client, args.info_calls)
-        print(f"GetServerInfo round trip: {info_ms:.3f} ms (median of {args.info_calls})",
-              file=sys.stderr, flush=True)
         with serve_attention(model, client, args.checkpoint, label="bench") as remote:
             for mode in modes:  # Warm up each path (and the micro-batch thread).
                 run_remote(remote, prompts_for(tokenizer, 2), 4, mode)
-            for batch in batches:
-                prompts = prompts_for(tokenizer, batch)
-                first = None
-                for mode in modes:
-                    out, stats, per_call_ms, server_ms = run_remote(remote, prompts, args.tokens,
-                                                                    mode)
-                    if first is None:
-                        first = out
-                    elif out != first:
-                        mismatches.append(f"batch {batch}: {mode} differs from {modes[0]}")
-                    remote_rows[(batch, mode)] = (stats, per_call_ms, server_ms)
-                    print(f"remote batch {batch} {mode}: {stats.tokens_per_s:.1f} tokens/s "
-                          f"({stats.rpc_seconds / stats.seconds:.0%} of the time in attnserve "
-                          f"calls; decode call {per_call_ms:.2f} ms, server {server_ms:.2f} ms)",
-                          file=sys.stderr, flush=True)
-    local = {}
-    for batch in batches:
-        prompts = prompts_for(tokenizer, batch)
-        for t in threads:
-            local_tokens_per_s(model, tokenizer, prompts[:1], 4, t)  # warm up
-            local[(batch, t)] = local_tokens_per_s(model, tokenizer, prompts, args.tokens, t)
-            print(f"local batch {batch}, {t} threads: {local[(batch, t)]:.1f} tokens/s",
-                  file=sys.stderr, flush=True)
+            for t in threads:
+                local_tokens_per_s(local_model, tokenizer, prompts_for(tokenizer, 1), 4, t)
+            for repeat in range(args.repeats):
+                info_ms.append(info_round_trip_ms(client, args.info_calls))
+                print(f"run {repeat + 1}: GetServerInfo round trip {info_ms[-1]:.3f} ms (median "
+                      f"of {args.info_calls})", file=sys.stderr, flush=True)
+                for batch in batches:
+                    # Remote and local back to back, so that both see about the same load.
+                    prompts = prompts_for(tokenizer, batch)
+                    first = None
+                    for mode in modes:
+                        loads.append(os.getloadavg()[0])
+                        out, stats, per_call_ms, server_ms, cpu_ms = run_remote(
+                            remote, prompts, args.tokens, mode)
+                        if first is None:
+                            first = out
+                        elif out != first:
+                            mismatches.append(f"batch {batch}: {mode} differs from {modes[0]}")
+                        share = stats.rpc_seconds / stats.seconds
+                        remote_rows.setdefault((batch, mode), []).append(
+                            (stats.tokens_per_s, share, per_call_ms, server_ms, cpu_ms))
+                        print(f"remote batch {batch} {mode}: {stats.tokens_per_s:.1f} tokens/s "
+                              f"({share:.0%} of the time in attnserve calls; decode call "
+                              f"{per_call_ms:.2f} ms, server {server_ms:.2f} ms, client CPU "
+                              f"{cpu_ms:.2f} ms)", file=sys.stderr, flush=True)
+                    for t in threads:
+                        loads.append(os.getloadavg()[0])
+                        rate = local_tokens_per_s(local_model, tokenizer, prompts, args.tokens, t)
+                        torch.set_num_threads(1)  # The remote rows' client: one thread.
+                        local.setdefault((batch, t), []).append(rate)
+                        print(f"local batch {batch}, {t} threads: {rate:.1f} tokens/s",
+                              file=sys.stderr, flush=True)
 
+    med = statistics.median
+    print(f"{args.repeats} run(s); 1-minute load average {min(loads):.1f} to {max(loads):.1f} "
+          f"(median {med(loads):.1f}); GetServerInfo round trip (median of {args.info_calls}) "
+          f"{', '.join(f'{m:.3f}' for m in info_ms)} ms")
+    print()
     print("| " + " | ".join(["batch"] + [f"remote {m}, tokens/s (in calls)" for m in modes] +
                             [f"transformers, {t} thread{'s' if t > 1 else ''}, tokens/s"
-                             for t in threads]) + " |")
-    print("|" + "---|" * (1 + len(modes) + len(threads)))
+                             for t in threads] +
+                            ([f"best remote / transformers {threads[0]}"] if threads else [])) +
+          " |")
+    print("|" + "---|" * (1 + len(modes) + len(threads) + (1 if threads else 0)))
     for batch in batches:
-        cells = []
+        cells, best = [], 0.0
         for mode in modes:
-            stats = remote_rows[(batch, mode)][0]
-            cells.append(f"{stats.tokens_per_s:.1f} ({stats.rpc_seconds / stats.seconds:.0%})")
-        cells += [f"{local[(batch, t)]:.1f}" for t in threads]
+            rows = remote_rows[(batch, mode)]
+            rate = med(r[0] for r in rows)
+            best = max(best, rate)
+            cells.append(f"{rate:.1f} ({med(r[1] for r in rows):.0%})")
+        cells += [f"{med(local[(batch, t)]):.1f}" for t in threads]
+        if threads:
+            cells.append(f"{best / med(local[(batch, threads[0])]):.2f}x")
         print(f"| {batch} | " + " | ".join(cells) + " |")
     print()
-    print(f"GetServerInfo round trip (median of {args.info_calls}): {info_ms:.3f} ms")
-    print()
-    print("| batch | " + " | ".join(f"{m}: per-layer decode call, ms (server part)"
+    print("| batch | " + " | ".join(f"{m}: per-layer decode call, ms (server part; client CPU)"
                                      for m in modes) + " |")
     print("|" + "---|" * (1 + len(modes)))
     for batch in batches:
         print(f"| {batch} | " + " | ".join(
-            f"{remote_rows[(batch, m)][1]:.2f} ({remote_rows[(batch, m)][2]:.2f})"
+            "{:.2f} ({:.2f}; {:.2f})".format(*(med(r[k] for r in remote_rows[(batch, m)])
+                                              for k in (2, 3, 4)))
             for m in modes) + " |")
     if mismatches:
         print(f"\nTOKENS DIFFER: {'; '.join(mismatches)}")

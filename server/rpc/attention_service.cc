@@ -22,6 +22,7 @@
 #include "server/fleet/drain.h"
 #include "server/rpc/call_status.h"
 #include "server/rpc/forward_stream.h"
+#include "server/rpc/reply_buffer.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
@@ -640,7 +641,7 @@ class AttentionServiceImpl::DecodeStreamReactor
       response_.Clear();
       FillDecodeResponse(*outputs, timer_, &response_);
       grpc::Status serialized =
-          SerializeMessage(response_, service_->limits_.max_message_bytes, &wire_response_);
+          reply_.Serialize(response_, service_->limits_.max_message_bytes, &wire_response_);
       if (!serialized.ok()) return FinishMessage(std::move(serialized));
       Observe(*service_->metrics_, Rpc::kDecodeStream, variant_, grpc::Status::OK, timer_);
       StartWrite(&wire_response_);
@@ -649,6 +650,9 @@ class AttentionServiceImpl::DecodeStreamReactor
   }
 
   void OnWriteDone(bool ok) override {
+    // Our reference to the reply's bytes: without it, the next reply reuses them as soon as
+    // gRPC lets go (server/rpc/reply_buffer.h).
+    wire_response_.Clear();
     if (!ok) {
       Finish(Cancelled());
       return;
@@ -673,8 +677,11 @@ class AttentionServiceImpl::DecodeStreamReactor
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer wire_request_;
   grpc::ByteBuffer wire_response_;
+  // Per stream and reused, so that a message allocates no request or reply of its own: the
+  // parsed request and built response (Clear keeps their fields' memory) and the reply's bytes.
   v1::DecodeRequest request_;
   v1::DecodeResponse response_;
+  ReplyBuffer reply_;
   CallTimer timer_;
   std::string variant_ = kNoVariant;  // Of the current message's session, for metrics.
   Principal caller_;

@@ -9,6 +9,11 @@ namespace attnserve::server {
 
 bool ParseMessage(const grpc::ByteBuffer& buffer, google::protobuf::Message* message) {
   message->Clear();
+  // The common case, one slice, parsed in place: no vector of slices per message (a decode
+  // stream parses one message per layer per step).
+  if (grpc::Slice single; buffer.TrySingleSlice(&single).ok()) {
+    return message->ParseFromArray(single.begin(), static_cast<int>(single.size()));
+  }
   std::vector<grpc::Slice> slices;
   if (!buffer.Dump(&slices).ok()) return false;
   if (slices.size() == 1) {

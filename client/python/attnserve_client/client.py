@@ -49,12 +49,18 @@ _KV_QUANTS = {"none": pb.KV_CACHE_QUANTIZATION_NONE, "fp8": pb.KV_CACHE_QUANTIZA
 
 def _float_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bits (uint16), round to nearest even; NaN stays NaN (quiet)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    # In uint32, in place: only NaNs' bit patterns (overwritten below) can carry past 2^32.
+    rounded = (bits >> 16) & 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded >>= 16
+    out = rounded.astype(np.uint16)
     nan = np.isnan(values)
     if nan.any():
-        rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
-    return rounded
+        out[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return out
 
 
 def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
@@ -587,12 +593,42 @@ class AttnServeClient:
         self._server_max_message_bytes = 0  # Read once, when a Forward may not fit a message.
         # What a grpc.aio channel of a LoopDecodeStream needs to reach the same server.
         self._aio_channel_args = (target, credentials, options)
+        # One event loop and one grpc.aio channel for every LoopDecodeStream of this client,
+        # made on first use: a stream per generation then costs no loop, no connection and no
+        # HTTP/2 handshake of its own.
+        self._aio_loop = None
+        self._aio_channel = None
         self._token_metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.stub = pb_grpc.AttentionServiceStub(
             grpc.intercept_channel(self._channel, _BearerToken(token)) if token else self._channel)
 
     def close(self) -> None:
+        if self._aio_loop is not None:
+            loop, self._aio_loop = self._aio_loop, None
+            try:
+                loop.run_until_complete(self._aio_channel.close())
+            finally:
+                loop.close()
         self._channel.close()
+
+    def _aio(self):
+        """The client's event loop and grpc.aio channel (see LoopDecodeStream), made once."""
+        if self._aio_loop is None:
+            import asyncio  # noqa: PLC0415 - only the loop-driven streams need it
+            loop = asyncio.new_event_loop()
+            target, credentials, options = self._aio_channel_args
+
+            async def open_channel():  # An aio channel binds to the loop it is made on.
+                return (grpc.aio.secure_channel(target, credentials, options=options)
+                        if credentials is not None else
+                        grpc.aio.insecure_channel(target, options=options))
+            try:
+                self._aio_channel = loop.run_until_complete(open_channel())
+            except BaseException:
+                loop.close()
+                raise
+            self._aio_loop = loop
+        return self._aio_loop, self._aio_channel
 
     def __enter__(self) -> "AttnServeClient":
         return self
@@ -967,18 +1003,27 @@ class DecodeStream:
         with its status (AttnServeError); the stream is closed then."""
         if self._closed:
             raise RuntimeError("the decode stream is closed")
-        self._requests.put(self._client._decode_request(session_id or self._session_id, inputs,
-                                                        self._dtype, positions, layer))
+        request = self._client._decode_request(session_id or self._session_id, inputs,
+                                               self._dtype, positions, layer)
         start = time.perf_counter()
+        response = self.exchange(request)
+        return self._client._results(response, (time.perf_counter() - start) * 1e3)
+
+    def exchange(self, request: pb.DecodeRequest) -> pb.DecodeResponse:
+        """Sends one DecodeRequest as it is and returns the raw DecodeResponse (step() without
+        the conversions). The message is serialized on gRPC's request thread, later: do not
+        change `request` until the answer is in."""
+        if self._closed:
+            raise RuntimeError("the decode stream is closed")
+        self._requests.put(request)
         try:
-            response = next(self._responses)
+            return next(self._responses)
         except StopIteration:
             self._abandon()
             raise AttnServeError("DecodeStream", "UNKNOWN", "the server ended the stream") from None
         except grpc.RpcError as error:
             self._abandon()
             raise _wrap("DecodeStream", error) from None
-        return self._client._results(response, (time.perf_counter() - start) * 1e3)
 
     def _abandon(self) -> None:
         """After the stream ended: nothing more is sent, and close() has nothing to drain."""
@@ -1005,49 +1050,72 @@ class DecodeStream:
 
 class LoopDecodeStream:
     """One DecodeStream driven from the calling thread (AttnServeClient.open_decode_stream with
-    in_thread=True): a grpc.aio channel and call on a private event loop, each step one
-    write-then-read run to completion on it. The sync API's bidi call consumes its requests on a
-    thread of its own, so every message crosses threads twice; here none does. The stream has
-    its own channel (an aio channel belongs to one loop), opened with the client's target,
-    credentials, options and token. Not thread-safe: one thread drives it, and grpc.aio serves
-    one event loop at a time per process, so at most one LoopDecodeStream should be in use at a
-    time (two on two threads race for grpc.aio's poller)."""
+    in_thread=True): a grpc.aio call on the client's event loop and aio channel (shared by every
+    LoopDecodeStream of the client, made once), each step one write-then-read run to completion
+    on it. The sync API's bidi call consumes its requests on a thread of its own, so every
+    message crosses threads twice; here none does. Not thread-safe, and the client's loop is
+    driven by one thread at a time: use a client's LoopDecodeStreams from one thread (grpc.aio
+    serves one running event loop at a time per process; two on two threads race for its
+    poller)."""
 
     METHOD = "/attnserve.v1.AttentionService/DecodeStream"
 
     def __init__(self, client: AttnServeClient, session_id: str, dtype: Optional[str],
                  timeout_s: Optional[float] = None):
-        import asyncio  # noqa: PLC0415 - only this class needs it
-        self._timeout_s = timeout_s
         self._client = client
         self._session_id = session_id
         self._dtype = dtype
-        self._loop = asyncio.new_event_loop()
+        self._loop, channel = client._aio()
         self._closed = False
-        self._channel = None
-        self._call = None
-        try:
-            self._loop.run_until_complete(self._open())
-        except BaseException:
-            self._loop.close()
-            raise
-
-    async def _open(self) -> None:
-        target, credentials, options = self._client._aio_channel_args
-        self._channel = (grpc.aio.secure_channel(target, credentials, options=options)
-                         if credentials is not None else
-                         grpc.aio.insecure_channel(target, options=options))
-        method = self._channel.stream_stream(
+        method = channel.stream_stream(
             self.METHOD,
             request_serializer=pb.DecodeRequest.SerializeToString,
             response_deserializer=pb.DecodeResponse.FromString)
-        metadata = tuple(self._client._token_metadata) + tuple(
-            _session_metadata(self._session_id) or ())
-        self._call = method(timeout=self._timeout_s, metadata=metadata)
+        metadata = tuple(client._token_metadata) + tuple(_session_metadata(session_id) or ())
+
+        async def start():  # The call binds to the running loop.
+            return method(timeout=timeout_s, metadata=metadata)
+        self._call = self._loop.run_until_complete(start())
 
     async def _exchange(self, request):
-        await self._call.write(request)
-        return await self._call.read()
+        call = self._call
+        core = getattr(call, "_cython_call", None)
+        sent = getattr(call, "_metadata_sent", None)
+        if core is None or sent is None:  # Another grpc.aio than this was written against.
+            await call.write(request)
+            return await call.read()
+        # call.write() through grpc.aio's own path, less its failure handling: when the server
+        # has already ended the stream (e.g. UNIMPLEMENTED: it does not serve the method),
+        # grpc.aio's write replaces the server's status with its own INTERNAL "Internal error
+        # from Core" if the write fails before the status arrives. Here a failed write is left to
+        # the read, which ends (EOF) once the server's status is in, and that status is raised.
+        serialized = request.SerializeToString()
+        if not sent.is_set():
+            await sent.wait()
+        if not call.done():
+            try:
+                await core.send_serialized_message(serialized)
+            except grpc.RpcError:
+                raise
+            except Exception:  # noqa: BLE001 - cygrpc's InternalError: the stream has ended.
+                pass
+        return await call.read()
+
+    def exchange(self, request: pb.DecodeRequest) -> pb.DecodeResponse:
+        """Sends one DecodeRequest as it is and returns the raw DecodeResponse (step() without
+        the conversions, for a caller that builds and reads the messages itself)."""
+        if self._closed:
+            raise RuntimeError("the decode stream is closed")
+        try:
+            response = self._loop.run_until_complete(self._exchange(request))
+        except grpc.RpcError as error:
+            self._closed = True
+            raise _wrap("DecodeStream", error) from None
+        if response is grpc.aio.EOF:
+            self._closed = True
+            code, details = self._final_status()
+            raise AttnServeError("DecodeStream", code, details)
+        return response
 
     def step(self, inputs: Mapping[str, np.ndarray],
              positions: Optional[Mapping[str, int]] = None, *, layer: int = 0,
@@ -1058,15 +1126,7 @@ class LoopDecodeStream:
         request = self._client._decode_request(session_id or self._session_id, inputs,
                                                self._dtype, positions, layer)
         start = time.perf_counter()
-        try:
-            response = self._loop.run_until_complete(self._exchange(request))
-        except grpc.RpcError as error:
-            self._shut()
-            raise _wrap("DecodeStream", error) from None
-        if response is grpc.aio.EOF:
-            status = self._final_status()
-            self._shut()
-            raise AttnServeError("DecodeStream", status[0], status[1])
+        response = self.exchange(request)
         return self._client._results(response, (time.perf_counter() - start) * 1e3)
 
     def _final_status(self) -> Tuple[str, str]:
@@ -1083,17 +1143,8 @@ class LoopDecodeStream:
         while await self._call.read() is not grpc.aio.EOF:
             pass
 
-    def _shut(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._closed = True
-        try:
-            self._loop.run_until_complete(self._channel.close())
-        finally:
-            self._loop.close()
-
     def close(self) -> None:
-        """Half-closes the stream, reads it to its end and closes the channel."""
+        """Half-closes the stream and reads it to its end (the client's channel stays open)."""
         if self._closed:
             return
         self._closed = True
@@ -1105,9 +1156,6 @@ class LoopDecodeStream:
                 raise AttnServeError("DecodeStream", code.name, details or "")
         except grpc.RpcError as error:
             raise _wrap("DecodeStream", error) from None
-        finally:
-            self._loop.run_until_complete(self._channel.close())
-            self._loop.close()
 
     def __enter__(self) -> "LoopDecodeStream":
         return self

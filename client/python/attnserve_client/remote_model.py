@@ -52,7 +52,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from attnserve_client.client import AttnServeClient, AttnServeError
+from attnserve.v1 import attention_service_pb2 as pb
+from attnserve_client.client import AttnServeClient, AttnServeError, _bf16_bits_to_float
+
+# The name RemoteModel gives the model's attention implementation while it serves it: one that
+# transformers has no mask function for, so a step builds no attention mask (RemoteAttention
+# needs none: the server knows each request's positions). Building one was 12% of a batch-1
+# step's time (the packed positions make it a per-element vmap; masking_utils.py skips it for
+# "custom attention without equivalent mask creation").
+_ATTN_IMPLEMENTATION = "attnserve_remote"
 
 
 @dataclass
@@ -70,6 +78,10 @@ class _Segment:
 class _Plan:
     segments: List[_Segment] = field(default_factory=list)
     lane: int = 0  # the micro-batch (0 or 1 with overlap): each has its own decode stream
+    # A decode step's message, built at its first layer and reused by the others: only the
+    # layer and the rows change from layer to layer (the ids and positions are the step's).
+    decode_request: Optional[pb.DecodeRequest] = None
+    decode_items: List[pb.DecodeItem] = field(default_factory=list)
 
 
 class RemoteAttention(torch.nn.Module):
@@ -97,9 +109,8 @@ class RemoteAttention(torch.nn.Module):
         if hidden_states.dim() != 3 or hidden_states.shape[0] != 1:
             raise ValueError(f"RemoteAttention expects a packed [1, N, d_model] input, got "
                              f"{tuple(hidden_states.shape)}")
-        rows = hidden_states[0].detach().to(torch.float32).cpu().numpy()
-        out = owner._attend(self.layer, rows, plan)
-        return torch.from_numpy(out).to(hidden_states.dtype).unsqueeze(0), None
+        out = owner._attend(self.layer, hidden_states[0].detach(), plan)
+        return out.to(device=hidden_states.device, dtype=hidden_states.dtype).unsqueeze(0), None
 
 
 @dataclass
@@ -158,6 +169,7 @@ class RemoteModel:
         if wire_dtype not in ("f32", "bf16"):
             raise ValueError(f"wire_dtype '{wire_dtype}': expected f32 or bf16")
         self.wire_dtype = wire_dtype
+        self._wire = pb.DTYPE_BF16 if wire_dtype == "bf16" else pb.DTYPE_F32
         self._layers = _decoder_layers(model)
         self._originals = [layer.self_attn for layer in self._layers]
         self._local = threading.local()  # .plan: the packed step this thread runs
@@ -172,12 +184,19 @@ class RemoteModel:
         self.decode_calls = 0
         self.decode_rpc_seconds = 0.0
         self.decode_server_seconds = 0.0
+        # The calling thread's CPU time in those calls (thread_time: the rows' conversion,
+        # protobuf, gRPC, and the kernel's loopback send, which delivers to the server): the
+        # client's own work, apart from waiting for the server or for a core.
+        self.decode_client_cpu_seconds = 0.0
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
         self.sessions = self._configure(client)
         self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
         for i, layer in enumerate(self._layers):
             layer.self_attn = RemoteAttention(self, i, self._originals[i])
+        # No attention masks while served (see _ATTN_IMPLEMENTATION); close() puts it back.
+        self._attn_implementation = model.config._attn_implementation
+        model.config._attn_implementation = _ATTN_IMPLEMENTATION
 
     def _configure(self, client: AttnServeClient) -> List[str]:
         if self.one_session:
@@ -235,6 +254,7 @@ class RemoteModel:
             self._helper = None
         for layer, original in zip(self._layers, self._originals):
             layer.self_attn = original
+        self.model.config._attn_implementation = self._attn_implementation
         sessions, self.sessions = self.sessions, []
         for sid in sessions:
             try:
@@ -287,68 +307,116 @@ class RemoteModel:
             except AttnServeError:  # It already failed; its error went to its step.
                 pass
 
-    def _attend(self, layer: int, rows: np.ndarray, plan: _Plan) -> np.ndarray:
+    def _wire_rows(self, rows: torch.Tensor) -> np.ndarray:
+        """rows [N, d_model] as the wire carries them: float32, or bf16 bits (uint16; PyTorch
+        rounds to nearest even, as numpy_to_tensor does). A view where no conversion is due."""
+        if self._wire == pb.DTYPE_BF16:
+            return rows.to(torch.bfloat16).cpu().contiguous().view(torch.int16).numpy().view(
+                np.uint16)
+        return rows.to(torch.float32).cpu().contiguous().numpy()
+
+    def _attend(self, layer: int, rows: torch.Tensor, plan: _Plan) -> torch.Tensor:
         # A model session: one session, the call names the layer; else the layer's own session.
         sid, index = ((self.sessions[0], layer) if self.one_session
                       else (self.sessions[layer], 0))
-        start = time.perf_counter()
-        if any(s.prefill for s in plan.segments):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        wire = self._wire_rows(rows)
+        prefill = any(s.prefill for s in plan.segments)
+        if prefill:
             result = self.client.forward(
-                sid, {s.request_id: rows[s.start:s.start + s.length] for s in plan.segments},
+                sid, {s.request_id: wire[s.start:s.start + s.length] for s in plan.segments},
                 positions={s.request_id: s.positions for s in plan.segments}, layer=index,
                 dtype=self.wire_dtype)
+            out = np.empty(rows.shape, dtype=np.float32)
+            for s in plan.segments:
+                rows_out = result.outputs[s.request_id]
+                if rows_out.dtype == np.uint16:  # A client made with bf16_as="uint16".
+                    rows_out = _bf16_bits_to_float(rows_out)
+                out[s.start:s.start + s.length] = rows_out.reshape(s.length, rows.shape[1])
+            server_ns = result.timing.total_ns
+            out = torch.from_numpy(out)
         else:
-            inputs = {s.request_id: rows[s.start] for s in plan.segments}
-            positions = {s.request_id: s.positions[0] for s in plan.segments}
-            result = None
-            if self.decode_stream:
-                result = self._stream_step(plan.lane, sid, index, inputs, positions)
-            if result is None:
-                result = self.client.decode(sid, inputs, positions=positions, layer=index,
-                                            dtype=self.wire_dtype)
+            response = self._decode(sid, index, wire, plan)
+            out = self._decode_outputs(response, plan, rows.shape[1])
+            server_ns = response.timing.total_ns
         elapsed = time.perf_counter() - start
+        cpu = time.thread_time() - start_cpu
         with self._rpc_lock:
             self.rpc_seconds += elapsed
-            if not any(s.prefill for s in plan.segments):
+            if not prefill:
                 self.decode_calls += 1
                 self.decode_rpc_seconds += elapsed
-                self.decode_server_seconds += result.timing.total_ns * 1e-9
-        out = np.empty_like(rows)
-        for s in plan.segments:
-            out[s.start:s.start + s.length] = result.outputs[s.request_id].reshape(
-                s.length, rows.shape[1])
+                self.decode_server_seconds += server_ns * 1e-9
+                self.decode_client_cpu_seconds += cpu
         return out
 
-    def _stream_step(self, lane: int, sid: str, layer: int, inputs, positions):
+    def _decode(self, sid: str, index: int, wire: np.ndarray, plan: _Plan) -> pb.DecodeResponse:
+        """One layer's decode message (every segment is one token at row segment.start): the
+        step's message with this layer's rows, over the lane's stream or a unary Decode."""
+        request = plan.decode_request
+        if request is None or request.session_id != sid:
+            request = pb.DecodeRequest(session_id=sid)
+            for s in plan.segments:
+                item = request.items.add(request_id=s.request_id, position=s.positions[0])
+                item.hidden.dtype = self._wire
+                item.hidden.shape.extend([1, wire.shape[1]])
+            plan.decode_request, plan.decode_items = request, list(request.items)
+        request.layer = index
+        data = wire.tobytes()
+        row_bytes = len(data) // wire.shape[0]
+        for s, item in zip(plan.segments, plan.decode_items):
+            item.hidden.data = data[s.start * row_bytes:(s.start + 1) * row_bytes]
+        response = self._stream_exchange(plan.lane, sid, request) if self.decode_stream else None
+        if response is None:
+            response = self.client._call("Decode", request)
+        return response
+
+    def _decode_outputs(self, response: pb.DecodeResponse, plan: _Plan,
+                        d_model: int) -> torch.Tensor:
+        """The output rows [N, d_model] of a decode message, in the segments' row order."""
+        results = response.results
+        if len(results) != len(plan.segments):
+            raise AttnServeError("Decode", "INTERNAL", f"{len(results)} results for "
+                                 f"{len(plan.segments)} requests")
+        if any(r.request_id != s.request_id for r, s in zip(results, plan.segments)):
+            by_id = {r.request_id: r for r in results}
+            results = [by_id[s.request_id] for s in plan.segments]
+        for r in results:
+            if r.output.dtype != self._wire:
+                raise AttnServeError("Decode", "INTERNAL", f"output dtype {r.output.dtype}, "
+                                     f"sent {self._wire}")
+        # One copy, into a buffer PyTorch may own (a bytes object is read-only).
+        data = bytearray(b"".join(r.output.data for r in results))
+        if self._wire == pb.DTYPE_BF16:
+            out = torch.frombuffer(data, dtype=torch.bfloat16)
+        else:
+            out = torch.frombuffer(data, dtype=torch.float32)
+        return out.view(len(results), d_model)
+
+    def _stream_exchange(self, lane: int, sid: str, request: pb.DecodeRequest):
         """One layer's decode message on the lane's stream (opened on first use). None when the
         server does not serve DecodeStream (UNIMPLEMENTED: the message never ran), after which
         this model decodes with unary calls. Any other failure ends the stream and is raised,
         as a failed unary call would be: whether the message ran is for GetSession to say (the
         request's next_layer), and the next decode step opens a new stream."""
         stream = self._streams.get(lane)
-        fresh = stream is None
         if stream is None:
-            # grpc.aio serves one event loop at a time in a process (two loops on two threads
-            # race for its poller: BlockingIOError in PollerCompletionQueue), so only lane 0,
-            # the caller's thread, drives its stream on a loop; lane 1 uses the sync API's.
-            # No deadline: the stream lasts the generation, longer than any one call's timeout
-            # (a batch of 64 x 32 tokens took 57 s on the loaded test machine).
+            # Lane 0, the caller's thread, drives its stream on the client's event loop; lane 1
+            # (overlap's helper thread) uses the sync API's, since one loop runs on one thread
+            # at a time. No deadline: the stream lasts the generation, longer than any one
+            # call's timeout (a batch of 64 x 32 tokens took 57 s on the loaded test machine).
             stream = self.client.open_decode_stream(
                 sid, dtype=self.wire_dtype, in_thread=self.stream_in_thread and lane == 0,
                 timeout_s=None)
             self._streams[lane] = stream
         try:
-            result = stream.step(inputs, positions, layer=layer, session_id=sid)
+            response = stream.exchange(request)
             with self._rpc_lock:
                 self.stream_messages += 1
-            return result
+            return response
         except AttnServeError as error:
             self._streams.pop(lane, None)
-            # grpc.aio sometimes reports a fresh stream's refused first write as its own INTERNAL
-            # ("Internal error from Core") instead of the server's UNIMPLEMENTED; unary calls are
-            # safe to fall back to either way: had the message run, the layer's unary call would
-            # be refused as out of order (FAILED_PRECONDITION) and raised, never applied twice.
-            if error.code == "UNIMPLEMENTED" or (fresh and error.code == "INTERNAL"):
+            if error.code == "UNIMPLEMENTED":
                 self.decode_stream = False
                 with self._rpc_lock:
                     self.stream_fallbacks += 1
