@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
 

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
 
@@ -75,7 +74,7 @@ void GroupAccumulatePortable(const float* weights, int64_t ld, int rows,
 
 // ---- AVX2/FMA versions.
 
-// ExpApprox (vector_math.h) on 8 lanes: the same range reduction and polynomial, with FMA.
+// ExpApprox (simd_kernels.h) on 8 lanes: the same range reduction and polynomial, with FMA.
 ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
   const __m256 n = _mm256_floor_ps(

@@ -9,9 +9,6 @@ namespace attnserve {
 
 namespace {
 
-inline float Widen(float v) { return v; }
-inline float Widen(uint16_t bits) { return BF16ToFloat(bits); }
-
 // The portable version (what non-AVX2 CPUs run): f32 accumulation, in another order than the
 // AVX2 lanes'.
 template <typename W>
