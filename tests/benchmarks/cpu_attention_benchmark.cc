@@ -29,7 +29,7 @@
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/small_batch_gemv.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {
