@@ -23,50 +23,12 @@
 #include "kernels/core/dtype.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/memory_budget.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"
 #include "kernels/core/tensor.h"
 
 namespace attnserve {
-
-// Identifies one sequence within a layer. Ids are never reused by the same layer.
-using SequenceId = int64_t;
-
-// One sequence's share of a Prefill call.
-struct PrefillChunk {
-  SequenceId sequence = 0;
-  int64_t num_tokens = 0;  // Rows of the batch's hidden-state tensor that belong to this sequence.
-};
-
-// One layer's share of a stack's SequenceExport (see SequenceExport::layers).
-struct LayerExtent {
-  int64_t num_tokens = 0;       // Tokens cached (every layer holds the same between steps).
-  int64_t first_held_page = 0;  // Leading pages this layer's window evicted: not sent.
-  int64_t held_pages = 0;       // This layer's pages in SequenceExport::pages.
-};
-
-// One sequence's cached tokens as bytes (AttentionLayer::ExportSequence), to recreate it in another
-// layer of the same spec, KV storage format and page size (ImportSequence) — on another replica.
-struct SequenceExport {
-  int64_t num_tokens = 0;       // Tokens cached.
-  int64_t first_held_page = 0;  // Leading pages a sliding window evicted: not in `pages`.
-  int64_t page_bytes = 0;       // Bytes per page as the layer stores it (any scales included).
-  // Pages [first_held_page, ceil(num_tokens / page_size)) verbatim, in order, page_bytes each.
-  std::string pages;
-  // A stack's export (LayerStack::ExportSequence): one extent per layer, in layer order, and
-  // `pages` holds layer 0's held pages, then layer 1's, and so on (each layer's window evicts its
-  // own leading pages, so each has its own first_held_page; the top-level one is then 0). Empty
-  // for one layer.
-  std::vector<LayerExtent> layers;
-};
-
-// Pool usage, in pages of this layer's page size.
-struct KvPoolUsage {
-  int64_t page_size = 0;   // Tokens per page.
-  int64_t page_bytes = 0;  // Bytes per page.
-  int64_t capacity_pages = 0;
-  int64_t used_pages = 0;
-};
 
 class AttentionLayer {
  public:
@@ -117,17 +79,18 @@ class AttentionLayer {
   //   positions: RoPE positions, one per row; empty = each sequence continues from its length.
   //   returns    [sum(num_tokens), d_model] in hidden's dtype.
   // All-or-nothing: on error no sequence changes. RESOURCE_EXHAUSTED when the pool lacks pages.
-  virtual absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks,
-                                         const Tensor& hidden,
-                                         absl::Span<const int64_t> positions) = 0;
+  // Not virtual: the inputs are checked here, once for every backend (the same calls refused with
+  // the same messages), before the backend's PrefillChecked.
+  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
+                                 absl::Span<const int64_t> positions);
 
   // Appends one token to each of `sequences` (distinct ids) and attends it to its cache.
   //   hidden:    [sequences.size(), d_model]; f32, f16 or bf16.
   //   positions: RoPE positions, one per sequence; empty = each sequence's length.
   //   returns    [sequences.size(), d_model] in hidden's dtype.
-  virtual absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences,
-                                        const Tensor& hidden,
-                                        absl::Span<const int64_t> positions) = 0;
+  // Not virtual, as Prefill: checks the inputs, then runs the backend's DecodeChecked.
+  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
+                                absl::Span<const int64_t> positions);
 
   virtual KvPoolUsage PoolUsage() const = 0;
 
@@ -143,7 +106,27 @@ class AttentionLayer {
   // keeps fp32, or bf16 projection weights under CpuBackendOptions::projection_weights; the CUDA
   // backend keeps 16-bit projection weights for f16/bf16 layers).
   virtual int64_t ParameterBytes() const = 0;
+
+ protected:
+  // Prefill and Decode after their checks: at least one sequence (one chunk), `hidden` of
+  // [rows, d_model] with exactly that many elements, `positions` empty or one non-negative entry
+  // per row. Ids and counts are the backend's to check (against its sequence table).
+  virtual absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                                const Tensor& hidden,
+                                                absl::Span<const int64_t> positions) = 0;
+  virtual absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
+                                               const Tensor& hidden,
+                                               absl::Span<const int64_t> positions) = 0;
 };
+
+// OK when every element of a call's output is finite. Otherwise INVALID_ARGUMENT: the inputs
+// overflowed somewhere in the layer (finite inputs and weights can still do that), and the layer
+// must roll the call back, since the same overflow has reached the K/V it appended and would
+// poison every later step of those sequences.
+absl::Status CheckOutputFinite(const Tensor& output);
+// CheckOutputFinite's error for element `bad` (row-major) of `output`, for layers that find the
+// first non-finite element elsewhere (the CUDA layer does it on the device).
+absl::Status NonFiniteOutputError(const Tensor& output, int64_t bad);
 
 class AttentionBackend {
  public:

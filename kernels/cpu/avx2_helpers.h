@@ -1,5 +1,5 @@
 // AVX2/FMA helpers shared by the CPU kernels' register-tile loops (simd_kernels.cc,
-// small_batch_gemv.cc). Internal: include only from kernels/cpu .cc files.
+// linear.cc). Internal: include only from kernels/cpu .cc files.
 //
 // Every function here is compiled with target("avx2,fma") rather than -mavx2, so one portable
 // build serves every x86-64 CPU; callers run them only after a run-time check

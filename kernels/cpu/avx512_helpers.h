@@ -1,4 +1,4 @@
-// AVX-512F helpers for the CPU kernels' register-tile loops (small_batch_gemv.cc). Internal:
+// AVX-512F helpers for the CPU kernels' register-tile loops (linear.cc). Internal:
 // include only from kernels/cpu .cc files.
 //
 // Compiled with target("avx512f,avx2,fma") rather than -mavx512f, so one portable build serves

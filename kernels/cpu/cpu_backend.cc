@@ -30,7 +30,7 @@ class CpuBackend : public AttentionBackend {
 
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
-    // KV formats: f32, bf16, or 8-bit codes with per-page scales (kv_page_rows.h).
+    // KV formats: f32, bf16, or 8-bit codes with per-page scales (host_page_store.h).
     absl::StatusOr<KvCacheConfig> checked =
         CheckLayerRequest(capabilities(), spec, weights, kv_config);
     if (!checked.ok()) return checked.status();

@@ -5,9 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/kv_page_rows.h"
+#include "kernels/cpu/host_page_store.h"
 #include "kernels/kv/quantization.h"
-#include "kernels/spec/layer_input_checks.h"
 
 namespace attnserve {
 
@@ -128,32 +127,24 @@ absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequ
   return result;
 }
 
-absl::StatusOr<Tensor> CpuLayer::Prefill(absl::Span<const PrefillChunk> chunks,
-                                         const Tensor& hidden,
-                                         absl::Span<const int64_t> positions) {
-  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+absl::StatusOr<Tensor> CpuLayer::PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                                const Tensor& hidden,
+                                                absl::Span<const int64_t> positions) {
   std::vector<SequenceId> ids;
   std::vector<int64_t> counts;
-  int64_t rows = 0;
   for (const PrefillChunk& chunk : chunks) {
     ids.push_back(chunk.sequence);
     counts.push_back(chunk.num_tokens);
-    rows += chunk.num_tokens;
   }
-  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
-  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   std::vector<BatchSequence> batch;
   if (absl::Status s = Reserve(batch, ids, counts); !s.ok()) return s;
   return Run(hidden, std::move(batch), positions, /*decode=*/false);
 }
 
-absl::StatusOr<Tensor> CpuLayer::Decode(absl::Span<const SequenceId> sequences,
-                                        const Tensor& hidden, absl::Span<const int64_t> positions) {
-  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
-  const int64_t rows = static_cast<int64_t>(sequences.size());
-  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
-  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
+absl::StatusOr<Tensor> CpuLayer::DecodeChecked(absl::Span<const SequenceId> sequences,
+                                               const Tensor& hidden,
+                                               absl::Span<const int64_t> positions) {
   absl::MutexLock lock(&mu_);
   std::vector<BatchSequence> batch;
   const std::vector<int64_t> ones(sequences.size(), 1);

@@ -1,5 +1,5 @@
-// What every CPU layer shares: the sequence table, page reservation and window eviction, input
-// validation and dtype conversion. Variants (GqaLayer, MlaLayer) supply only the compute, through
+// What every CPU layer shares: the sequence table, page reservation and window eviction, and
+// dtype conversion (AttentionLayer::Prefill/Decode checked the inputs). Variants (GqaLayer, MlaLayer) supply only the compute, through
 // RunPrefill/RunDecode, which are called after all checks passed and all pages were reserved, and
 // so cannot fail: that is what makes Prefill and Decode all-or-nothing.
 #ifndef ATTNSERVE_KERNELS_CPU_CPU_LAYER_H_
@@ -11,11 +11,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 
@@ -44,10 +43,6 @@ class CpuLayer : public AttentionLayer {
   absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) final;
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const final;
   absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) final;
-  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
-                                 absl::Span<const int64_t> positions) final;
-  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
-                                absl::Span<const int64_t> positions) final;
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
@@ -56,6 +51,13 @@ class CpuLayer : public AttentionLayer {
   int64_t ParameterBytes() const override;
 
  protected:
+  absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                        const Tensor& hidden,
+                                        absl::Span<const int64_t> positions) final;
+  absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
+                                       const Tensor& hidden,
+                                       absl::Span<const int64_t> positions) final;
+
   // Prefill: each sequence gets `num_new` rows (>= 1). Decode: exactly one row per sequence.
   virtual void RunPrefill(const CpuBatch& batch) = 0;
   virtual void RunDecode(const CpuBatch& batch) = 0;
@@ -66,7 +68,7 @@ class CpuLayer : public AttentionLayer {
   KeyWindow mask() const { return AttentionVariation::FromSpec(spec_).mask; }
 
   // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages in the
-  // page's storage format (kernels/cpu/kv_page_rows.h). `value` false writes the key row, true the
+  // page's storage format (kernels/cpu/host_page_store.h). `value` false writes the key row, true the
   // value row. A page's rows are written in slot order (8-bit pages rescale as they fill).
   void StoreRow(const PageTable& table, int64_t index, int head, bool value, const float* src,
                 int64_t count);

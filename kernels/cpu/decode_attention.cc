@@ -8,9 +8,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/kv_page_rows.h"
+#include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/vector_math.h"
 #include "kernels/spec/decode_splits.h"
 
 namespace attnserve {

@@ -12,10 +12,10 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/cpu/decode_attention.h"
-#include "kernels/cpu/kv_page_rows.h"
+#include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/prefill_attention.h"
 

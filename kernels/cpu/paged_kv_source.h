@@ -3,11 +3,10 @@
 #ifndef ATTNSERVE_KERNELS_CPU_PAGED_KV_SOURCE_H_
 #define ATTNSERVE_KERNELS_CPU_PAGED_KV_SOURCE_H_
 
-#include "kernels/cpu/attention_policy.h"
 #include "kernels/cpu/host_page_store.h"
-#include "kernels/cpu/kv_page_rows.h"
 #include "kernels/cpu/prefill_attention.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 

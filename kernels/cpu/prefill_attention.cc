@@ -10,7 +10,6 @@
 
 #include "kernels/cpu/prefill_tiles.h"
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
 

@@ -7,7 +7,6 @@
 
 #include "kernels/cpu/avx2_helpers.h"
 #include "kernels/cpu/avx512_helpers.h"
-#include "kernels/cpu/vector_math.h"
 
 namespace attnserve {
 
@@ -76,7 +75,7 @@ void GroupAccumulatePortable(const float* weights, int64_t ld, int rows,
 
 // ---- AVX2/FMA versions.
 
-// ExpApprox (vector_math.h) on 8 lanes: the same range reduction and polynomial, with FMA.
+// ExpApprox (simd_kernels.h) on 8 lanes: the same range reduction and polynomial, with FMA.
 ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
   const __m256 n = _mm256_floor_ps(
@@ -388,7 +387,7 @@ ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int ro
 
 // ---- AVX-512F version of the softmax row (prefill's blocks of 128 keys: 8 vectors a pass).
 
-// ExpApprox (vector_math.h) on 16 lanes: the same range reduction and polynomial; 2^n is built
+// ExpApprox (simd_kernels.h) on 16 lanes: the same range reduction and polynomial; 2^n is built
 // with scalef instead of the exponent-bit shift.
 ATTNSERVE_AVX512 inline __m512 Exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.37f));

@@ -1,4 +1,8 @@
-// Inner loops of the attention kernels with an AVX2/FMA implementation (and AVX-512F for
+// Inner loops of the attention kernels. Short vector loops (Widen, ExpApprox, Dot, Axpy, Scale,
+// ...) inline: `#pragma omp simd` (compiled with -fopenmp-simd) lets GCC vectorise the reductions
+// without relaxing floating-point rules anywhere else; they are templated on the stored element
+// type (float, or bf16 bits as uint16_t) so bf16 KV rows are widened in registers instead of
+// through a scratch copy. The block loops below have an AVX2/FMA implementation (and AVX-512F for
 // OnlineSoftmaxRow) chosen at run time
 // (__builtin_cpu_supports; the AVX2 code is compiled with target attributes, so one portable
 // build serves every x86-64 CPU) and a portable fallback with the same semantics.
@@ -17,11 +21,87 @@
 #ifndef ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 #define ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
+
+inline float Widen(float x) { return x; }
+inline float Widen(uint16_t bf16_bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bf16_bits) << 16);
+}
+
+// e^x for softmax weights, vectorisable (no library call): Cody-Waite range reduction
+// x = n ln2 + r and Cephes' degree-6 polynomial for e^r; relative error below 2e-7 for
+// x in [-87, 88]. Inputs below -87.3 return ~1e-38 instead of 0, which is harmless for softmax
+// weights (callers subtract the running max, so x <= 0 and the true weight is at most that small).
+inline float ExpApprox(float x) {
+  x = std::clamp(x, -87.33f, 88.37f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e_r = p * r * r + r + 1.0f;
+  return e_r * std::bit_cast<float>(static_cast<int32_t>(n + 127.0f) << 23);
+}
+
+template <typename Element>
+inline float Dot(const float* q, const Element* k, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += q[i] * Widen(k[i]);
+  return sum;
+}
+
+// out[j] = q . k_j for four keys: q is loaded once, and the four reductions share one pass.
+template <typename Element>
+inline void Dot4(const float* q, const Element* k0, const Element* k1, const Element* k2,
+                 const Element* k3, int64_t n, float* out) {
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; ++i) {
+    const float qi = q[i];
+    s0 += qi * Widen(k0[i]);
+    s1 += qi * Widen(k1[i]);
+    s2 += qi * Widen(k2[i]);
+    s3 += qi * Widen(k3[i]);
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+// y += alpha * x
+template <typename Element>
+inline void Axpy(float alpha, const Element* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * Widen(x[i]);
+}
+
+// y += w[0] x0 + w[1] x1 + w[2] x2 + w[3] x3: one load and store of y for four rows.
+template <typename Element>
+inline void Axpy4(const float* w, const Element* x0, const Element* x1, const Element* x2,
+                  const Element* x3, float* y, int64_t n) {
+  const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] += w0 * Widen(x0[i]) + w1 * Widen(x1[i]) + w2 * Widen(x2[i]) + w3 * Widen(x3[i]);
+  }
+}
+
+inline void Scale(float alpha, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
+}
 
 // True when the AVX2/FMA paths run (CPU support, checked once).
 bool SimdKernelsUseAvx2();

@@ -1,5 +1,5 @@
 // Where a token's cached rows sit inside one KV page: the one definition of the page layouts, used
-// by the CPU backend (KvPageLayout, kernels/cpu/attention_policy.h) and by the CUDA kernels
+// by the CPU backend (KvPageLayout, kernels/cpu/host_page_store.h) and by the CUDA kernels
 // (PagedKv, kernels/cuda/attention/params.h). nvcc-safe: no absl, no std headers.
 //
 //   MHA/MQA/GQA page: [K|V][num_kv_heads][page_size][head_dim]  (one KV head's keys contiguous, so

@@ -1,6 +1,6 @@
 // 8-bit KV codes (fp8 e4m3, int8) and their per-page scales: encoding, decoding, the scale rule,
 // and the bytes a quantized page takes. Backend-independent; the CPU backend applies it to its
-// pages in kernels/cpu/kv_page_rows.h.
+// pages in kernels/cpu/host_page_store.h.
 //
 // A stored value is code_value(code) * scale, where scale is a float32 kept in the page, one per
 // page and scale group (a KV head's K or V; MLA's latent or RoPE key). Scales are powers of two,

@@ -1,7 +1,8 @@
-// A layer's sequences and their KV pages, independent of where the pages live: the sequence
-// table, all-or-nothing page reservation against the layer's allocator and the shared byte budget,
-// rollback, and sliding-window eviction. The CPU and CUDA layers share it, so both backends refuse,
-// reserve and evict identically; each supplies only a commit hook that backs page ids with memory.
+// The KV ledger: a layer's sequences and their KV pages, independent of where the pages live —
+// each sequence's page table, the allocator of page ids, all-or-nothing page reservation against
+// that allocator and the shared byte budget, rollback, and sliding-window eviction. The CPU and
+// CUDA layers share it, so both backends refuse, reserve and evict identically; each supplies only
+// a commit hook that backs page ids with memory. One file, so a page is counted in one place.
 //
 // Not thread-safe: the owning layer serialises calls (it holds its own mutex around every call).
 #ifndef ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
@@ -10,28 +11,108 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "kernels/backend.h"
 #include "kernels/kv/memory_budget.h"
-#include "kernels/kv/page_allocator.h"
-#include "kernels/kv/page_table.h"
 
 namespace attnserve {
 
-// One sequence's share of a batch, after validation and page reservation.
+// Identifies one sequence within a layer. Ids are never reused by the same layer.
+using SequenceId = int64_t;
+
+// One sequence's share of a Prefill call.
+struct PrefillChunk {
+  SequenceId sequence = 0;
+  int64_t num_tokens = 0;  // Rows of the batch's hidden-state tensor that belong to this sequence.
+};
+
+// One layer's share of a stack's SequenceExport (see SequenceExport::layers).
+struct LayerExtent {
+  int64_t num_tokens = 0;       // Tokens cached (every layer holds the same between steps).
+  int64_t first_held_page = 0;  // Leading pages this layer's window evicted: not sent.
+  int64_t held_pages = 0;       // This layer's pages in SequenceExport::pages.
+};
+
+// One sequence's cached tokens as bytes (AttentionLayer::ExportSequence), to recreate it in another
+// layer of the same spec, KV storage format and page size (ImportSequence) — on another replica.
+struct SequenceExport {
+  int64_t num_tokens = 0;       // Tokens cached.
+  int64_t first_held_page = 0;  // Leading pages a sliding window evicted: not in `pages`.
+  int64_t page_bytes = 0;       // Bytes per page as the layer stores it (any scales included).
+  // Pages [first_held_page, ceil(num_tokens / page_size)) verbatim, in order, page_bytes each.
+  std::string pages;
+  // A stack's export (LayerStack::ExportSequence): one extent per layer, in layer order, and
+  // `pages` holds layer 0's held pages, then layer 1's, and so on (each layer's window evicts its
+  // own leading pages, so each has its own first_held_page; the top-level one is then 0). Empty
+  // for one layer.
+  std::vector<LayerExtent> layers;
+};
+
+// Pool usage, in pages of this layer's page size.
+struct KvPoolUsage {
+  int64_t page_size = 0;   // Tokens per page.
+  int64_t page_bytes = 0;  // Bytes per page.
+  int64_t capacity_pages = 0;
+  int64_t used_pages = 0;
+};
+
+// A sequence's page table: which pool pages hold its tokens (vLLM's PagedAttention layout).
+//
+// Token t of a sequence lives in page pages[t / page_size], slot t % page_size. Pages that a
+// sliding window has left behind for good are returned to the pool and marked kEvictedPage; the
+// table keeps its length so token indices never shift. This one value type is shared by the CPU
+// and CUDA backends.
+inline constexpr int32_t kEvictedPage = -1;
+
+struct PageTable {
+  std::vector<int32_t> pages;  // [ceil(num_tokens / page_size)] pool page ids or kEvictedPage.
+  int64_t num_tokens = 0;      // Tokens written so far.
+
+  int32_t PageOf(int64_t token, int page_size) const { return pages[token / page_size]; }
+};
+
+// Pages needed to hold `num_tokens` tokens.
+inline int64_t PagesForTokens(int64_t num_tokens, int page_size) {
+  return (num_tokens + page_size - 1) / page_size;
+}
+
+// Hands out page ids [0, capacity) from a free list. Storage lives elsewhere (host slabs or one
+// device allocation); this class only decides which ids are in use. Memory is proportional to the
+// ids ever handed out, not to the capacity: a layer sized for a whole device pool of tiny pages
+// (hundreds of millions of ids) costs nothing until it is used.
+class PageAllocator {
+ public:
+  explicit PageAllocator(int64_t capacity);
+
+  // `count` page ids, all or nothing. RESOURCE_EXHAUSTED with the numbers when fewer are free.
+  absl::StatusOr<std::vector<int32_t>> Allocate(int64_t count);
+  // Returns pages to the pool. Each id must have come from Allocate and not been freed since.
+  void Free(absl::Span<const int32_t> pages);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t used() const { return next_fresh_ - static_cast<int64_t>(returned_.size()); }
+  int64_t free() const { return capacity_ - used(); }
+
+ private:
+  int64_t capacity_;
+  int64_t next_fresh_ = 0;         // Ids [next_fresh_, capacity) were never handed out.
+  std::vector<int32_t> returned_;  // Freed ids, reused first (stack: back() goes out next).
+};
+
 // RESOURCE_EXHAUSTED for a charge of `bytes` (`pages` pages of `page_size` tokens) that
 // `budget` refused, for `what` ("this batch", "this Forward"): the numbers of the budget that
 // refused it, a named tenant quota or the device pool itself.
 absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes, int64_t pages,
                                     int64_t page_size, absl::string_view what);
 
+// One sequence's share of a batch, after validation and page reservation.
 struct BatchSequence {
   PageTable* table = nullptr;  // num_tokens already counts the new tokens; pages reserved.
   int64_t first_row = 0;       // Row of the batch holding its first new token.

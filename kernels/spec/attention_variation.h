@@ -23,13 +23,34 @@
 #include <cstdint>
 
 #include "kernels/core/host_device.h"
-#include "kernels/spec/attention_mask.h"
 
 #if !defined(__CUDACC__)
 #include "kernels/spec/layer_spec.h"
 #endif
 
 namespace attnserve {
+
+// The one rule for which keys a query may see (VisibleKeyRange), shared by the CPU backend
+// (KeyWindow below, 64-bit indices) and the CUDA kernels and their host planner (MaskSpec,
+// kernels/cuda/attention/params.h, 32-bit indices).
+//
+// Causal with a Mistral sliding window W: the query at index i sees keys j with i - W < j <= i
+// (W = 0: all j <= i). Non-causal: every key of the sequence, including those after the query.
+// Indices are a token's index in its sequence (transformers' cache_position), never its RoPE
+// position.
+// Half-open [*begin, *end) of the keys visible to query index `query` of a sequence that holds
+// `length` tokens.
+template <typename Index>
+ATTNSERVE_HD inline void VisibleKeyRange(bool causal, Index window, Index query, Index length,
+                                         Index* begin, Index* end) {
+  if (!causal) {
+    *begin = 0;
+    *end = length;
+    return;
+  }
+  *begin = (window > 0 && query - window + 1 > 0) ? query - window + 1 : 0;
+  *end = query + 1;
+}
 
 // Half-open range of key indices [begin, end) within a sequence.
 struct KeyRange {
@@ -45,7 +66,7 @@ struct LogitSite {
   int64_t first_key = 0;
 };
 
-// Mask: the rule of kernels/spec/attention_mask.h with the spec's parameters.
+// Mask: the rule of VisibleKeyRange above with the spec's parameters.
 struct KeyWindow {
   bool causal = true;
   int64_t window = 0;  // Sliding window in tokens; 0 = unlimited.

@@ -1,5 +1,5 @@
 // How short a decode KV split may be, shared by the CPU decode (kernels/cpu/decode_attention.cc)
-// and the CUDA planner (kernels/cuda/attention/work_plan.h), so both backends cut a long context
+// and the CUDA planner (kernels/cuda/attention/batch_plan.h), so both backends cut a long context
 // the same way: flash-decoding splits one sequence's keys across workers and merges their partial
 // softmax states, and a split shorter than this costs more in its merge than it saves.
 #ifndef ATTNSERVE_KERNELS_SPEC_DECODE_SPLITS_H_

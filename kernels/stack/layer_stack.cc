@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/capabilities.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 
 namespace attnserve {
 
@@ -445,9 +445,9 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
   return hidden.dtype() == DType::kF32 ? std::move(h) : h.CastTo(hidden.dtype());
 }
 
-absl::StatusOr<Tensor> LayerStack::Prefill(absl::Span<const PrefillChunk> chunks,
-                                           const Tensor& hidden,
-                                           absl::Span<const int64_t> positions) {
+absl::StatusOr<Tensor> LayerStack::PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                                  const Tensor& hidden,
+                                                  absl::Span<const int64_t> positions) {
   if (mode_ != StackMode::kResidual) return WholeStackCallError();
   std::vector<SequenceId> ids;
   std::vector<int64_t> rows;
@@ -465,9 +465,9 @@ absl::StatusOr<Tensor> LayerStack::Prefill(absl::Span<const PrefillChunk> chunks
              });
 }
 
-absl::StatusOr<Tensor> LayerStack::Decode(absl::Span<const SequenceId> sequences,
-                                          const Tensor& hidden,
-                                          absl::Span<const int64_t> positions) {
+absl::StatusOr<Tensor> LayerStack::DecodeChecked(absl::Span<const SequenceId> sequences,
+                                                 const Tensor& hidden,
+                                                 absl::Span<const int64_t> positions) {
   if (mode_ != StackMode::kResidual) return WholeStackCallError();
   const std::vector<int64_t> rows(sequences.size(), 1);
   return Run(sequences, rows, hidden,

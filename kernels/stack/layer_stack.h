@@ -117,11 +117,6 @@ class LayerStack final : public AttentionLayer {
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
   absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
 
-  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
-                                 absl::Span<const int64_t> positions) override;
-  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
-                                absl::Span<const int64_t> positions) override;
-
   // Per-layer mode only (else FAILED_PRECONDITION): layer `layer` alone, as one step of the
   // sequences (see the header). INVALID_ARGUMENT for a layer outside [0, num_layers()).
   absl::StatusOr<Tensor> PrefillLayer(int layer, absl::Span<const PrefillChunk> chunks,
@@ -137,6 +132,15 @@ class LayerStack final : public AttentionLayer {
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
   int64_t ParameterBytes() const override;
+
+ protected:
+  // Residual mode only (AttentionLayer::Prefill/Decode checked the inputs): every layer in turn.
+  absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                        const Tensor& hidden,
+                                        absl::Span<const int64_t> positions) override;
+  absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
+                                       const Tensor& hidden,
+                                       absl::Span<const int64_t> positions) override;
 
  private:
   // A sequence's step in flight (per-layer mode): the layer it runs next, its rows, and the pages

@@ -94,7 +94,7 @@ class Drainer {
   // Moves one session and its requests; adds the outcome to `report`.
   void Drain(const std::shared_ptr<Session>& shared, DrainReport& report) {
     Session& session = *shared;
-    const std::string variant = VariantLabel(session.spec());
+    const std::string variant = session.variant_label();
     absl::Status recreated = Recreate(session);
     if (!recreated.ok()) {
       // Not sealed: its calls go on as in a shutdown without a drain, and end with the process.
@@ -324,7 +324,7 @@ DrainReport DrainSessions(SessionRegistry& registry, Metrics& metrics,
       const int64_t held = session->num_requests();
       ++report.sessions_lost;
       report.requests_lost += held;
-      metrics.CountDrainedRequests(VariantLabel(session->spec()), Metrics::DrainOutcome::kLost,
+      metrics.CountDrainedRequests(session->variant_label(), Metrics::DrainOutcome::kLost,
                                    held);
     }
     SERVER_LOG(ERROR,
@@ -364,7 +364,7 @@ void DrainSession(const std::shared_ptr<Session>& session, Metrics& metrics,
     report.refused = true;
     ++report.sessions_lost;
     report.requests_lost += held;
-    metrics.CountDrainedRequests(VariantLabel(session->spec()), Metrics::DrainOutcome::kLost,
+    metrics.CountDrainedRequests(session->variant_label(), Metrics::DrainOutcome::kLost,
                                  held);
     return;
   }

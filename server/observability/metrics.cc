@@ -445,7 +445,7 @@ void Metrics::RefreshGauges() {
   std::map<std::pair<std::string, std::string>, int64_t> by_layer_kind;  // Stack sessions only.
   if (sessions_ != nullptr) {
     for (const std::shared_ptr<Session>& session : sessions_->All()) {
-      const std::string variant = VariantLabel(session->spec());
+      const std::string variant = session->variant_label();
       VariantState& v = live[variant];
       if (session->stack_kv() != nullptr) {
         for (const LayerKindKv& kind : session->stack_kv()->Get()) {

@@ -376,6 +376,7 @@ absl::Status AttentionServiceImpl::DoConfigure(const v1::ConfigureRequest& reque
   session->HoldParameters(*std::move(parameters));
   session->SetRetainedOutputs(retained_, owner.tenant, !owner.is_admin);
   session->SetFingerprint(fingerprint);
+  session->SetVariantLabel(*variant);
   if (keep_configure_requests_) {
     // What a drain sends its peer to re-create this session: the request as given, with a single
     // layer's spec as resolved (a checkpoint's config.json read here need not be read there
@@ -460,7 +461,7 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
     FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(session.status()));
     return;
   }
-  std::string variant = VariantLabel((*session)->spec());
+  std::string variant = (*session)->variant_label();
   if (absl::Status s = (*session)->CheckLayer(request.layer()); !s.ok()) {
     FinishCall(call, metrics, Rpc::kForward, variant, timer, ToGrpc(s));
     return;
@@ -542,7 +543,7 @@ void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
     FinishCall(call, metrics, Rpc::kDecode, kNoVariant, timer, ToGrpc(session.status()));
     return;
   }
-  std::string variant = VariantLabel((*session)->spec());
+  std::string variant = (*session)->variant_label();
   absl::StatusOr<std::unique_ptr<DecodeCall>> steps =
       DecodeCallFromProto(request, **session, limits_.max_message_bytes);
   if (!steps.ok()) {
@@ -623,7 +624,7 @@ class AttentionServiceImpl::DecodeStreamReactor
       FinishMessage(ToGrpc(session.status()));
       return;
     }
-    variant_ = VariantLabel((*session)->spec());
+    variant_ = (*session)->variant_label();
     absl::StatusOr<std::unique_ptr<DecodeCall>> steps =
         DecodeCallFromProto(request_, **session, service_->limits_.max_message_bytes);
     if (!steps.ok()) {
@@ -712,7 +713,7 @@ void AttentionServiceImpl::HandleRelease(grpc::CallbackServerContext* context,
     return;
   }
   std::shared_ptr<Session> session = *found;
-  std::string variant = VariantLabel(session->spec());
+  std::string variant = session->variant_label();
   bool queued;
   if (request.request_id().empty()) {
     // Unlisted now, so no new call finds it; freed on its queue behind the calls already there.
@@ -770,7 +771,7 @@ void AttentionServiceImpl::HandleFork(grpc::CallbackServerContext* context, cons
     return;
   }
   std::shared_ptr<Session> session = *found;
-  std::string variant = VariantLabel(session->spec());
+  std::string variant = session->variant_label();
   std::vector<std::string> touched(request.new_request_ids().begin(),
                                    request.new_request_ids().end());
   touched.push_back(request.request_id());
@@ -812,7 +813,7 @@ void AttentionServiceImpl::HandleGetSession(grpc::CallbackServerContext* context
     SessionSnapshotToProto((*session)->Snapshot(absl::Now(), true), response.mutable_session());
   }
   FinishCall(call, *metrics_, Rpc::kGetSession,
-             session.ok() ? VariantLabel((*session)->spec()) : kNoVariant, timer,
+             session.ok() ? (*session)->variant_label() : kNoVariant, timer,
              ToGrpc(session.status()));
 }
 

@@ -3,7 +3,7 @@
 // Handlers run on gRPC's threads and never block: they validate what is cheap, look the session
 // up, and hand the rest to the session's scheduler (server/session/scheduler.h): decode steps of
 // Decode and DecodeStream join the session's next batch; Forward and Release run as ordered ops
-// on the session's SerialQueue. Configure runs on the Executor. The task finishes the call.
+// on the session's Strand. Configure runs on the Executor. The task finishes the call.
 // GetSession, ListSessions and GetServerInfo only read counters under short mutexes and answer
 // inline.
 #ifndef ATTNSERVE_SERVER_RPC_ATTENTION_SERVICE_H_

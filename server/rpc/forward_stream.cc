@@ -254,7 +254,7 @@ class ForwardStreamReactor final
     absl::StatusOr<std::shared_ptr<Session>> session =
         context_.registry->Find(header.session_id(), caller_);
     if (!session.ok()) return session.status();
-    variant_ = VariantLabel((*session)->spec());
+    variant_ = (*session)->variant_label();
     absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "header.dtype");
     if (!dtype.ok()) return dtype.status();
     const LayerSpec& spec = (*session)->spec();

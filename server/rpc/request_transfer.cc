@@ -13,7 +13,7 @@
 #include "attnserve/v1/attention_service.pb.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
@@ -199,7 +199,7 @@ class ExportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         context_.registry->Find(request_.session_id(), caller_);
     if (!session.ok()) return Done(ToGrpc(session.status()));
     session_ = *std::move(session);
-    variant_ = VariantLabel(session_->spec());
+    variant_ = session_->variant_label();
     chunk_bytes_ = std::max<int64_t>(1, context_.max_message_bytes - kChunkHeadroomBytes);
     if (request_.max_chunk_bytes() > 0) {
       chunk_bytes_ = std::min(chunk_bytes_, request_.max_chunk_bytes());
@@ -430,7 +430,7 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       reserved_bytes_ = bytes;
     }
     session_ = *std::move(session);
-    variant_ = VariantLabel(session_->spec());
+    variant_ = session_->variant_label();
     request_id_ = header.request_id();
     expected_bytes_ = bytes;
     exported_.kv.num_tokens = length;

@@ -22,7 +22,7 @@ inline constexpr size_t kMaxRequestIdBytes = 256;
 // Largest |value| accepted in a hidden state. Real models' residual streams stay far below it
 // (the "massive activations" of Llama-class models reach ~1e4), while values near float's range
 // (3e38) overflow in the first projection. The layer also refuses any call whose output is not
-// finite (CheckOutputFinite in kernels/spec/layer_input_checks.h), which this bound makes rare.
+// finite (CheckOutputFinite in kernels/backend.h), which this bound makes rare.
 inline constexpr float kMaxAbsHiddenValue = 1e6f;
 
 // hidden: [num_tokens, d_model].

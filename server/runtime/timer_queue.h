@@ -23,7 +23,7 @@ class TimerQueue {
   TimerQueue& operator=(const TimerQueue&) = delete;
 
   // Runs `callback` on the timer thread at `deadline` (at once if it has passed). Callbacks must
-  // be short: they post work elsewhere (e.g. to a SerialQueue). After destruction began,
+  // be short: they post work elsewhere (e.g. to a Strand). After destruction began,
   // `callback` runs immediately on the caller's thread.
   void Schedule(absl::Time deadline, std::function<void()> callback);
 

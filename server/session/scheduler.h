@@ -5,7 +5,7 @@
 // A batch (one engine Decode call) takes waiting calls in arrival order, at most one step per
 // request (a request's next step waits for the next batch, so its order is kept), a multi-item
 // Decode call whole (it stays all-or-nothing), and in a model session only calls on one layer.
-// A batch launches on the session's SerialQueue when
+// A batch launches on the session's Strand when
 //   - it is full: max_batch_size steps, or max_batch_tokens context tokens; or
 //   - no stream is still coming back: every request a decode batch answered since the last launch
 //     has its next step waiting (a lone client never waits); or

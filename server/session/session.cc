@@ -40,7 +40,7 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       page_bytes_(layer->PoolUsage().page_bytes),
       kv_storage_(layer->kv_config().storage),
       kv_budget_(layer->kv_config().budget),
-      queue_(SerialQueue::Create(executor)),
+      queue_(Strand::Create(executor)),
       layer_(std::move(layer)),
       scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),
       retained_(std::make_shared<RetainedOutputs>(kDefaultRetainedOutputBytes, 0)),

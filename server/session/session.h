@@ -7,7 +7,7 @@
 // this header, not the reverse.)
 //
 // Threading: the compute methods (Plan, RunDecode, StartPrefill, RunPrefillChunk, FinishPrefill,
-// ReleaseRequest, Close, ExpireRequests) run only on the session's SerialQueue, one at a time, so
+// ReleaseRequest, Close, ExpireRequests) run only on the session's Strand, one at a time, so
 // the engine layer is never entered concurrently and one request's steps apply in the order they
 // arrived. The
 // read-only methods (Snapshot, idle time, kv_bytes_used) may run on any thread; they take `mu_`
@@ -39,7 +39,7 @@
 #include "server/session/drain_seal.h"
 #include "server/session/parameter_budget.h"
 #include "server/session/retained_outputs.h"
-#include "server/runtime/serial_queue.h"
+#include "server/runtime/executor.h"
 
 namespace attnserve::server {
 
@@ -219,7 +219,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The tenant that configured it (SetRetainedOutputs); "" with authentication off.
   const std::string& owner() const { return tenant_; }
   const LayerSpec& spec() const { return spec_; }
-  SerialQueue& queue() { return *queue_; }
+  Strand& queue() { return *queue_; }
   // Continuous batching of decode steps and ordering of the session's other work.
   SessionScheduler& scheduler() { return *scheduler_; }
 
@@ -333,6 +333,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // server/session/layer_fingerprint.h. Set once by Configure, before the session is shared.
   void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   const std::string& fingerprint() const { return fingerprint_; }
+  // The `variant` label of this session's metrics series (VariantLabel of its spec), derived once
+  // by Configure before the session is shared, so no call derives it again.
+  void SetVariantLabel(std::string label) { variant_label_ = std::move(label); }
+  const std::string& variant_label() const { return variant_label_; }
   // The serialized v1::ConfigureRequest that re-creates this session on a peer (--drain_to; empty
   // when the server keeps none). Set once by Configure, before the session is shared.
   void SetConfigureRequest(std::string bytes) { configure_request_ = std::move(bytes); }
@@ -440,13 +444,14 @@ class Session : public std::enable_shared_from_this<Session> {
   const KvStorageFormat kv_storage_;
   const std::shared_ptr<KvMemoryBudget> kv_budget_;
   std::string fingerprint_;
+  std::string variant_label_;
   std::string configure_request_;
   std::atomic<bool> adopted_{false};
   std::shared_ptr<const StackKvUsage> stack_kv_;
   int num_layers_ = 1;
   LayerStack* model_ = nullptr;  // layer_, when it is a model session's; null otherwise. Queue.
   bool per_layer_ = false;       // model_ was set (read from any thread).
-  std::shared_ptr<SerialQueue> queue_;
+  std::shared_ptr<Strand> queue_;
   std::unique_ptr<AttentionLayer> layer_;  // Reset by Close, on the queue.
   ParameterCharge parameters_;             // Returned by Close, with the layer.
   std::unique_ptr<SessionScheduler> scheduler_;

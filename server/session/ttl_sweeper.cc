@@ -53,7 +53,7 @@ void TtlSweeper::SweepOnce(absl::Time now) {
         removed->queue().Post([removed, metrics = metrics_] {
           const int64_t freed = removed->Close();
           if (metrics != nullptr) {
-            metrics->CountExpired(VariantLabel(removed->spec()), ExpiryKind::kSession, 1);
+            metrics->CountExpired(removed->variant_label(), ExpiryKind::kSession, 1);
           }
           SERVER_LOG(INFO, "session %s expired after session_ttl; freed %d KV bytes", removed->id(),
                      freed);
@@ -65,7 +65,7 @@ void TtlSweeper::SweepOnce(absl::Time now) {
       session->queue().Post([session, now, ttl = request_ttl_, metrics = metrics_] {
         const int expired = session->ExpireRequests(now, ttl);
         if (expired > 0 && metrics != nullptr) {
-          metrics->CountExpired(VariantLabel(session->spec()), ExpiryKind::kRequest, expired);
+          metrics->CountExpired(session->variant_label(), ExpiryKind::kRequest, expired);
         }
         if (expired > 0) {
           SERVER_LOG(INFO, "session %s: %d requests expired after request_ttl", session->id(),

@@ -1,6 +1,6 @@
 // A background thread that frees idle requests (request_ttl) and idle sessions (session_ttl).
 //
-// It only decides what expired; the freeing itself is posted on each session's SerialQueue, so it
+// It only decides what expired; the freeing itself is posted on each session's Strand, so it
 // never races with a step of the same session.
 #ifndef ATTNSERVE_SERVER_SESSION_TTL_SWEEPER_H_
 #define ATTNSERVE_SERVER_SESSION_TTL_SWEEPER_H_

@@ -32,7 +32,7 @@
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/small_batch_gemv.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {

@@ -23,7 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/core/dtype.h"
 #include "kernels/spec/layer_spec.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/core/tensor.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"

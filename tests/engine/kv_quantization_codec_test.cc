@@ -1,7 +1,7 @@
 // The 8-bit KV codes against independent float64 models of their formats: OCP FP8 E4M3FN (every
 // one of the 256 codes, round to nearest even, saturation at 448, subnormals, NaN) and symmetric
 // int8; the power-of-two scale rule; and one page's rows written with growing magnitudes, which
-// must requantize the rows before them (kernels/cpu/kv_page_rows.h).
+// must requantize the rows before them (kernels/cpu/host_page_store.h).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/gqa_layer.h"
-#include "kernels/cpu/kv_page_rows.h"
+#include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/core/fp8_e4m3.h"
 #include "kernels/kv/quantization.h"

@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv/memory_budget.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"
 

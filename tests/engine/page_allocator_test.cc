@@ -1,6 +1,6 @@
 // PageAllocator: all-or-nothing allocation, reuse of freed ids, exact accounting, and a cost that
 // follows use rather than capacity (a layer may be sized for a whole device pool of tiny pages).
-#include "kernels/kv/page_allocator.h"
+#include "kernels/kv/sequence_table.h"
 
 #include <set>
 

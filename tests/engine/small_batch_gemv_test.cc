@@ -1,4 +1,4 @@
-// The decode-step projections (kernels/cpu/small_batch_gemv.h, LinearForward's few-rows path)
+// The decode-step projections (kernels/cpu/linear.h, LinearForward's few-rows path)
 // against a float64 dot product, f32 and bf16 weights, over every row tile (1-8 rows), input
 // widths that leave a tail after the 8- and 16-wide vectors (AVX2, AVX-512), feature ranges that
 // start and end mid-tile, and strided rows. ctest runs it three times: on the path this CPU
@@ -8,7 +8,7 @@
 // sum (the classic gamma_n bound; the bias add is one more rounding, so n + 1 is used), with w
 // the weight as kept: bf16 weights are compared against the bf16-rounded values, which are what
 // the kernel multiplies by (widening bf16 to f32 is exact).
-#include "kernels/cpu/small_batch_gemv.h"
+#include "kernels/cpu/linear.h"
 
 #include <cmath>
 #include <cstdint>

@@ -6,7 +6,7 @@
 //   decode, every page type:  split-KV blocks, then the combine (combine.cuh).
 // This runs in CI, which has no GPU: it checks paged gathers, tiling, fragment indexing, masks,
 // online softmax, row blocks of large groups, split partial states and their combine, with work
-// planned by the layer's planner (work_plan.h); the GPU run (tests/gpu/cuda_backend_test) checks
+// planned by the layer's planner (batch_plan.h); the GPU run (tests/gpu/cuda_backend_test) checks
 // the same source compiled by nvcc.
 //
 // Every case is drawn fresh (the seed is printed). The KV pool is NaN except for the slots the
@@ -42,7 +42,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/work_plan.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/core/dtype.h"
 #include "tests/gpu/emulation_support.h"
 

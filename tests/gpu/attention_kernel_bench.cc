@@ -49,7 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/work_plan.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_device.h"
 #include "kernels/cuda/runtime/cuda_status.h"

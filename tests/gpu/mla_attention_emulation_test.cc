@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/core/dtype.h"
 #include "kernels/cuda/attention/dispatch.h"
-#include "kernels/cuda/attention/work_plan.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/mla/mla_dispatch.h"
 #include "kernels/cuda/mla/mla_params.h"
 

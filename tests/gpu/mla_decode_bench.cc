@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/attention/work_plan.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/flashinfer/mla_plan.h"
 #include "kernels/cuda/flashinfer/paged_mla.h"
 #include "kernels/cuda/mla/mla_dispatch.h"

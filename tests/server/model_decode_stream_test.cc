@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/model_session_util.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -32,14 +33,9 @@ const std::vector<std::string> kRequests = {"a", "b", "c"};
 
 // SmallBiasedGqa three times, the first with a sliding window of 8 tokens (crossed by the steps).
 v1::ConfigureRequest ModelConfigure(DType kv_dtype) {
-  v1::ConfigureRequest request;
-  for (int k = 0; k < kLayers; ++k) {
-    LayerSpec spec = SmallBiasedGqa();
-    if (k == 0) spec.sliding_window = 8;
-    *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
-  }
-  request.mutable_stack()->set_per_layer(true);
-  request.mutable_weights()->set_seed(kSeed);
+  std::vector<LayerSpec> specs(kLayers, SmallBiasedGqa());
+  specs[0].sliding_window = 8;
+  v1::ConfigureRequest request = ModelConfigureRequest(specs, kSeed);
   request.set_kv_cache_dtype(DTypeToProto(kv_dtype));
   return request;
 }
@@ -56,21 +52,11 @@ v1::DecodeRequest StepMessage(const std::string& session, int layer,
   return request;
 }
 
-v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& session) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
-  v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  EXPECT_TRUE(stub.GetSession(&context, request, &response).ok());
-  return response.session();
-}
-
 // Each request's (sequence_length, next_layer), in kRequests order; (-1, -1) when absent.
 std::vector<std::pair<int64_t, int>> States(v1::AttentionService::Stub& stub,
                                             const std::string& session) {
   std::vector<std::pair<int64_t, int>> states(kRequests.size(), {-1, -1});
-  const v1::SessionInfo info = Info(stub, session);
+  const v1::SessionInfo info = SessionInfoOf(stub, session);
   for (const v1::RequestInfo& r : info.requests()) {
     for (size_t i = 0; i < kRequests.size(); ++i) {
       if (r.request_id() == kRequests[i]) states[i] = {r.sequence_length(), r.next_layer()};
@@ -182,7 +168,7 @@ TEST_P(ModelDecodeStreamEqualsUnaryTest, EveryLayerOfEveryStepBitForBit) {
   const grpc::Status finished = stream->Finish();
   EXPECT_TRUE(finished.ok()) << Describe(finished);
   EXPECT_EQ(States(stub(), streamed), States(stub(), unary));
-  EXPECT_EQ(Info(stub(), streamed).kv_bytes_used(), Info(stub(), unary).kv_bytes_used());
+  EXPECT_EQ(SessionInfoOf(stub(), streamed).kv_bytes_used(), SessionInfoOf(stub(), unary).kv_bytes_used());
 }
 
 INSTANTIATE_TEST_SUITE_P(Wire, ModelDecodeStreamEqualsUnaryTest,
@@ -210,7 +196,7 @@ TEST_F(ModelDecodeStreamTest, LayerOutOfOrderEndsTheStreamWithNothingChanged) {
     v1::DecodeResponse response;
     ASSERT_TRUE(Exchange(*stream, StepMessage(session, 0, rows(), kPrompt), &response));
     EXPECT_EQ(States(stub(), session), AllAt(kPrompt + 1, 1));
-    const int64_t used = Info(stub(), session).kv_bytes_used();
+    const int64_t used = SessionInfoOf(stub(), session).kv_bytes_used();
     // The server ends the stream on this message: its write may or may not see the end first.
     stream->Write(StepMessage(session, 2, rows(), kPrompt));
     EXPECT_FALSE(stream->Read(&response)) << "an answer to the message out of order";
@@ -219,7 +205,7 @@ TEST_F(ModelDecodeStreamTest, LayerOutOfOrderEndsTheStreamWithNothingChanged) {
     EXPECT_THAT(status.error_message(), HasSubstr("layer 2 of request 'a' out of order"));
     EXPECT_THAT(status.error_message(), HasSubstr("runs layer 1 next"));
     EXPECT_EQ(States(stub(), session), AllAt(kPrompt + 1, 1));
-    EXPECT_EQ(Info(stub(), session).kv_bytes_used(), used);
+    EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), used);
   }
   // A layer 0 again while the step is in flight is refused the same way.
   {
@@ -266,7 +252,7 @@ TEST_F(ModelDecodeStreamTest, BadMessageEndsTheStreamWithNothingChanged) {
     ASSERT_TRUE(stream->WritesDone());
     ASSERT_TRUE(stream->Finish().ok());
   }
-  const int64_t used = Info(stub(), session).kv_bytes_used();
+  const int64_t used = SessionInfoOf(stub(), session).kv_bytes_used();
 
   struct BadCase {
     std::string name;
@@ -322,7 +308,7 @@ TEST_F(ModelDecodeStreamTest, BadMessageEndsTheStreamWithNothingChanged) {
     EXPECT_EQ(status.error_code(), c.code) << c.name << ": " << Describe(status);
     EXPECT_THAT(status.error_message(), HasSubstr(c.says)) << c.name;
     EXPECT_EQ(States(stub(), session), AllAt(kPrompt + 1, 1)) << c.name;
-    EXPECT_EQ(Info(stub(), session).kv_bytes_used(), used) << c.name;
+    EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), used) << c.name;
   }
   // The step goes on with the good rows.
   grpc::ClientContext context;
@@ -387,7 +373,7 @@ TEST_F(ModelDecodeStreamTest, CancelMidStreamLeavesRequestsWhereGetSessionSays) 
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(States(stub(), session), AllAt(length, 0));
   for (const std::string& id : kRequests) ASSERT_TRUE(Release(stub(), session, id).ok());
-  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), 0);
+  EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), 0);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/codec/import_stream.h"
+#include "tests/support/model_session_util.h"
 #include "tests/support/second_server.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
@@ -34,15 +34,9 @@ constexpr int64_t kPrompt = 70;
 
 // SmallBiasedGqa `layers` times, the first with a sliding window of 32 tokens.
 v1::ConfigureRequest ModelConfigure(int layers) {
-  v1::ConfigureRequest request;
-  for (int k = 0; k < layers; ++k) {
-    LayerSpec spec = SmallBiasedGqa();
-    if (k == 0) spec.sliding_window = 32;
-    *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
-  }
-  request.mutable_stack()->set_per_layer(true);
-  request.mutable_weights()->set_seed(kSeed);
-  return request;
+  std::vector<LayerSpec> specs(static_cast<size_t>(layers), SmallBiasedGqa());
+  if (layers > 0) specs[0].sliding_window = 32;
+  return ModelConfigureRequest(specs, kSeed);
 }
 
 std::string ConfigureModel(v1::AttentionService::Stub& stub, int layers = kLayers,
@@ -52,46 +46,6 @@ std::string ConfigureModel(v1::AttentionService::Stub& stub, int layers = kLayer
   EXPECT_TRUE(status.ok()) << Describe(status);
   if (fingerprint != nullptr) *fingerprint = configured.fingerprint();
   return configured.session_id();
-}
-
-v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& session) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
-  v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  EXPECT_TRUE(stub.GetSession(&context, request, &response).ok());
-  return response.session();
-}
-
-// The request's (sequence_length, next_layer) as GetSession reports them; (-1, -1) if absent.
-std::pair<int64_t, int> RequestState(v1::AttentionService::Stub& stub, const std::string& session,
-                                     const std::string& request_id) {
-  const v1::SessionInfo info = Info(stub, session);  // Held: the loop reads its requests.
-  for (const v1::RequestInfo& r : info.requests()) {
-    if (r.request_id() == request_id) return {r.sequence_length(), r.next_layer()};
-  }
-  return {-1, -1};
-}
-
-grpc::Status ForwardLayer(v1::AttentionService::Stub& stub, const std::string& session, int layer,
-                          const std::string& request_id, const Tensor& hidden,
-                          v1::ForwardResponse* response) {
-  v1::ForwardRequest request;
-  request.set_session_id(session);
-  request.set_layer(layer);
-  *request.add_items() = MakeForwardItem(request_id, hidden);
-  return Forward(stub, request, response);
-}
-
-grpc::Status DecodeLayer(v1::AttentionService::Stub& stub, const std::string& session, int layer,
-                         const std::string& request_id, const Tensor& hidden,
-                         v1::DecodeResponse* response) {
-  v1::DecodeRequest request;
-  request.set_session_id(session);
-  request.set_layer(layer);
-  *request.add_items() = MakeDecodeItem(request_id, hidden);
-  return Decode(stub, request, response);
 }
 
 // Runs one whole step (layers 0..n-1) of `rows` random tokens on `request_id`: a Forward for
@@ -110,50 +64,6 @@ void Step(v1::AttentionService::Stub& stub, const std::string& session,
     }
     ASSERT_TRUE(status.ok()) << "layer " << k << ": " << Describe(status);
   }
-}
-
-// An export as the client received it.
-struct Exported {
-  v1::ExportedRequest header;
-  std::string pages;  // Every KvPageBytes.data, concatenated.
-  int chunks = 0;
-};
-
-grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session,
-                    const std::string& request_id, bool release, Exported* out,
-                    int64_t max_chunk_bytes = 0) {
-  v1::ExportRequestRequest request;
-  request.set_session_id(session);
-  request.set_request_id(request_id);
-  request.set_release_after_export(release);
-  request.set_max_chunk_bytes(max_chunk_bytes);
-  grpc::ClientContext context;
-  SetDeadline(context);
-  std::unique_ptr<grpc::ClientReader<v1::ExportRequestResponse>> reader =
-      stub.ExportRequest(&context, request);
-  v1::ExportRequestResponse message;
-  bool first = true;
-  while (reader->Read(&message)) {
-    if (first) {
-      EXPECT_TRUE(message.has_header()) << "the first message carries the header";
-      out->header = message.header();
-      first = false;
-    } else {
-      out->pages += message.pages().data();
-      ++out->chunks;
-    }
-  }
-  return reader->Finish();
-}
-
-grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session,
-                    const std::string& request_id, const v1::ExportedRequest& header,
-                    const std::string& pages, v1::ImportRequestResponse* response) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return SendImportRequest(stub, context, session, request_id, header, PageChunksOf(pages, 3000),
-                           response)
-      .status;
 }
 
 class ModelSessionMoveTest : public ServerTest {};
@@ -272,7 +182,7 @@ TEST_F(ModelSessionMoveTest, ExportMidStepIsRefusedNamingTheLayerWithNothingChan
   const std::pair<int64_t, int> mid_step = RequestState(stub(), session, "r");
   ASSERT_EQ(mid_step, std::make_pair(int64_t{21}, 1));
   const int64_t pool = PoolUsed(stub());
-  const int64_t used = Info(stub(), session).kv_bytes_used();
+  const int64_t used = SessionInfoOf(stub(), session).kv_bytes_used();
 
   for (const bool release : {true, false}) {
     Exported refused;
@@ -285,7 +195,7 @@ TEST_F(ModelSessionMoveTest, ExportMidStepIsRefusedNamingTheLayerWithNothingChan
     // Nothing changed, a releasing export included.
     EXPECT_EQ(RequestState(stub(), session, "r"), mid_step);
     EXPECT_EQ(PoolUsed(stub()), pool);
-    EXPECT_EQ(Info(stub(), session).kv_bytes_used(), used);
+    EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), used);
   }
 
   // The step goes on at layer 1; once layer 2 ran, the request moves.
@@ -319,7 +229,7 @@ TEST_F(ModelSessionMoveTest, RefusedImportsLeaveBothSidesUnchanged) {
   const auto b_unchanged = [&](const std::string& what) {
     EXPECT_EQ(PoolUsed(b.stub()), b_pool) << what;
     EXPECT_EQ(RequestState(b.stub(), sb, "r").first, -1) << what;
-    EXPECT_EQ(Info(b.stub(), sb).kv_bytes_used(), 0) << what;
+    EXPECT_EQ(SessionInfoOf(b.stub(), sb).kv_bytes_used(), 0) << what;
   };
   v1::ImportRequestResponse imported;
 
@@ -406,7 +316,7 @@ TEST_F(ModelSessionMoveTest, ImportPastTheKvBudgetIsResourceExhaustedWithNothing
   EXPECT_EQ(PoolUsed(b.stub()), full);
   EXPECT_EQ(RequestState(b.stub(), sb, "r2").first, -1);
   EXPECT_EQ(RequestState(b.stub(), sb, "r"), std::make_pair(kPrompt, 0));
-  EXPECT_EQ(Info(b.stub(), sb).kv_bytes_used(), held * kPageBytes);
+  EXPECT_EQ(SessionInfoOf(b.stub(), sb).kv_bytes_used(), held * kPageBytes);
 
   // Nothing leaked: with "r" released, "r2" fits.
   v1::ReleaseResponse released;

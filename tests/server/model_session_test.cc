@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/model_session_util.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -30,60 +31,11 @@ std::vector<LayerSpec> ThreeLayers() {
   return specs;
 }
 
-v1::ConfigureRequest ModelConfigure(const std::vector<LayerSpec>& specs) {
-  v1::ConfigureRequest request;
-  for (const LayerSpec& spec : specs)
-    *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
-  request.mutable_stack()->set_per_layer(true);
-  request.mutable_weights()->set_seed(kSeed);
-  return request;
-}
-
-v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& session) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
-  v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  EXPECT_TRUE(stub.GetSession(&context, request, &response).ok());
-  return response.session();
-}
-
-// The request's (sequence_length, next_layer) as GetSession reports them; (-1, -1) if absent.
-std::pair<int64_t, int> RequestState(v1::AttentionService::Stub& stub, const std::string& session,
-                                     const std::string& request_id) {
-  const v1::SessionInfo info = Info(stub, session);
-  for (const v1::RequestInfo& r : info.requests()) {
-    if (r.request_id() == request_id) return {r.sequence_length(), r.next_layer()};
-  }
-  return {-1, -1};
-}
-
-grpc::Status ForwardLayer(v1::AttentionService::Stub& stub, const std::string& session, int layer,
-                          const std::string& request_id, const Tensor& hidden,
-                          v1::ForwardResponse* response) {
-  v1::ForwardRequest request;
-  request.set_session_id(session);
-  request.set_layer(layer);
-  *request.add_items() = MakeForwardItem(request_id, hidden);
-  return Forward(stub, request, response);
-}
-
-grpc::Status DecodeLayer(v1::AttentionService::Stub& stub, const std::string& session, int layer,
-                         const std::string& request_id, const Tensor& hidden,
-                         v1::DecodeResponse* response) {
-  v1::DecodeRequest request;
-  request.set_session_id(session);
-  request.set_layer(layer);
-  *request.add_items() = MakeDecodeItem(request_id, hidden);
-  return Decode(stub, request, response);
-}
-
 class ModelSessionTest : public ServerTest {
  protected:
   std::string ConfigureModel(const std::vector<LayerSpec>& specs) {
     v1::ConfigureResponse configured;
-    const grpc::Status status = Configure(stub(), ModelConfigure(specs), &configured);
+    const grpc::Status status = Configure(stub(), ModelConfigureRequest(specs, kSeed), &configured);
     EXPECT_TRUE(status.ok()) << Describe(status);
     return configured.session_id();
   }
@@ -100,7 +52,7 @@ TEST_F(ModelSessionTest, EachLayerComputesItsOwnLayerAndPositionsAdvanceOncePerS
     ASSERT_TRUE(layer.ok()) << layer.status();
     reference.push_back(*std::move(layer));
   }
-  const v1::SessionInfo info = Info(stub(), session);
+  const v1::SessionInfo info = SessionInfoOf(stub(), session);
   EXPECT_TRUE(info.per_layer());
   EXPECT_EQ(info.num_layers(), kLayers);
   ASSERT_EQ(info.kv_by_layer_kind_size(), 2);
@@ -158,7 +110,7 @@ TEST_F(ModelSessionTest, CallsOutOfOrderAreRefusedByNameWithNothingChanged) {
   ASSERT_TRUE(DecodeLayer(stub(), session, 0, "r", token, &decoded).ok());
   const std::pair<int64_t, int> mid_step = RequestState(stub(), session, "r");
   EXPECT_EQ(mid_step, std::make_pair(int64_t{9}, 1));
-  const int64_t used = Info(stub(), session).kv_bytes_used();
+  const int64_t used = SessionInfoOf(stub(), session).kv_bytes_used();
   status = DecodeLayer(stub(), session, 2, "r", token, &decoded);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("layer 2 of request 'r' out of order"));
@@ -183,7 +135,7 @@ TEST_F(ModelSessionTest, CallsOutOfOrderAreRefusedByNameWithNothingChanged) {
 
   // Nothing changed: the step goes on at layer 1.
   EXPECT_EQ(RequestState(stub(), session, "r"), mid_step);
-  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), used);
+  EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), used);
   ASSERT_TRUE(DecodeLayer(stub(), session, 1, "r", token, &decoded).ok());
   ASSERT_TRUE(DecodeLayer(stub(), session, 2, "r", token, &decoded).ok());
   EXPECT_EQ(RequestState(stub(), session, "r"), std::make_pair(int64_t{9}, 0));
@@ -225,7 +177,7 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
   after = ServerInfo(stub());
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_pool_used_bytes(), charged->kv_pool_used_bytes());
-  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), kLayers * 4 * kPageBytes);
+  EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), kLayers * 4 * kPageBytes);
 
   // A decode step (65 tokens: a 5th page per layer), then a step released mid-way: layer 0 of
   // 16 more tokens (81: a 6th page per layer, charged for all three now, allocated by layer 0
@@ -239,13 +191,13 @@ TEST_F(ModelSessionBudgetTest, LayerZeroChargesEveryLayerAndReleaseFreesThemAll)
   after = ServerInfo(stub());
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_pool_used_bytes() - before->kv_pool_used_bytes(), kLayers * 6 * kPageBytes);
-  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), (6 + 5 + 5) * kPageBytes);
+  EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), (6 + 5 + 5) * kPageBytes);
   v1::ReleaseResponse released;
   ASSERT_TRUE(Release(stub(), session, "a", &released).ok());
   after = ServerInfo(stub());
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_pool_used_bytes(), before->kv_pool_used_bytes());
-  EXPECT_EQ(Info(stub(), session).kv_bytes_used(), 0);
+  EXPECT_EQ(SessionInfoOf(stub(), session).kv_bytes_used(), 0);
   // Now the step that did not fit does.
   EXPECT_TRUE(ForwardLayer(stub(), session, 0, "b", prompt, &forwarded).ok());
 }

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/stack/layer_stack.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 

@@ -3,9 +3,8 @@
 #include <climits>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/attention/work_plan.h"
 #include "kernels/spec/decode_splits.h"
-#include "kernels/kv/page_table.h"
+#include "kernels/kv/sequence_table.h"
 
 namespace attnserve::cuda {
 

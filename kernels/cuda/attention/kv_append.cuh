@@ -1,5 +1,5 @@
 // Quantize-on-append for 8-bit KV pages (fp8 e4m3, int8): the rule of kernels/kv/quantization.h
-// as the CPU's WritePageRow (kernels/cpu/kv_page_rows.cc) applies it, with the arithmetic of
+// as the CPU's WritePageRow (kernels/cpu/host_page_store.cc) applies it, with the arithmetic of
 // kernels/kv/kv_codes.h, so a page holds the same bytes whichever backend wrote it (forks and
 // exports copy pages verbatim between them).
 //

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/spec/attention_mask.h"
+#include "kernels/spec/attention_variation.h"
 #include "kernels/core/host_device.h"
 #include "kernels/kv/page_layout.h"
 
@@ -26,8 +26,9 @@ ATTNSERVE_HD inline bool IsQuantized(KvType type) {
   return type == KvType::kFp8 || type == KvType::kInt8;
 }
 
-// Which keys a query may see: the mask rule of kernels/spec/attention_mask.h (shared with the CPU's
-// MaskPolicy) with 32-bit indices, as the kernels take it (Mistral window: i - W < j <= i).
+// Which keys a query may see: VisibleKeyRange, the mask rule of kernels/spec/attention_variation.h
+// (shared with the CPU's KeyWindow) with 32-bit indices, as the kernels take it (Mistral window:
+// i - W < j <= i).
 struct MaskSpec {
   int causal = 1;
   int window = 0;  // Tokens; 0 = unlimited.

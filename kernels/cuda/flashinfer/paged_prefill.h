@@ -72,7 +72,7 @@ struct FlashInferPrefillArgs {
   void* out = nullptr;  // [rows, num_heads, head_dim] kv_type; row r at q_indptr's row r.
   bool causal = true;
   // Causal only: the last `window` keys up to the query, itself included (Mistral); 0 = all.
-  // Non-causal ignores it, as MaskSpec (kernels/spec/attention_mask.h) does.
+  // Non-causal ignores it, as MaskSpec (kernels/spec/attention_variation.h) does.
   int window = 0;
   float soft_cap = 0.0f;  // Logits soft-cap: cap * tanh(s / cap) of scaled scores s; 0 = none.
   float sm_scale = 0.0f;  // Multiplies q.k.

@@ -13,7 +13,6 @@
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/quantization.h"
-#include "kernels/spec/layer_input_checks.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve::cuda {
@@ -71,6 +70,7 @@ CudaGqaLayer::CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       kv_width_(spec.num_kv_heads * spec.head_dim),
       qkv_width_(q_width_ + 2 * kv_width_),
       activation_(ActivationDType(kv_config.storage)),
+      softmax_scale_(EffectiveSoftmaxScale(spec)),
       pages_(kv_config, page_bytes, spec.causal, spec.sliding_window, context.pool) {}
 
 CudaGqaLayer::~CudaGqaLayer() {
@@ -232,10 +232,9 @@ int64_t CudaGqaLayer::ParameterBytes() const {
          small_floats * static_cast<int64_t>(sizeof(float));
 }
 
-absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
-                                             const Tensor& hidden,
-                                             absl::Span<const int64_t> positions) {
-  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+absl::StatusOr<Tensor> CudaGqaLayer::PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                                    const Tensor& hidden,
+                                                    absl::Span<const int64_t> positions) {
   std::vector<SequenceId> ids;
   std::vector<int64_t> counts;
   for (const PrefillChunk& chunk : chunks) {
@@ -245,10 +244,9 @@ absl::StatusOr<Tensor> CudaGqaLayer::Prefill(absl::Span<const PrefillChunk> chun
   return Run(hidden, ids, counts, positions, /*decode=*/false);
 }
 
-absl::StatusOr<Tensor> CudaGqaLayer::Decode(absl::Span<const SequenceId> sequences,
-                                            const Tensor& hidden,
-                                            absl::Span<const int64_t> positions) {
-  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
+absl::StatusOr<Tensor> CudaGqaLayer::DecodeChecked(absl::Span<const SequenceId> sequences,
+                                                   const Tensor& hidden,
+                                                   absl::Span<const int64_t> positions) {
   const std::vector<int64_t> ones(sequences.size(), 1);
   return Run(hidden, sequences, ones, positions, /*decode=*/true);
 }
@@ -256,10 +254,6 @@ absl::StatusOr<Tensor> CudaGqaLayer::Decode(absl::Span<const SequenceId> sequenc
 absl::StatusOr<Tensor> CudaGqaLayer::Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
                                          absl::Span<const int64_t> counts,
                                          absl::Span<const int64_t> positions, bool decode) {
-  int64_t rows = 0;
-  for (int64_t count : counts) rows += count;
-  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
-  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   timer_.Begin();
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
@@ -558,7 +552,7 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.out = fptr(l.attn);
   attn.num_heads = spec_.num_heads;
   attn.group = shape.group;
-  attn.scale = EffectiveSoftmaxScale(spec_);
+  attn.scale = softmax_scale_;
   attn.mask = shape.mask;
   attn.variant.softcap = spec_.attn_logit_softcapping;
   attn.variant.sinks = spec_.attention_sinks ? static_cast<const float*>(sinks_.data()) : nullptr;

@@ -69,16 +69,21 @@ class CudaGqaLayer : public AttentionLayer {
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
   // The exported pages, host to device, into new pages; checks as CpuLayer::ImportSequence.
   absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
-  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
-                                 absl::Span<const int64_t> positions) override;
-  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
-                                absl::Span<const int64_t> positions) override;
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
   // The projections' device weights (16-bit for f16/bf16 layers, biases fp32), q/k norm scales
   // and sinks (fp32).
   int64_t ParameterBytes() const override;
+
+
+ protected:
+  absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                        const Tensor& hidden,
+                                        absl::Span<const int64_t> positions) override;
+  absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
+                                       const Tensor& hidden,
+                                       absl::Span<const int64_t> positions) override;
 
  private:
   CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
@@ -131,6 +136,7 @@ class CudaGqaLayer : public AttentionLayer {
   // The projections' dtype (weights, inputs): f32, or the 16-bit page type. Not the page format
   // itself, which kernels read from kv_config_.storage.
   const DType activation_;
+  const float softmax_scale_;  // EffectiveSoftmaxScale, derived once here rather than per call.
 
   mutable absl::Mutex mu_;  // One call at a time per layer.
   // Sequences, device pages, and Fork/Export/Import's page copies: shared with CudaMlaLayer.

@@ -13,7 +13,6 @@
 #include "kernels/cuda/mla/mla_params.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/quantization.h"
-#include "kernels/spec/layer_input_checks.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve::cuda {
@@ -245,10 +244,9 @@ int64_t CudaMlaLayer::ParameterBytes() const {
               int64_t{spec_.num_heads} * dims_.kv_lora_rank * dims_.v_head_dim);
 }
 
-absl::StatusOr<Tensor> CudaMlaLayer::Prefill(absl::Span<const PrefillChunk> chunks,
-                                             const Tensor& hidden,
-                                             absl::Span<const int64_t> positions) {
-  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+absl::StatusOr<Tensor> CudaMlaLayer::PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                                    const Tensor& hidden,
+                                                    absl::Span<const int64_t> positions) {
   std::vector<SequenceId> ids;
   std::vector<int64_t> counts;
   for (const PrefillChunk& chunk : chunks) {
@@ -258,10 +256,9 @@ absl::StatusOr<Tensor> CudaMlaLayer::Prefill(absl::Span<const PrefillChunk> chun
   return Run(hidden, ids, counts, positions, /*decode=*/false);
 }
 
-absl::StatusOr<Tensor> CudaMlaLayer::Decode(absl::Span<const SequenceId> sequences,
-                                            const Tensor& hidden,
-                                            absl::Span<const int64_t> positions) {
-  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
+absl::StatusOr<Tensor> CudaMlaLayer::DecodeChecked(absl::Span<const SequenceId> sequences,
+                                                   const Tensor& hidden,
+                                                   absl::Span<const int64_t> positions) {
   const std::vector<int64_t> ones(sequences.size(), 1);
   return Run(hidden, sequences, ones, positions, /*decode=*/true);
 }
@@ -269,10 +266,6 @@ absl::StatusOr<Tensor> CudaMlaLayer::Decode(absl::Span<const SequenceId> sequenc
 absl::StatusOr<Tensor> CudaMlaLayer::Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
                                          absl::Span<const int64_t> counts,
                                          absl::Span<const int64_t> positions, bool decode) {
-  int64_t rows = 0;
-  for (int64_t count : counts) rows += count;
-  if (absl::Status s = CheckHiddenShape(spec_, hidden, rows); !s.ok()) return s;
-  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
   // A non-sticky error an earlier failed call left would be reported by this call's launch

@@ -58,10 +58,6 @@ class CudaMlaLayer : public AttentionLayer {
   absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) override;
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
   absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
-  absl::StatusOr<Tensor> Prefill(absl::Span<const PrefillChunk> chunks, const Tensor& hidden,
-                                 absl::Span<const int64_t> positions) override;
-  absl::StatusOr<Tensor> Decode(absl::Span<const SequenceId> sequences, const Tensor& hidden,
-                                absl::Span<const int64_t> positions) override;
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
@@ -70,6 +66,15 @@ class CudaMlaLayer : public AttentionLayer {
   // Whether FlashInfer's MLA kernel computes the attention (FlashInferMlaAttention::Serves under
   // --cuda_attention=flashinfer or auto).
   bool uses_flashinfer() const { return flashinfer_.has_value(); }
+
+
+ protected:
+  absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
+                                        const Tensor& hidden,
+                                        absl::Span<const int64_t> positions) override;
+  absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
+                                       const Tensor& hidden,
+                                       absl::Span<const int64_t> positions) override;
 
  private:
   CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,

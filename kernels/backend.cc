@@ -1,9 +1,12 @@
-#include "kernels/spec/layer_input_checks.h"
+#include "kernels/backend.h"
 
 #include "absl/strings/str_cat.h"
 
 namespace attnserve {
 
+namespace {
+
+// OK when `hidden` is [rows, d_model] and holds exactly that many elements of its dtype.
 absl::Status CheckHiddenShape(const LayerSpec& spec, const Tensor& hidden, int64_t rows) {
   if (hidden.rank() != 2 || hidden.dim(0) != rows || hidden.dim(1) != spec.d_model) {
     return absl::InvalidArgumentError(absl::StrCat("hidden has shape ", ShapeString(hidden.shape()),
@@ -15,6 +18,8 @@ absl::Status CheckHiddenShape(const LayerSpec& spec, const Tensor& hidden, int64
   return absl::OkStatus();
 }
 
+// OK when `positions` is empty (continue from each sequence's length) or has one non-negative
+// entry per row.
 absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
   if (positions.empty()) return absl::OkStatus();
   if (static_cast<int64_t>(positions.size()) != rows) {
@@ -29,6 +34,29 @@ absl::Status CheckPositions(absl::Span<const int64_t> positions, int64_t rows) {
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> AttentionLayer::Prefill(absl::Span<const PrefillChunk> chunks,
+                                               const Tensor& hidden,
+                                               absl::Span<const int64_t> positions) {
+  if (chunks.empty()) return absl::InvalidArgumentError("prefill: no sequences given");
+  int64_t rows = 0;
+  for (const PrefillChunk& chunk : chunks) rows += chunk.num_tokens;
+  if (absl::Status s = CheckHiddenShape(spec(), hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
+  return PrefillChecked(chunks, hidden, positions);
+}
+
+absl::StatusOr<Tensor> AttentionLayer::Decode(absl::Span<const SequenceId> sequences,
+                                              const Tensor& hidden,
+                                              absl::Span<const int64_t> positions) {
+  if (sequences.empty()) return absl::InvalidArgumentError("decode: no sequences given");
+  const int64_t rows = static_cast<int64_t>(sequences.size());
+  if (absl::Status s = CheckHiddenShape(spec(), hidden, rows); !s.ok()) return s;
+  if (absl::Status s = CheckPositions(positions, rows); !s.ok()) return s;
+  return DecodeChecked(sequences, hidden, positions);
 }
 
 absl::Status CheckOutputFinite(const Tensor& output) {
