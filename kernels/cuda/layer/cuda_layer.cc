@@ -142,9 +142,9 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   }
   if (context_.attention == CudaAttentionImpl::kFlashInfer &&
       FlashInferAttention::Serves(spec_, kv_config_)) {
-    absl::StatusOr<FlashInferAttention> flashinfer = FlashInferAttention::Create(
-        spec_, kv_config_, store_.page_bytes(), context_.pool->slab_bytes(),
-        context_.pool->capacity_bytes());
+    absl::StatusOr<FlashInferAttention> flashinfer =
+        FlashInferAttention::Create(spec_, kv_config_, store_.page_bytes(),
+                                    context_.pool->slab_bytes(), context_.pool->capacity_bytes());
     if (!flashinfer.ok()) return flashinfer.status();
     flashinfer_ = *std::move(flashinfer);
   }
@@ -190,8 +190,7 @@ absl::StatusOr<int64_t> CudaGqaLayer::SequenceLength(SequenceId sequence) const 
   return sequences_.Length(sequence);
 }
 
-absl::StatusOr<std::vector<SequenceId>> CudaGqaLayer::ForkSequence(SequenceId source,
-                                                                   int count) {
+absl::StatusOr<std::vector<SequenceId>> CudaGqaLayer::ForkSequence(SequenceId source, int count) {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
   return pages_.Fork(source, count);
@@ -301,10 +300,13 @@ struct CudaGqaLayer::CallLayout {
   // Device only. FlashInfer: qkv16 is q in the page dtype, flashinfer_scratch its split-KV
   // partials.
   // first_bad: the first output element that is not finite in the wire dtype, ~0 if none.
-  Section qkv, attn, attn16, out, out_wire, first_bad, partial_max, partial_sum, partial_acc, qkv16,
-      flashinfer_scratch;
+  // x_act: the input converted on the device to the activation dtype, when the wire's differs.
+  Section x_act, qkv, attn, attn16, out, out_wire, first_bad, partial_max, partial_sum, partial_acc,
+      qkv16, flashinfer_scratch;
   size_t device_bytes = 0;
-  DType wire = DType::kF32;  // The output's dtype: out_wire when 16-bit, else out (fp32).
+  // The caller's dtype: the input is uploaded in it, the output downloaded in it (out_wire when
+  // 16-bit, else out, fp32).
+  DType wire = DType::kF32;
   const Section& download() const { return wire == DType::kF32 ? out : out_wire; }
 };
 
@@ -329,9 +331,7 @@ absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
   timer_.EndHost(LayerStage::kPlan);
   if (absl::Status s = Stage(hidden, *plan, fi, layout); !s.ok()) return s;
   timer_.EndHost(LayerStage::kStage);
-  absl::StatusOr<Tensor> out = Launch(*plan, fi, layout, rows, decode);
-  if (!out.ok() || out->dtype() == hidden.dtype()) return out;
-  return out->CastTo(hidden.dtype());
+  return Launch(*plan, fi, layout, rows, decode);
 }
 
 BatchPlanShape CudaGqaLayer::PlanShape() const {
@@ -349,11 +349,12 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
 CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
                                               int64_t rows, bool decode, DType wire) const {
   CallLayout l;
-  // 16-bit wire dtypes are produced on the device; anything else downloads fp32 (Compute casts).
-  l.wire = wire == DType::kF16 || wire == DType::kBF16 ? wire : DType::kF32;
+  // Every wire dtype is one the device converts to and from: the input goes up as the caller
+  // sent it, the output comes down as the caller reads it, and the host never converts.
+  l.wire = wire;
   SectionLayout up;
   const size_t activation_bytes = DTypeSize(activation_);
-  l.x = up.Add(activation_bytes * rows * spec_.d_model);
+  l.x = up.Add(DTypeSize(wire) * rows * spec_.d_model);
   l.positions = up.Add(sizeof(int64_t) * rows);
   l.row_sequence = up.Add(sizeof(int) * rows);
   l.sequences = up.Add(sizeof(SequenceDesc) * plan.sequences.size());
@@ -363,6 +364,7 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const Flash
   l.flashinfer_words = up.Add(fi.has_value() ? sizeof(int32_t) * fi->words.size() : 0);
   l.upload_bytes = up.total();
   SectionLayout dev = up;
+  l.x_act = dev.Add(wire == activation_ ? 0 : activation_bytes * rows * spec_.d_model);
   l.qkv = dev.Add(sizeof(float) * rows * qkv_width_);
   l.attn = dev.Add(fi.has_value() ? 0 : sizeof(float) * rows * q_width_);  // Native only.
   // The attention output in the activation dtype, when the output projection reads 16-bit.
@@ -387,7 +389,7 @@ absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
                                  const FlashInferCall& fi, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
   if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes) +
-                                             sizeof(unsigned long long));
+                                            sizeof(unsigned long long));
       !s.ok()) {
     return s;
   }
@@ -395,12 +397,7 @@ absl::Status CudaGqaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
   auto put = [&](const Section& section, const void* src) {
     if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
   };
-  if (hidden.dtype() == activation_) {
-    put(l.x, hidden.data());
-  } else {
-    const Tensor x = hidden.CastTo(activation_);
-    put(l.x, x.data());
-  }
+  put(l.x, hidden.data());  // In the wire dtype; converted on the device.
   put(l.positions, plan.positions.data());
   put(l.row_sequence, plan.row_sequence.data());
   put(l.sequences, plan.sequences.data());
@@ -423,15 +420,23 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
       cudaMemcpyAsync(device, host, l.upload_bytes, cudaMemcpyHostToDevice, stream_),
       "uploading the batch");
   if (context_.pool->poison()) {
-    const size_t begin = l.qkv.offset, end = l.device_bytes;
+    const size_t begin = l.x_act.offset, end = l.device_bytes;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
                                    "poisoning the workspace");
+  }
+  // The input from the wire dtype to the activation dtype (bf16 pages with an fp32 caller, ...).
+  const void* x = dptr(l.x);
+  if (l.wire != activation_) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertActivations(x, ToKvType(l.wire), dptr(l.x_act), ToKvType(activation_),
+                                 rows * spec_.d_model, stream_),
+        "input to the activation dtype");
+    x = dptr(l.x_act);
   }
   timer_.EndDevice(LayerStage::kUpload, stream_);
   // qkv[rows, q | k | v] = x . [Wq; Wk; Wv]^T (+ bias)
   const int m_rows = static_cast<int>(rows);
-  if (absl::Status s =
-          qkv_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.x), m_rows, fptr(l.qkv));
+  if (absl::Status s = qkv_proj_.Run(*context_.cublas, cublas_, stream_, x, m_rows, fptr(l.qkv));
       !s.ok()) {
     return s;
   }
@@ -522,8 +527,8 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashIn
 PagedKv CudaGqaLayer::PagedView(const CallLayout& l) const {
   PagedKv kv;
   kv.pool = store_.pool_base();
-  kv.page_offsets = reinterpret_cast<const int64_t*>(
-      static_cast<std::byte*>(workspace_.data()) + l.pages.offset);
+  kv.page_offsets =
+      reinterpret_cast<const int64_t*>(static_cast<std::byte*>(workspace_.data()) + l.pages.offset);
   kv.page_size = kv_config_.page_size;
   kv.num_kv_heads = spec_.num_kv_heads;
   kv.head_dim = spec_.head_dim;
@@ -572,8 +577,8 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.partial_sum = fptr(l.partial_sum);
   attn.partial_acc = fptr(l.partial_acc);
   attn.item_begin = reinterpret_cast<const int*>(dptr(l.item_begin));
-  return RunDecodeAttention(kv_config_.storage, spec_.head_dim, attn,
-                            shape.decode_row_blocks, stream_);
+  return RunDecodeAttention(kv_config_.storage, spec_.head_dim, attn, shape.decode_row_blocks,
+                            stream_);
 }
 
 }  // namespace attnserve::cuda

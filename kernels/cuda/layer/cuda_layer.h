@@ -97,7 +97,8 @@ class CudaGqaLayer : public AttentionLayer {
   BatchPlanShape PlanShape() const;
   // `fi`: the FlashInfer side of the call when FlashInfer computes the attention.
   using FlashInferCall = std::optional<FlashInferAttention::CallPlan>;
-  // `wire`: the caller's dtype, which the output is converted to on the device and downloaded in.
+  // `wire`: the caller's dtype, in which the input is uploaded (converted to the activation dtype
+  // on the device) and the output converted on the device and downloaded.
   CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
                     DType wire) const;
   // Sizes the workspace and staging buffers and writes the input and the plan into staging.

@@ -47,9 +47,9 @@ absl::Status Upload(DeviceBuffer& buffer, const std::vector<float>& host, const 
     return s;
   }
   if (host.empty()) return absl::OkStatus();
-  return CudaStatus(cudaMemcpy(buffer.data(), host.data(), host.size() * sizeof(float),
-                               cudaMemcpyHostToDevice),
-                    what);
+  return CudaStatus(
+      cudaMemcpy(buffer.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+      what);
 }
 
 }  // namespace
@@ -63,6 +63,9 @@ CudaMlaLayer::CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       qk_dim_(spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim),
       row_width_(spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim),
       kv_b_width_(spec.mla.qk_nope_head_dim + spec.mla.v_head_dim),
+      // As CudaGqaLayer's: fp32 with f32 pages, the pages' 16-bit type with 16-bit pages (8-bit
+      // MLA pages are refused by the capability table).
+      activation_(kv_config.storage.element),
       sequences_(kv_config, page_bytes, spec.causal, spec.sliding_window, context.pool) {}
 
 CudaMlaLayer::~CudaMlaLayer() {
@@ -118,18 +121,18 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
   const int kv_lora = dims_.kv_lora_rank, v = dims_.v_head_dim;
   if (dims_.q_lora_rank == 0) {
     if (absl::Status s = q_proj_.Init(weights.at("q_proj.weight").ToFloats(), {}, q_width,
-                                      spec_.d_model, DType::kF32);
+                                      spec_.d_model, activation_);
         !s.ok()) {
       return s;
     }
   } else {
     if (absl::Status s = q_proj_.Init(weights.at("q_a_proj.weight").ToFloats(), {},
-                                      dims_.q_lora_rank, spec_.d_model, DType::kF32);
+                                      dims_.q_lora_rank, spec_.d_model, activation_);
         !s.ok()) {
       return s;
     }
     if (absl::Status s = q_b_proj_.Init(weights.at("q_b_proj.weight").ToFloats(), {}, q_width,
-                                        dims_.q_lora_rank, DType::kF32);
+                                        dims_.q_lora_rank, activation_);
         !s.ok()) {
       return s;
     }
@@ -140,12 +143,12 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
     }
   }
   if (absl::Status s = kv_a_proj_.Init(weights.at("kv_a_proj_with_mqa.weight").ToFloats(), {},
-                                       row_width_, spec_.d_model, DType::kF32);
+                                       row_width_, spec_.d_model, activation_);
       !s.ok()) {
     return s;
   }
   if (absl::Status s = o_proj_.Init(weights.at("o_proj.weight").ToFloats(), {}, spec_.d_model,
-                                    heads * v, DType::kF32);
+                                    heads * v, activation_);
       !s.ok()) {
     return s;
   }
@@ -161,18 +164,19 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
   std::vector<float> uv_t(static_cast<size_t>(heads) * kv_lora * v);
   for (int h = 0; h < heads; ++h) {
     for (int j = 0; j < v; ++j) {
-      const float* row = &kv_b[(static_cast<size_t>(h) * kv_b_width_ + dims_.qk_nope_head_dim + j) *
-                               kv_lora];
-      for (int l = 0; l < kv_lora; ++l) uv_t[(static_cast<size_t>(h) * kv_lora + l) * v + j] = row[l];
+      const float* row =
+          &kv_b[(static_cast<size_t>(h) * kv_b_width_ + dims_.qk_nope_head_dim + j) * kv_lora];
+      for (int l = 0; l < kv_lora; ++l)
+        uv_t[(static_cast<size_t>(h) * kv_lora + l) * v + j] = row[l];
     }
   }
   if (absl::Status s = Upload(w_kv_b_, kv_b, "uploading kv_b_proj"); !s.ok()) return s;
   if (absl::Status s = Upload(w_uv_t_, uv_t, "uploading W_UV"); !s.ok()) return s;
   if (context_.attention == CudaAttentionImpl::kFlashInfer &&
       FlashInferMlaAttention::Serves(spec_, kv_config_, context_.pool->capacity_bytes())) {
-    flashinfer_ = FlashInferMlaAttention::Create(spec_, kv_config_, sequences_.store().page_bytes(),
-                                                 context_.pool->slab_bytes(),
-                                                 context_.multiprocessors);
+    flashinfer_ =
+        FlashInferMlaAttention::Create(spec_, kv_config_, sequences_.store().page_bytes(),
+                                       context_.pool->slab_bytes(), context_.multiprocessors);
   }
   if (spec_.rope != RopeLayout::kNone && dims_.qk_rope_head_dim > 0) {
     // The CPU RotaryEmbedding's frequencies (YaRN included), in fp64. Its cos/sin factor has no
@@ -202,8 +206,7 @@ absl::StatusOr<int64_t> CudaMlaLayer::SequenceLength(SequenceId sequence) const 
   return sequences_.table().Length(sequence);
 }
 
-absl::StatusOr<std::vector<SequenceId>> CudaMlaLayer::ForkSequence(SequenceId source,
-                                                                   int count) {
+absl::StatusOr<std::vector<SequenceId>> CudaMlaLayer::ForkSequence(SequenceId source, int count) {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
   return sequences_.Fork(source, count);
@@ -296,11 +299,14 @@ struct CudaMlaLayer::CallLayout {
   size_t upload_bytes = 0;
   // FlashInfer only: q16 the absorbed queries in bf16, o16 its bf16 output, scratch its partials.
   Section q16, o16, flashinfer_scratch;
+  // x_act: [rows, d_model] the input in the activation dtype, when the wire's differs;
   // q_a: [rows, q_lora] (q_lora_rank > 0); latent: [rows, kv_lora + rope]; q: [rows, H, qk];
-  // q_lat: [rows, H, kv_lora + rope]; o_lat: [rows, H, kv_lora]; attn: [rows, H * v].
-  Section q_a, latent, q, q_lat, o_lat, attn, out, out_wire, first_bad, partial_max, partial_sum,
-      partial_acc;
+  // q_lat: [rows, H, kv_lora + rope]; o_lat: [rows, H, kv_lora]; attn: [rows, H * v];
+  // q_a16, attn16: q_a (normalised) and attn in the activation dtype, for 16-bit projections.
+  Section x_act, q_a, q_a16, latent, q, q_lat, o_lat, attn, attn16, out, out_wire, first_bad,
+      partial_max, partial_sum, partial_acc;
   size_t device_bytes = 0;
+  // The caller's dtype: the input is uploaded in it, the output downloaded in it.
   DType wire = DType::kF32;
   const Section& download() const { return wire == DType::kF32 ? out : out_wire; }
 };
@@ -322,8 +328,8 @@ absl::StatusOr<Tensor> CudaMlaLayer::Compute(const Tensor& hidden,
                                              const std::vector<BatchSequence>& batch,
                                              absl::Span<const int64_t> positions, bool decode) {
   const int64_t rows = hidden.dim(0);
-  const int64_t widest = std::max<int64_t>(
-      {spec_.d_model, int64_t{spec_.num_heads} * std::max(qk_dim_, row_width_)});
+  const int64_t widest =
+      std::max<int64_t>({spec_.d_model, int64_t{spec_.num_heads} * std::max(qk_dim_, row_width_)});
   if (rows > INT_MAX / widest) {
     return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
   }
@@ -339,18 +345,18 @@ absl::StatusOr<Tensor> CudaMlaLayer::Compute(const Tensor& hidden,
   }
   const CallLayout layout = LayOut(*plan, fi, rows, decode, hidden.dtype());
   if (absl::Status s = Stage(hidden, *plan, fi, layout); !s.ok()) return s;
-  absl::StatusOr<Tensor> out = Launch(*plan, fi, layout, rows, decode);
-  if (!out.ok() || out->dtype() == hidden.dtype()) return out;
-  return out->CastTo(hidden.dtype());
+  return Launch(*plan, fi, layout, rows, decode);
 }
 
 CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
                                               int64_t rows, bool decode, DType wire) const {
   CallLayout l;
-  l.wire = wire == DType::kF16 || wire == DType::kBF16 ? wire : DType::kF32;
+  l.wire = wire;  // Converted on the device both ways, as CudaGqaLayer::LayOut.
   const int64_t heads = spec_.num_heads;
+  const size_t activation_bytes = DTypeSize(activation_);
+  const bool narrow = activation_ != DType::kF32;  // 16-bit projections.
   SectionLayout up;
-  l.x = up.Add(sizeof(float) * rows * spec_.d_model);
+  l.x = up.Add(DTypeSize(wire) * rows * spec_.d_model);
   l.positions = up.Add(sizeof(int64_t) * rows);
   l.row_sequence = up.Add(sizeof(int) * rows);
   l.sequences = up.Add(sizeof(SequenceDesc) * plan.sequences.size());
@@ -360,12 +366,15 @@ CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, const Flash
   l.flashinfer_words = up.Add(fi.has_value() ? sizeof(int32_t) * fi->words.size() : 0);
   l.upload_bytes = up.total();
   SectionLayout dev = up;
+  l.x_act = dev.Add(wire == activation_ ? 0 : activation_bytes * rows * spec_.d_model);
   l.q_a = dev.Add(sizeof(float) * rows * dims_.q_lora_rank);
+  l.q_a16 = dev.Add(narrow ? activation_bytes * rows * dims_.q_lora_rank : 0);
   l.latent = dev.Add(sizeof(float) * rows * row_width_);
   l.q = dev.Add(sizeof(float) * rows * heads * qk_dim_);
   l.q_lat = dev.Add(sizeof(float) * rows * heads * row_width_);
   l.o_lat = dev.Add(fi.has_value() ? 0 : sizeof(float) * rows * heads * dims_.kv_lora_rank);
   l.attn = dev.Add(sizeof(float) * rows * heads * dims_.v_head_dim);
+  l.attn16 = dev.Add(narrow ? activation_bytes * rows * heads * dims_.v_head_dim : 0);
   l.out = dev.Add(sizeof(float) * rows * spec_.d_model);
   l.out_wire = dev.Add(l.wire == DType::kF32 ? 0 : DTypeSize(l.wire) * rows * spec_.d_model);
   l.first_bad = dev.Add(sizeof(unsigned long long));
@@ -385,7 +394,7 @@ absl::Status CudaMlaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
                                  const FlashInferCall& fi, const CallLayout& l) {
   if (absl::Status s = workspace_.EnsureBytes(l.device_bytes); !s.ok()) return s;
   if (absl::Status s = staging_.EnsureBytes(l.upload_bytes + AlignUp(l.download().bytes) +
-                                             sizeof(unsigned long long));
+                                            sizeof(unsigned long long));
       !s.ok()) {
     return s;
   }
@@ -393,12 +402,7 @@ absl::Status CudaMlaLayer::Stage(const Tensor& hidden, const BatchPlan& plan,
   auto put = [&](const Section& section, const void* src) {
     if (section.bytes > 0) std::memcpy(host + section.offset, src, section.bytes);
   };
-  if (hidden.dtype() == DType::kF32) {
-    put(l.x, hidden.data());
-  } else {
-    const Tensor x = hidden.CastTo(DType::kF32);
-    put(l.x, x.data());
-  }
+  put(l.x, hidden.data());  // In the wire dtype; converted on the device.
   put(l.positions, plan.positions.data());
   put(l.row_sequence, plan.row_sequence.data());
   put(l.sequences, plan.sequences.data());
@@ -421,19 +425,38 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
       cudaMemcpyAsync(device, host, l.upload_bytes, cudaMemcpyHostToDevice, stream_),
       "uploading the batch");
   if (context_.pool->poison()) {
-    const size_t begin = l.q_a.offset, end = l.device_bytes;
+    const size_t begin = l.x_act.offset, end = l.device_bytes;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device + begin, 0xFF, end - begin, stream_),
                                    "poisoning the workspace");
   }
+  // The input from the wire dtype to the activation dtype, and back for the projections' inputs.
+  const void* x = dptr(l.x);
+  if (l.wire != activation_) {
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertActivations(x, ToKvType(l.wire), dptr(l.x_act), ToKvType(activation_),
+                                 rows * spec_.d_model, stream_),
+        "input to the activation dtype");
+    x = dptr(l.x_act);
+  }
+  // A projection's fp32 input in the activation dtype: itself (fp32), or converted into `narrow`.
+  auto projection_input = [&](const Section& wide,
+                              const Section& narrow) -> absl::StatusOr<const void*> {
+    if (activation_ == DType::kF32) return static_cast<const void*>(dptr(wide));
+    ATTNSERVE_CUDA_RETURN_IF_ERROR(
+        LaunchConvertFloats(fptr(wide), ToKvType(activation_), dptr(narrow),
+                            static_cast<int64_t>(wide.bytes / sizeof(float)), stream_),
+        "a projection's input to the activation dtype");
+    return static_cast<const void*>(dptr(narrow));
+  };
   const bool q_lora = dims_.q_lora_rank > 0;
   // q_a = x Wq_a^T (or q = x Wq^T), latent = x Wkv_a^T.
-  if (absl::Status s = q_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.x), m_rows,
+  if (absl::Status s = q_proj_.Run(*context_.cublas, cublas_, stream_, x, m_rows,
                                    q_lora ? fptr(l.q_a) : fptr(l.q));
       !s.ok()) {
     return s;
   }
   if (absl::Status s =
-          kv_a_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.x), m_rows, fptr(l.latent));
+          kv_a_proj_.Run(*context_.cublas, cublas_, stream_, x, m_rows, fptr(l.latent));
       !s.ok()) {
     return s;
   }
@@ -441,8 +464,9 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
   rope.inv_freq = static_cast<const double*>(inv_freq_.data());
   rope.rotary = spec_.rope == RopeLayout::kNone ? 0 : dims_.qk_rope_head_dim;
   rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
-  const MlaPagedKv kv{sequences_.store().pool_base(), reinterpret_cast<const int64_t*>(dptr(l.pages)),
-                      kv_config_.page_size, dims_.kv_lora_rank, dims_.qk_rope_head_dim};
+  const MlaPagedKv kv{sequences_.store().pool_base(),
+                      reinterpret_cast<const int64_t*>(dptr(l.pages)), kv_config_.page_size,
+                      dims_.kv_lora_rank, dims_.qk_rope_head_dim};
   // Norms, RoPE(k_pe), [c | k_pe] -> pages.
   MlaAppendParams append;
   append.q_latent = q_lora ? fptr(l.q_a) : nullptr;
@@ -461,8 +485,9 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchMlaAppend(append, stream_), "MLA latent append launch");
   // q = RMSNorm(q_a) Wq_b^T.
   if (q_lora) {
-    if (absl::Status s =
-            q_b_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.q_a), m_rows, fptr(l.q));
+    const absl::StatusOr<const void*> q_a = projection_input(l.q_a, l.q_a16);
+    if (!q_a.ok()) return q_a.status();
+    if (absl::Status s = q_b_proj_.Run(*context_.cublas, cublas_, stream_, *q_a, m_rows, fptr(l.q));
         !s.ok()) {
       return s;
     }
@@ -498,8 +523,9 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
   output.latent = dims_.kv_lora_rank;
   output.v = dims_.v_head_dim;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchMlaOutput(output, stream_), "MLA W_UV launch");
-  if (absl::Status s =
-          o_proj_.Run(*context_.cublas, cublas_, stream_, dptr(l.attn), m_rows, fptr(l.out));
+  const absl::StatusOr<const void*> attn = projection_input(l.attn, l.attn16);
+  if (!attn.ok()) return attn.status();
+  if (absl::Status s = o_proj_.Run(*context_.cublas, cublas_, stream_, *attn, m_rows, fptr(l.out));
       !s.ok()) {
     return s;
   }
@@ -558,8 +584,9 @@ absl::Status CudaMlaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.num_heads = spec_.num_heads;
   attn.scale = EffectiveSoftmaxScale(spec_);
   attn.mask = PlanShape().mask;
-  attn.kv = MlaPagedKv{sequences_.store().pool_base(), reinterpret_cast<const int64_t*>(dptr(l.pages)),
-                       kv_config_.page_size, dims_.kv_lora_rank, dims_.qk_rope_head_dim};
+  attn.kv =
+      MlaPagedKv{sequences_.store().pool_base(), reinterpret_cast<const int64_t*>(dptr(l.pages)),
+                 kv_config_.page_size, dims_.kv_lora_rank, dims_.qk_rope_head_dim};
   attn.sequences = reinterpret_cast<const SequenceDesc*>(dptr(l.sequences));
   attn.batch = static_cast<int>(plan.sequences.size());
   attn.items = reinterpret_cast<const WorkItem*>(dptr(l.items));

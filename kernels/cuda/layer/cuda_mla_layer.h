@@ -4,7 +4,7 @@
 // layer kind). Per call: validate and reserve pages, plan the batch on the host (PlanBatch with
 // every head a query row of one shared KV head), upload the input and the plan in one copy, then
 // on the layer's stream:
-//   q_a = x Wq_a^T, or q = x Wq^T          cuBLAS (Projection, fp32)
+//   q_a = x Wq_a^T, or q = x Wq^T          cuBLAS (Projection: sgemm, or GemmEx for 16-bit)
 //   lat = x Wkv_a^T                        cuBLAS
 //   RMSNorm(q_a), RMSNorm(c), RoPE(k_pe),
 //   [c | k_pe] -> pages                    MlaAppendKernel
@@ -16,8 +16,11 @@
 //                                          not run on a device yet)
 //   attn = o_lat W_UV^T                    MlaOutputKernel
 //   out = attn Wo^T                        cuBLAS
-// and copy the output back. The projections run in fp32 for every page type (16-bit projections
-// as the GQA layer's are not done yet); f16/bf16 pages are read as such and accumulated in fp32.
+// and copy the output back. The input is uploaded in the caller's dtype and the output downloaded
+// in it, converted on the device. The projections run as CudaGqaLayer's: fp32 with f32 pages, and
+// with f16/bf16 pages on 16-bit resident weights and 16-bit inputs (the fp32 q_a and attention
+// output rounded on the device) with fp32 accumulation. The absorbed W_UK/W_UV and the norms stay
+// fp32; the attention reads 16-bit pages and accumulates in fp32.
 // A failure after the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
 #define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
@@ -65,7 +68,8 @@ class CudaMlaLayer : public AttentionLayer {
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
-  // Device weights (fp32): projections, norms, kv_b_proj and its transposed W_UV.
+  // Device weights: the projections in the activation dtype; norms, kv_b_proj and its transposed
+  // W_UV in fp32.
   int64_t ParameterBytes() const override;
   // Whether FlashInfer's MLA kernel computes the attention (FlashInferMlaAttention::Serves under
   // --cuda_attention=flashinfer or auto).
@@ -102,6 +106,8 @@ class CudaMlaLayer : public AttentionLayer {
   const int qk_dim_;      // nope + rope: one head of q.
   const int row_width_;   // kv_lora_rank + rope: one cached row, and one absorbed query head.
   const int kv_b_width_;  // nope + v: rows of kv_b_proj per head.
+  // The projections' dtype (weights, inputs): f32 with f32 pages, else the 16-bit page type.
+  const DType activation_;
 
   mutable absl::Mutex mu_;  // One call at a time per layer.
   DeviceSequences sequences_ ABSL_GUARDED_BY(mu_);

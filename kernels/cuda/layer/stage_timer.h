@@ -16,7 +16,7 @@ namespace attnserve::cuda {
 enum class LayerStage : int {
   kPlan = 0,     // Host: validate, reserve pages, PlanBatch and the FlashInfer schedule.
   kStage,        // Host: the input and the plan into pinned staging memory.
-  kUpload,       // Device: one host-to-device copy.
+  kUpload,       // Device: one host-to-device copy, and the input to the activation dtype.
   kQkvGemm,      // Device: qkv = x . [Wq; Wk; Wv]^T.
   kRopeAppend,   // Device: RoPE on q and k, K/V into the pages.
   kAttention,    // Device: the attention kernels (and FlashInfer's q conversion).
