@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/cuda/layer/cuda_layer.h"
+#include "kernels/cuda/layer/cuda_layer_base.h"
 #include "kernels/cuda/layer/stage_timer.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/model/layer_weights.h"
@@ -78,7 +78,7 @@ int RunCase(AttentionBackend& backend, const char* impl, const BenchCase& c, boo
     std::printf("%s: %s\n", c.name, layer.status().ToString().c_str());
     return 1;
   }
-  auto* timed = dynamic_cast<cuda::CudaGqaLayer*>(layer->get());
+  auto* timed = dynamic_cast<cuda::CudaLayerBase*>(layer->get());  // Either layer kind.
   if (timed == nullptr) return 1;
   timed->EnableStageTiming(true);
   std::mt19937_64 rng(11);

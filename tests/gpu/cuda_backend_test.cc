@@ -875,6 +875,46 @@ TEST(CudaBackendContractTest, StageTimerCoversTheCall) {
   EXPECT_LE(stages.Total(), wall_ms * 1.01 + 0.05);
 }
 
+// A caller whose dtype is not the layer's activation dtype (an fp32 caller of bf16 pages, a bf16
+// caller of f32 pages) has its input converted on the device, as the host's Tensor::CastTo would,
+// and its output too: a twin sequence fed the host-converted input gives the same bits once both
+// outputs are rounded to bf16. Prefill, then a decode step.
+TEST(CudaBackendContractTest, CallerDtypeIsConvertedOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const LayerSpec spec = Spec(4, 2, 64, RopeLayout::kHalf);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 8);
+  ASSERT_TRUE(weights.ok());
+  for (const auto& [pages, caller] : {std::pair{DType::kBF16, DType::kF32},
+                                      std::pair{DType::kF32, DType::kBF16}}) {
+    SCOPED_TRACE(absl::StrCat(DTypeName(caller), " caller, ", DTypeName(pages), " pages"));
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> layer =
+        Gpu().backend->CreateLayer(spec, *weights, {pages, 16, 64, nullptr});
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    const SequenceId a = (*layer)->CreateSequence();
+    const SequenceId b = (*layer)->CreateSequence();
+    std::mt19937_64 rng(11);
+    for (const int64_t rows : {int64_t{21}, int64_t{1}}) {  // A prefill, then a decode step.
+      const Tensor x = ToTensor(RandomHidden(rows, 256, rng), {rows, 256}, caller);
+      absl::StatusOr<Tensor> converted, twin;
+      if (rows > 1) {
+        converted = (*layer)->Prefill({{a, rows}}, x, {});
+        twin = (*layer)->Prefill({{b, rows}}, x.CastTo(pages), {});
+      } else {
+        const SequenceId sa[] = {a}, sb[] = {b};
+        converted = (*layer)->Decode(sa, x, {});
+        twin = (*layer)->Decode(sb, x.CastTo(pages), {});
+      }
+      ASSERT_TRUE(converted.ok()) << converted.status();
+      ASSERT_TRUE(twin.ok()) << twin.status();
+      EXPECT_EQ(converted->dtype(), caller);
+      EXPECT_EQ(twin->dtype(), pages);
+      const Tensor c16 = converted->CastTo(DType::kBF16), t16 = twin->CastTo(DType::kBF16);
+      ASSERT_EQ(c16.num_bytes(), t16.num_bytes());
+      EXPECT_EQ(std::memcmp(c16.data(), t16.data(), c16.num_bytes()), 0) << "rows " << rows;
+    }
+  }
+}
+
 // An output that is not finite (here from an infinite input) is found on the device: the call
 // fails with INVALID_ARGUMENT naming the element, and nothing is appended.
 TEST(CudaBackendContractTest, NonFiniteOutputFailsTheCallAndAppendsNothing) {

@@ -3,15 +3,16 @@
 // batch, a second prefill chunk over the cached prefix (explicit positions), decode steps across
 // page boundaries and split-KV, Fork, and Export/Import between the two backends.
 //
-// Tolerances (relative 2-norm per call, ||gpu - cpu|| / ||cpu||). The MLA layer computes in fp32
-// for every page type (fp32 projections; 16-bit pages read and accumulated in fp32), as the CPU
-// engine does, so the two differ only by summation order (cuBLAS vs OpenBLAS, the GPU's absorbed
-// prefill vs the CPU's expanded one) and, with bf16 pages, by latents whose fp32 values a few ulp
-// apart round to neighbouring bf16 values and by flips of the bf16 output's rounding (one ulp,
-// u = 2^-8 relative, of the elements that flip). Worst call seen on the emulated device:
-// f32 4.9e-7, bf16 6.1e-5.
+// Tolerances (relative 2-norm per call, ||gpu - cpu|| / ||cpu||). With f32 pages the MLA layer
+// computes in fp32, as the CPU engine does, so the two differ only by summation order (cuBLAS vs
+// OpenBLAS, the GPU's absorbed prefill vs the CPU's expanded one). With bf16 pages its projections
+// run as CudaGqaLayer's, on bf16 resident weights with bf16 inputs (x, the normalised q_a, the W_UV
+// output) and fp32 accumulation, while the CPU engine keeps fp32 weights: about as many
+// independent roundings of u/sqrt(3) (u = 2^-8) meet in the output as in the GQA layer, so the
+// bound is the GQA layer's bf16 bound (cuda_backend_test.cc). Worst call seen on the emulated
+// device: f32 4.96e-7, bf16 6.5e-3 (6.1e-5 while the projections ran in fp32).
 //   f32 pages, f32 I/O:   1e-4
-//   bf16 pages, bf16 I/O: 2e-3   u/2: every element would have to flip to reach it.
+//   bf16 pages, bf16 I/O: 1.6e-2  4u
 // The GPU runs with poison_for_testing (NaN pool, pages and workspace), so a slot read before it
 // is written fails (NaN never passes a bound).
 //
@@ -133,7 +134,7 @@ struct DtypeCase {
   DType kv;  // GPU and CPU pages, and the hidden/output dtype.
   double bound;
 };
-const DtypeCase kDtypes[] = {{DType::kF32, 1e-4}, {DType::kBF16, 2e-3}};
+const DtypeCase kDtypes[] = {{DType::kF32, 1e-4}, {DType::kBF16, 1.6e-2}};
 
 void PrintTo(const MlaCase& c, std::ostream* os) { *os << c.name; }
 void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
@@ -297,7 +298,7 @@ TEST(CudaMlaContractTest, ExportImportMovesLatentPagesBetweenCpuAndGpu) {
   SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const double bound = dtype == DType::kF32 ? 1e-4 : 2e-3;  // As the sweep's.
+    const double bound = dtype == DType::kF32 ? 1e-4 : 1.6e-2;  // As the sweep's.
     const LayerSpec spec = MlaSpec(4, 24, 32, 16, 16, 16, RopeLayout::kNone);
     absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 43);
     ASSERT_TRUE(weights.ok());
@@ -350,8 +351,8 @@ TEST(CudaMlaContractTest, ExportImportMovesLatentPagesBetweenCpuAndGpu) {
 // FlashInfer's MLA kernel (--cuda_attention=flashinfer; bf16 pages at DeepSeek's 512 + 64) inside
 // the layer against the CPU engine: prefill, a chunk over the cached prefix, decode with a long
 // sequence. Needs a device and a build with FlashInfer: it SKIPS on the emulated device (which
-// cannot run FlashInfer's kernels) and has NOT RUN on a device yet. Bound as the sweep's bf16
-// plus FlashInfer's bf16 queries and bf16 output of attention (two more roundings of u/2): 4e-3.
+// cannot run FlashInfer's kernels) and has NOT RUN on a device yet. Bound: the sweep's bf16 (the
+// bf16 projections' roundings dominate; FlashInfer's bf16 queries and output add two more).
 TEST(CudaMlaContractTest, FlashInferMlaMatchesCpu) {
 #if defined(ATTNSERVE_EMULATED_DEVICE)
   GTEST_SKIP() << "FlashInfer's kernels do not run on the emulated device";
@@ -390,7 +391,7 @@ TEST(CudaMlaContractTest, FlashInferMlaMatchesCpu) {
     cchunks.push_back({cs.back(), n});
     rows += n;
   }
-  const double bound = 4e-3;
+  const double bound = 1.6e-2;
   auto check = [&](absl::StatusOr<Tensor> got, absl::StatusOr<Tensor> want, const char* what) {
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_TRUE(want.ok()) << want.status();

@@ -168,6 +168,11 @@ cudaError_t LaunchRopeAppend(const RopeAppendParams& params, cudaStream_t stream
 // dst[e] = src[e] rounded (RNE) to f16/bf16, e < count (kernels/cuda/layer/convert.cu).
 cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, int64_t count,
                                 cudaStream_t stream);
+// dst[e] = src[e] converted from src_type to dst_type (f32/f16/bf16 each way; narrowing rounds to
+// nearest even, widening is exact), e < count: the uploaded input from its wire dtype to the
+// activation dtype (kernels/cuda/layer/convert.cu).
+cudaError_t LaunchConvertActivations(const void* src, KvType src_type, void* dst,
+                                     KvType dst_type, int64_t count, cudaStream_t stream);
 // *first_bad = min(*first_bad, e) for every e < count whose data[e] is not finite or has
 // |data[e]| >= limit (the magnitude that rounds to infinity in the output's dtype). The caller
 // sets *first_bad to ~0 first (kernels/cuda/layer/convert.cu).

@@ -1,10 +1,11 @@
 // A DeepSeek-V2/V3 multi-head latent attention (MLA) layer on the GPU, in the absorbed form. The
-// pages are the CPU's ([page_size][kv_lora_rank + qk_rope_head_dim], kernels/kv/page_layout.h),
-// so Fork/Export/Import move the same bytes as on the CPU (DeviceSequences, shared with any CUDA
-// layer kind). Per call: validate and reserve pages, plan the batch on the host (PlanBatch with
-// every head a query row of one shared KV head), upload the input and the plan in one copy, then
-// on the layer's stream:
-//   q_a = x Wq_a^T, or q = x Wq^T          cuBLAS (Projection, fp32)
+// call shell (checks, reservation, rollback, the upload and the download) is CudaLayerBase's; this
+// class is the math. The pages are the CPU's ([page_size][kv_lora_rank + qk_rope_head_dim],
+// kernels/kv/page_layout.h), so Fork/Export/Import move the same bytes as on the CPU
+// (DeviceSequences, shared with any CUDA layer kind). Per call: validate and reserve pages, plan
+// the batch on the host (PlanBatch with every head a query row of one shared KV head), upload the
+// input and the plan in one copy, then on the layer's stream:
+//   q_a = x Wq_a^T, or q = x Wq^T          cuBLAS (Projection: sgemm, or GemmEx for 16-bit)
 //   lat = x Wkv_a^T                        cuBLAS
 //   RMSNorm(q_a), RMSNorm(c), RoPE(k_pe),
 //   [c | k_pe] -> pages                    MlaAppendKernel
@@ -16,8 +17,11 @@
 //                                          not run on a device yet)
 //   attn = o_lat W_UV^T                    MlaOutputKernel
 //   out = attn Wo^T                        cuBLAS
-// and copy the output back. The projections run in fp32 for every page type (16-bit projections
-// as the GQA layer's are not done yet); f16/bf16 pages are read as such and accumulated in fp32.
+// and copy the output back. The input is uploaded in the caller's dtype and the output downloaded
+// in it, converted on the device. The projections run as CudaGqaLayer's: fp32 with f32 pages, and
+// with f16/bf16 pages on 16-bit resident weights and 16-bit inputs (the fp32 q_a and attention
+// output rounded on the device) with fp32 accumulation. The absorbed W_UK/W_UV and the norms stay
+// fp32; the attention reads 16-bit pages and accumulates in fp32.
 // A failure after the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
 #define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
@@ -29,18 +33,16 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/attention/batch_plan.h"
-#include "kernels/cuda/layer/cuda_layer.h"
-#include "kernels/cuda/layer/device_sequences.h"
+#include "kernels/cuda/layer/cuda_layer_base.h"
 #include "kernels/cuda/layer/flashinfer_mla_attention.h"
 #include "kernels/cuda/layer/projection.h"
 #include "kernels/cuda/runtime/device_memory.h"
 
 namespace attnserve::cuda {
 
-class CudaMlaLayer : public AttentionLayer {
+class CudaMlaLayer : public CudaLayerBase {
  public:
   // Spec, weights and config must be validated (the backend does); checks the widths against the
   // kernels (CheckMlaKernelDims) and uploads the weights.
@@ -48,43 +50,20 @@ class CudaMlaLayer : public AttentionLayer {
                                                                 const LayerWeights& weights,
                                                                 const KvCacheConfig& kv_config,
                                                                 const CudaContext& context);
-  ~CudaMlaLayer() override;
 
-  const LayerSpec& spec() const override { return spec_; }
-  const KvCacheConfig& kv_config() const override { return kv_config_; }
-  SequenceId CreateSequence() override;
-  absl::Status ReleaseSequence(SequenceId sequence) override;
-  absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const override;
-  absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) override;
-  absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
-  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
-  KvPoolUsage PoolUsage() const override;
-  absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
-  int64_t KvBytesAtLength(int64_t num_tokens) const override;
-  // Device weights (fp32): projections, norms, kv_b_proj and its transposed W_UV.
+  // Device weights: the projections in the activation dtype; norms, kv_b_proj and its transposed
+  // W_UV in fp32.
   int64_t ParameterBytes() const override;
   // Whether FlashInfer's MLA kernel computes the attention (FlashInferMlaAttention::Serves under
   // --cuda_attention=flashinfer or auto).
   bool uses_flashinfer() const { return flashinfer_.has_value(); }
 
-
- protected:
-  absl::StatusOr<Tensor> PrefillChecked(absl::Span<const PrefillChunk> chunks,
-                                        const Tensor& hidden,
-                                        absl::Span<const int64_t> positions) override;
-  absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
-                                       const Tensor& hidden,
-                                       absl::Span<const int64_t> positions) override;
-
  private:
   CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
                int64_t page_bytes);
   absl::Status Init(const LayerWeights& weights);
-  absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
-                             absl::Span<const int64_t> counts, absl::Span<const int64_t> positions,
-                             bool decode);
   absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
-                                 absl::Span<const int64_t> positions, bool decode)
+                                 absl::Span<const int64_t> positions, bool decode) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
   BatchPlanShape PlanShape() const;
@@ -92,27 +71,20 @@ class CudaMlaLayer : public AttentionLayer {
   using FlashInferCall = std::optional<FlashInferMlaAttention::CallPlan>;
   CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
                     DType wire) const;
-  absl::Status Stage(const Tensor& hidden, const BatchPlan& plan, const FlashInferCall& fi,
-                     const CallLayout& layout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const FlashInferCall& fi,
                                 const CallLayout& layout, int64_t rows, bool decode)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
                             int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const LayerSpec spec_;
-  const KvCacheConfig kv_config_;
-  const CudaContext context_;
   const MlaDims dims_;
   const int qk_dim_;      // nope + rope: one head of q.
   const int row_width_;   // kv_lora_rank + rope: one cached row, and one absorbed query head.
   const int kv_b_width_;  // nope + v: rows of kv_b_proj per head.
+  // The projections' dtype (weights, inputs): f32 with f32 pages, else the 16-bit page type.
+  const DType activation_;
 
-  mutable absl::Mutex mu_;  // One call at a time per layer.
-  DeviceSequences sequences_ ABSL_GUARDED_BY(mu_);
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
-  Projection q_proj_;   // x -> q (q_lora_rank == 0), or x -> q latent (q_a_proj).
+  Projection q_proj_;    // x -> q (q_lora_rank == 0), or x -> q latent (q_a_proj).
   Projection q_b_proj_;  // q latent -> q (q_lora_rank > 0).
   Projection kv_a_proj_;
   Projection o_proj_;
@@ -123,8 +95,6 @@ class CudaMlaLayer : public AttentionLayer {
   DeviceBuffer inv_freq_;  // RoPE frequencies (fp64).
   // Set when FlashInfer computes this layer's attention; else the native kernels do.
   std::optional<FlashInferMlaAttention> flashinfer_;
-  DeviceBuffer workspace_;  // Upload region, activations and split-KV partials of one call.
-  PinnedBuffer staging_;    // Host side of the upload and of the output.
 };
 
 }  // namespace attnserve::cuda

@@ -1,6 +1,7 @@
-// Where one CudaGqaLayer call spends its time, stage by stage: host stages (plan, staging the
-// upload, finishing the output) by the steady clock, device stages (upload, qkv GEMM, RoPE + KV
-// append, attention, output GEMM, download) by CUDA events on the layer's stream. Off by default:
+// Where one CUDA layer call (CudaLayerBase, either layer kind) spends its time, stage by stage:
+// host stages (plan, staging the upload, finishing the output) by the steady clock, device stages
+// (upload, qkv GEMM, RoPE + KV append, attention, output GEMM, download) by CUDA events on the
+// layer's stream; CudaMlaLayer maps its steps onto the same stages. Off by default:
 // attnserve_cuda_bench turns it on to print the breakdown next to the kernels-alone sum
 // (docs/gpu_benchmarks.md); serving never pays for the events.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_STAGE_TIMER_H_
@@ -16,13 +17,16 @@ namespace attnserve::cuda {
 enum class LayerStage : int {
   kPlan = 0,     // Host: validate, reserve pages, PlanBatch and the FlashInfer schedule.
   kStage,        // Host: the input and the plan into pinned staging memory.
-  kUpload,       // Device: one host-to-device copy.
-  kQkvGemm,      // Device: qkv = x . [Wq; Wk; Wv]^T.
-  kRopeAppend,   // Device: RoPE on q and k, K/V into the pages.
+  kUpload,       // Device: one host-to-device copy, and the input to the activation dtype.
+  kQkvGemm,      // Device: qkv = x . [Wq; Wk; Wv]^T (MLA: q or q_a, and the latent).
+  kRopeAppend,   // Device: RoPE on q and k, K/V into the pages (MLA: the latent append,
+                 // q_b_proj and the absorbed query).
   kAttention,    // Device: the attention kernels (and FlashInfer's q conversion).
-  kOutGemm,      // Device: out = attn . Wo^T, and the output's conversion to the wire dtype.
+  kOutGemm,      // Device: out = attn . Wo^T (MLA: W_UV first), and the output's conversion to
+                 // the wire dtype.
   kDownload,     // Device: one device-to-host copy, then the stream's synchronisation.
-  kFinish,       // Host: the output tensor, its finiteness check.
+  kFinish,       // Host: the output out of pinned staging (the tensor is allocated while the
+                 // device works), the finiteness flag, eviction outside a window.
   kCount,
 };
 

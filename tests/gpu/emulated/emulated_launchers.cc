@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "kernels/cuda/attention/combine.cuh"
 #include "kernels/cuda/attention/kv_append.cuh"
@@ -176,6 +177,19 @@ cudaError_t LaunchConvertFloats(const float* src, KvType dst_type, void* dst, in
   // Round to nearest even, as the device's __float2half_rn / __float2bfloat16_rn.
   ConvertFromFloat(src, dst_type == KvType::kF16 ? DType::kF16 : DType::kBF16, dst,
                    static_cast<size_t>(count));
+  return cudaGetLastError();  // As the real launchers: reports any pending error.
+}
+
+cudaError_t LaunchConvertActivations(const void* src, KvType src_type, void* dst,
+                                     KvType dst_type, int64_t count, cudaStream_t) {
+  auto dtype = [](KvType t) {
+    return t == KvType::kF16 ? DType::kF16 : t == KvType::kBF16 ? DType::kBF16 : DType::kF32;
+  };
+  if (IsQuantized(src_type) || IsQuantized(dst_type)) return cudaErrorInvalidValue;
+  // Through fp32 as the device kernel: widening is exact, narrowing rounds to nearest even.
+  std::vector<float> wide(static_cast<size_t>(count));
+  ConvertToFloat(dtype(src_type), src, wide.data(), wide.size());
+  ConvertFromFloat(wide.data(), dtype(dst_type), dst, wide.size());
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
 
