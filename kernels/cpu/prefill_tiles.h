@@ -3,7 +3,7 @@
 //
 //   PanelScores     S = Q · Kᵀ for a block of query rows and a run of key panels. A key panel is
 //                   16 keys stored transposed ([dim][16]), so 16 scores of a row are one FMA chain
-//                   over the head dimension: AVX-512 tiles 8 rows × 2 panels (16 zmm
+//                   over the head dimension: AVX-512 tiles 4 rows × 4 panels (16 zmm
 //                   accumulators), AVX2 4 rows × 1 panel (8 ymm).
 //   TileAccumulate  O += P · V for a block of rows over a run of value rows: the accumulator tile
 //                   (AVX-512 4 rows × 64 columns, AVX2 4 rows × 16 columns) stays in registers
