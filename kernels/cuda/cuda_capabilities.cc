@@ -28,16 +28,16 @@ const BackendCapabilities& CudaCapabilities() {
                         RopeScalingType::kYarn};
     c->yarn_attention_factor = true;
     // The model-family variations: hooks of kernels/cuda/attention/variant_hooks.cuh (q/k norm in
-    // the RoPE/append kernel, soft-cap and sinks in the attention kernels and the combine); the
-    // RoPE kernel rotates only the first rotary_dim dims.
+    // the RoPE/append kernel, soft-cap, ALiBi and sinks in the attention kernels and the combine);
+    // the RoPE kernel rotates only the first rotary_dim dims. ALiBi and sinks run the native
+    // kernels under --cuda_attention=flashinfer (FlashInferAttention::Serves).
     c->qk_norm = true;
     c->partial_rotary = true;
     c->logit_softcapping = true;
     c->attention_sinks = true;
     c->sliding_window = true;
     c->non_causal = true;
-    // The kernels do not call AttentionVariation's score bias yet (spec/attention_variation.h).
-    c->alibi = false;
+    c->alibi = true;
     // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page
     // copied) and Export/ImportSequence (whole pages D2H/H2D in the CPU backend's byte format).
     c->fork = true;

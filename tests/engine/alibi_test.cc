@@ -186,16 +186,16 @@ TEST(AlibiEngineTest, PrefillChunksAndDecodeMatchReference) {
   }
 }
 
-// ALiBi is a CPU capability; the CUDA table refuses it through the one check, naming the field.
-TEST(AlibiCapabilitiesTest, CudaTableRefusesCpuServes) {
-  const LayerSpec spec = AlibiSpec(Alibi::kBloom, 8, 8, 64, 0);
+// Both tables serve ALiBi (the CUDA kernels through variant_hooks.cuh's TransformLogit; their
+// numerics: tests/gpu/cuda_backend_test.cc's ALiBi cases), BLOOM's and MPT's alike.
+TEST(AlibiCapabilitiesTest, CudaAndCpuServe) {
   const KvCacheConfig kv_config{.page_size = 16};
-  const absl::Status refused = CheckCapabilities(CudaCapabilities(), spec, kv_config);
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(refused.message(),
-            "alibi = bloom: the CUDA backend does not implement ALiBi yet; CPU-only for now: use "
-            "--backend=cpu");
-  EXPECT_TRUE(CheckCapabilities(CpuCapabilities(), spec, kv_config).ok());
+  for (Alibi alibi : {Alibi::kBloom, Alibi::kMpt}) {
+    const LayerSpec spec = AlibiSpec(alibi, 12, 4, 64, 40);
+    SCOPED_TRACE(AlibiName(alibi));
+    EXPECT_TRUE(CheckCapabilities(CudaCapabilities(), spec, kv_config).ok());
+    EXPECT_TRUE(CheckCapabilities(CpuCapabilities(), spec, kv_config).ok());
+  }
 }
 
 TEST(AlibiSpecTest, MlaAndBadBiasMaxAreRefused) {

@@ -1,8 +1,8 @@
 // The CUDA backend against the CPU engine: every variant it serves (MHA, MQA, GQA with small and
 // large groups, sliding window, non-causal, biases, both RoPE layouts, head dims 64, 128 and 256,
 // and the model-family variations: q/k norm with w and 1 + w, partial rotary, logit soft-cap,
-// attention sinks) x KV dtype (f32, bf16, f16, with matching hidden dtype) x phase (prefill,
-// decode).
+// attention sinks, BLOOM's and MPT's ALiBi) x KV dtype (f32, bf16, f16, with matching hidden
+// dtype) x phase (prefill, decode).
 //
 // Each case draws fresh random weights and inputs (the seed is printed), runs the same calls on
 // both engines and compares every call's output by ||gpu - cpu|| / ||cpu||. The GPU backend runs
@@ -243,6 +243,23 @@ std::vector<GpuCase> Cases() {
     s.softmax_scale = 0.25f;
     s.sliding_window = 40;
     cases.push_back({"gqa_gemma3_qknorm1p_softcap_window_hd256", s});
+  }
+  {
+    // BLOOM: ALiBi without RoPE, biases, 12 heads (not a power of two: heads 8-11 take the second
+    // slope series) in groups of 3, so the slope is per query head, not per KV head.
+    LayerSpec s = Spec(12, 4, 64, RopeLayout::kNone);
+    s.alibi = Alibi::kBloom;
+    s.qkv_bias = s.o_bias = true;
+    cases.push_back({"gqa_bloom_alibi_hd64", s});
+  }
+  {
+    // MPT: ALiBi with 6 heads (n = 8: odd slopes first) and a shallow alibi_bias_max (slopes 2^-0.5
+    // to 2^-4) so keys across the 40-token window and several tiles keep weight; head dim 128.
+    LayerSpec s = Spec(6, 6, 128, RopeLayout::kNone);
+    s.alibi = Alibi::kMpt;
+    s.alibi_bias_max = 4.0f;
+    s.sliding_window = 40;
+    cases.push_back({"mha_mpt_alibi_window40_hd128", s});
   }
   return cases;
 }

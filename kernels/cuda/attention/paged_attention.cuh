@@ -14,7 +14,7 @@
 // arithmetic) and prefill for f32 and 8-bit pages (dequantized as the tile is gathered) and at
 // head dim 256; f16/bf16 prefill at 64 and 128 runs on tensor cores (prefill_mma.cuh).
 // Masking is in MaskSpec and in the host plan (key ranges), never in the loop body beyond the
-// per-row [lo, hi) test; soft-cap and sinks are hooks (variant_hooks.cuh).
+// per-row [lo, hi) test; soft-cap, ALiBi and sinks are hooks (variant_hooks.cuh).
 //
 // Each kernel body is a block function (PrefillBlock, PagedDecodeBlock) written against simt.h, so
 // the same source also runs on the CPU block emulator, which is how CI (no GPU) executes it
@@ -45,7 +45,7 @@ struct TileTraits {
   static_assert(kKeys <= 32, "softmax step gives each lane one key of the tile");
 };
 
-// Shared memory of one block: 26.9 KB (D=64), 33.9 KB (D=128) or 41.7 KB (D=256), under the
+// Shared memory of one block: 27.3 KB (D=64), 34.4 KB (D=128) or 41.8 KB (D=256), under the
 // 48 KB static limit.
 template <int kHeadDim>
 struct TileStorage {
@@ -60,13 +60,15 @@ struct TileStorage {
   float corr[Traits::kRows];              // exp(m_old - m_new) of the current tile.
   int lo[Traits::kRows];                  // Visible keys of each row: [lo, hi).
   int hi[Traits::kRows];
+  float slope[Traits::kRows];  // ALiBi slope of each row's head (0 without ALiBi).
+  int query[Traits::kRows];    // Each row's query index in its sequence (ALiBi's key - query).
   int64_t out_offset[Traits::kRows];  // Prefill: where each row's output goes.
 };
 
 // ---- Helpers ------------------------------------------------------------------------------------
 
 // Loads `rows` query rows (row r from q + q_offset(r)) scaled by `scale`, and resets the softmax
-// state. Callers fill lo/hi before calling AttendRows.
+// state. Callers fill lo/hi, slope and query before calling AttendRows.
 template <int kHeadDim, typename QOffset>
 ATTNSERVE_SIMT void LoadQueries(TileStorage<kHeadDim>& sm, const float* q, float scale, int rows,
                                 QOffset q_offset) {
@@ -120,7 +122,8 @@ ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
       sm.v[k][d] = value;
     }
     simt::SyncBlock();
-    // 2. S = Q . K^T (soft-capped: TransformLogit), -inf outside each row's visible keys.
+    // 2. S = Q . K^T (soft-capped, ALiBi-biased: TransformLogit), -inf outside each row's visible
+    //    keys.
     for (int e = tid; e < rows * kKeys; e += kAttentionThreads) {
       const int r = e / kKeys, k = e % kKeys;
       const int index = tile + k;
@@ -129,7 +132,7 @@ ATTNSERVE_SIMT void AttendRows(TileStorage<kHeadDim>& sm, const PagedKv& kv,
         float dot = 0.0f;
         ATTNSERVE_UNROLL_BY(8)
         for (int d = 0; d < kHeadDim; ++d) dot = fmaf(sm.q[r][d], sm.k[k][d], dot);
-        score = TransformLogit(variant, dot);
+        score = TransformLogit(variant, dot, sm.slope[r], index - sm.query[r]);
       }
       sm.s[r][k] = score;
     }
@@ -184,6 +187,8 @@ ATTNSERVE_SIMT void PrefillBlock(const AttentionParams& p, int item_index, int k
     p.mask.VisibleKeys(seq.first_index + t, seq.length, &lo, &hi);
     sm.lo[tid] = lo;
     sm.hi[tid] = hi;
+    sm.slope[tid] = AlibiSlope(p.variant, kv_head * p.group + g);
+    sm.query[tid] = seq.first_index + t;
     sm.out_offset[tid] = int64_t{seq.first_row + t} * p.num_heads * kHeadDim +
                          int64_t{kv_head * p.group + g} * kHeadDim;
   }
@@ -224,6 +229,8 @@ ATTNSERVE_SIMT void PagedDecodeBlock(const AttentionParams& p, int item_index, i
   if (tid < rows) {
     sm.lo[tid] = item.key_begin;  // Every key of the split is visible to the new token.
     sm.hi[tid] = item.key_end;
+    sm.slope[tid] = AlibiSlope(p.variant, first_head + tid);
+    sm.query[tid] = seq.first_index;  // The new token: length - 1, as the CPU's decode.
   }
   LoadQueries(sm, p.q, p.scale, rows, [&](int r) {
     return int64_t{seq.first_row} * p.q_stride + int64_t{first_head + r} * kHeadDim;

@@ -80,10 +80,13 @@ struct QkNormParams {
   double eps = 1e-6;
 };
 
-// The variations of the attention itself (Gemma 2's soft-cap, gpt-oss's sinks); the kernels call
-// the hooks of variant_hooks.cuh on it and never branch on its fields themselves.
+// The variations of the attention itself (Gemma 2's soft-cap, BLOOM's and MPT's ALiBi, gpt-oss's
+// sinks); the kernels call the hooks of variant_hooks.cuh on it and never branch on its fields
+// themselves.
 struct AttentionVariantParams {
   float softcap = 0.0f;          // > 0: scaled logits s become softcap * tanh(s / softcap).
+  AlibiBias alibi;               // active(): slope(head) * (key - query) added after the soft-cap;
+                                 //   the CPU's own policy (spec/attention_variation.h), by value.
   const float* sinks = nullptr;  // [num_heads] a learned logit per query head, one more column of
                                  //   each row's softmax denominator (never of the output); null
                                  //   = none.

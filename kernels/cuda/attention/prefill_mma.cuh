@@ -8,8 +8,8 @@
 //   O  as C fragments (16 x head_dim, fp32), and the running max m and partial sum l of its rows.
 // Per tile of 64 keys the block gathers K (row-major) and V (transposed) from their pages into
 // shared memory, then each warp
-//   1. S = Q K^T             8 x head_dim/16 mma; scaled in fp32 and soft-capped (TransformLogit,
-//                            variant_hooks.cuh); masked to [lo, hi) per row,
+//   1. S = Q K^T             8 x head_dim/16 mma; scaled in fp32, soft-capped and ALiBi-biased
+//                            (TransformLogit, variant_hooks.cuh); masked to [lo, hi) per row,
 //   2. online softmax        row max over the 4 lanes sharing a row (two shuffles); O, l rescaled,
 //   3. O += P V              P re-packed from S's C fragments straight into A fragments (the C
 //                            layout of two adjacent 8-key tiles is the A layout of 16 keys).
@@ -61,6 +61,8 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
 
   // ---- This lane's two rows (g and g + 8 of the warp's 16): where they live, what they see.
   int lo[2], hi[2], head_of[2] = {0, 0};
+  int query[2] = {0, 0};          // Each row's query index in its sequence (ALiBi).
+  float slope[2] = {0.0f, 0.0f};  // ALiBi slope of each row's head.
   const float* q_row[2];
   float* out_row[2];
   ATTNSERVE_UNROLL
@@ -74,6 +76,8 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
       const int token = flat / p.group;
       const int head = kv_head * p.group + flat % p.group;
       head_of[i] = head;
+      query[i] = seq.first_index + token;
+      slope[i] = AlibiSlope(p.variant, head);
       p.mask.VisibleKeys(seq.first_index + token, seq.length, &lo[i], &hi[i]);
       q_row[i] = p.q + int64_t{seq.first_row + token} * p.q_stride + int64_t{head} * kHeadDim;
       out_row[i] = p.out + (int64_t{seq.first_row + token} * p.num_heads + head) * kHeadDim;
@@ -162,7 +166,8 @@ ATTNSERVE_SIMT void MmaPrefillBlock(const AttentionParams& p, int item_index, in
           const int i = e / 2;
           const int key = tile + n * 8 + 2 * t + (e & 1);
           const bool visible = key < tile + count && key >= lo[i] && key < hi[i];
-          s[n][e] = visible ? TransformLogit(p.variant, s[n][e] * p.scale) : -INFINITY;
+          s[n][e] = visible ? TransformLogit(p.variant, s[n][e] * p.scale, slope[i], key - query[i])
+                            : -INFINITY;
           tile_max[i] = fmaxf(tile_max[i], s[n][e]);
         }
       }

@@ -2,7 +2,8 @@
 // idea): the kernels (paged_attention.cuh, prefill_mma.cuh, combine.cuh, rope_append.cuh) call
 // these at fixed points and never branch on a variant's fields in their bodies.
 //   pre-RoPE    RmsNormHead     q/k RMSNorm (Qwen3: scale w; Gemma 3: 1 + w, folded on the host)
-//   logits      TransformLogit  Gemma 2's soft-cap of the scaled score, before mask and softmax
+//   logits      TransformLogit  Gemma 2's soft-cap of the scaled score, then ALiBi's bias
+//                               (slope from AlibiSlope, once per row), before the softmax
 //   finish      JoinSink        gpt-oss's learned sink: one more column of a row's softmax
 //               OutputScale     what a row's unnormalised O is multiplied by (1 / l, sink joined)
 // Each is the arithmetic of the CPU backend (kernels/cpu/gqa_layer.cc, simd_kernels.cc,
@@ -28,10 +29,22 @@ ATTNSERVE_SIMT void RmsNormHead(float* x, int dim, const float* scale, double ep
   for (int i = 0; i < dim; ++i) x[i] = x[i] * inv_rms * scale[i];
 }
 
+// ALiBi's slope of query head `head`, 0 without ALiBi. AlibiBias::Slope itself (the CPU's value,
+// fp64 rounded once); it loops and calls exp2, so the kernels take it once per row, not per key.
+ATTNSERVE_SIMT float AlibiSlope(const AttentionVariantParams& v, int head) {
+  return v.alibi.active() ? v.alibi.Slope(head) : 0.0f;
+}
+
 // A visible key's scaled score s (q.k * scale) as the softmax sees it: cap * tanh(s / cap) with a
-// soft-cap, else s. Masked keys stay -inf and never reach this (tanh would make them finite).
-ATTNSERVE_SIMT float TransformLogit(const AttentionVariantParams& v, float s) {
-  return v.softcap > 0.0f ? v.softcap * tanhf(s * (1.0f / v.softcap)) : s;
+// soft-cap, then + slope * (key - query) with ALiBi, in AttentionVariation::TransformLogits' order
+// and arithmetic. `slope` is AlibiSlope of the row's head; `key_minus_query` is the key's index
+// minus the query's, both indices in the sequence (the CPU's LogitSite), never RoPE positions.
+// Masked keys stay -inf and never reach this (tanh would make them finite).
+ATTNSERVE_SIMT float TransformLogit(const AttentionVariantParams& v, float s, float slope,
+                                    int key_minus_query) {
+  if (v.softcap > 0.0f) s = v.softcap * tanhf(s * (1.0f / v.softcap));
+  if (v.alibi.active()) s += slope * static_cast<float>(key_minus_query);
+  return s;
 }
 
 // The sink's share of a softmax denominator whose running max is *max: raises *max to the sink

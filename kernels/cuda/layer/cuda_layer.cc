@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/quantization.h"
+#include "kernels/spec/attention_variation.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve::cuda {
@@ -304,6 +305,8 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.scale = softmax_scale_;
   attn.mask = shape.mask;
   attn.variant.softcap = spec_.attn_logit_softcapping;
+  // The CPU's own mapping of the spec to ALiBi (kind, heads, bias max), so both take one slope.
+  attn.variant.alibi = AttentionVariation::FromSpec(spec_).alibi;
   attn.variant.sinks = spec_.attention_sinks ? static_cast<const float*>(sinks_.data()) : nullptr;
   attn.kv = PagedView(l);
   attn.sequences = reinterpret_cast<const SequenceDesc*>(device(l.up.sequences));

@@ -36,8 +36,9 @@ bool FlashInferAttention::Serves(const LayerSpec& spec, const KvCacheConfig& kv_
   if (kv_config.storage.quantized() || (element != DType::kF16 && element != DType::kBF16)) {
     return false;
   }
-  // Its instances take a soft-cap but no sink term: sinks run the native kernels.
-  if (spec.attention_sinks) return false;
+  // Its instances take a soft-cap but no sink term and are built without ALiBi (use_alibi =
+  // false): sinks and ALiBi run the native kernels.
+  if (spec.attention_sinks || spec.alibi != Alibi::kNone) return false;
   return FlashInferPrefillSupports(ToKvType(element), spec.head_dim, Group(spec));
 #else
   (void)spec;

@@ -31,8 +31,8 @@ class FlashInferAttention {
  public:
   // Whether FlashInfer computes a layer of this spec and page format when the backend was asked
   // for it: the build has FlashInfer, the pages are f16/bf16 and an instance exists for the head
-  // dim and group, and the layer has no attention sinks (f32 pages, sinks, and anything else, stay
-  // on the native kernels).
+  // dim and group, and the layer has no attention sinks and no ALiBi (f32 pages, sinks, ALiBi and
+  // anything else stay on the native kernels).
   static bool Serves(const LayerSpec& spec, const KvCacheConfig& kv_config);
 
   // Measures the decode kernel's grid budget on the current device; page_bytes and slab_bytes
