@@ -141,14 +141,11 @@ std::optional<Finding> RopeScalingRule(const BackendCapabilities& c, const Layer
 
 std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec& spec,
                                 const KvStorageFormat& format) {
-  const bool mla_formats = spec.variant == AttentionVariant::kMLA && !c.mla_kv_formats.empty();
-  const std::vector<KvStorageFormat>& formats = mla_formats ? c.mla_kv_formats : c.kv_formats;
-  if (Contains(formats, format)) return std::nullopt;
+  if (Contains(c.kv_formats, format)) return std::nullopt;
   std::vector<std::string> served;
-  for (const KvStorageFormat& f : formats) served.push_back(KvStorageFormatName(f));
+  for (const KvStorageFormat& f : c.kv_formats) served.push_back(KvStorageFormatName(f));
   const std::string name = KvStorageFormatName(format);
-  const std::string limit = absl::StrCat(": the ", BackendTitle(c), " backend stores ",
-                                         mla_formats ? "MLA's latent KV" : "KV", " as ",
+  const std::string limit = absl::StrCat(": the ", BackendTitle(c), " backend stores KV as ",
                                          absl::StrJoin(served, ", "));
   // 8-bit pages are a storage scheme the backend has no code for; a plain dtype is a bad value.
   if (format.quantized()) {

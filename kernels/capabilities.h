@@ -37,10 +37,9 @@ struct BackendCapabilities {
   // Dtypes a layer computes in (projections and attention). Informational: a layer's compute
   // dtype is its backend's choice (CUDA: from the KV format), never asked for by a spec.
   std::vector<DType> compute_dtypes;
-  // KV page storage formats: plain f32/f16/bf16 elements, or 8-bit codes with per-page scales.
+  // KV page storage formats: plain f32/f16/bf16 elements, or 8-bit codes with per-page scales
+  // (MLA's latent pages included).
   std::vector<KvStorageFormat> kv_formats;
-  // The formats MLA's latent pages take, where they differ from `kv_formats` (empty: the same).
-  std::vector<KvStorageFormat> mla_kv_formats;
   // RoPE scalings applied (LayerSpec::rope_scaling.type; kNone is always served).
   std::vector<RopeScalingType> rope_scalings;
   // YaRN's attention factor != 1 (cos and sin multiplied by it; mscale != mscale_all_dim).

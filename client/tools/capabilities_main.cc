@@ -53,9 +53,6 @@ std::vector<std::pair<std::string, std::string>> Rows(const BackendCapabilities&
       {"head dims (MHA/MQA/GQA)", c.head_dims.empty() ? "any" : absl::StrJoin(c.head_dims, ", ")},
       {"compute dtypes", Names(c.compute_dtypes, DTypeName, "none")},
       {"KV formats", Names(c.kv_formats, KvStorageFormatName, "none")},
-      {"KV formats (MLA)", c.mla_kv_formats.empty()
-                               ? "as above"
-                               : Names(c.mla_kv_formats, KvStorageFormatName, "none")},
       {"RoPE scalings", Names(c.rope_scalings, RopeScalingTypeName, "none")},
       {"YaRN attention factor", YesNo(c.yarn_attention_factor)},
       {"q/k norm", YesNo(c.qk_norm)},

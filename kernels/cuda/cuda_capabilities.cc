@@ -15,13 +15,11 @@ const BackendCapabilities& CudaCapabilities() {
     // with fp32 accumulation (kernels/cuda/layer/cuda_layer.h).
     c->compute_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
     // 8-bit pages: quantize-on-append and dequantize-on-gather with the CPU's arithmetic
-    // (kernels/kv/kv_codes.h), projections in fp32.
+    // (kernels/kv/kv_codes.h), projections in fp32; MLA's latent pages too
+    // (kernels/cuda/mla/: MlaQuantizedAppendBlock, MlaAttendRows).
     c->kv_formats = {DType::kF32, DType::kF16, DType::kBF16,
                      KvStorageFormat::Quantized(KvQuantization::kFp8E4M3),
                      KvStorageFormat::Quantized(KvQuantization::kInt8)};
-    // MLA's latent pages: the 8-bit append and gather are the GQA kernels' only
-    // (kernels/cuda/attention/kv_append.cuh); kernels/cuda/mla/ reads plain elements.
-    c->mla_kv_formats = {DType::kF32, DType::kF16, DType::kBF16};
     // The RoPE kernel takes per-pair frequencies, so every frequency rule applies, and multiplies
     // cos and sin by YaRN's attention factor.
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,

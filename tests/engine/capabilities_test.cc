@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "kernels/cuda/cuda_capabilities.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/model/layer_weights.h"
 
 namespace attnserve {
@@ -189,17 +190,14 @@ TEST(CapabilitiesTest, CpuServesEverySpecAndItsKvFormats) {
 // The CUDA table against what its backend refused before the table (codes and fields kept).
 TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
   const BackendCapabilities& cuda = CudaCapabilities();
-  // MLA is served (kernels/cuda/layer/cuda_mla_layer.h) on every plain page type, not on 8-bit.
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    EXPECT_TRUE(CheckCapabilities(cuda, Mla(), Kv(dtype)).ok()) << DTypeName(dtype);
+  // MLA is served (kernels/cuda/layer/cuda_mla_layer.h) on every page format the GQA path takes,
+  // 8-bit latent pages included (kernels/cuda/mla/mla_latent.cuh).
+  for (const KvStorageFormat& format : cuda.kv_formats) {
+    EXPECT_TRUE(CheckCapabilities(cuda, Mla(), Kv(format)).ok()) << KvStorageFormatName(format);
   }
+  // 8-bit pages are served for MLA and for MHA/MQA/GQA (kernels/cuda/attention/kv_append.cuh).
   for (KvQuantization q : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
-    const absl::Status s = CheckCapabilities(cuda, Mla(), Kv(KvStorageFormat::Quantized(q)));
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-    EXPECT_THAT(s.message(), AllOf(HasSubstr("kv_cache_quantization"), HasSubstr("MLA")));
-  }
-  // 8-bit pages are served for MHA/MQA/GQA (kernels/cuda/attention/kv_append.cuh).
-  for (KvQuantization q : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    EXPECT_TRUE(CheckCapabilities(cuda, Mla(), Kv(KvStorageFormat::Quantized(q))).ok());
     EXPECT_TRUE(CheckCapabilities(cuda, Gqa(), Kv(KvStorageFormat::Quantized(q))).ok());
   }
   LayerSpec hd32 = Gqa();

@@ -13,6 +13,11 @@
 // device: f32 4.96e-7, bf16 6.5e-3 (6.1e-5 while the projections ran in fp32).
 //   f32 pages, f32 I/O:   1e-4
 //   bf16 pages, bf16 I/O: 1.6e-2  4u
+//   fp8 / int8 pages, f32 I/O: 1e-2  the GQA layer's 8-bit bound (cuda_backend_test.cc): both
+//                       engines compute in fp32 and quantize the same latent with
+//                       kernels/kv/kv_codes.h, so the pages agree byte for byte unless the two
+//                       fp32 latents straddle a code's rounding edge. Worst call seen on the
+//                       emulated device: fp8 4.3e-7, int8 5.5e-4 (one code edge; else 4.1e-7).
 // The GPU runs with poison_for_testing (NaN pool, pages and workspace), so a slot read before it
 // is written fails (NaN never passes a bound).
 //
@@ -21,6 +26,7 @@
 // the AllVariants/ cases are the sweep (tier 2), the rest tier 1.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -37,6 +43,8 @@
 #include "kernels/cuda/layer/cuda_mla_layer.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/kv/memory_budget.h"
+#include "kernels/kv/page_layout.h"
+#include "kernels/kv/quantization.h"
 #include "kernels/model/layer_weights.h"
 #include "kernels/spec/layer_spec.h"
 #include "tests/reference/attention_reference.h"
@@ -131,13 +139,19 @@ std::vector<MlaCase> Cases() {
 }
 
 struct DtypeCase {
-  DType kv;  // GPU and CPU pages, and the hidden/output dtype.
+  KvStorageFormat kv;  // GPU and CPU pages.
+  DType io;            // The hidden/output dtype.
   double bound;
 };
-const DtypeCase kDtypes[] = {{DType::kF32, 1e-4}, {DType::kBF16, 1.6e-2}};
+const DtypeCase kDtypes[] = {
+    {DType::kF32, DType::kF32, 1e-4},
+    {DType::kBF16, DType::kBF16, 1.6e-2},
+    {KvStorageFormat::Quantized(KvQuantization::kFp8E4M3), DType::kF32, 1e-2},
+    {KvStorageFormat::Quantized(KvQuantization::kInt8), DType::kF32, 1e-2},
+};
 
 void PrintTo(const MlaCase& c, std::ostream* os) { *os << c.name; }
-void PrintTo(const DtypeCase& d, std::ostream* os) { *os << DTypeName(d.kv); }
+void PrintTo(const DtypeCase& d, std::ostream* os) { *os << KvStorageFormatName(d.kv); }
 
 class CudaMlaVsCpuTest : public ::testing::TestWithParam<std::tuple<MlaCase, DtypeCase>> {};
 
@@ -192,12 +206,12 @@ TEST_P(CudaMlaVsCpuTest, PrefillChunkedPrefillAndDecodeMatchCpu) {
         for (int64_t t = 0; t < counts[i]; ++t) positions.push_back(start + t);
       }
     }
-    const Tensor hidden = ToTensor(RandomHidden(rows, kDModel, rng), {rows, kDModel}, dt.kv);
+    const Tensor hidden = ToTensor(RandomHidden(rows, kDModel, rng), {rows, kDModel}, dt.io);
     absl::StatusOr<Tensor> g = (*gpu)->Prefill(gpu_chunks, hidden, positions);
     absl::StatusOr<Tensor> r = (*cpu)->Prefill(cpu_chunks, hidden, positions);
     ASSERT_TRUE(g.ok()) << g.status();
     ASSERT_TRUE(r.ok()) << r.status();
-    ASSERT_EQ(g->dtype(), dt.kv);
+    ASSERT_EQ(g->dtype(), dt.io);
     compare(*g, *r, worst_prefill, absl::StrCat("prefill call ", call));
   }
   // Decode: 12 steps of the whole batch (crosses a page of 16), then 3 of a sub-batch reordered.
@@ -210,7 +224,7 @@ TEST_P(CudaMlaVsCpuTest, PrefillChunkedPrefillAndDecodeMatchCpu) {
       c_ids.push_back(cpu_ids[i]);
     }
     const int64_t rows = static_cast<int64_t>(which.size());
-    const Tensor hidden = ToTensor(RandomHidden(rows, kDModel, rng), {rows, kDModel}, dt.kv);
+    const Tensor hidden = ToTensor(RandomHidden(rows, kDModel, rng), {rows, kDModel}, dt.io);
     absl::StatusOr<Tensor> g = (*gpu)->Decode(g_ids, hidden, {});
     absl::StatusOr<Tensor> r = (*cpu)->Decode(c_ids, hidden, {});
     ASSERT_TRUE(g.ok()) << g.status();
@@ -224,12 +238,13 @@ TEST_P(CudaMlaVsCpuTest, PrefillChunkedPrefillAndDecodeMatchCpu) {
   }
   EXPECT_EQ((*gpu)->PoolUsage().used_pages, 0);
   std::printf("[mla] %s kv=%s worst prefill %.3g decode %.3g (bound %.3g) seed=%" PRIu64 "\n",
-              c.name.c_str(), std::string(DTypeName(dt.kv)).c_str(), worst_prefill, worst_decode,
+              c.name.c_str(), KvStorageFormatName(dt.kv).c_str(), worst_prefill, worst_decode,
               dt.bound, seed);
 }
 
 std::string CaseName(const ::testing::TestParamInfo<std::tuple<MlaCase, DtypeCase>>& info) {
-  return absl::StrCat(std::get<0>(info.param).name, "_", DTypeName(std::get<1>(info.param).kv));
+  return absl::StrCat(std::get<0>(info.param).name, "_",
+                      KvStorageFormatName(std::get<1>(info.param).kv));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, CudaMlaVsCpuTest,
@@ -345,6 +360,92 @@ TEST(CudaMlaContractTest, ExportImportMovesLatentPagesBetweenCpuAndGpu) {
       EXPECT_LE(RelativeError(ToDoubles(*gpu_from_cpu), ToDoubles(*cpu_original)), bound)
           << "CPU -> GPU, step " << step;
     }
+  }
+}
+
+// 8-bit latent pages hold what the CPU backend writes, as EightBitPagesHoldTheCpuBytes checks for
+// GQA (cuda_backend_test.cc): both quantize with kernels/kv/kv_codes.h and the page's two scales
+// (latent, RoPE key), so the exported bytes (codes and scales, 45 tokens: pages whose scales grew
+// row by row) agree except where the two engines' fp32 latents straddle a code's rounding edge
+// (allowed: 1 byte in 1000). A CPU export decodes on the GPU as on the CPU (the GPU requantizing a
+// page the CPU began), and a fork (its partial page copied with its scales) decodes bit for bit
+// as its unforked twin.
+TEST(CudaMlaContractTest, EightBitLatentPagesHoldTheCpuBytes) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> cpu_backend = CreateCpuBackend();
+  ASSERT_TRUE(cpu_backend.ok());
+  const LayerSpec spec = MlaSpec(4, 48, 64, 16, 32, 32, RopeLayout::kInterleaved);
+  absl::StatusOr<LayerWeights> weights = RandomLayerWeights(spec, 41);
+  ASSERT_TRUE(weights.ok());
+  for (KvQuantization quantization : {KvQuantization::kFp8E4M3, KvQuantization::kInt8}) {
+    const KvStorageFormat format = KvStorageFormat::Quantized(quantization);
+    SCOPED_TRACE(KvStorageFormatName(format));
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> gpu_made =
+        Gpu().backend->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    absl::StatusOr<std::unique_ptr<AttentionLayer>> cpu_made =
+        (*cpu_backend)->CreateLayer(spec, *weights, {format, 16, 64, nullptr});
+    ASSERT_TRUE(gpu_made.ok()) << gpu_made.status();
+    ASSERT_TRUE(cpu_made.ok()) << cpu_made.status();
+    AttentionLayer& gpu = **gpu_made;
+    AttentionLayer& cpu = **cpu_made;
+    std::mt19937_64 rng(23);
+    const Tensor prompt = Hidden(45, DType::kF32, rng);
+    const SequenceId g = gpu.CreateSequence(), c = cpu.CreateSequence();
+    const SequenceId twin = gpu.CreateSequence();
+    for (const auto& [layer, id] :
+         {std::pair{&gpu, g}, std::pair{&cpu, c}, std::pair{&gpu, twin}}) {
+      ASSERT_TRUE(layer->Prefill({{id, 45}}, prompt, {}).ok());
+    }
+    absl::StatusOr<SequenceExport> from_gpu = gpu.ExportSequence(g);
+    absl::StatusOr<SequenceExport> from_cpu = cpu.ExportSequence(c);
+    ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
+    ASSERT_EQ(from_gpu->pages.size(), from_cpu->pages.size());
+    // The written bytes: each page's codes of its filled slots ([slot][latent | rope]) and its two
+    // scales (the last page's unfilled slots hold whatever each pool had).
+    const int64_t page_bytes = gpu.PoolUsage().page_bytes;
+    const int page_size = 16, width = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim;
+    const int64_t scales = QuantizedPageScaleOffset(int64_t{page_size} * width);
+    ASSERT_EQ(page_bytes, QuantizedPageBytes(int64_t{page_size} * width, MlaPageScaleCount()));
+    int64_t compared = 0, differing = 0;
+    for (int64_t page = 0; page * page_bytes < static_cast<int64_t>(from_gpu->pages.size());
+         ++page) {
+      const int filled = std::min<int>(page_size, 45 - static_cast<int>(page) * page_size);
+      std::vector<int64_t> offsets;
+      for (int64_t b = 0; b < int64_t{filled} * width; ++b) offsets.push_back(b);
+      for (int64_t b = scales; b < page_bytes; ++b) offsets.push_back(b);
+      for (int64_t offset : offsets) {
+        const size_t at = static_cast<size_t>(page * page_bytes + offset);
+        ++compared;
+        differing += from_gpu->pages[at] != from_cpu->pages[at] ? 1 : 0;
+      }
+    }
+    std::printf("[mla 8-bit] %s: %" PRId64 " of %" PRId64
+                " written page bytes differ from the CPU's\n",
+                KvStorageFormatName(format).c_str(), differing, compared);
+    EXPECT_LE(differing * 1000, compared);
+
+    absl::StatusOr<SequenceId> g_from_cpu = gpu.ImportSequence(*from_cpu);
+    ASSERT_TRUE(g_from_cpu.ok()) << g_from_cpu.status();
+    absl::StatusOr<std::vector<SequenceId>> fork = gpu.ForkSequence(g, 1);
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    double worst = 0.0;
+    for (int step = 0; step < 6; ++step) {  // 45 -> 51 tokens: rows join the imported page 2.
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const Tensor x = Hidden(1, DType::kF32, rng);
+      absl::StatusOr<Tensor> stayed_cpu = cpu.Decode({c}, x, {});
+      absl::StatusOr<Tensor> cpu_to_gpu = gpu.Decode({*g_from_cpu}, x, {});
+      absl::StatusOr<Tensor> child = gpu.Decode({(*fork)[0]}, x, {});
+      absl::StatusOr<Tensor> unforked = gpu.Decode({twin}, x, {});
+      for (const absl::StatusOr<Tensor>* out : {&stayed_cpu, &cpu_to_gpu, &child, &unforked}) {
+        ASSERT_TRUE(out->ok()) << out->status();
+      }
+      const double err = RelativeError(ToDoubles(*cpu_to_gpu), ToDoubles(*stayed_cpu));
+      worst = std::isnan(err) ? NAN : std::max(worst, err);
+      EXPECT_LE(err, 1e-2);  // The sweep's 8-bit bound; NaN fails.
+      EXPECT_TRUE(SameBits(*child, *unforked)) << "a forked 8-bit page decoded differently";
+    }
+    std::printf("[mla 8-bit] %s: CPU export decoded on the GPU, worst %.3g (bound 1e-2)\n",
+                KvStorageFormatName(format).c_str(), worst);
   }
 }
 

@@ -39,8 +39,8 @@ CudaMlaLayer::CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config
       qk_dim_(spec.mla.qk_nope_head_dim + spec.mla.qk_rope_head_dim),
       row_width_(spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim),
       kv_b_width_(spec.mla.qk_nope_head_dim + spec.mla.v_head_dim),
-      // As CudaGqaLayer's: fp32 with f32 pages, the pages' 16-bit type with 16-bit pages (8-bit MLA
-      // pages are refused by the capability table).
+      // As CudaGqaLayer's: fp32 with f32 pages, the pages' 16-bit type with 16-bit pages, fp32
+      // with 8-bit pages (their element is f32), so both backends quantize the same latent.
       activation_(kv_config.storage.element) {}
 
 absl::StatusOr<std::unique_ptr<AttentionLayer>> CudaMlaLayer::Create(const LayerSpec& spec,
@@ -287,7 +287,8 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashIn
   append.sequences = reinterpret_cast<const SequenceDesc*>(device(l.up.sequences));
   append.rope = rope;
   append.rows = m_rows;
-  append.kv_type = ToKvType(kv_config_.storage.element);
+  append.batch = static_cast<int>(plan.sequences.size());
+  append.kv_type = ToKvType(kv_config_.storage);
   append.kv = kv;
   ATTNSERVE_CUDA_RETURN_IF_ERROR(LaunchMlaAppend(append, stream_), "MLA latent append launch");
   // q = RMSNorm(q_a) Wq_b^T.
@@ -369,12 +370,12 @@ absl::Status CudaMlaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.batch = static_cast<int>(plan.sequences.size());
   attn.items = reinterpret_cast<const WorkItem*>(device(l.up.items));
   attn.num_items = static_cast<int>(plan.items.size());
-  if (!decode) return RunMlaPrefillAttention(kv_config_.storage.element, attn, stream_);
+  if (!decode) return RunMlaPrefillAttention(kv_config_.storage, attn, stream_);
   attn.partial_max = device_floats(l.partial_max);
   attn.partial_sum = device_floats(l.partial_sum);
   attn.partial_acc = device_floats(l.partial_acc);
   attn.item_begin = reinterpret_cast<const int*>(device(l.up.item_begin));
-  return RunMlaDecodeAttention(kv_config_.storage.element, attn, stream_);
+  return RunMlaDecodeAttention(kv_config_.storage, attn, stream_);
 }
 
 }  // namespace attnserve::cuda

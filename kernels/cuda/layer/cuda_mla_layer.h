@@ -21,7 +21,8 @@
 // in it, converted on the device. The projections run as CudaGqaLayer's: fp32 with f32 pages, and
 // with f16/bf16 pages on 16-bit resident weights and 16-bit inputs (the fp32 q_a and attention
 // output rounded on the device) with fp32 accumulation. The absorbed W_UK/W_UV and the norms stay
-// fp32; the attention reads 16-bit pages and accumulates in fp32.
+// fp32; the attention reads 16-bit pages and accumulates in fp32. 8-bit pages (fp8 e4m3, int8)
+// compute in fp32 and hold the CPU's bytes (quantized on append, dequantized in the gather).
 // A failure after the reservation rolls it back, so calls stay all-or-nothing as on the CPU.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
 #define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_MLA_LAYER_H_
@@ -81,7 +82,8 @@ class CudaMlaLayer : public CudaLayerBase {
   const int qk_dim_;      // nope + rope: one head of q.
   const int row_width_;   // kv_lora_rank + rope: one cached row, and one absorbed query head.
   const int kv_b_width_;  // nope + v: rows of kv_b_proj per head.
-  // The projections' dtype (weights, inputs): f32 with f32 pages, else the 16-bit page type.
+  // The projections' dtype (weights, inputs): f32 with f32 and 8-bit pages, else the 16-bit page
+  // type.
   const DType activation_;
 
   Projection q_proj_;    // x -> q (q_lora_rank == 0), or x -> q latent (q_a_proj).

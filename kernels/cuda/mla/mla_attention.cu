@@ -1,5 +1,5 @@
 // Kernels and launchers of the absorbed MLA attention (block functions in mla_attention.cuh), for
-// f32, f16 and bf16 latent pages: 6 instantiations.
+// f32, f16, bf16, fp8 e4m3 and int8 latent pages: 10 instantiations.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/mla/mla_attention.cuh"
@@ -56,6 +56,8 @@ cudaError_t LaunchMlaDecode(const MlaAttentionParams& params, cudaStream_t strea
 ATTNSERVE_INSTANTIATE_MLA(KvType::kF32)
 ATTNSERVE_INSTANTIATE_MLA(KvType::kF16)
 ATTNSERVE_INSTANTIATE_MLA(KvType::kBF16)
+ATTNSERVE_INSTANTIATE_MLA(KvType::kFp8)
+ATTNSERVE_INSTANTIATE_MLA(KvType::kInt8)
 #undef ATTNSERVE_INSTANTIATE_MLA
 
 }  // namespace attnserve::cuda

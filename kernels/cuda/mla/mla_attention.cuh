@@ -11,11 +11,12 @@
 //   4. O = O * exp(m_old - m_new) + P . K[:, 0:latent].
 // Prefill writes O / l; decode writes (m, l, O) per split and the GQA path's combine merges them.
 //
-// fp32 on CUDA cores for every page type (decode is bound by reading the pages). The widths are
-// runtime values (DeepSeek-V2/V3: 512 + 64), so the tile lives in dynamic shared memory laid out
-// by MlaTileLayout (105 KB at 512 + 64 with 16 rows and 16 keys). Block functions are written
-// against simt.h, so the same source runs on the CPU block emulator in CI; the __global__ wrappers
-// and launchers are in mla_attention.cu.
+// fp32 on CUDA cores for every page type (decode is bound by reading the pages); 8-bit pages are
+// dequantized in the gather (code times the page's latent or RoPE key scale, as the CPU's
+// DequantizePageRows). The widths are runtime values (DeepSeek-V2/V3: 512 + 64), so the tile
+// lives in dynamic shared memory laid out by MlaTileLayout (105 KB at 512 + 64 with 16 rows and
+// 16 keys). Block functions are written against simt.h, so the same source runs on the CPU block
+// emulator in CI; the __global__ wrappers and launchers are in mla_attention.cu.
 #ifndef ATTNSERVE_KERNELS_CUDA_MLA_MLA_ATTENTION_CUH_
 #define ATTNSERVE_KERNELS_CUDA_MLA_MLA_ATTENTION_CUH_
 
@@ -60,9 +61,12 @@ ATTNSERVE_SIMT void MlaAttendRows(const MlaTileLayout& t, float* smem, const Mla
         const int index = tile + key;
         const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
         if (page_offset >= 0) {  // Always true for a correct plan; guards against a stray read.
-          const T* page =
-              reinterpret_cast<const T*>(static_cast<const char*>(kv.pool) + page_offset);
+          const char* bytes = static_cast<const char*>(kv.pool) + page_offset;
+          const T* page = reinterpret_cast<const T*>(bytes);
           value = Elem::Load(page + kv.RowElement(index % kv.page_size) + d);
+          if constexpr (Elem::kQuantized) {  // Code times its page's latent or RoPE key scale.
+            value *= reinterpret_cast<const float*>(bytes + kv.ScalesOffset())[d < latent ? 0 : 1];
+          }
         }
       }
       k[key * k_stride + d] = value;

@@ -29,10 +29,10 @@ absl::Status CheckMlaKernelDims(int kv_lora_rank, int qk_rope_head_dim, int qk_n
   return absl::OkStatus();
 }
 
-absl::Status RunMlaPrefillAttention(DType kv_dtype, const MlaAttentionParams& params,
-                                    cudaStream_t stream) {
+absl::Status RunMlaPrefillAttention(const KvStorageFormat& kv_format,
+                                    const MlaAttentionParams& params, cudaStream_t stream) {
   cudaError_t e = cudaErrorInvalidValue;
-  switch (ToKvType(kv_dtype)) {
+  switch (ToKvType(kv_format)) {
     case KvType::kF32:
       e = LaunchMlaPrefill<KvType::kF32>(params, stream);
       break;
@@ -42,14 +42,20 @@ absl::Status RunMlaPrefillAttention(DType kv_dtype, const MlaAttentionParams& pa
     case KvType::kBF16:
       e = LaunchMlaPrefill<KvType::kBF16>(params, stream);
       break;
+    case KvType::kFp8:
+      e = LaunchMlaPrefill<KvType::kFp8>(params, stream);
+      break;
+    case KvType::kInt8:
+      e = LaunchMlaPrefill<KvType::kInt8>(params, stream);
+      break;
   }
   return CudaStatus(e, "MLA prefill attention launch");
 }
 
-absl::Status RunMlaDecodeAttention(DType kv_dtype, const MlaAttentionParams& params,
-                                   cudaStream_t stream) {
+absl::Status RunMlaDecodeAttention(const KvStorageFormat& kv_format,
+                                   const MlaAttentionParams& params, cudaStream_t stream) {
   cudaError_t e = cudaErrorInvalidValue;
-  switch (ToKvType(kv_dtype)) {
+  switch (ToKvType(kv_format)) {
     case KvType::kF32:
       e = LaunchMlaDecode<KvType::kF32>(params, stream);
       break;
@@ -58,6 +64,12 @@ absl::Status RunMlaDecodeAttention(DType kv_dtype, const MlaAttentionParams& par
       break;
     case KvType::kBF16:
       e = LaunchMlaDecode<KvType::kBF16>(params, stream);
+      break;
+    case KvType::kFp8:
+      e = LaunchMlaDecode<KvType::kFp8>(params, stream);
+      break;
+    case KvType::kInt8:
+      e = LaunchMlaDecode<KvType::kInt8>(params, stream);
       break;
   }
   if (absl::Status s = CudaStatus(e, "MLA decode attention launch"); !s.ok()) return s;

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "kernels/core/dtype.h"
 #include "kernels/cuda/mla/mla_params.h"
+#include "kernels/kv/storage_format.h"
 
 namespace attnserve::cuda {
 
@@ -17,11 +18,12 @@ namespace attnserve::cuda {
 // otherwise.
 absl::Status CheckMlaKernelDims(int kv_lora_rank, int qk_rope_head_dim, int qk_nope_head_dim);
 
-absl::Status RunMlaPrefillAttention(DType kv_dtype, const MlaAttentionParams& params,
-                                    cudaStream_t stream);
+// `kv_format`: the latent pages' (f32, f16, bf16, fp8 e4m3, int8; a DType reads as its format).
+absl::Status RunMlaPrefillAttention(const KvStorageFormat& kv_format,
+                                    const MlaAttentionParams& params, cudaStream_t stream);
 // Split-KV partials (MlaDecodeBlock), then the combine into params.out.
-absl::Status RunMlaDecodeAttention(DType kv_dtype, const MlaAttentionParams& params,
-                                   cudaStream_t stream);
+absl::Status RunMlaDecodeAttention(const KvStorageFormat& kv_format,
+                                   const MlaAttentionParams& params, cudaStream_t stream);
 
 }  // namespace attnserve::cuda
 

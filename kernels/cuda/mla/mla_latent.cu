@@ -1,5 +1,5 @@
-// Kernels and launchers of the MLA latent append, absorbed query and output up-projection (block
-// functions in mla_latent.cuh).
+// Kernels and launchers of the MLA latent append (f32, f16, bf16, fp8 e4m3 and int8 pages),
+// absorbed query and output up-projection (block functions in mla_latent.cuh).
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/mla/mla_latent.cuh"
@@ -13,6 +13,12 @@ template <KvType kKv>
 __global__ void __launch_bounds__(kMlaLatentThreads) MlaAppendKernel(const MlaAppendParams p) {
   __shared__ MlaAppendStorage sm;
   MlaAppendBlock<kKv>(p, blockIdx.x, sm);
+}
+
+template <bool kFp8>
+__global__ void __launch_bounds__(kMlaQuantizedAppendThreads)
+    MlaQuantizedAppendKernel(const MlaAppendParams p) {
+  MlaQuantizedAppendBlock<kFp8>(p, blockIdx.x, blockIdx.y);
 }
 
 __global__ void __launch_bounds__(kMlaLatentThreads) MlaQueryKernel(const MlaQueryParams p) {
@@ -40,6 +46,18 @@ cudaError_t LaunchMlaAppend(const MlaAppendParams& p, cudaStream_t stream) {
       break;
     case KvType::kBF16:
       MlaAppendKernel<KvType::kBF16><<<p.rows, kMlaLatentThreads, 0, stream>>>(p);
+      break;
+    // 8-bit pages: norms and RoPE per row, then the sequential quantizing append (latent, RoPE
+    // key) per sequence.
+    case KvType::kFp8:
+      MlaAppendKernel<KvType::kFp8><<<p.rows, kMlaLatentThreads, 0, stream>>>(p);
+      MlaQuantizedAppendKernel<true>
+          <<<dim3(p.batch, MlaPageScaleCount()), kMlaQuantizedAppendThreads, 0, stream>>>(p);
+      break;
+    case KvType::kInt8:
+      MlaAppendKernel<KvType::kInt8><<<p.rows, kMlaLatentThreads, 0, stream>>>(p);
+      MlaQuantizedAppendKernel<false>
+          <<<dim3(p.batch, MlaPageScaleCount()), kMlaQuantizedAppendThreads, 0, stream>>>(p);
       break;
   }
   return cudaGetLastError();

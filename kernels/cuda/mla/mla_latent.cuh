@@ -1,5 +1,6 @@
 // The MLA kernels around the attention (their launchers are in mla_latent.cu):
 //   MlaAppendBlock  RMSNorm of the q latent and of c_kv, RoPE of k_pe, [c_kv | k_pe] -> page slot
+//   MlaQuantizedAppendBlock  8-bit pages: the rows MlaAppendBlock left in `latent` -> codes
 //   MlaQueryBlock   q_lat = [q_nope . W_UK_h | RoPE(q_pe)]   (W_UK absorbed into the query)
 //   MlaOutputBlock  out_h = o_lat_h . W_UV_h^T               (W_UV applied after attention)
 // Written against simt.h, so the same source runs on the CPU block emulator in CI.
@@ -12,6 +13,7 @@
 #include "kernels/cuda/attention/kv_element.cuh"
 #include "kernels/cuda/mla/mla_params.h"
 #include "kernels/cuda/simt/simt.h"
+#include "kernels/kv/kv_codes.h"
 
 namespace attnserve::cuda {
 
@@ -60,7 +62,7 @@ ATTNSERVE_SIMT void RotateMlaPair(const MlaRope& rope, int64_t position, const f
 
 // ---- Block functions ----------------------------------------------------------------------------
 
-// Block `row` of grid (rows).
+// Block `row` of grid (rows). 8-bit pages: stops before the store (MlaQuantizedAppendBlock).
 template <KvType kKv>
 ATTNSERVE_SIMT void MlaAppendBlock(const MlaAppendParams& p, int row, MlaAppendStorage& sm) {
   using Elem = KvElement<kKv>;
@@ -75,13 +77,71 @@ ATTNSERVE_SIMT void MlaAppendBlock(const MlaAppendParams& p, int row, MlaAppendS
     RotateMlaPair(p.rope, p.positions[row], k_pe, k_pe, i);
   }
   simt::SyncBlock();
-  const SequenceDesc seq = p.sequences[p.row_sequence[row]];
-  const int index = seq.first_index + (row - seq.first_row);
-  const int64_t page_offset = p.kv.page_offsets[seq.first_page + index / p.kv.page_size];
-  if (page_offset < 0) return;  // Impossible for a correct plan: new tokens' pages are reserved.
-  T* page = reinterpret_cast<T*>(static_cast<char*>(p.kv.pool) + page_offset);
-  T* slot = page + p.kv.RowElement(index % p.kv.page_size);
-  for (int e = tid; e < width; e += kMlaLatentThreads) Elem::Store(slot + e, latent[e]);
+  if constexpr (!Elem::kQuantized) {
+    const SequenceDesc seq = p.sequences[p.row_sequence[row]];
+    const int index = seq.first_index + (row - seq.first_row);
+    const int64_t page_offset = p.kv.page_offsets[seq.first_page + index / p.kv.page_size];
+    if (page_offset < 0) return;  // Impossible for a correct plan: new tokens' pages are reserved.
+    T* page = reinterpret_cast<T*>(static_cast<char*>(p.kv.pool) + page_offset);
+    T* slot = page + p.kv.RowElement(index % p.kv.page_size);
+    for (int e = tid; e < width; e += kMlaLatentThreads) Elem::Store(slot + e, latent[e]);
+  }
+}
+
+// Block (b, segment) of grid (batch, 2), one warp: quantizes sequence b's new rows, in order,
+// into their pages with the rule of the CPU's WritePageRow (kernels/cpu/host_page_store.cc) and
+// the arithmetic of kernels/kv/kv_codes.h, so the pages hold the CPU's bytes. Segment 0 is the
+// latent c_kv (columns [0, latent_dim), scale 0), segment 1 the RoPE key k_pe (the rest, scale
+// 1; none without RoPE dims, whose scale the CPU leaves unwritten too). A page's scale is set by
+// its slot-0 row and grows, requantizing the page's earlier rows, when a later row needs more:
+// the rows of a page are sequential, as in the GQA path's QuantizedAppendBlock (kv_append.cuh).
+template <bool kFp8>
+ATTNSERVE_SIMT void MlaQuantizedAppendBlock(const MlaAppendParams& p, int b, int segment) {
+  const int lane = simt::ThreadIndex();
+  const MlaPagedKv& kv = p.kv;
+  const int width = kv.row_width();
+  const int begin = segment == 0 ? 0 : kv.latent_dim;
+  const int end = segment == 0 ? kv.latent_dim : width;
+  if (begin >= end) return;  // Block-uniform: no RoPE key.
+  const int columns = end - begin;
+  const SequenceDesc seq = p.sequences[b];
+  for (int i = 0; i < seq.num_new; ++i) {  // Block-uniform: every lane runs every row.
+    const int index = seq.first_index + i;
+    const int64_t page_offset = kv.page_offsets[seq.first_page + index / kv.page_size];
+    if (page_offset < 0) continue;  // Impossible for a correct plan: new tokens' pages exist.
+    char* page = static_cast<char*>(kv.pool) + page_offset;
+    uint8_t* codes = reinterpret_cast<uint8_t*>(page) + begin;  // Slot 0's first column.
+    float* scale = reinterpret_cast<float*>(page + kv.ScalesOffset()) + segment;
+    const int slot = index % kv.page_size;
+    const float* x = p.latent + int64_t{seq.first_row + i} * width + begin;
+    // The segment's finite absmax (a non-finite value never sets the scale; it is stored as NaN).
+    float absmax = 0.0f;
+    for (int c = lane; c < columns; c += kMlaQuantizedAppendThreads) {
+      const float magnitude = fabsf(x[c]);
+      if (magnitude <= 3.402823466e38f) absmax = fmaxf(absmax, magnitude);
+    }
+    absmax = WarpMax(absmax);
+    const float needed = KvScaleOf(kFp8, absmax);
+    // Slot 0 starts the page (a reused page's old scale is stale); later rows keep the scale
+    // unless they need a larger one, which requantizes the segment of rows [0, slot) first.
+    const float old_scale = slot == 0 ? 0.0f : *scale;
+    const float new_scale = slot == 0 || needed > old_scale ? needed : old_scale;
+    if (slot > 0 && new_scale > old_scale) {
+      const float ratio = old_scale / new_scale;
+      for (int64_t e = lane; e < int64_t{slot} * columns; e += kMlaQuantizedAppendThreads) {
+        uint8_t* code = codes + kv.RowElement(static_cast<int>(e / columns)) + e % columns;
+        *code = RescaleKvCode(kFp8, *code, ratio);
+      }
+    }
+    const float inverse = new_scale > 0.0f ? 1.0f / new_scale : 0.0f;
+    uint8_t* row = codes + kv.RowElement(slot);
+    for (int c = lane; c < columns; c += kMlaQuantizedAppendThreads) {
+      row[c] = QuantizeKvValue(kFp8, x[c], inverse);
+    }
+    simt::SyncBlock();  // Every lane has read *scale.
+    if (lane == 0) *scale = new_scale;
+    simt::SyncBlock();  // The next row reads it.
+  }
 }
 
 // Block (head, chunk) of grid (num_heads, ceil(rows / kMlaProjectionRows)); `q_nope` is dynamic

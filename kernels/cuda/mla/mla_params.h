@@ -22,7 +22,9 @@
 namespace attnserve::cuda {
 
 // The latent pages, as the CPU lays them out (kernels/kv/page_layout.h):
-// [page_size][latent_dim + rope_dim], latent c_kv first, then the rotated k_pe.
+// [page_size][latent_dim + rope_dim], latent c_kv first, then the rotated k_pe. 8-bit pages
+// (fp8 e4m3, int8: 1-byte codes) end with two float32 scales, the latent's then the RoPE key's
+// (MlaPageScaleCount), from byte ScalesOffset() on.
 struct MlaPagedKv {
   void* pool = nullptr;                   // Device page pool base.
   const int64_t* page_offsets = nullptr;  // [pages of all sequences] bytes from `pool`, or -1.
@@ -34,6 +36,10 @@ struct MlaPagedKv {
   ATTNSERVE_HD int64_t RowElement(int slot) const {
     return MlaPageRowElement(row_width(), slot);
   }
+  // 8-bit pages: bytes from a page's start to its latent scale; the RoPE key's follows.
+  ATTNSERVE_HD int64_t ScalesOffset() const {
+    return QuantizedPageScaleOffset(int64_t{page_size} * row_width());
+  }
 };
 
 // RoPE as the CPU's RotaryEmbedding: pair i is (i, i + rotary/2) or (2i, 2i + 1), angles fp64.
@@ -44,7 +50,9 @@ struct MlaRope {
 };
 
 // One block per row: RMSNorm of the q latent (q_lora_rank > 0) and of c_kv, RoPE of k_pe, and
-// the row [c_kv | k_pe] stored into its page slot in the page type (round to nearest even).
+// the row [c_kv | k_pe] stored into its page slot in the page type (round to nearest even). 8-bit
+// pages: the rows stay in `latent` and a second kernel quantizes them into their pages, a block
+// per (sequence, scale) walking the sequence's rows in order (MlaQuantizedAppendBlock).
 struct MlaAppendParams {
   float* q_latent = nullptr;           // [rows, q_lora], normalised in place; null if q_lora == 0.
   const float* q_norm = nullptr;       // [q_lora] RMSNorm weight.
@@ -57,6 +65,7 @@ struct MlaAppendParams {
   const SequenceDesc* sequences = nullptr;  // [batch]
   MlaRope rope;
   int rows = 0;
+  int batch = 0;  // Sequences: 8-bit pages' grid.
   KvType kv_type = KvType::kF32;
   MlaPagedKv kv;
 };
@@ -128,6 +137,8 @@ inline constexpr int64_t kMlaMaxSharedBytes = 160 * 1024;
 // output kernels (each weight element read once per 16 rows).
 inline constexpr int kMlaLatentThreads = 128;
 inline constexpr int kMlaProjectionRows = 16;
+// The 8-bit latent append: one warp per (sequence, scale), as the GQA path's (kv_append.cuh).
+inline constexpr int kMlaQuantizedAppendThreads = 32;
 
 // Where a block's arrays sit in its dynamic shared memory, in 4-byte words.
 struct MlaTileLayout {

@@ -60,6 +60,8 @@ cudaError_t LaunchMlaDecode(const MlaAttentionParams& p, cudaStream_t) {
 ATTNSERVE_EMULATED_MLA(KvType::kF32)
 ATTNSERVE_EMULATED_MLA(KvType::kF16)
 ATTNSERVE_EMULATED_MLA(KvType::kBF16)
+ATTNSERVE_EMULATED_MLA(KvType::kFp8)
+ATTNSERVE_EMULATED_MLA(KvType::kInt8)
 #undef ATTNSERVE_EMULATED_MLA
 
 cudaError_t LaunchMlaAppend(const MlaAppendParams& p, cudaStream_t) {
@@ -77,8 +79,27 @@ cudaError_t LaunchMlaAppend(const MlaAppendParams& p, cudaStream_t) {
         case KvType::kBF16:
           MlaAppendBlock<KvType::kBF16>(p, row, sm);
           break;
+        case KvType::kFp8:
+          MlaAppendBlock<KvType::kFp8>(p, row, sm);
+          break;
+        case KvType::kInt8:
+          MlaAppendBlock<KvType::kInt8>(p, row, sm);
+          break;
       }
     });
+  }
+  if (IsQuantized(p.kv_type)) {  // The second kernel, after every row's norms and RoPE.
+    for (int b = 0; b < p.batch; ++b) {
+      for (int segment = 0; segment < MlaPageScaleCount(); ++segment) {
+        RunBlock(kMlaQuantizedAppendThreads, [&] {
+          if (p.kv_type == KvType::kFp8) {
+            MlaQuantizedAppendBlock<true>(p, b, segment);
+          } else {
+            MlaQuantizedAppendBlock<false>(p, b, segment);
+          }
+        });
+      }
+    }
   }
   return cudaGetLastError();  // As the real launchers: reports any pending error.
 }
