@@ -78,7 +78,8 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaultLimits.max_message_bytes,
 ABSL_FLAG(int64_t, max_inflight_message_bytes, kDefaultLimits.max_inflight_message_bytes,
           "Memory gRPC may hold for all connections and the messages they are receiving, "
           "together (a grpc::ResourceQuota): past it gRPC resets streams (clients see "
-          "RESOURCE_EXHAUSTED) instead of the process running out of memory. 0 = 4 x "
+          "RESOURCE_EXHAUSTED) instead of the process running out of memory. 0 = a sixteenth of the "
+          "memory the process may use (physical, cgroup or RLIMIT_AS), at least 4 x "
           "--max_message_bytes. Must be >= --max_message_bytes.");
 ABSL_FLAG(int64_t, max_retained_output_bytes, kDefaultLimits.max_retained_output_bytes,
           "Bytes of call outputs kept for call_id retries, all sessions together (each request "

@@ -18,8 +18,8 @@ struct ServerLimits {
   // Memory gRPC may hold for all connections together (their buffers and the messages being
   // received), as a grpc::ResourceQuota: past it gRPC resets streams (RST_STREAM
   // ENHANCE_YOUR_CALM; it still opens its window for the whole of a message being read), rather
-  // than the process growing until the kernel ends it. 0 = 4 x
-  // max_message_bytes (256 MiB by default: four largest messages in flight at once).
+  // than the process growing until the kernel ends it. 0 = a sixteenth of the memory the process
+  // may use (server/session/parameter_budget.h), and at least 4 x max_message_bytes.
   int64_t max_inflight_message_bytes = 0;
   absl::Duration request_ttl = absl::Minutes(10);  // Idle time before a request is freed.
   absl::Duration session_ttl = absl::Hours(1);     // Idle time before a session is freed.

@@ -509,7 +509,7 @@ class ForwardStreamReactor final
   }
 
   // Queues `out`'s rows as messages of whole rows, a quarter of the message limit each: what
-  // gRPC holds to send counts against the in-flight quota (4 x the limit by default) too.
+  // gRPC holds to send counts against the in-flight quota (at least 4 x the limit by default) too.
   void QueueRowsLocked(const Tensor& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t per_message = std::max<int64_t>(
         1, (context_.max_message_bytes / 4 - kRowsHeadroomBytes) / static_cast<int64_t>(row_bytes_));

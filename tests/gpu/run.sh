@@ -21,13 +21,21 @@
 # attnbench at d_model 4096, 32 heads, bf16 KV, 1/64/128 streams (server_<name>_*.txt/json), and
 # the verdict table reports both. SERVER_BENCH_SECONDS (default 5) is each attnbench cell's length.
 #
+#   tests/gpu/run.sh --servers      (on the GPU) only the real-server part, the two CUDA servers.
+#   tests/gpu/run.sh --probe        (on the GPU) decode-only attnbench cells (no re-prefills) on one
+#       server per flag set: PROBE_CONFIGS='default=;threads8=--compute_threads=8' and
+#       PROBE_BENCH_ARGS (extra attnbench flags), to find what bounds the served decode rate.
 #   tests/gpu/run.sh --cpu-check    (here, no GPU) only the server part, with the bundle's server
 #       started --backend=cpu and small shapes (d_model 512, 8 heads, 1/4 streams): checks the
 #       script, the bundled binaries and the verdict rows, not the GPU.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CPU_CHECK=0
+SERVERS_ONLY=0
 if [[ "${1:-}" == "--cpu-check" ]]; then CPU_CHECK=1; fi
+PROBE=0
+if [[ "${1:-}" == "--servers" ]]; then SERVERS_ONLY=1; fi
+if [[ "${1:-}" == "--probe" ]]; then SERVERS_ONLY=1 PROBE=1; fi
 # bundle.sh packs the binaries into .gpu-bundle/bundle.tar.xz (the device tool's size limit);
 # unpacked with Python's tarfile, which every machine with python3 has (xz may not be installed).
 BUNDLE="${TMPDIR:-/tmp}/attnserve-gpu-bundle"
@@ -91,7 +99,7 @@ run_server_checks() {
   echo "== server ${name}: attnserve_server $* =="
   # shellcheck source=deploy/lib/server_process.sh
   source "${ROOT}/deploy/lib/server_process.sh"
-  if ! server_start "${BUNDLE}/attnserve_server" "${work}" "$@"; then
+  if ! server_start "${BUNDLE}/attnserve_server" "${work}" --with_metrics "$@"; then
     cp "${work}/server.log" "${LOGS}/server_${name}.log" 2>/dev/null
     tail -n 20 "${LOGS}/server_${name}.log" 2>/dev/null
     echo "server=failed demo=- bench=- stop=-" >"${LOGS}/server_${name}.status"
@@ -99,15 +107,20 @@ run_server_checks() {
   fi
   local demo_args=(--kv_dtype=bf16) bench_args=(--d_model=4096 --num_heads=32 --kv_dtype=bf16
     --variants=gqa --context=512 --concurrency=1,64,128)
-  if ((CPU_CHECK)); then
+  if ((CPU_CHECK)) || [[ "${PROBE_BACKEND:-cuda}" == cpu ]]; then
     demo_args=(--kv_dtype=bf16 --tokens=32 --steps=4)
     bench_args=(--d_model=512 --num_heads=8 --kv_dtype=bf16 --variants=gqa --context=64
       --concurrency=1,4)
   fi
+  # --probe: what bounds the served decode rate. A request lives 16000 steps, more than a 5 s
+  # cell takes, so a cell is decode steps alone (no re-prefills); PROBE_BENCH_ARGS adds flags.
+  if ((PROBE)); then
+    bench_args+=(--steps_per_request=16000 ${PROBE_BENCH_ARGS:-})
+  fi
   local demo=0 bench=0 stop=0
   # --json for verdict.py, which judges the demo: a variant the backend refuses as UNIMPLEMENTED
   # (MLA on CUDA) is expected, any other failure is not; so its exit status is only recorded here.
-  timeout 180 "${BUNDLE}/attnctl" --server="${SERVER_ADDRESS}" --timeout_s=120 --json demo \
+  ((PROBE)) || timeout 180 "${BUNDLE}/attnctl" --server="${SERVER_ADDRESS}" --timeout_s=120 --json demo \
     "${demo_args[@]}" >"${LOGS}/server_${name}_demo.json" 2>"${LOGS}/server_${name}_demo.err" ||
     demo=$?
   tail -n 5 "${LOGS}/server_${name}_demo.err"
@@ -115,7 +128,50 @@ run_server_checks() {
     --duration="${SERVER_BENCH_SECONDS:-5}s" --progress=false --json \
     >"${LOGS}/server_${name}_bench.json" 2>"${LOGS}/server_${name}_bench.err" || bench=$?
   tail -n 5 "${LOGS}/server_${name}_bench.err"
+  # attnbench keeps each failed call's status in its JSON: print the distinct ones here, since the
+  # device tool brings back only a few files.
+  python3 - "${LOGS}/server_${name}_bench.json" <<'PY' 2>/dev/null
+import json, sys
+seen = set()
+def walk(node):
+    if isinstance(node, dict):
+        for message in node.get("error_messages", []) or []:
+            if message not in seen and len(seen) < 8:
+                seen.add(message)
+                print("attnbench error:", message)
+        for value in node.values():
+            walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            walk(value)
+walk(json.load(open(sys.argv[1])))
+PY
+  # Where a call's time went, per RPC: the server's own totals (wire to answer), queue wait and
+  # engine compute, as mean ms per call from its Prometheus counters.
+  python3 - "http://${SERVER_METRICS}/metrics" <<'PY' 2>&1 | tee "${LOGS}/server_${name}_metrics.txt"
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+sums = {}
+for line in text.splitlines():
+    m = re.match(r'attnserve_(rpc_duration|queue_wait|compute)_seconds_(sum|count)\{([^}]*)\} (\S+)', line)
+    if not m:
+        continue
+    rpc = re.search(r'rpc="([^"]+)"', m.group(3))
+    key = (rpc.group(1) if rpc else "?", m.group(1))
+    entry = sums.setdefault(key, [0.0, 0.0])
+    entry[0 if m.group(2) == "sum" else 1] += float(m.group(4))
+for rpc in sorted({k[0] for k in sums}):
+    parts = []
+    for what in ("rpc_duration", "queue_wait", "compute"):
+        total, count = sums.get((rpc, what), (0.0, 0.0))
+        if count:
+            parts.append(f"{what} {1e3 * total / count:.3f} ms")
+    calls = int(sums.get((rpc, "rpc_duration"), (0, 0))[1])
+    print(f"server metrics: {rpc:16s} {calls:7d} calls, mean " + ", ".join(parts))
+PY
   server_stop || stop=$?
+  grep -E " [EW][0-9]{4} |error|Error" "${work}/server.log" 2>/dev/null | sort | uniq -c |
+    sort -rn | head -n 8
   cp "${work}/server.log" "${LOGS}/server_${name}.log"
   echo "server=ok demo=${demo} bench=${bench} stop=${stop}" | tee "${LOGS}/server_${name}.status"
   ((bench == 0 && stop == 0))
@@ -127,6 +183,38 @@ if ((CPU_CHECK)); then
   python3 "${ROOT}/tests/gpu/verdict.py" --servers-only "${LOGS}" 2>&1 | tee "${LOGS}/verdict.txt" ||
     status=1
   echo "run.sh --cpu-check: exit ${status} (logs in ${LOGS})"
+  exit "${status}"
+fi
+
+# Packs every log into one file at exit: the device tool brings back at most 8 files from $OUT.
+pack_logs() {
+  if [[ -n "${OUT:-}" ]]; then
+    tar -czf "${LOGS}/all_logs.tar.gz" --exclude=all_logs.tar.gz -C "${LOGS}" . 2>/dev/null
+  fi
+}
+trap pack_logs EXIT
+
+if ((PROBE)); then
+  # One server per flag set (PROBE_CONFIGS: NAME=FLAG,FLAG;...), the decode-only cells each.
+  rm -f "${LOGS}"/server_*.status
+  IFS=';' read -r -a probe_configs <<<"${PROBE_CONFIGS:-default=}"
+  for config in "${probe_configs[@]}"; do
+    IFS=',' read -r -a probe_flags <<<"${config#*=}"
+    run_server_checks "probe_${config%%=*}" --backend="${PROBE_BACKEND:-cuda}" "${probe_flags[@]}" ||
+      status=1
+  done
+  python3 "${ROOT}/tests/gpu/verdict.py" --servers-only "${LOGS}" 2>&1 | tee "${LOGS}/verdict.txt" ||
+    status=1
+  echo "run.sh --probe: exit ${status} (logs in ${LOGS})"
+  exit "${status}"
+fi
+if ((SERVERS_ONLY)); then
+  rm -f "${LOGS}"/server_*.status
+  run_server_checks cuda --backend=cuda || status=1
+  run_server_checks cuda_flashinfer --backend=cuda --cuda_attention=flashinfer || status=1
+  python3 "${ROOT}/tests/gpu/verdict.py" --servers-only "${LOGS}" 2>&1 | tee "${LOGS}/verdict.txt" ||
+    status=1
+  echo "run.sh --servers: exit ${status} (logs in ${LOGS})"
   exit "${status}"
 fi
 

@@ -93,8 +93,11 @@ def servers(logs):
             print(f"  {name:<16} server did not start: FAIL (server_{name}.log)")
             ok = False
             continue
-        demo = read_json(os.path.join(logs, f"server_{name}_demo.json"))
-        if demo is None:
+        probe = name.startswith("probe_")  # run.sh --probe: attnbench alone, no demo.
+        demo = None if probe else read_json(os.path.join(logs, f"server_{name}_demo.json"))
+        if probe:
+            pass
+        elif demo is None:
             print(f"  {name:<16} demo: no JSON (exit {state.get('demo')}): FAIL")
             ok = False
         else:
@@ -122,6 +125,16 @@ def servers(logs):
             errors = len(errors) if isinstance(errors, list) else errors
             cells = ", ".join(f"c={r['concurrency']} {r['tokens_per_s']:.0f} tok/s "
                               f"(p50 {r['step_latency_ms']['p50']:.2f} ms)" for r in rows)
+            if probe:
+                # Where a step's time goes: the mean batch, and the server's queue and compute
+                # per step against the client's step latency.
+                cells = "; ".join(
+                    f"c={r['concurrency']} {r['tokens_per_s']:.0f} tok/s, batch "
+                    f"{(r.get('batch_size') or {}).get('mean') or 0:.1f}, step mean "
+                    f"{r['step_latency_ms']['mean']:.2f} ms = server queue "
+                    f"{(r.get('server_ms_per_step') or {}).get('queue', 0):.2f} + compute "
+                    f"{(r.get('server_ms_per_step') or {}).get('compute', 0):.2f} + rest"
+                    for r in rows)
             label = rows[0]["spec"] if rows else "-"
             good = (state.get("bench") == "0" and bool(rows) and not errors and
                     all(r["tokens_per_s"] > 0 for r in rows))

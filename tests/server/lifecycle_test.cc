@@ -16,9 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "proto/codec/capabilities_codec.h"
+#include "server/session/parameter_budget.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/await_until.h"
 #include "tests/support/server_fixture.h"
@@ -251,6 +253,29 @@ TEST(ServerFlagsTest, CpuProjectionWeightsIsCheckedAtStartup) {
   EXPECT_THAT(std::string(on_cuda.status().message()),
               ::testing::HasSubstr("--cpu_projection_weights = bf16 sets the CPU backend's "
                                    "weights, but --backend = cuda"));
+}
+
+// The in-flight message quota defaults to a sixteenth of the process's memory, not to four
+// messages: 128 streams each re-prefilling 7.3 MiB reset streams on an H200 host under the old
+// 256 MiB default (docs/gpu_benchmarks.md). The startup log states the resolved quota.
+TEST(ServerFlagsTest, InflightMessageQuotaDefaultsToASixteenthOfMemory) {
+  constexpr int64_t kMessageBytes = 1 << 20;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
+      {"--threads=1", "--max_message_bytes=" + std::to_string(kMessageBytes)},
+      std::chrono::seconds(30));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string log = (*started)->LogTail(20000);
+  const std::string key = " message bytes, ";
+  const size_t at = log.find(key);
+  ASSERT_NE(at, std::string::npos) << log;
+  int64_t inflight = 0;
+  const size_t begin = at + key.size();
+  ASSERT_TRUE(absl::SimpleAtoi(log.substr(begin, log.find(' ', begin) - begin), &inflight)) << log;
+  // The child's limit is the test's, less what RLIMIT_AS may leave it (none is set here unless
+  // the runner sets one): equal within 1 %, and far above the old default of four messages.
+  const int64_t expected = std::max<int64_t>(4 * kMessageBytes, server::ProcessMemoryLimit() / 16);
+  EXPECT_NEAR(static_cast<double>(inflight), static_cast<double>(expected), 0.01 * expected) << log;
+  EXPECT_GT(inflight, 4 * kMessageBytes) << log;
 }
 
 // Two servers on one port: with gRPC's default SO_REUSEPORT the second would bind it too and take
