@@ -124,7 +124,8 @@ ABSL_FLAG(int, max_batch_size, kDefaults.scheduler.max_batch_size,
           "Continuous batching: decode steps per engine Decode call at most (per session).");
 ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.scheduler.max_batch_tokens,
           "Continuous batching: tokens one decode batch may attend to in all (sum of its steps' "
-          "context lengths); a batch launches once it would pass this.");
+          "context lengths); a batch launches once it would pass this. 0 = the backend's: "
+          "262144 on the CPU, 2097152 (64 x 32768) on CUDA.");
 ABSL_FLAG(absl::Duration, max_queue_delay, kDefaults.scheduler.max_queue_delay,
           "Continuous batching: a batch waits for the streams the previous batch answered until "
           "all are back or none came back for the longer of this (e.g. 500us) and that batch's "

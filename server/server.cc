@@ -95,9 +95,9 @@ absl::Status ValidateOptions(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_batch_size = ", b.max_batch_size, ", must be >= 1"));
   }
-  if (b.max_batch_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_batch_tokens = ", b.max_batch_tokens, ", must be >= 1"));
+  if (b.max_batch_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_batch_tokens = ", b.max_batch_tokens, ", must be >= 1 (or 0: the backend's)"));
   }
   if (b.max_queue_delay < absl::ZeroDuration() || b.max_queue_delay > absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -326,8 +326,9 @@ absl::Status RunServer(const ServerOptions& options) {
       }
     }
   }
+  const SchedulerOptions scheduler = ResolvedForBackend(options.scheduler, (*backend)->name());
   AttentionServiceImpl service(backend->get(), &executor, &pool, &parameters, &registry, &metrics,
-                               options.limits, options.scheduler, &*authenticator);
+                               options.limits, scheduler, &*authenticator);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -393,9 +394,8 @@ absl::Status RunServer(const ServerOptions& options) {
   SERVER_LOG(INFO,
              "batching: max_batch_size %d, max_batch_tokens %d, max_queue_delay %s, "
              "prefill_chunk_tokens %d",
-             options.scheduler.max_batch_size, options.scheduler.max_batch_tokens,
-             absl::FormatDuration(options.scheduler.max_queue_delay),
-             options.scheduler.prefill_chunk_tokens);
+             scheduler.max_batch_size, scheduler.max_batch_tokens,
+             absl::FormatDuration(scheduler.max_queue_delay), scheduler.prefill_chunk_tokens);
   SERVER_LOG(INFO,
              "KV pool %d bytes; parameter budget %d bytes; limits: %d sessions, %d requests/session, %d tokens, %d "
              "message bytes, %d in-flight message bytes, request_ttl %s, session_ttl %s",

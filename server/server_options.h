@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace attnserve::server {
@@ -44,8 +45,13 @@ struct SchedulerOptions {
   // A decode batch launches when it holds this many steps (one token each)...
   int max_batch_size = 64;
   // ...or when its steps attend to this many tokens in all (sum of each step's context length,
-  // the new token included: TGI's max_batch_total_tokens), which bounds one batch's compute...
-  int64_t max_batch_tokens = 262144;
+  // the new token included: TGI's max_batch_total_tokens), which bounds one batch's compute;
+  // 0 = the backend's: kCpuMaxBatchTokens on the CPU, where it bounds a step's latency on a few
+  // cores, and kCudaMaxBatchTokens on a GPU, where the CPU's figure stopped batches at 32 steps of
+  // 8k tokens and left half of an H200's engine time idle (docs/gpu_benchmarks.md)...
+  int64_t max_batch_tokens = 0;
+  static constexpr int64_t kCpuMaxBatchTokens = 262144;
+  static constexpr int64_t kCudaMaxBatchTokens = int64_t{64} * 32768;
   // ...or at once when every stream the previous batch answered is back (a lone client never
   // waits), or when none of them came back for the longer of this and that batch's engine time
   // (server/session/scheduler.h); 0 = never wait: launch with whatever waits.
@@ -54,6 +60,16 @@ struct SchedulerOptions {
   // with one decode batch of the session between two chunks. 0 = never split.
   int64_t prefill_chunk_tokens = 512;
 };
+
+// `options` with its backend-dependent defaults (a max_batch_tokens of 0) resolved for the backend
+// named `backend` ("cpu", "cuda").
+inline SchedulerOptions ResolvedForBackend(SchedulerOptions options, absl::string_view backend) {
+  if (options.max_batch_tokens == 0) {
+    options.max_batch_tokens = backend == "cuda" ? SchedulerOptions::kCudaMaxBatchTokens
+                                                 : SchedulerOptions::kCpuMaxBatchTokens;
+  }
+  return options;
+}
 
 // Per-tenant caps (see server/security/auth.h and server/session/registry.h), applied to every
 // tenant of the --auth_tokens file except admins; 0 = unlimited. They apply only when

@@ -148,7 +148,7 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionBackend* backend, Executor* 
       registry_(registry),
       metrics_(metrics),
       limits_(limits),
-      scheduler_options_(scheduler),
+      scheduler_options_(ResolvedForBackend(scheduler, backend->name())),
       authenticator_(authenticator),
       transfer_{registry, metrics, limits.max_message_bytes,
                 [this](const grpc::ServerContextBase& context) { return Authenticate(context); },
