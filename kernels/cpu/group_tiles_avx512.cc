@@ -102,17 +102,26 @@ ATTNSERVE_AVX512 void GroupScoresImpl(const float* q, int rows, int64_t dim,
 }
 
 // acc rows [0, R) (`dim` apart), columns [d0, d0 + 16 C) += P · V over value rows [0, count):
-// the R x C zmm tile stays in registers over the run.
+// the R x C zmm tile stays in registers over the run. `prefetch` (the first row quad of a column
+// chunk): requests the chunk of the value row kPrefetchKeys ahead, which the scores pass did not
+// touch (values live apart from keys in MHA/GQA pages).
 template <int R, int C, typename Element>
 ATTNSERVE_AVX512 inline void AccumulateTile(const float* w, int64_t ld,
                                             const Element* const* value_rows, int count,
-                                            int64_t d0, float* y, int64_t dim) {
+                                            int64_t d0, float* y, int64_t dim, bool prefetch) {
   __m512 acc[R][C];
 #pragma GCC unroll 16
   for (int i = 0; i < R * C; ++i) {
     acc[i / C][i % C] = _mm512_loadu_ps(y + (i / C) * dim + d0 + 16 * (i % C));
   }
   for (int s = 0; s < count; ++s) {
+    if (prefetch && s + kPrefetchKeys < count) {
+      const char* ahead = reinterpret_cast<const char*>(value_rows[s + kPrefetchKeys] + d0);
+#pragma GCC unroll 4
+      for (int b = 0; b < C * 16 * static_cast<int>(sizeof(Element)); b += 64) {
+        _mm_prefetch(ahead + b, _MM_HINT_T0);
+      }
+    }
     const Element* v = value_rows[s] + d0;
     __m512 x[C];
 #pragma GCC unroll 4
@@ -136,13 +145,15 @@ ATTNSERVE_AVX512 inline void AccumulateColumns(const float* weights, int64_t ld,
                                                int64_t d0, float* acc, int64_t dim) {
   int r = 0;
   for (; r + 4 <= rows; r += 4) {
-    AccumulateTile<4, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim);
+    AccumulateTile<4, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);
   }
   if (r + 2 <= rows) {
-    AccumulateTile<2, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim);
+    AccumulateTile<2, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);
     r += 2;
   }
-  if (r < rows) AccumulateTile<1, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim);
+  if (r < rows) {
+    AccumulateTile<1, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);
+  }
 }
 
 template <typename Element>
