@@ -9,7 +9,8 @@ namespace attnserve::avx512 {
 
 namespace {
 
-// Keys ahead of the scores tile whose rows are prefetched.
+// Key rows (scores) and value rows (P·V) are prefetched this many keys ahead of the tile reading
+// them.
 constexpr int kPrefetchKeys = 8;
 
 // Scores of query rows [0, R) (q rows `dim` apart) against keys[0, K): an R x K tile of zmm
