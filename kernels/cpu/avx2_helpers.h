@@ -40,6 +40,14 @@ ATTNSERVE_AVX2 inline float HorizontalMax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+// [sum(a0), sum(a1), ..., sum(a7)].
+ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                     __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
 }  // namespace attnserve::avx2
 
 #endif  // x86

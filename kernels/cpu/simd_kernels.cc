@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/avx2_helpers.h"
 #include "kernels/cpu/avx512_helpers.h"
+#include "kernels/cpu/group_tiles_avx512.h"
 
 namespace attnserve {
 
@@ -98,6 +99,7 @@ ATTNSERVE_AVX2 inline __m256 Exp8(__m256 x) {
 using avx2::HorizontalMax;
 using avx2::HorizontalSum;
 using avx2::Load8;
+using avx2::Reduce8;
 
 // Lanes i < n all ones.
 ATTNSERVE_AVX2 inline __m256i TailMask(int64_t n) {
@@ -156,14 +158,6 @@ ATTNSERVE_AVX2 void OnlineSoftmaxRowAvx2(float* s, int64_t count, int64_t lo, in
   std::fill(s + hi, s + count, 0.0f);
   *sum += HorizontalSum(vsum);
   *max = new_max;
-}
-
-// [sum(a0), sum(a1), ..., sum(a7)].
-ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
-                                     __m256 a5, __m256 a6, __m256 a7) {
-  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
 // Scores of query rows r and r + 1 against key rows [s, s + 4): a 2 x 4 register tile, so each
@@ -502,6 +496,12 @@ bool DetectAvx512() {
 template <typename Element>
 void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* const* key_rows,
                          int count, float* scores, int64_t ld) {
+#ifdef ATTNSERVE_X86_AVX512
+  if (dim % 16 == 0 && SimdKernelsUseAvx512()) {
+    avx512::GroupScores(q, rows, dim, key_rows, count, scores, ld);
+    return;
+  }
+#endif
 #ifdef ATTNSERVE_X86
   if (UseAvx2() && dim % 8 == 0) {
     GroupScoresAvx2(q, rows, dim, key_rows, count, scores, ld);
@@ -514,6 +514,12 @@ void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* c
 template <typename Element>
 void GroupAccumulateDispatch(const float* weights, int64_t ld, int rows,
                              const Element* const* value_rows, int count, int64_t dim, float* acc) {
+#ifdef ATTNSERVE_X86_AVX512
+  if (dim % 16 == 0 && SimdKernelsUseAvx512()) {
+    avx512::GroupAccumulate(weights, ld, rows, value_rows, count, dim, acc);
+    return;
+  }
+#endif
 #ifdef ATTNSERVE_X86
   if (UseAvx2() && dim % 8 == 0) {
     GroupAccumulateAvx2(weights, ld, rows, value_rows, count, dim, acc);

@@ -18,6 +18,8 @@
 //   GroupAccumulate   acc[g] += sum_s P[g][s] v_s, the accumulator held in registers over the run:
 //                     2 rows x 32 columns for a group (each value chunk loaded once per row pair),
 //                     1 row x 64 columns otherwise.
+//   Both take the AVX-512 tiles of group_tiles_avx512.h (4 rows x 4 keys, 4 rows x 64 columns)
+//   when SimdKernelsUseAvx512() and the dimension is a multiple of 16.
 #ifndef ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 #define ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_
 
@@ -105,8 +107,8 @@ inline void Scale(float alpha, float* y, int64_t n) {
 
 // True when the AVX2/FMA paths run (CPU support, checked once).
 bool SimdKernelsUseAvx2();
-// True when the AVX-512F paths run (the small-batch projections, OnlineSoftmaxRow and the
-// prefill tiles have one): CPU support,
+// True when the AVX-512F paths run (the small-batch projections, OnlineSoftmaxRow, the decode
+// group loops and the prefill tiles have one): CPU support,
 // checked once, unless ATTNSERVE_CPU_AVX512=0 or ATTNSERVE_CPU_PORTABLE=1 is set.
 bool SimdKernelsUseAvx512();
 
