@@ -20,8 +20,8 @@ threads (a list: each is one column).
 
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
 call of the batch; its server part is Timing.total_ns, arrival to answer, and of that the
-layer's compute, Timing.compute_ns, printed per run; the client's CPU time in it, thread_time) against a GetServerInfo round trip (median of --info_calls), the floor of
-one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
+layer's compute, Timing.compute_ns, printed per run; the client's CPU time in it, thread_time)
+against a GetServerInfo round trip (median of --info_calls), the floor of one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
 set that many times, and the tables give medians (and the 1-minute load averages seen).
 Prints Markdown tables.
 """
