@@ -19,9 +19,9 @@ mode must equal those of the first (checked). Local: generate() with PyTorch on 
 threads (a list: each is one column).
 
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
-call of the batch; its server part is Timing.total_ns, arrival to answer; the client's CPU time
-in it, thread_time) against a GetServerInfo round trip (median of --info_calls), the floor of
-one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
+call of the batch; its server part is Timing.total_ns, arrival to answer, and of that the
+layer's compute, Timing.compute_ns, printed per run; the client's CPU time in it, thread_time)
+against a GetServerInfo round trip (median of --info_calls), the floor of one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
 set that many times, and the tables give medians (and the 1-minute load averages seen).
 Prints Markdown tables.
 """
@@ -87,14 +87,15 @@ def run_remote(remote, prompts, tokens, mode):
     for key, value in MODES[mode].items():
         setattr(remote, key, value)
     before = (remote.decode_calls, remote.decode_rpc_seconds, remote.decode_server_seconds,
-              remote.decode_client_cpu_seconds)
+              remote.decode_client_cpu_seconds, remote.decode_compute_seconds)
     stats = GenerateStats()
     out = remote.generate(prompts, tokens, eos_token_id=[], stats=stats)
     calls = remote.decode_calls - before[0]
     per_call_ms = (remote.decode_rpc_seconds - before[1]) / max(calls, 1) * 1e3
     server_ms = (remote.decode_server_seconds - before[2]) / max(calls, 1) * 1e3
     client_cpu_ms = (remote.decode_client_cpu_seconds - before[3]) / max(calls, 1) * 1e3
-    return out, stats, per_call_ms, server_ms, client_cpu_ms
+    compute_ms = (remote.decode_compute_seconds - before[4]) / max(calls, 1) * 1e3
+    return out, stats, per_call_ms, server_ms, client_cpu_ms, compute_ms
 
 
 def main() -> int:
@@ -146,7 +147,7 @@ def main() -> int:
                     first = None
                     for mode in modes:
                         loads.append(os.getloadavg()[0])
-                        out, stats, per_call_ms, server_ms, cpu_ms = run_remote(
+                        out, stats, per_call_ms, server_ms, cpu_ms, compute_ms = run_remote(
                             remote, prompts, args.tokens, mode)
                         if first is None:
                             first = out
@@ -157,7 +158,8 @@ def main() -> int:
                             (stats.tokens_per_s, share, per_call_ms, server_ms, cpu_ms))
                         print(f"remote batch {batch} {mode}: {stats.tokens_per_s:.1f} tokens/s "
                               f"({share:.0%} of the time in attnserve calls; decode call "
-                              f"{per_call_ms:.2f} ms, server {server_ms:.2f} ms, client CPU "
+                              f"{per_call_ms:.2f} ms, server {server_ms:.2f} ms of which compute "
+                              f"{compute_ms:.2f} ms, client CPU "
                               f"{cpu_ms:.2f} ms)", file=sys.stderr, flush=True)
                     for t in threads:
                         loads.append(os.getloadavg()[0])

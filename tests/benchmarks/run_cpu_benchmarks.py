@@ -248,17 +248,20 @@ def main() -> int:
     if smol and read:
         # The floor: the step's weights and KV read once at the read-only ceiling of this run.
         print()
-        print("| SmolLM2-135M layer step | weights | batch | µs | fastest step µs | MB read | "
-              "read floor µs | × floor | fastest × floor |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        # layers=30: every layer in turn, weights from memory (see BM_SmolStep); times per layer.
+        print("| SmolLM2-135M layer step | weights | batch | layers | µs per layer | "
+              "fastest µs per layer | MB read per layer | read floor µs | × floor | "
+              "fastest × floor |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name in smol:
             label = engine_rounds[0][name]["label"]
             weights = label.split("weights=")[1].split()[0]
             batch = label.split("batch=")[1].split()[0]
-            step_bytes = median(name, "step_bytes")
+            layers = int(label.split("layers=")[1].split()[0]) if "layers=" in label else 1
+            step_bytes = median(name, "step_bytes") / layers
             floor_us = step_bytes / (read * 1e9) * 1e6
-            us, best = median(name, "real_time"), median(name, "best_us")
-            print(f"| ctx 128 | {weights} | {batch} | {us:.0f} | {best:.0f} | "
+            us, best = median(name, "real_time") / layers, median(name, "best_us") / layers
+            print(f"| ctx 128 | {weights} | {batch} | {layers} | {us:.0f} | {best:.0f} | "
                   f"{step_bytes / 1e6:.2f} | {floor_us:.0f} | {us / floor_us:.2f} | "
                   f"{best / floor_us:.2f} |")
     return 0

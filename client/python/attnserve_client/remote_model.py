@@ -184,6 +184,9 @@ class RemoteModel:
         self.decode_calls = 0
         self.decode_rpc_seconds = 0.0
         self.decode_server_seconds = 0.0
+        # Of that, the backend's compute (Timing.compute_ns): the layer itself, without the queue,
+        # parsing or encoding.
+        self.decode_compute_seconds = 0.0
         # The calling thread's CPU time in those calls (thread_time: the rows' conversion,
         # protobuf, gRPC, and the kernel's loopback send, which delivers to the server): the
         # client's own work, apart from waiting for the server or for a core.
@@ -339,6 +342,7 @@ class RemoteModel:
             response = self._decode(sid, index, wire, plan)
             out = self._decode_outputs(response, plan, rows.shape[1])
             server_ns = response.timing.total_ns
+            compute_ns = response.timing.compute_ns
         elapsed = time.perf_counter() - start
         cpu = time.thread_time() - start_cpu
         with self._rpc_lock:
@@ -347,6 +351,7 @@ class RemoteModel:
                 self.decode_calls += 1
                 self.decode_rpc_seconds += elapsed
                 self.decode_server_seconds += server_ns * 1e-9
+                self.decode_compute_seconds += compute_ns * 1e-9
                 self.decode_client_cpu_seconds += cpu
         return out
 
