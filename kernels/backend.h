@@ -22,7 +22,6 @@
 #include "kernels/capabilities.h"
 #include "kernels/core/dtype.h"
 #include "kernels/kv/cache_config.h"
-#include "kernels/kv/memory_budget.h"
 #include "kernels/kv/sequence_table.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"

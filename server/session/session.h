@@ -31,7 +31,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/kv/storage_format.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/stack/layer_stack.h"

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/kv/sequence_table.h"
 #include "server/security/caller.h"
 #include "server/security/transport_security.h"
 
