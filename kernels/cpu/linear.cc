@@ -5,8 +5,6 @@
 #include <algorithm>
 
 #include "kernels/core/dtype.h"
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve {

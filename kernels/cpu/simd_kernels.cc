@@ -5,9 +5,6 @@
 #include <cstdlib>
 #include <limits>
 
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
-
 namespace attnserve {
 
 namespace {
