@@ -20,12 +20,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/capabilities.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/spec/layer_spec.h"
 #include "kernels/model/layer_weights.h"
-#include "kernels/core/tensor.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
 

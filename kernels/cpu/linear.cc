@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve {

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/sequence_table.h"
 #include "kernels/kv/storage_format.h"
 
