@@ -126,6 +126,14 @@ absl::Status CheckOutputFinite(const Tensor& output);
 // first non-finite element elsewhere (the CUDA layer does it on the device).
 absl::Status NonFiniteOutputError(const Tensor& output, int64_t bad);
 
+// A Prefill's chunks as the sequence table reserves them (KvSequenceTable::Reserve): the ids and
+// the token counts, in the chunks' order. Every backend's PrefillChecked starts here.
+struct ChunkSequences {
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> counts;
+};
+ChunkSequences SplitChunks(absl::Span<const PrefillChunk> chunks);
+
 class AttentionBackend {
  public:
   virtual ~AttentionBackend() = default;

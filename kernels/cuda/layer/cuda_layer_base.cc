@@ -111,13 +111,8 @@ int64_t CudaLayerBase::KvBytesAtLength(int64_t num_tokens) const {
 absl::StatusOr<Tensor> CudaLayerBase::PrefillChecked(absl::Span<const PrefillChunk> chunks,
                                                      const Tensor& hidden,
                                                      absl::Span<const int64_t> positions) {
-  std::vector<SequenceId> ids;
-  std::vector<int64_t> counts;
-  for (const PrefillChunk& chunk : chunks) {
-    ids.push_back(chunk.sequence);
-    counts.push_back(chunk.num_tokens);
-  }
-  return Run(hidden, ids, counts, positions, /*decode=*/false);
+  const ChunkSequences split = SplitChunks(chunks);
+  return Run(hidden, split.ids, split.counts, positions, /*decode=*/false);
 }
 
 absl::StatusOr<Tensor> CudaLayerBase::DecodeChecked(absl::Span<const SequenceId> sequences,
