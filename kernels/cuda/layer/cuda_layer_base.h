@@ -2,9 +2,10 @@
 // their math (issue 18): the call shell (input checks, one call at a time, cudaSetDevice, the
 // reservation and its rollback on any error, eviction outside a sliding window), the sequences over
 // device pages with Fork/Export/Import (DeviceSequences), the stream and cuBLAS handle, the
-// reusable workspace and pinned staging buffers, the per-stage timer, and the two ends of a call's
-// device work: one upload with the input converted to the activation dtype on the device, and the
-// finiteness check, the conversion to the caller's dtype and one download.
+// reusable workspace and pinned staging buffers, the per-stage timer, a call's host tail (the plan,
+// the kind's layout, staging, the kind's launch: Compute, behind LayOutCall and Launch), and the
+// two ends of a call's device work: one upload with the input converted to the activation dtype
+// on the device, and the finiteness check, the conversion to the caller's dtype and one download.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_BASE_H_
 #define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_BASE_H_
 
