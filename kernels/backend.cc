@@ -59,6 +59,17 @@ absl::StatusOr<Tensor> AttentionLayer::Decode(absl::Span<const SequenceId> seque
   return DecodeChecked(sequences, hidden, positions);
 }
 
+ChunkSequences SplitChunks(absl::Span<const PrefillChunk> chunks) {
+  ChunkSequences split;
+  split.ids.reserve(chunks.size());
+  split.counts.reserve(chunks.size());
+  for (const PrefillChunk& chunk : chunks) {
+    split.ids.push_back(chunk.sequence);
+    split.counts.push_back(chunk.num_tokens);
+  }
+  return split;
+}
+
 absl::Status CheckOutputFinite(const Tensor& output) {
   const int64_t bad = FirstNonFiniteElement(output);
   if (bad < 0) return absl::OkStatus();

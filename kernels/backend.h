@@ -20,13 +20,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/capabilities.h"
-#include "kernels/core/dtype.h"
-#include "kernels/kv/cache_config.h"
-#include "kernels/kv/memory_budget.h"
-#include "kernels/kv/sequence_table.h"
-#include "kernels/spec/layer_spec.h"
-#include "kernels/model/layer_weights.h"
 #include "kernels/core/tensor.h"
+#include "kernels/kv/cache_config.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
 
@@ -127,6 +125,14 @@ absl::Status CheckOutputFinite(const Tensor& output);
 // CheckOutputFinite's error for element `bad` (row-major) of `output`, for layers that find the
 // first non-finite element elsewhere (the CUDA layer does it on the device).
 absl::Status NonFiniteOutputError(const Tensor& output, int64_t bad);
+
+// A Prefill's chunks as the sequence table reserves them (KvSequenceTable::Reserve): the ids and
+// the token counts, in the chunks' order. Every backend's PrefillChecked starts here.
+struct ChunkSequences {
+  std::vector<SequenceId> ids;
+  std::vector<int64_t> counts;
+};
+ChunkSequences SplitChunks(absl::Span<const PrefillChunk> chunks);
 
 class AttentionBackend {
  public:

@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/storage_format.h"
 #include "kernels/model/layer_weights.h"

@@ -71,7 +71,7 @@ inline SchedulerOptions ResolvedForBackend(SchedulerOptions options, absl::strin
   return options;
 }
 
-// Per-tenant caps (see server/security/auth.h and server/session/registry.h), applied to every
+// Per-tenant caps (see server/security/caller.h and server/session/registry.h), applied to every
 // tenant of the --auth_tokens file except admins; 0 = unlimited. They apply only when
 // authentication is on.
 struct TenantQuotas {
@@ -133,7 +133,7 @@ struct ServerOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
-  // Bearer-token table (format in server/security/auth.h); empty = authentication off.
+  // Bearer-token table (format in server/security/caller.h); empty = authentication off.
   std::string auth_tokens;
   TenantQuotas tenant_quotas;
 };

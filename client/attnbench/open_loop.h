@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "client/attnbench/runner.h"
 #include "client/common/client.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

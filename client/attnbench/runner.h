@@ -22,7 +22,7 @@
 #include "client/attnbench/server_stats.h"
 #include "client/common/client.h"
 #include "client/common/demo_variants.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

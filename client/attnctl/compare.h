@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/common/client.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/storage_format.h"
 #include "kernels/spec/layer_spec.h"
 #include "nlohmann/json.hpp"

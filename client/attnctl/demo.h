@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "client/common/client.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/storage_format.h"
 
 namespace attnserve {

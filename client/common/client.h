@@ -15,7 +15,6 @@
 #include "client/common/channel_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
 
 namespace attnserve {

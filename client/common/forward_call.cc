@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "proto/codec/tensor_codec.h"
 
 namespace attnserve {

@@ -130,15 +130,10 @@ absl::StatusOr<Tensor> CpuLayer::Run(const Tensor& hidden, std::vector<BatchSequ
 absl::StatusOr<Tensor> CpuLayer::PrefillChecked(absl::Span<const PrefillChunk> chunks,
                                                 const Tensor& hidden,
                                                 absl::Span<const int64_t> positions) {
-  std::vector<SequenceId> ids;
-  std::vector<int64_t> counts;
-  for (const PrefillChunk& chunk : chunks) {
-    ids.push_back(chunk.sequence);
-    counts.push_back(chunk.num_tokens);
-  }
+  const ChunkSequences split = SplitChunks(chunks);
   absl::MutexLock lock(&mu_);
   std::vector<BatchSequence> batch;
-  if (absl::Status s = Reserve(batch, ids, counts); !s.ok()) return s;
+  if (absl::Status s = Reserve(batch, split.ids, split.counts); !s.ok()) return s;
   return Run(hidden, std::move(batch), positions, /*decode=*/false);
 }
 

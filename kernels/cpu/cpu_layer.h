@@ -14,7 +14,6 @@
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 
@@ -65,7 +64,6 @@ class CpuLayer : public AttentionLayer {
   const KvPageLayout& layout() const { return layout_; }
   const HostPageStore& store() const { return store_; }
   ThreadPool& pool() const { return *pool_; }
-  KeyWindow mask() const { return AttentionVariation::FromSpec(spec_).mask; }
 
   // Writes `count` floats to slot (token `index`, KV head `head`) of a sequence's pages in the
   // page's storage format (kernels/cpu/host_page_store.h). `value` false writes the key row, true the

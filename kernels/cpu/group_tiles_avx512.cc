@@ -1,7 +1,6 @@
 #include "kernels/cpu/group_tiles_avx512.h"
 
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
+#include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve::avx512 {
 

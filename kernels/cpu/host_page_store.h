@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/kv/page_layout.h"
 #include "kernels/kv/storage_format.h"
 

@@ -4,9 +4,7 @@
 
 #include <algorithm>
 
-#include "kernels/core/dtype.h"
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve {

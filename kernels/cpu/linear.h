@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {

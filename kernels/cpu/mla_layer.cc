@@ -95,6 +95,7 @@ MlaLayer::MlaLayer(const LayerSpec& spec, const LayerWeights& weights,
       kv_a_norm_(weights.at("kv_a_layernorm.weight").ToFloats()),
       wkv_b_(weights.at("kv_b_proj.weight").ToFloats()),
       wo_(weights.at("o_proj.weight").ToFloats()),
+      variation_(AttentionVariation::FromSpec(spec)),
       rope_(spec) {}
 
 std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
@@ -155,7 +156,7 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   std::vector<PrefillSequence> sequences;
   const int64_t expanded_width = int64_t{s.num_heads} * kv_b_width_;
   for (const BatchSequence& seq : batch.sequences) {
-    const int64_t begin = mask().VisibleKeys(seq.first_index, seq.table->num_tokens).begin;
+    const int64_t begin = variation_.mask.VisibleKeys(seq.first_index, seq.table->num_tokens).begin;
     const int64_t count = seq.table->num_tokens - begin;
     std::vector<float> latents(count * latent_dim_);
     for (int64_t j = 0; j < count; ++j) {
@@ -187,7 +188,7 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   params.group_size = 1;
   params.key_dim = qk_dim_;
   params.value_dim = dims_.v_head_dim;
-  params.variation = AttentionVariation::FromSpec(s);  // Scale and mask: MLA has no others.
+  params.variation = variation_;
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, attention);
 }
@@ -224,7 +225,7 @@ void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q
   params.rows_per_kv_head = heads;
   params.key_dim = latent_dim_;
   params.value_dim = kv_lora;
-  params.variation = AttentionVariation::FromSpec(s);  // Scale and mask: MLA has no others.
+  params.variation = variation_;
   params.layout = layout();
   params.store = &store();
   params.tables = tables;

@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 
@@ -51,6 +52,8 @@ class MlaLayer : public CpuLayer {
   std::vector<float> kv_a_norm_;  // [kv_lora]
   std::vector<float> wkv_b_;      // [H * (nope + v), kv_lora]
   std::vector<float> wo_;         // [d_model, H * v]
+  // The softmax scale and the mask (MLA has no other variations), built once at creation.
+  AttentionVariation variation_;
   RotaryEmbedding rope_;
 };
 

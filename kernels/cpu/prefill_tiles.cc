@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve {

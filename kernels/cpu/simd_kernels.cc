@@ -5,8 +5,6 @@
 #include <cstdlib>
 #include <limits>
 
-#include "kernels/cpu/avx2_helpers.h"
-#include "kernels/cpu/avx512_helpers.h"
 #include "kernels/cpu/group_tiles_avx512.h"
 
 namespace attnserve {

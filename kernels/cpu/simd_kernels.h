@@ -5,7 +5,8 @@
 // through a scratch copy. The block loops below have an AVX2/FMA implementation (and AVX-512F for
 // OnlineSoftmaxRow) chosen at run time
 // (__builtin_cpu_supports; the AVX2 code is compiled with target attributes, so one portable
-// build serves every x86-64 CPU) and a portable fallback with the same semantics.
+// build serves every x86-64 CPU) and a portable fallback with the same semantics. The x86 loads
+// and horizontal sums those loops share (namespaces avx2, avx512) close this file.
 //
 //   OnlineSoftmaxRow  one query row's online-softmax update over a block of scores: scale, the
 //                     variation's logits transform, mask to [lo, hi), running max/sum, rescale of
@@ -27,6 +28,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/spec/attention_variation.h"
 
@@ -134,5 +139,73 @@ void GroupAccumulate(const float* weights, int64_t ld, int rows, const uint16_t*
                      int count, int64_t dim, float* acc);
 
 }  // namespace attnserve
+
+// The x86 vector loads (bf16 widened) and horizontal sums that the register-tile loops of
+// simd_kernels.cc, linear.cc and prefill_tiles.cc share. Each function is compiled with a target
+// attribute rather than -mavx2 / -mavx512f, so one portable build serves every x86-64 CPU; callers
+// run them only after a run-time check (SimdKernelsUseAvx2(), SimdKernelsUseAvx512()), and must
+// themselves carry ATTNSERVE_AVX2 / ATTNSERVE_AVX512 to inline them.
+#if defined(__x86_64__) || defined(__i386__)
+#define ATTNSERVE_X86 1
+#define ATTNSERVE_AVX2 __attribute__((target("avx2,fma")))
+
+namespace attnserve::avx2 {
+
+// 8 floats from p[0, 8).
+ATTNSERVE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+// 8 bf16 values from p[0, 8), widened to float (a bf16 is a float's high 16 bits).
+ATTNSERVE_AVX2 inline __m256 Load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// v[0] + ... + v[7].
+ATTNSERVE_AVX2 inline float HorizontalSum(__m256 v) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// max(v[0], ..., v[7]).
+ATTNSERVE_AVX2 inline float HorizontalMax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// [sum(a0), sum(a1), ..., sum(a7)].
+ATTNSERVE_AVX2 inline __m256 Reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4,
+                                     __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+}  // namespace attnserve::avx2
+
+#endif  // x86
+
+#if defined(__x86_64__)
+#define ATTNSERVE_X86_AVX512 1
+#define ATTNSERVE_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+namespace attnserve::avx512 {
+
+// 16 floats from p[0, 16).
+ATTNSERVE_AVX512 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+// 16 bf16 values from p[0, 16), widened to float (a bf16 is a float's high 16 bits).
+ATTNSERVE_AVX512 inline __m512 Load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// v[0] + ... + v[15].
+ATTNSERVE_AVX512 inline float HorizontalSum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+}  // namespace attnserve::avx512
+
+#endif  // x86-64
 
 #endif  // ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_

@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "kernels/core/dtype.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/core/tensor.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/kv/storage_format.h"
 
 namespace attnserve {

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

@@ -39,7 +39,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/core/dtype.h"
 #include "kernels/base/regular_file.h"
 #include "kernels/core/tensor.h"
 

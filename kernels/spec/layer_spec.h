@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 
 namespace attnserve {
 

@@ -449,14 +449,9 @@ absl::StatusOr<Tensor> LayerStack::PrefillChecked(absl::Span<const PrefillChunk>
                                                   const Tensor& hidden,
                                                   absl::Span<const int64_t> positions) {
   if (mode_ != StackMode::kResidual) return WholeStackCallError();
-  std::vector<SequenceId> ids;
-  std::vector<int64_t> rows;
-  for (const PrefillChunk& chunk : chunks) {
-    ids.push_back(chunk.sequence);
-    rows.push_back(chunk.num_tokens);
-  }
+  const ChunkSequences split = SplitChunks(chunks);
   std::vector<PrefillChunk> layer_chunks(chunks.begin(), chunks.end());
-  return Run(ids, rows, hidden,
+  return Run(split.ids, split.counts, hidden,
              [&](AttentionLayer& layer, absl::Span<const SequenceId> layer_ids, const Tensor& h) {
                for (size_t i = 0; i < layer_chunks.size(); ++i) {
                  layer_chunks[i].sequence = layer_ids[i];

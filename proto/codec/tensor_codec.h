@@ -12,7 +12,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
 
 namespace attnserve {

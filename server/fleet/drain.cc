@@ -13,14 +13,14 @@
 #include "attnserve/v1/attention_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/codec/import_stream.h"
-#include "server/session/layer_fingerprint.h"
+#include "server/fleet/session_affinity.h"
 #include "server/observability/logging.h"
 #include "server/rpc/request_transfer.h"
+#include "server/security/caller.h"
+#include "server/session/drain_seal.h"
+#include "server/session/layer_fingerprint.h"
 #include "server/session/scheduler.h"
 #include "server/session/session.h"
-#include "server/fleet/session_affinity.h"
-#include "server/security/acting_owner.h"
-#include "server/session/drain_seal.h"
 
 namespace attnserve::server {
 
@@ -171,7 +171,7 @@ class Drainer {
     Authorize(context);
     context.AddMetadata(kSessionMetadataKey, session.id());
     context.AddMetadata(kMovedSessionMetadataKey, "1");
-    // Whose session it is: the peer's admin acts for that tenant (server/security/acting_owner.h).
+    // Whose session it is: the peer's admin acts for that tenant (server/security/caller.h).
     if (!session.owner().empty()) context.AddMetadata(kOwnerMetadataKey, session.owner());
   }
 

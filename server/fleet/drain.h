@@ -8,7 +8,7 @@
 // and end with the process as in a shutdown without --drain_to). Otherwise, for each live session:
 // re-create it at the peer address under the same session id (a Configure carrying
 // x-attnserve-session and x-attnserve-owner, the owning tenant that the peer's admin acts for
-// (server/security/acting_owner.h), with the request the session was configured with, inline
+// (server/security/caller.h), with the request the session was configured with, inline
 // weights included), retried on UNAVAILABLE until the answer comes from a replica other than this
 // one — the peer may be the balancer, which keeps routing the id here until its health checks see
 // NOT_SERVING; check that the re-created session's fingerprint is this one's; make the cut

@@ -14,21 +14,20 @@
 #include <memory>
 #include <string>
 
-#include "attnserve/v1/attention_service.grpc.pb.h"
 #include "absl/synchronization/mutex.h"
+#include "attnserve/v1/attention_service.grpc.pb.h"
 #include "kernels/backend.h"
-#include "server/security/acting_owner.h"
-#include "server/security/auth.h"
-#include "server/runtime/executor.h"
-#include "server/session/kv_pool.h"
 #include "server/observability/metrics.h"
-#include "server/session/parameter_budget.h"
 #include "server/rpc/request_transfer.h"
+#include "server/rpc/wire_call.h"
+#include "server/runtime/executor.h"
+#include "server/runtime/timer_queue.h"
+#include "server/security/caller.h"
 #include "server/server_options.h"
+#include "server/session/kv_pool.h"
+#include "server/session/parameter_budget.h"
 #include "server/session/registry.h"
 #include "server/session/retained_outputs.h"
-#include "server/runtime/timer_queue.h"
-#include "server/rpc/wire_call.h"
 
 namespace attnserve::server {
 
@@ -136,8 +135,8 @@ class AttentionServiceImpl final : public RawAttentionService {
   // What a new call is told at its start: UNAVAILABLE once StopAccepting ran, else
   // DrainingStatus().
   grpc::Status AdmissionStatus() const ABSL_LOCKS_EXCLUDED(replica_mu_);
-  // Who is calling (server/security/auth.h), and for whom: an admin may act for the owner a
-  // drain names (server/security/acting_owner.h).
+  // Who is calling, and for whom: an admin may act for the owner a drain names
+  // (server/security/caller.h).
   absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context) const {
     absl::StatusOr<Principal> caller = authenticator_ == nullptr
                                            ? Principal::Unauthenticated()

@@ -20,7 +20,6 @@
 #include "attnserve/v1/attention_service.pb.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/observability/call_log.h"
-#include "server/rpc/call_status.h"
 #include "server/rpc/step_codec.h"
 #include "server/rpc/wire_call.h"
 #include "server/session/scheduler.h"

@@ -13,15 +13,13 @@
 #include "attnserve/v1/attention_service.pb.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/kv/sequence_table.h"
-#include "server/session/layer_fingerprint.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
-#include "server/rpc/call_status.h"
-#include "server/session/scheduler.h"
-#include "server/session/session.h"
 #include "server/rpc/step_codec.h"
 #include "server/rpc/wire_call.h"
+#include "server/session/layer_fingerprint.h"
+#include "server/session/scheduler.h"
+#include "server/session/session.h"
 
 namespace attnserve::server {
 

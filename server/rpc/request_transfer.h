@@ -20,14 +20,14 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
-#include "kernels/capabilities.h"
-#include "attnserve/v1/attention_service.pb.h"
-#include "server/observability/metrics.h"
 #include "absl/time/time.h"
-#include "server/security/principal.h"
-#include "server/session/session.h"
-#include "server/session/registry.h"
+#include "attnserve/v1/attention_service.pb.h"
+#include "kernels/capabilities.h"
+#include "server/observability/metrics.h"
 #include "server/runtime/timer_queue.h"
+#include "server/security/caller.h"
+#include "server/session/registry.h"
+#include "server/session/session.h"
 
 namespace attnserve::server {
 

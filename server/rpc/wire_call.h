@@ -5,19 +5,44 @@
 // ("Message deserialization failed"), and a stream whose next message does not parse simply ends,
 // with OK. Parsing here turns both into INVALID_ARGUMENT naming the message type, as docs/api.md
 // promises, and lets a response be size-checked before it is sent.
+//
+// Also what every handler (server/rpc/attention_service.cc, server/rpc/request_transfer.cc,
+// server/rpc/forward_stream.cc) shares about a call's status: absl -> gRPC statuses, the id checks
+// and their bounds, and the report of a finished call to metrics.
 #ifndef ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
 #define ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
+#include "server/observability/metrics.h"
 
 namespace attnserve::server {
+
+// Session ids are 32 hex digits; anything much longer is refused before it is looked up or
+// echoed, so a huge id cannot bloat the status message.
+inline constexpr size_t kMaxSessionIdBytes = 64;
+inline constexpr size_t kMaxCallIdBytes = 128;
+
+// absl and gRPC share the canonical code numbering.
+grpc::Status ToGrpc(const absl::Status& status);
+
+// INVALID_ARGUMENT naming `field` when `id` has more than `max_bytes` bytes.
+absl::Status CheckIdLength(const std::string& id, absl::string_view field, size_t max_bytes);
+
+// CheckIdLength, and INVALID_ARGUMENT naming `field` when `id` is empty.
+absl::Status CheckId(const std::string& id, absl::string_view field, size_t max_bytes);
+
+// Reports a finished call (or stream message) to metrics, and its refusal for KV memory.
+void ObserveCall(Metrics& metrics, Rpc rpc, const std::string& variant, const grpc::Status& status,
+                 const RpcTiming& timing);
 
 // Parses `buffer` into `message` (cleared first). False when the bytes are not a valid encoding
 // of the message's type (including invalid UTF-8 in a string field).

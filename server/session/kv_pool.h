@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
-#include "kernels/core/dtype.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/core/tensor.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/spec/layer_spec.h"
 
 namespace attnserve::server {

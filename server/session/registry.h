@@ -1,6 +1,6 @@
 // The live sessions by id, with the max_sessions limit and KV accounting by session and variant.
 //
-// Each session belongs to the tenant that configured it (server/security/principal.h). Lookups on
+// Each session belongs to the tenant that configured it (server/security/caller.h). Lookups on
 // behalf of a caller see only the caller's own sessions (an admin sees all): another tenant's
 // session id is answered exactly as an unknown id, so ids neither leak nor work across tenants.
 // Session ids are scoped by tenant: the same id may name one session of each tenant, so that
@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/security/principal.h"
+#include "server/security/caller.h"
 #include "server/server_options.h"
 #include "server/session/session.h"
 

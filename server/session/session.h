@@ -31,15 +31,15 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/core/tensor.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/kv/storage_format.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/stack/layer_stack.h"
-#include "kernels/core/tensor.h"
+#include "server/runtime/executor.h"
 #include "server/session/drain_seal.h"
 #include "server/session/parameter_budget.h"
 #include "server/session/retained_outputs.h"
-#include "server/runtime/executor.h"
 
 namespace attnserve::server {
 

@@ -24,15 +24,15 @@
 
 #include "benchmark/benchmark.h"
 #include "client/common/demo_variants.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/host_page_store.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/mla_layer.h"
 #include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/simd_kernels.h"
-#include "kernels/cpu/linear.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve {

@@ -1,16 +1,14 @@
 // attnctl's .npy reader (client/attnctl/npy.h) on hand-built files: a valid file, and headers whose
 // shape does not describe the data (found by tests/fuzz/npy_fuzzer).
-#include "client/attnctl/npy.h"
-
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/attnctl/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
 
 namespace attnserve {

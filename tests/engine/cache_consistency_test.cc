@@ -21,10 +21,9 @@
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/core/dtype.h"
-#include "kernels/spec/layer_spec.h"
-#include "kernels/kv/sequence_table.h"
 #include "kernels/core/tensor.h"
+#include "kernels/kv/sequence_table.h"
+#include "kernels/spec/layer_spec.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"
 

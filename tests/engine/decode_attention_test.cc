@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/host_page_store.h"

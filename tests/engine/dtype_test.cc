@@ -2,8 +2,7 @@
 //
 // The reference rounds by enumeration: it sorts every finite value of the 16-bit format and picks
 // the nearest one (ties to the even bit pattern), which shares no code with the bit tricks in
-// dtype.h/dtype.cc.
-#include "kernels/core/dtype.h"
+// kernels/core/tensor.{h,cc}.
 
 #include <algorithm>
 #include <bit>

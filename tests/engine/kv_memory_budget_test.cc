@@ -1,14 +1,13 @@
 // A KvMemoryBudget shared by several layers (as the server shares one per device): pages are
 // charged on reservation, credited on release, eviction and layer destruction, and a batch that
 // would pass the budget fails whole without touching any sequence.
-#include "kernels/kv/memory_budget.h"
-
 #include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/kv/sequence_table.h"
 
 namespace attnserve {
 namespace {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/kv/memory_budget.h"
+#include "kernels/kv/sequence_table.h"
 #include "kernels/kv/storage_format.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"

@@ -29,6 +29,8 @@
 //            most a few hundred weights (u = 6e-8), so errors are ~1e-6; a mask off by one key
 //            moves the output by > 1e-3.
 // The CPU backend stores no f16 KV (CreateLayer refuses it), so f16 pages are not a case.
+#include "kernels/cpu/prefill_attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,9 +45,7 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
-#include "kernels/cpu/prefill_attention.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv/storage_format.h"
 #include "kernels/spec/layer_spec.h"

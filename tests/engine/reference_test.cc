@@ -25,9 +25,8 @@
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
-#include "kernels/core/dtype.h"
-#include "kernels/spec/layer_spec.h"
 #include "kernels/core/tensor.h"
+#include "kernels/spec/layer_spec.h"
 #include "tests/reference/attention_reference.h"
 #include "tests/reference/test_cases.h"
 

@@ -8,8 +8,6 @@
 // sum (the classic gamma_n bound; the bias add is one more rounding, so n + 1 is used), with w
 // the weight as kept: bf16 weights are compared against the bf16-rounded values, which are what
 // the kernel multiplies by (widening bf16 to f32 is exact).
-#include "kernels/cpu/linear.h"
-
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,7 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/thread_pool.h"
 

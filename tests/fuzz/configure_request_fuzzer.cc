@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/core/dtype.h"
-#include "kernels/spec/layer_spec.h"
+#include "kernels/core/tensor.h"
 #include "kernels/model/layer_weights.h"
+#include "kernels/spec/layer_spec.h"
 #include "proto/codec/spec_codec.h"
 #include "proto/codec/tensor_codec.h"
 #include "server/session/kv_pool.h"

@@ -11,7 +11,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "client/attnctl/npy.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -12,10 +12,10 @@
 
 #include "absl/status/status.h"
 #include "attnserve/v1/attention_service.pb.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
+#include "kernels/model/layer_weights.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/spec/layer_spec_json.h"
-#include "kernels/model/layer_weights.h"
 #include "proto/codec/spec_codec.h"
 #include "tests/fuzz/fuzz_check.h"
 

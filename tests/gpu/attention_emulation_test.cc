@@ -40,10 +40,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/core/tensor.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/cuda/attention/batch_plan.h"
-#include "kernels/core/dtype.h"
 #include "tests/gpu/emulation_support.h"
 
 namespace attnserve::cuda {

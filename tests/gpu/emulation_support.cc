@@ -24,7 +24,7 @@ DType ToDType(KvType type) {
 
 int ElementBytes(KvType type) { return static_cast<int>(DTypeSize(ToDType(type))); }
 
-// The engine's own conversions (kernels/core/dtype.h, round to nearest even), not the kernels'.
+// The engine's own conversions (kernels/core/tensor.h, round to nearest even), not the kernels'.
 double StoreElement(float x, KvType type, void* dst) {
   ConvertFromFloat(&x, ToDType(type), dst, 1);
   return LoadElement(dst, type);

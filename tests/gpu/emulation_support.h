@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda::emulation {
 

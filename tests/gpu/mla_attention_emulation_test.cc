@@ -18,9 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/core/dtype.h"
-#include "kernels/cuda/attention/dispatch.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/attention/batch_plan.h"
+#include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/mla/mla_dispatch.h"
 #include "kernels/cuda/mla/mla_params.h"
 

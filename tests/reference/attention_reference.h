@@ -18,10 +18,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels/core/dtype.h"
-#include "kernels/spec/layer_spec.h"
-#include "kernels/model/layer_weights.h"
 #include "kernels/core/tensor.h"
+#include "kernels/model/layer_weights.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve::reference {
 

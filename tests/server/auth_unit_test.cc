@@ -14,8 +14,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/kv/memory_budget.h"
-#include "server/security/auth.h"
+#include "kernels/kv/sequence_table.h"
+#include "server/security/caller.h"
 #include "server/security/transport_security.h"
 
 namespace attnserve::server {
@@ -67,7 +67,7 @@ TEST(AuthenticatorTest, MapsTokensToTenants) {
             absl::StatusCode::kUnauthenticated);
 }
 
-// A drain's admin acts for the owner of the session it moves (server/security/acting_owner.h):
+// A drain's admin acts for the owner of the session it moves (server/security/caller.h):
 // the owner is found by tenant name, with its own admin marking.
 TEST(AuthenticatorTest, FindsTenantsByName) {
   absl::StatusOr<Authenticator> auth = Authenticator::FromText(

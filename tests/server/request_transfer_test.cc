@@ -19,6 +19,7 @@
 #include "proto/codec/tensor_codec.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/await_until.h"
+#include "tests/support/model_session_util.h"
 #include "tests/support/second_server.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
@@ -29,55 +30,8 @@ namespace {
 using reference::FindSpec;
 using ::testing::HasSubstr;
 
-// An export as the client received it.
-struct Exported {
-  v1::ExportedRequest header;
-  std::string pages;  // Every KvPageBytes.data, concatenated.
-  int chunks = 0;     // KvPageBytes messages.
-};
-
-grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session,
-                    const std::string& request_id, bool release, int64_t max_chunk_bytes,
-                    Exported* out) {
-  v1::ExportRequestRequest request;
-  request.set_session_id(session);
-  request.set_request_id(request_id);
-  request.set_release_after_export(release);
-  request.set_max_chunk_bytes(max_chunk_bytes);
-  grpc::ClientContext context;
-  SetDeadline(context);
-  std::unique_ptr<grpc::ClientReader<v1::ExportRequestResponse>> reader =
-      stub.ExportRequest(&context, request);
-  v1::ExportRequestResponse message;
-  bool first = true;
-  while (reader->Read(&message)) {
-    if (first) {
-      EXPECT_TRUE(message.has_header()) << "the first message carries the header";
-      out->header = message.header();
-      first = false;
-    } else {
-      EXPECT_TRUE(message.has_pages());
-      if (max_chunk_bytes > 0) {
-        EXPECT_LE(static_cast<int64_t>(message.pages().data().size()), max_chunk_bytes);
-      }
-      out->pages += message.pages().data();
-      ++out->chunks;
-    }
-  }
-  return reader->Finish();
-}
-
-// Sends the header and then `pages` in chunks of `chunk_bytes`.
-grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session,
-                    const std::string& request_id, const v1::ExportedRequest& header,
-                    const std::string& pages, v1::ImportRequestResponse* response,
-                    size_t chunk_bytes = 1000) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return SendImportRequest(stub, context, session, request_id, header,
-                           PageChunksOf(pages, chunk_bytes), response)
-      .status;
-}
+// Pages go to ImportRequest in chunks of this many bytes: several per request.
+constexpr size_t kImportChunkBytes = 1000;
 
 v1::DecodeRequest DecodeOne(const std::string& session, const std::string& request_id,
                             const Tensor& hidden) {
@@ -118,15 +72,7 @@ TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
   EXPECT_EQ(on_a.fingerprint().size(), 32u);
   EXPECT_EQ(on_a.fingerprint(), on_b.fingerprint()) << "same spec and seed on two replicas";
   const std::string sa = on_a.session_id(), sb = on_b.session_id();
-  {
-    v1::GetSessionRequest get;
-    get.set_session_id(sa);
-    v1::GetSessionResponse got;
-    grpc::ClientContext context;
-    SetDeadline(context);
-    ASSERT_TRUE(stub().GetSession(&context, get, &got).ok());
-    EXPECT_EQ(got.session().fingerprint(), on_a.fingerprint());
-  }
+  EXPECT_EQ(SessionInfoOf(stub(), sa).fingerprint(), on_a.fingerprint());
 
   // A: "moved" and "twin" get the same prompt (one Forward each: equal call shapes compute equal
   // bits) and the same 5 decode steps.
@@ -153,7 +99,7 @@ TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
   const int64_t page_bytes = on_a.cost().page_bytes();
   const int64_t chunk = page_bytes / 3 + 1;
   Exported exported;
-  grpc::Status status = Export(stub(), sa, "moved", /*release=*/true, chunk, &exported);
+  grpc::Status status = Export(stub(), sa, "moved", /*release=*/true, &exported, chunk);
   ASSERT_TRUE(status.ok()) << Describe(status);
   const v1::ExportedRequest& header = exported.header;
   EXPECT_EQ(header.fingerprint(), on_a.fingerprint());
@@ -176,7 +122,7 @@ TEST_P(RequestTransferTest, MovedRequestDecodesBitForBitAsItsUnmovedTwin) {
   // Import into B; then 16 steps on B's "moved" against A's "twin", the same inputs.
   const int64_t b_before = PoolUsed(b.stub());
   v1::ImportRequestResponse imported;
-  status = Import(b.stub(), sb, "moved", header, exported.pages, &imported);
+  status = Import(b.stub(), sb, "moved", header, exported.pages, &imported, kImportChunkBytes);
   ASSERT_TRUE(status.ok()) << Describe(status);
   EXPECT_EQ(imported.sequence_length(), length);
   EXPECT_EQ(imported.kv_bytes_added(), header.held_pages() * page_bytes);
@@ -219,13 +165,13 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
 
   // Export: unknown session, unknown request.
   Exported ignored;
-  grpc::Status status = Export(stub(), "0123456789abcdef0123456789abcdef", "r", false, 0, &ignored);
+  grpc::Status status = Export(stub(), "0123456789abcdef0123456789abcdef", "r", false, &ignored);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
-  status = Export(stub(), sa, "nope", false, 0, &ignored);
+  status = Export(stub(), sa, "nope", false, &ignored);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("'nope' not found"));
   Exported exported;
-  status = Export(stub(), sa, "r", /*release=*/false, 0, &exported);
+  status = Export(stub(), sa, "r", /*release=*/false, &exported);
   ASSERT_TRUE(status.ok()) << Describe(status);
   EXPECT_EQ(exported.chunks, 1) << "the server's limit holds these few pages in one message";
   const v1::ExportedRequest& header = exported.header;
@@ -254,16 +200,19 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   const int64_t b_baseline = PoolUsed(b.stub());
   v1::ImportRequestResponse response;
 
-  status =
-      Import(b.stub(), "0123456789abcdef0123456789abcdef", "r", header, exported.pages, &response);
+  status = Import(b.stub(), "0123456789abcdef0123456789abcdef", "r", header, exported.pages,
+                  &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
-  status = Import(b.stub(), other_seed.session_id(), "r", header, exported.pages, &response);
+  status = Import(b.stub(), other_seed.session_id(), "r", header, exported.pages, &response,
+                  kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("fingerprint"));
-  status = Import(b.stub(), other_page.session_id(), "r", header, exported.pages, &response);
+  status = Import(b.stub(), other_page.session_id(), "r", header, exported.pages, &response,
+                  kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("page_size 16 != this session's 32"));
-  status = Import(b.stub(), other_dtype.session_id(), "r", header, exported.pages, &response);
+  status = Import(b.stub(), other_dtype.session_id(), "r", header, exported.pages, &response,
+                  kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("kv_format 'f32' != this session's 'bf16'"));
   // 8-bit pages of one kind into a session of the other: same bytes per page, other codes.
@@ -272,32 +221,33 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   *fp8_forward.add_items() = MakeForwardItem("q", RandomHidden(20, spec.d_model, rng));
   ASSERT_TRUE(Forward(b.stub(), fp8_forward, &forwarded).ok());
   Exported fp8_export;
-  ASSERT_TRUE(Export(b.stub(), fp8_session.session_id(), "q", false, 0, &fp8_export).ok());
+  ASSERT_TRUE(Export(b.stub(), fp8_session.session_id(), "q", false, &fp8_export).ok());
   EXPECT_EQ(fp8_export.header.kv_format(), "fp8_e4m3");
   status = Import(b.stub(), int8_session.session_id(), "q", fp8_export.header, fp8_export.pages,
-                  &response);
+                  &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("kv_format 'fp8_e4m3' != this session's 'int8'"));
   ASSERT_TRUE(Release(b.stub(), fp8_session.session_id(), "q").ok());
 
   // Byte counts: one short, one over, a header whose page count does not fit its length.
   const std::string sb = same.session_id();
-  status = Import(b.stub(), sb, "r", header, exported.pages.substr(1), &response);
+  status =
+      Import(b.stub(), sb, "r", header, exported.pages.substr(1), &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("received ", bytes - 1)));
-  status = Import(b.stub(), sb, "r", header, exported.pages + "x", &response);
+  status = Import(b.stub(), sb, "r", header, exported.pages + "x", &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("more than the"));
   v1::ExportedRequest lying = header;
   lying.set_held_pages(header.held_pages() + 1);
-  status = Import(b.stub(), sb, "r", lying, exported.pages, &response);
+  status = Import(b.stub(), sb, "r", lying, exported.pages, &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
   EXPECT_EQ(AwaitPoolUsed(b.stub(), b_baseline), b_baseline) << "failed imports hold nothing";
 
   // A good import, then the same id again.
-  status = Import(b.stub(), sb, "r", header, exported.pages, &response);
+  status = Import(b.stub(), sb, "r", header, exported.pages, &response, kImportChunkBytes);
   ASSERT_TRUE(status.ok()) << Describe(status);
-  status = Import(b.stub(), sb, "r", header, exported.pages, &response);
+  status = Import(b.stub(), sb, "r", header, exported.pages, &response, kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(status);
   EXPECT_EQ(AwaitPoolUsed(b.stub(), b_baseline + bytes), b_baseline + bytes);
 
@@ -331,7 +281,8 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
   ASSERT_TRUE(Configure(tiny.stub(), SeedConfigure(spec, 7), &small).ok());
   ASSERT_EQ(small.fingerprint(), source.fingerprint());
   ASSERT_EQ(header.held_pages(), 3);
-  status = Import(tiny.stub(), small.session_id(), "r", header, exported.pages, &response);
+  status = Import(tiny.stub(), small.session_id(), "r", header, exported.pages, &response,
+                  kImportChunkBytes);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("this import needs"));
   EXPECT_EQ(AwaitPoolUsed(tiny.stub(), 0), 0);

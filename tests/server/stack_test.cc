@@ -12,8 +12,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/stack/layer_stack.h"
 #include "kernels/kv/sequence_table.h"
+#include "kernels/stack/layer_stack.h"
+#include "tests/support/model_session_util.h"
 #include "tests/support/server_fixture.h"
 #include "tests/support/service_test_util.h"
 
@@ -42,31 +43,13 @@ std::vector<LayerSpec> FiveToOne() {
   return specs;
 }
 
-v1::ConfigureRequest StackConfigure(const std::vector<LayerSpec>& specs, uint64_t seed) {
-  v1::ConfigureRequest request;
-  for (const LayerSpec& spec : specs)
-    *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
-  request.mutable_weights()->set_seed(seed);
-  return request;
-}
-
-v1::SessionInfo Info(v1::AttentionService::Stub& stub, const std::string& session) {
-  v1::GetSessionRequest request;
-  request.set_session_id(session);
-  v1::GetSessionResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context);
-  EXPECT_TRUE(stub.GetSession(&context, request, &response).ok());
-  return response.session();
-}
-
 class StackTest : public ServerTest {};
 
 TEST_F(StackTest, FiveToOneStackMatchesTheInProcessStackAndReportsKvByKind) {
   const std::vector<LayerSpec> specs = FiveToOne();
   constexpr uint64_t kSeed = 42;
   v1::ConfigureResponse configured;
-  grpc::Status status = Configure(stub(), StackConfigure(specs, kSeed), &configured);
+  grpc::Status status = Configure(stub(), StackConfigureRequest(specs, kSeed), &configured);
   ASSERT_TRUE(status.ok()) << Describe(status);
   ASSERT_EQ(configured.stack_size(), 6);
   EXPECT_EQ(configured.stack(0).sliding_window(), kWindow);
@@ -130,7 +113,7 @@ TEST_F(StackTest, FiveToOneStackMatchesTheInProcessStackAndReportsKvByKind) {
   const int64_t global_pages = PagesForTokens(length, 16);
   const int64_t window_pages = global_pages - (length - kWindow + 1) / 16;
   ASSERT_EQ(window_pages, 3);
-  const v1::SessionInfo info = Info(stub(), session);
+  const v1::SessionInfo info = SessionInfoOf(stub(), session);
   EXPECT_EQ(info.num_layers(), 6);
   ASSERT_EQ(info.kv_by_layer_kind_size(), 2);
   EXPECT_EQ(info.kv_by_layer_kind(0).kind(), absl::StrCat("sliding_window:", kWindow));
@@ -142,7 +125,7 @@ TEST_F(StackTest, FiveToOneStackMatchesTheInProcessStackAndReportsKvByKind) {
   EXPECT_EQ(info.kv_bytes_used(), (5 * window_pages + global_pages) * page_bytes);
 
   ASSERT_TRUE(Release(stub(), session, "r").ok());
-  const v1::SessionInfo released = Info(stub(), session);
+  const v1::SessionInfo released = SessionInfoOf(stub(), session);
   EXPECT_EQ(released.kv_bytes_used(), 0);
   EXPECT_EQ(released.kv_by_layer_kind(0).kv_bytes(), 0);
   EXPECT_EQ(released.kv_by_layer_kind(1).kv_bytes(), 0);
@@ -152,7 +135,7 @@ TEST_F(StackTest, OneLayerSessionsReportOneLayer) {
   v1::ConfigureResponse configured;
   ASSERT_TRUE(Configure(stub(), SeedConfigure(FiveToOne()[5], 1), &configured).ok());
   EXPECT_EQ(configured.stack_size(), 0);
-  const v1::SessionInfo info = Info(stub(), configured.session_id());
+  const v1::SessionInfo info = SessionInfoOf(stub(), configured.session_id());
   EXPECT_EQ(info.num_layers(), 1);
   EXPECT_EQ(info.kv_by_layer_kind_size(), 0);
 }
@@ -165,25 +148,25 @@ TEST_F(StackTest, MalformedStacksAreRefusedByName) {
     EXPECT_THAT(status.error_message(), HasSubstr(needle));
   };
   const std::vector<LayerSpec> specs = FiveToOne();
-  v1::ConfigureRequest both = StackConfigure(specs, 1);
+  v1::ConfigureRequest both = StackConfigureRequest(specs, 1);
   *both.mutable_spec() = LayerSpecToProto(specs[0]);
   expect(both, "spec and stack");
   std::vector<LayerSpec> wide = specs;
   wide[2].d_model = 128;
-  expect(StackConfigure(wide, 1), "stack.layers[2].d_model = 128");
+  expect(StackConfigureRequest(wide, 1), "stack.layers[2].d_model = 128");
   std::vector<LayerSpec> bad = specs;
   bad[4].num_heads = 3;  // Not a multiple of num_kv_heads.
-  expect(StackConfigure(bad, 1), "stack.layers[4]");
-  v1::ConfigureRequest inline_weights = StackConfigure(specs, 1);
+  expect(StackConfigureRequest(bad, 1), "stack.layers[4]");
+  v1::ConfigureRequest inline_weights = StackConfigureRequest(specs, 1);
   inline_weights.mutable_weights()->mutable_inline_weights();
   expect(inline_weights, "weights.inline_weights");
-  v1::ConfigureRequest too_deep = StackConfigure({}, 1);
+  v1::ConfigureRequest too_deep = StackConfigureRequest({}, 1);
   too_deep.mutable_stack()->set_num_layers(kMaxStackLayers + 1);
   expect(too_deep, "stack.num_layers");
-  v1::ConfigureRequest empty = StackConfigure({}, 1);
+  v1::ConfigureRequest empty = StackConfigureRequest({}, 1);
   empty.mutable_stack();
   expect(empty, "stack: needs stack.layers");
-  v1::ConfigureRequest disagree = StackConfigure(specs, 1);
+  v1::ConfigureRequest disagree = StackConfigureRequest(specs, 1);
   disagree.mutable_stack()->set_num_layers(4);
   expect(disagree, "stack.num_layers = 4");
 }
@@ -199,7 +182,7 @@ TEST_F(StackParameterBudgetTest, TheStackIsChargedAsTheSumOfItsLayers) {
   v1::ConfigureResponse configured;
   ASSERT_TRUE(Configure(stub(), SeedConfigure(FiveToOne()[0], 1), &configured).ok());
   EXPECT_EQ(configured.cost().parameter_count(), 12288);
-  grpc::Status status = Configure(stub(), StackConfigure(FiveToOne(), 1), &configured);
+  grpc::Status status = Configure(stub(), StackConfigureRequest(FiveToOne(), 1), &configured);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("this stack (73728 parameters"));
 }

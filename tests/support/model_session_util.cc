@@ -6,13 +6,18 @@
 
 namespace attnserve::server_test {
 
-v1::ConfigureRequest ModelConfigureRequest(const std::vector<LayerSpec>& specs, uint64_t seed) {
+v1::ConfigureRequest StackConfigureRequest(const std::vector<LayerSpec>& specs, uint64_t seed) {
   v1::ConfigureRequest request;
   for (const LayerSpec& spec : specs) {
     *request.mutable_stack()->add_layers() = LayerSpecToProto(spec);
   }
-  request.mutable_stack()->set_per_layer(true);
   request.mutable_weights()->set_seed(seed);
+  return request;
+}
+
+v1::ConfigureRequest ModelConfigureRequest(const std::vector<LayerSpec>& specs, uint64_t seed) {
+  v1::ConfigureRequest request = StackConfigureRequest(specs, seed);
+  request.mutable_stack()->set_per_layer(true);
   return request;
 }
 
@@ -75,6 +80,10 @@ grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session
       out->header = message.header();
       first = false;
     } else {
+      EXPECT_TRUE(message.has_pages());
+      if (max_chunk_bytes > 0) {
+        EXPECT_LE(static_cast<int64_t>(message.pages().data().size()), max_chunk_bytes);
+      }
       out->pages += message.pages().data();
       ++out->chunks;
     }
@@ -84,11 +93,12 @@ grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session
 
 grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session,
                     const std::string& request_id, const v1::ExportedRequest& header,
-                    const std::string& pages, v1::ImportRequestResponse* response) {
+                    const std::string& pages, v1::ImportRequestResponse* response,
+                    size_t chunk_bytes) {
   grpc::ClientContext context;
   SetDeadline(context);
-  return SendImportRequest(stub, context, session, request_id, header, PageChunksOf(pages, 3000),
-                           response)
+  return SendImportRequest(stub, context, session, request_id, header,
+                           PageChunksOf(pages, chunk_bytes), response)
       .status;
 }
 

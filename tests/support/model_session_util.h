@@ -1,10 +1,12 @@
-// The model-session (StackSpec.per_layer) side of the server tests: configuring a per-layer stack,
-// one layer's Forward or Decode, a request's (length, next layer) as GetSession reports it, and a
-// request's export and import as a client sends them. Shared by the model session, model decode
-// stream and model session move tests, which each declared their own copy.
+// The stack and model-session (StackSpec.per_layer) side of the server tests: configuring a stack,
+// one layer's Forward or Decode, a session and a request's (length, next layer) as GetSession
+// reports them, and a request's export and import as a client sends them. Shared by the stack,
+// model session, model decode stream, model session move and request transfer tests, which each
+// declared their own copy.
 #ifndef ATTNSERVE_TESTS_SUPPORT_MODEL_SESSION_UTIL_H_
 #define ATTNSERVE_TESTS_SUPPORT_MODEL_SESSION_UTIL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -14,7 +16,10 @@
 
 namespace attnserve::server_test {
 
-// A per-layer (model) stack of `specs`, layer k's weights seeded from `seed` + k.
+// A stack of `specs` run as one layer (the residual stream), layer k's weights seeded from
+// `seed` + k.
+v1::ConfigureRequest StackConfigureRequest(const std::vector<LayerSpec>& specs, uint64_t seed);
+// The same stack as a per-layer (model) session.
 v1::ConfigureRequest ModelConfigureRequest(const std::vector<LayerSpec>& specs, uint64_t seed);
 
 // GetSession's SessionInfo of `session` (the call is expected to succeed).
@@ -37,18 +42,20 @@ grpc::Status DecodeLayer(v1::AttentionService::Stub& stub, const std::string& se
 struct Exported {
   v1::ExportedRequest header;
   std::string pages;  // Every KvPageBytes.data, concatenated.
-  int chunks = 0;
+  int chunks = 0;     // KvPageBytes messages.
 };
 
-// ExportRequest of `request_id` into `out` (`max_chunk_bytes` 0: the server's default).
+// ExportRequest of `request_id` into `out` (`max_chunk_bytes` 0: the server's default). Expects
+// the header first, then only pages, each no larger than a nonzero `max_chunk_bytes`.
 grpc::Status Export(v1::AttentionService::Stub& stub, const std::string& session,
                     const std::string& request_id, bool release, Exported* out,
                     int64_t max_chunk_bytes = 0);
 
-// ImportRequest of an export's header and pages (sent in chunks of 3000 bytes).
+// ImportRequest of an export's header and pages (sent in chunks of `chunk_bytes`).
 grpc::Status Import(v1::AttentionService::Stub& stub, const std::string& session,
                     const std::string& request_id, const v1::ExportedRequest& header,
-                    const std::string& pages, v1::ImportRequestResponse* response);
+                    const std::string& pages, v1::ImportRequestResponse* response,
+                    size_t chunk_bytes = 3000);
 
 }  // namespace attnserve::server_test
 

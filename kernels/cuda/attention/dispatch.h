@@ -8,8 +8,8 @@
 #define ATTNSERVE_KERNELS_CUDA_ATTENTION_DISPATCH_H_
 
 #include "absl/status/status.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/attention/params.h"
-#include "kernels/core/dtype.h"
 #include "kernels/kv/storage_format.h"
 
 namespace attnserve::cuda {

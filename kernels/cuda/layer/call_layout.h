@@ -11,7 +11,6 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "kernels/core/dtype.h"
 #include "kernels/core/tensor.h"
 #include "kernels/cuda/attention/batch_plan.h"
 

@@ -1,18 +1,15 @@
 #include "kernels/cuda/layer/cuda_layer.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/runtime/cuda_status.h"
 #include "kernels/kv/quantization.h"
-#include "kernels/spec/attention_variation.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve::cuda {
@@ -115,6 +112,8 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
   if (spec_.attention_sinks) {
     if (absl::Status s = UploadFloats(weights.at("sinks").ToFloats(), sinks_); !s.ok()) return s;
   }
+  plan_shape_ = PlanShape();
+  widest_row_ = std::max(qkv_width_, spec_.d_model);
   return absl::OkStatus();
 }
 
@@ -130,44 +129,13 @@ int64_t CudaGqaLayer::ParameterBytes() const {
 // plan, copied from the pinned staging buffer in one go), then the activations and the split-KV
 // partials, then the output; the staging buffer holds the upload region and then the downloaded
 // output.
-struct CudaGqaLayer::CallLayout {
-  UploadSections up;
+struct CudaGqaLayer::CallLayout : LayerCall {
+  FlashInferCall fi;
   // x_act: the input in the activation dtype, when the wire's differs. FlashInfer: qkv16 is q in
   // the page dtype, flashinfer_scratch its split-KV partials.
   Section x_act, qkv, attn, attn16, qkv16, flashinfer_scratch, partial_max, partial_sum,
       partial_acc;
-  OutputSections o;
-  size_t device_bytes = 0;
 };
-
-absl::StatusOr<Tensor> CudaGqaLayer::Compute(const Tensor& hidden,
-                                             const std::vector<BatchSequence>& batch,
-                                             absl::Span<const int64_t> positions, bool decode) {
-  const int64_t rows = hidden.dim(0);
-  if (rows > INT_MAX / std::max(qkv_width_, spec_.d_model)) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
-  }
-  const absl::StatusOr<BatchPlan> plan =
-      PlanBatch(batch, rows, positions, decode, PlanShape(),
-                [this](int32_t page) { return pages_.store().PageOffset(page); });
-  if (!plan.ok()) return plan.status();
-  FlashInferCall fi;
-  if (flashinfer_.has_value()) {
-    absl::StatusOr<FlashInferAttention::CallPlan> call = flashinfer_->Plan(*plan, decode);
-    if (!call.ok()) return call.status();
-    fi = *std::move(call);
-  }
-  const CallLayout layout = LayOut(*plan, fi, rows, decode, hidden.dtype());
-  timer_.EndHost(LayerStage::kPlan);
-  if (absl::Status s = StageUpload(
-          layout.up, layout.o, layout.device_bytes, hidden, *plan,
-          fi.has_value() ? absl::Span<const int32_t>(fi->words) : absl::Span<const int32_t>());
-      !s.ok()) {
-    return s;
-  }
-  timer_.EndHost(LayerStage::kStage);
-  return Launch(*plan, fi, layout, rows, decode);
-}
 
 BatchPlanShape CudaGqaLayer::PlanShape() const {
   BatchPlanShape shape;
@@ -181,9 +149,17 @@ BatchPlanShape CudaGqaLayer::PlanShape() const {
   return shape;
 }
 
-CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
-                                              int64_t rows, bool decode, DType wire) const {
-  CallLayout l;
+absl::StatusOr<std::unique_ptr<CudaLayerBase::LayerCall>> CudaGqaLayer::LayOutCall(
+    const BatchPlan& plan, int64_t rows, bool decode, DType wire) const {
+  auto call = std::make_unique<CallLayout>();
+  CallLayout& l = *call;
+  if (flashinfer_.has_value()) {
+    absl::StatusOr<FlashInferAttention::CallPlan> fi_plan = flashinfer_->Plan(plan, decode);
+    if (!fi_plan.ok()) return fi_plan.status();
+    l.fi = *std::move(fi_plan);
+    l.flashinfer_words = l.fi->words;
+  }
+  const FlashInferCall& fi = l.fi;
   SectionLayout dev;
   // Every wire dtype is one the device converts to and from: the input goes up as the caller sent
   // it, the output comes down as the caller reads it, and the host never converts.
@@ -205,11 +181,13 @@ CudaGqaLayer::CallLayout CudaGqaLayer::LayOut(const BatchPlan& plan, const Flash
   l.partial_acc = dev.Add(sizeof(float) * partial_rows * spec_.head_dim);
   l.o = OutputSections::LayOut(rows, spec_.d_model, wire, dev);
   l.device_bytes = dev.total();
-  return l;
+  return call;
 }
 
-absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const FlashInferCall& fi,
-                                            const CallLayout& l, int64_t rows, bool decode) {
+absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const LayerCall& call,
+                                            int64_t rows, bool decode) {
+  const CallLayout& l = static_cast<const CallLayout&>(call);
+  const FlashInferCall& fi = l.fi;
   const absl::StatusOr<const void*> x =
       Upload(l.up, l.device_bytes, l.o.wire, activation_, l.x_act, rows);
   if (!x.ok()) return x.status();
@@ -295,18 +273,18 @@ absl::Status CudaGqaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
                                device(l.attn16), device(l.flashinfer_scratch), stream_);
   }
   // attn[rows, heads * head_dim]: one block per work item of the plan.
-  const BatchPlanShape shape = PlanShape();
+  const BatchPlanShape& shape = plan_shape_;
   AttentionParams attn;
   attn.q = device_floats(l.qkv);
   attn.q_stride = qkv_width_;
   attn.out = device_floats(l.attn);
   attn.num_heads = spec_.num_heads;
   attn.group = shape.group;
-  attn.scale = softmax_scale_;
+  attn.scale = variation_.scale;
   attn.mask = shape.mask;
   attn.variant.softcap = spec_.attn_logit_softcapping;
   // The CPU's own mapping of the spec to ALiBi (kind, heads, bias max), so both take one slope.
-  attn.variant.alibi = AttentionVariation::FromSpec(spec_).alibi;
+  attn.variant.alibi = variation_.alibi;
   attn.variant.sinks = spec_.attention_sinks ? static_cast<const float*>(sinks_.data()) : nullptr;
   attn.kv = PagedView(l);
   attn.sequences = reinterpret_cast<const SequenceDesc*>(device(l.up.sequences));

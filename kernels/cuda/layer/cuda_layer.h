@@ -50,24 +50,19 @@ class CudaGqaLayer : public CudaLayerBase {
   CudaGqaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
                int64_t page_bytes);
   absl::Status Init(const LayerWeights& weights);
-  // In three steps: the host plan (PlanBatch, attention/batch_plan.h), staging it with the input
-  // in pinned memory, and the launch sequence on the layer's stream.
-  absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
-                                 absl::Span<const int64_t> positions, bool decode) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
+  struct CallLayout;  // LayerCall with this kind's sections and FlashInfer's call plan.
+  // How PlanBatch lays out this layer's calls (CudaLayerBase::plan_shape_, set by Init).
   BatchPlanShape PlanShape() const;
   // `fi`: the FlashInfer side of the call when FlashInfer computes the attention.
   using FlashInferCall = std::optional<FlashInferAttention::CallPlan>;
   // `wire`: the caller's dtype, in which the input is uploaded (converted to the activation dtype
   // on the device) and the output converted on the device and downloaded.
-  CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
-                    DType wire) const;
+  absl::StatusOr<std::unique_ptr<LayerCall>> LayOutCall(const BatchPlan& plan, int64_t rows,
+                                                        bool decode, DType wire) const override;
   // Upload, qkv projection, RoPE + KV append, attention, output projection, download and
   // synchronise; returns the output [rows, d_model] in the wire dtype.
-  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const FlashInferCall& fi,
-                                const CallLayout& layout, int64_t rows, bool decode)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const LayerCall& call, int64_t rows,
+                                bool decode) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The attention step alone: the native kernels, or FlashInfer's when `fi` is set.
   absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
                             int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,5 +1,6 @@
 #include "kernels/cuda/layer/cuda_layer_base.h"
 
+#include <climits>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -28,7 +29,7 @@ absl::StatusOr<int64_t> CudaLayerBase::PageBytes(const LayerSpec& spec,
 CudaLayerBase::CudaLayerBase(const LayerSpec& spec, const KvCacheConfig& kv_config,
                              const CudaContext& context, int64_t page_bytes)
     : spec_(spec),
-      softmax_scale_(EffectiveSoftmaxScale(spec)),
+      variation_(AttentionVariation::FromSpec(spec)),
       kv_config_(kv_config),
       context_(context),
       pages_(kv_config, page_bytes, spec.causal, spec.sliding_window, context.pool) {}
@@ -111,13 +112,8 @@ int64_t CudaLayerBase::KvBytesAtLength(int64_t num_tokens) const {
 absl::StatusOr<Tensor> CudaLayerBase::PrefillChecked(absl::Span<const PrefillChunk> chunks,
                                                      const Tensor& hidden,
                                                      absl::Span<const int64_t> positions) {
-  std::vector<SequenceId> ids;
-  std::vector<int64_t> counts;
-  for (const PrefillChunk& chunk : chunks) {
-    ids.push_back(chunk.sequence);
-    counts.push_back(chunk.num_tokens);
-  }
-  return Run(hidden, ids, counts, positions, /*decode=*/false);
+  const ChunkSequences split = SplitChunks(chunks);
+  return Run(hidden, split.ids, split.counts, positions, /*decode=*/false);
 }
 
 absl::StatusOr<Tensor> CudaLayerBase::DecodeChecked(absl::Span<const SequenceId> sequences,
@@ -149,6 +145,29 @@ absl::StatusOr<Tensor> CudaLayerBase::Run(const Tensor& hidden, absl::Span<const
   for (const BatchSequence& seq : batch) pages_.table().EvictOutsideWindow(*seq.table);
   timer_.EndHost(LayerStage::kFinish);
   return out;
+}
+
+absl::StatusOr<Tensor> CudaLayerBase::Compute(const Tensor& hidden,
+                                              const std::vector<BatchSequence>& batch,
+                                              absl::Span<const int64_t> positions, bool decode) {
+  const int64_t rows = hidden.dim(0);
+  if (rows > INT_MAX / widest_row_) {
+    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
+  }
+  const absl::StatusOr<BatchPlan> plan =
+      PlanBatch(batch, rows, positions, decode, plan_shape_,
+                [this](int32_t page) { return pages_.store().PageOffset(page); });
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::unique_ptr<LayerCall>> call = LayOutCall(*plan, rows, decode, hidden.dtype());
+  if (!call.ok()) return call.status();
+  timer_.EndHost(LayerStage::kPlan);
+  const LayerCall& l = **call;
+  if (absl::Status s = StageUpload(l.up, l.o, l.device_bytes, hidden, *plan, l.flashinfer_words);
+      !s.ok()) {
+    return s;
+  }
+  timer_.EndHost(LayerStage::kStage);
+  return Launch(*plan, l, rows, decode);
 }
 
 void CudaLayerBase::EnableStageTiming(bool on) {

@@ -2,9 +2,10 @@
 // their math (issue 18): the call shell (input checks, one call at a time, cudaSetDevice, the
 // reservation and its rollback on any error, eviction outside a sliding window), the sequences over
 // device pages with Fork/Export/Import (DeviceSequences), the stream and cuBLAS handle, the
-// reusable workspace and pinned staging buffers, the per-stage timer, and the two ends of a call's
-// device work: one upload with the input converted to the activation dtype on the device, and the
-// finiteness check, the conversion to the caller's dtype and one download.
+// reusable workspace and pinned staging buffers, the per-stage timer, a call's host tail (the plan,
+// the kind's layout, staging, the kind's launch: Compute, behind LayOutCall and Launch), and the
+// two ends of a call's device work: one upload with the input converted to the activation dtype
+// on the device, and the finiteness check, the conversion to the caller's dtype and one download.
 #ifndef ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_BASE_H_
 #define ATTNSERVE_KERNELS_CUDA_LAYER_CUDA_LAYER_BASE_H_
 
@@ -21,12 +22,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/attention/batch_plan.h"
 #include "kernels/cuda/layer/call_layout.h"
 #include "kernels/cuda/layer/device_sequences.h"
 #include "kernels/cuda/layer/stage_timer.h"
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/cuda_backend.h"
 #include "kernels/cuda/runtime/device_memory.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve::cuda {
 
@@ -85,12 +88,28 @@ class CudaLayerBase : public AttentionLayer {
   // projections must match the CPU engine to fp32 rounding). First in a layer's Init.
   absl::Status InitDevice();
 
-  // Plans and runs one reserved batch (the pages are reserved, `hidden` and `positions` checked);
-  // on error the shell rolls the reservation back. Host stages end with timer_.EndHost.
-  virtual absl::StatusOr<Tensor> Compute(const Tensor& hidden,
-                                         const std::vector<BatchSequence>& batch,
-                                         absl::Span<const int64_t> positions, bool decode)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Where one call's buffers sit in the workspace and the staging buffer: the upload region and
+  // the output, which the shell stages and downloads. Each layer kind's layout extends it with its
+  // own sections and, when FlashInfer computes the attention, FlashInfer's plan of the call.
+  struct LayerCall {
+    virtual ~LayerCall() = default;
+    UploadSections up;
+    OutputSections o;
+    size_t device_bytes = 0;
+    // FlashInfer's plan words, uploaded with the plan (they point into the kind's own layout,
+    // which owns them); empty for the native kernels.
+    absl::Span<const int32_t> flashinfer_words;
+  };
+
+  // The two steps each layer kind supplies to Compute, between the shared host plan and staging:
+  // lay this call's buffers out for `plan` (with FlashInfer's plan, when it computes the
+  // attention), then launch the call's device work on the layer's stream (upload, projections,
+  // attention, download and synchronise), returning the output [rows, d_model] in `wire` dtype.
+  // `call` is what LayOutCall returned for `plan`.
+  virtual absl::StatusOr<std::unique_ptr<LayerCall>> LayOutCall(const BatchPlan& plan, int64_t rows,
+                                                                bool decode, DType wire) const = 0;
+  virtual absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const LayerCall& call, int64_t rows,
+                                        bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
   // Grows the workspace to `device_bytes` and the staging buffer to the upload region plus the
   // output's download, and writes the input and the plan into staging.
@@ -119,7 +138,9 @@ class CudaLayerBase : public AttentionLayer {
   }
 
   const LayerSpec spec_;
-  const float softmax_scale_;  // EffectiveSoftmaxScale(spec_), derived once here, not per call.
+  // The layer's variations (the softmax scale, the mask, ALiBi, ...), built once here, not per
+  // call.
+  const AttentionVariation variation_;
   const KvCacheConfig kv_config_;
   const CudaContext context_;
 
@@ -131,8 +152,19 @@ class CudaLayerBase : public AttentionLayer {
   DeviceBuffer workspace_;  // One call's device buffers (call_layout.h), grown on demand.
   PinnedBuffer staging_;    // Host side of the upload and of the download, grown on demand.
   StageTimer timer_ ABSL_GUARDED_BY(mu_);
+  // Set once by each kind's Init, once it knows whether FlashInfer computes the attention: how
+  // PlanBatch lays a call out, and the widest row of any buffer (a call's rows times it must fit an
+  // int).
+  BatchPlanShape plan_shape_;
+  int64_t widest_row_ = 1;
 
  private:
+  // Plans and runs one reserved batch (the pages are reserved, `hidden` and `positions` checked);
+  // on error Run rolls the reservation back: the host plan (PlanBatch), the kind's layout
+  // (LayOutCall), staging the input and the plan in pinned memory, and the kind's Launch.
+  absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
+                                 absl::Span<const int64_t> positions, bool decode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Tensor> Run(const Tensor& hidden, absl::Span<const SequenceId> ids,
                              absl::Span<const int64_t> counts, absl::Span<const int64_t> positions,
                              bool decode);

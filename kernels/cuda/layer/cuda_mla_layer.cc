@@ -1,12 +1,10 @@
 #include "kernels/cuda/layer/cuda_mla_layer.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 #include <limits>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention/dispatch.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/mla/mla_dispatch.h"
@@ -132,6 +130,9 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
                    cudaMemcpyHostToDevice),
         "uploading RoPE frequencies");
   }
+  plan_shape_ = PlanShape();
+  widest_row_ =
+      std::max<int64_t>({spec_.d_model, int64_t{spec_.num_heads} * std::max(qk_dim_, row_width_)});
   return absl::OkStatus();
 }
 
@@ -146,8 +147,8 @@ int64_t CudaMlaLayer::ParameterBytes() const {
 
 // Where one call's buffers sit: the upload region (input and plan, one copy from the pinned staging
 // buffer), then the activations and the split-KV partials, then the output.
-struct CudaMlaLayer::CallLayout {
-  UploadSections up;
+struct CudaMlaLayer::CallLayout : LayerCall {
+  FlashInferCall fi;
   // FlashInfer only: q16 the absorbed queries in bf16, o16 its bf16 output, scratch its partials.
   Section q16, o16, flashinfer_scratch;
   //   x_act: [rows, d_model] the input in the activation dtype, when the wire's differs;
@@ -156,8 +157,6 @@ struct CudaMlaLayer::CallLayout {
   //   q_a16, attn16: q_a (normalised) and attn in the activation dtype (16-bit projections).
   Section x_act, q_a, q_a16, latent, q, q_lat, o_lat, attn, attn16, partial_max, partial_sum,
       partial_acc;
-  OutputSections o;
-  size_t device_bytes = 0;
 };
 
 BatchPlanShape CudaMlaLayer::PlanShape() const {
@@ -173,40 +172,17 @@ BatchPlanShape CudaMlaLayer::PlanShape() const {
   return shape;
 }
 
-absl::StatusOr<Tensor> CudaMlaLayer::Compute(const Tensor& hidden,
-                                             const std::vector<BatchSequence>& batch,
-                                             absl::Span<const int64_t> positions, bool decode) {
-  const int64_t rows = hidden.dim(0);
-  const int64_t widest =
-      std::max<int64_t>({spec_.d_model, int64_t{spec_.num_heads} * std::max(qk_dim_, row_width_)});
-  if (rows > INT_MAX / widest) {
-    return absl::InvalidArgumentError(absl::StrCat("batch of ", rows, " rows is too large"));
-  }
-  const absl::StatusOr<BatchPlan> plan =
-      PlanBatch(batch, rows, positions, decode, PlanShape(),
-                [this](int32_t page) { return pages_.store().PageOffset(page); });
-  if (!plan.ok()) return plan.status();
-  FlashInferCall fi;
+absl::StatusOr<std::unique_ptr<CudaLayerBase::LayerCall>> CudaMlaLayer::LayOutCall(
+    const BatchPlan& plan, int64_t rows, bool decode, DType wire) const {
+  auto call = std::make_unique<CallLayout>();
+  CallLayout& l = *call;
   if (flashinfer_.has_value()) {
-    absl::StatusOr<FlashInferMlaAttention::CallPlan> call = flashinfer_->Plan(*plan);
-    if (!call.ok()) return call.status();
-    fi = *std::move(call);
+    absl::StatusOr<FlashInferMlaAttention::CallPlan> fi_plan = flashinfer_->Plan(plan);
+    if (!fi_plan.ok()) return fi_plan.status();
+    l.fi = *std::move(fi_plan);
+    l.flashinfer_words = l.fi->words;
   }
-  const CallLayout layout = LayOut(*plan, fi, rows, decode, hidden.dtype());
-  timer_.EndHost(LayerStage::kPlan);
-  if (absl::Status s = StageUpload(
-          layout.up, layout.o, layout.device_bytes, hidden, *plan,
-          fi.has_value() ? absl::Span<const int32_t>(fi->words) : absl::Span<const int32_t>());
-      !s.ok()) {
-    return s;
-  }
-  timer_.EndHost(LayerStage::kStage);
-  return Launch(*plan, fi, layout, rows, decode);
-}
-
-CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, const FlashInferCall& fi,
-                                              int64_t rows, bool decode, DType wire) const {
-  CallLayout l;
+  const FlashInferCall& fi = l.fi;
   const int64_t heads = spec_.num_heads;
   const size_t activation_bytes = DTypeSize(activation_);
   const bool narrow = activation_ != DType::kF32;  // 16-bit projections.
@@ -234,11 +210,13 @@ CudaMlaLayer::CallLayout CudaMlaLayer::LayOut(const BatchPlan& plan, const Flash
   l.partial_acc = dev.Add(sizeof(float) * partial_rows * dims_.kv_lora_rank);
   l.o = OutputSections::LayOut(rows, spec_.d_model, wire, dev);
   l.device_bytes = dev.total();
-  return l;
+  return call;
 }
 
-absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const FlashInferCall& fi,
-                                            const CallLayout& l, int64_t rows, bool decode) {
+absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const LayerCall& call,
+                                            int64_t rows, bool decode) {
+  const CallLayout& l = static_cast<const CallLayout&>(call);
+  const FlashInferCall& fi = l.fi;
   const int m_rows = static_cast<int>(rows);
   const absl::StatusOr<const void*> input =
       Upload(l.up, l.device_bytes, l.o.wire, activation_, l.x_act, rows);
@@ -361,8 +339,8 @@ absl::Status CudaMlaLayer::RunAttention(const BatchPlan& plan, const FlashInferC
   attn.q = device_floats(l.q_lat);
   attn.out = device_floats(l.o_lat);
   attn.num_heads = spec_.num_heads;
-  attn.scale = softmax_scale_;
-  attn.mask = PlanShape().mask;
+  attn.scale = variation_.scale;
+  attn.mask = plan_shape_.mask;
   attn.kv =
       MlaPagedKv{pages_.store().pool_base(), reinterpret_cast<const int64_t*>(device(l.up.pages)),
                  kv_config_.page_size, dims_.kv_lora_rank, dims_.qk_rope_head_dim};

@@ -63,18 +63,15 @@ class CudaMlaLayer : public CudaLayerBase {
   CudaMlaLayer(const LayerSpec& spec, const KvCacheConfig& kv_config, const CudaContext& context,
                int64_t page_bytes);
   absl::Status Init(const LayerWeights& weights);
-  absl::StatusOr<Tensor> Compute(const Tensor& hidden, const std::vector<BatchSequence>& batch,
-                                 absl::Span<const int64_t> positions, bool decode) override
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct CallLayout;  // Where one call's buffers sit in the workspace and the staging buffer.
+  struct CallLayout;  // LayerCall with this kind's sections and FlashInfer's call plan.
+  // How PlanBatch lays out this layer's calls (CudaLayerBase::plan_shape_, set by Init).
   BatchPlanShape PlanShape() const;
   // `fi`: the FlashInfer side of the call when FlashInfer computes the attention.
   using FlashInferCall = std::optional<FlashInferMlaAttention::CallPlan>;
-  CallLayout LayOut(const BatchPlan& plan, const FlashInferCall& fi, int64_t rows, bool decode,
-                    DType wire) const;
-  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const FlashInferCall& fi,
-                                const CallLayout& layout, int64_t rows, bool decode)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::unique_ptr<LayerCall>> LayOutCall(const BatchPlan& plan, int64_t rows,
+                                                        bool decode, DType wire) const override;
+  absl::StatusOr<Tensor> Launch(const BatchPlan& plan, const LayerCall& call, int64_t rows,
+                                bool decode) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RunAttention(const BatchPlan& plan, const FlashInferCall& fi, const CallLayout& l,
                             int64_t rows, bool decode) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/runtime/cublas_api.h"
 #include "kernels/cuda/runtime/device_memory.h"
-#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/core/dtype.h"
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/mla/mla_params.h"
 #include "kernels/kv/storage_format.h"
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/core/tensor.h"
 #include "kernels/cuda/attention/combine.cuh"
 #include "kernels/cuda/attention/kv_append.cuh"
 #include "kernels/cuda/attention/paged_attention.cuh"
@@ -16,7 +17,6 @@
 #include "kernels/cuda/attention/prefill_mma.cuh"
 #include "kernels/cuda/attention/rope_append.cuh"
 #include "kernels/cuda/simt/simt_emulator.h"
-#include "kernels/core/dtype.h"
 
 namespace attnserve::cuda {
 

@@ -1,4 +1,9 @@
-// Bearer-token authentication: maps the `authorization: Bearer <token>` metadata of a call to the
+// Who is calling, and for whom: the tenant a bearer token maps to (Authenticator), whether it may
+// act on every tenant's sessions (Principal), and the owner a drain's admin acts for
+// (ActingPrincipal). Sessions are owned by the tenant that configured them
+// (server/session/registry.h); per-tenant quotas apply to every non-admin tenant.
+//
+// Bearer-token authentication maps the `authorization: Bearer <token>` metadata of a call to the
 // tenant that owns the token, from a file of token hashes (--auth_tokens).
 //
 // The token file holds one token per line:
@@ -15,8 +20,15 @@
 // Only hashes are stored, so the file (or a memory dump) does not reveal usable tokens. A presented
 // token is hashed with SHA-256 and compared against every entry in constant time (no early exit,
 // CRYPTO_memcmp), so the time taken does not reveal how much of a guess matched, or which entry.
-#ifndef ATTNSERVE_SERVER_SECURITY_AUTH_H_
-#define ATTNSERVE_SERVER_SECURITY_AUTH_H_
+//
+// A session's owner is carried by a drain (server/fleet/drain.h): the draining replica calls its
+// peer with an admin token and the metadata x-attnserve-owner naming the tenant whose session it
+// moves, and the peer's admin acts for that tenant, so the session it re-creates (and the requests
+// imported into it) belong to their owner there too (issue 21, item 10: a drain to a peer that
+// dropped owners left moved sessions to any caller). A server that cannot keep the owner refuses
+// the metadata instead of ignoring it.
+#ifndef ATTNSERVE_SERVER_SECURITY_CALLER_H_
+#define ATTNSERVE_SERVER_SECURITY_CALLER_H_
 
 #include <array>
 #include <cstdint>
@@ -27,9 +39,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/server_context.h"
-#include "server/security/principal.h"
 
 namespace attnserve::server {
+
+struct Principal {
+  // The tenant's name from the --auth_tokens file; "" when authentication is off.
+  std::string tenant;
+  // Sees and acts on every tenant's sessions and is exempt from the tenant quotas. With
+  // authentication off every caller is the admin tenant "" (a single-tenant server).
+  bool is_admin = false;
+
+  // The caller when no --auth_tokens file is given.
+  static Principal Unauthenticated() { return {"", true}; }
+  // Whether this principal may see and act on a session owned by `owner`.
+  bool MayAccess(const std::string& owner) const { return is_admin || owner == tenant; }
+};
 
 // The bearer token in the file at `path` (its first line, surrounding whitespace trimmed), as a
 // client presents it: INVALID_ARGUMENT naming `flag` for an unreadable file, an empty token, one
@@ -59,7 +83,7 @@ class Authenticator {
   // The same for a token itself (the part after "Bearer ").
   absl::StatusOr<Principal> AuthenticateToken(absl::string_view token) const;
   // The principal of `tenant` when a token of the table belongs to it (a drain's admin acting for
-  // that tenant, server/security/acting_owner.h), else nullopt.
+  // that tenant, ActingPrincipal below), else nullopt.
   std::optional<Principal> FindTenant(absl::string_view tenant) const;
 
  private:
@@ -73,6 +97,19 @@ class Authenticator {
   std::vector<Entry> entries_;
 };
 
+inline constexpr char kOwnerMetadataKey[] = "x-attnserve-owner";
+
+// Who a call of `caller` acts as: `caller` itself without x-attnserve-owner (or when it names the
+// caller's own tenant), else the tenant it names, as the --auth_tokens file defines it. Refused:
+//   FAILED_PRECONDITION when this server does not authenticate callers (`authenticator` null or
+//     off): it has no owners to keep;
+//   PERMISSION_DENIED when `caller` is not an admin;
+//   INVALID_ARGUMENT when the metadata is sent more than once;
+//   FAILED_PRECONDITION for a tenant with no token here (it could never reach its session).
+absl::StatusOr<Principal> ActingPrincipal(const Authenticator* authenticator,
+                                          const Principal& caller,
+                                          const grpc::ServerContextBase& context);
+
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_SECURITY_AUTH_H_
+#endif  // ATTNSERVE_SERVER_SECURITY_CALLER_H_

@@ -1,9 +1,10 @@
-#include "server/security/auth.h"
+#include "server/security/caller.h"
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "kernels/base/clip_for_message.h"
 
 namespace attnserve::server {
 
@@ -57,13 +59,13 @@ absl::StatusOr<std::string> ReadBearerTokenFile(const std::string& path, absl::s
   }
   const std::string token(absl::StripAsciiWhitespace(line));
   if (token.empty() || token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, ": '", path, "' must hold a token of 1-", kMaxTokenBytes, " bytes on its first line"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", path, "' must hold a token of 1-",
+                                                   kMaxTokenBytes, " bytes on its first line"));
   }
   for (char c : token) {
     if (!absl::ascii_isgraph(static_cast<unsigned char>(c))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, ": the token in '", path, "' holds whitespace or a control character"));
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": the token in '", path,
+                                                     "' holds whitespace or a control character"));
     }
   }
   return token;
@@ -172,6 +174,38 @@ std::optional<Principal> Authenticator::FindTenant(absl::string_view tenant) con
     if (entry.principal.tenant == tenant) return entry.principal;
   }
   return std::nullopt;
+}
+
+absl::StatusOr<Principal> ActingPrincipal(const Authenticator* authenticator,
+                                          const Principal& caller,
+                                          const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  const auto range = metadata.equal_range(kOwnerMetadataKey);
+  if (range.first == range.second) return caller;
+  if (std::next(range.first) != range.second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOwnerMetadataKey, ": sent more than once; name one tenant"));
+  }
+  const absl::string_view owner(range.first->second.data(), range.first->second.size());
+  if (authenticator == nullptr || !authenticator->enabled()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kOwnerMetadataKey,
+        ": this server does not authenticate its callers (no --auth_tokens), "
+        "so it cannot keep a session's owner; move tenants' sessions to a server with tenants"));
+  }
+  if (owner == caller.tenant) return caller;
+  if (!caller.is_admin) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(kOwnerMetadataKey, ": only an admin token may act for another tenant"));
+  }
+  std::optional<Principal> acting = authenticator->FindTenant(owner);
+  if (!acting.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kOwnerMetadataKey, ": tenant '", ClipForMessage(owner),
+                     "' has no token on this server, so it could never reach a session kept for "
+                     "it here"));
+  }
+  return *acting;
 }
 
 }  // namespace attnserve::server
