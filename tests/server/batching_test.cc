@@ -17,9 +17,11 @@
 //    round by round), a lone stream's steps never wait for a batch to form, and a re-prefill's
 //    Release and Forward neither cut the batch being formed nor keep it waiting, and neither
 //    does a Forward that fails for having no items.
-//    Checked against broken schedulers (each mutation undone after):
-//    launching at once, or capping batches at 32, fails the batch-of-64 test; no batching at all
-//    (a cap of 1) fails the 32-stream test.
+//    Checked against broken schedulers (each mutation undone after): launching a batch at once
+//    fails the batch-of-64 test in every round and the re-prefill tests; capping batches at 32
+//    fails it in round 0 (the later rounds are left out as inconclusive: the cap's second part
+//    waits for the 1 s give-up); no batching at all (a cap of 1) fails the 32-stream test, which
+//    claims only that steps share engine calls and so passes the other two.
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
 //    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with
