@@ -18,10 +18,12 @@
 //    Release and Forward neither cut the batch being formed nor keep it waiting, and neither
 //    does a Forward that fails for having no items.
 //    Checked against broken schedulers (each mutation undone after): launching a batch at once
-//    fails the batch-of-64 test in every round and the re-prefill tests; capping batches at 32
-//    fails it in round 0 (the later rounds are left out as inconclusive: the cap's second part
-//    waits for the 1 s give-up); no batching at all (a cap of 1) fails the 32-stream test, which
-//    claims only that steps share engine calls and so passes the other two.
+//    fails the batch-of-64 test in every round and the two tests that a batch is not cut;
+//    capping batches at 32 fails it in round 0 (the later rounds are left out as inconclusive:
+//    the cap's second part waits for the 1 s give-up); no batching at all (a cap of 1) fails the
+//    32-stream test, which claims only that steps share engine calls and so passes the other
+//    two; a Release of the last awaited stream that does not launch the batch fails the test
+//    that it does.
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
 //    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with
@@ -34,6 +36,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,6 +52,18 @@ namespace attnserve::server_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Runs `f` when it goes out of scope.
+class RunAtExit {
+ public:
+  explicit RunAtExit(std::function<void()> f) : f_(std::move(f)) {}
+  RunAtExit(const RunAtExit&) = delete;
+  RunAtExit& operator=(const RunAtExit&) = delete;
+  ~RunAtExit() { f_(); }
+
+ private:
+  std::function<void()> f_;
+};
 
 
 // Elementwise |a - b| <= abs_tol + rel_tol * |b|; `identical` is set when the bytes are equal.
@@ -289,6 +304,15 @@ TEST_F(FullBatchTest, SixtyFourReadyStreamsDecodeInOneBatchOfSixtyFour) {
     absl::MutexLock lock(&mu);
     for (int s = from; s < to; ++s) allowed[s] = round + 1;
   };
+  // However the test ends, every stream is let through its rounds and joined: an ASSERT that
+  // returns early must not destroy a joinable std::thread (that aborts the binary, leaving its
+  // server running).
+  const RunAtExit join_streams([&] {
+    release(0, kStreams, kRounds - 1);
+    for (std::thread& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  });
 
   int conclusive = 0;
   for (int round = 0; round < kRounds; ++round) {
