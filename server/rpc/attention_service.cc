@@ -452,6 +452,12 @@ void AttentionServiceImpl::HandleForward(grpc::CallbackServerContext* context,
   Metrics& metrics = *metrics_;
   absl::Status ids = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
   if (ids.ok()) ids = CheckIdLength(request.call_id(), "call_id", kMaxCallIdBytes);
+  // Refused here, not in its turn: an op naming no request is an op on every request to the
+  // scheduler (a whole-session Release), so posting it would flush the batch being formed for a
+  // call that then fails.
+  if (ids.ok() && request.items_size() == 0) {
+    ids = absl::InvalidArgumentError("items: must not be empty");
+  }
   if (!ids.ok()) {
     FinishCall(call, metrics, Rpc::kForward, kNoVariant, timer, ToGrpc(ids));
     return;

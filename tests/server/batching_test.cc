@@ -15,7 +15,15 @@
 //    in two chunks, which rounds differently from the reference's one call as well.)
 //    Issue 23: 64 streams with their steps ready decode in one batch of 64 (the server's gauges,
 //    round by round), a lone stream's steps never wait for a batch to form, and a re-prefill's
-//    Release and Forward neither cut the batch being formed nor keep it waiting.
+//    Release and Forward neither cut the batch being formed nor keep it waiting, and neither
+//    does a Forward that fails for having no items.
+//    Checked against broken schedulers (each mutation undone after): launching a batch at once
+//    fails the batch-of-64 test in every round and the two tests that a batch is not cut;
+//    capping batches at 32 fails it in round 0 (the later rounds are left out as inconclusive:
+//    the cap's second part waits for the 1 s give-up); no batching at all (a cap of 1) fails the
+//    32-stream test, which claims only that steps share engine calls and so passes the other
+//    two; a Release of the last awaited stream that does not launch the batch fails the test
+//    that it does.
 // 2. Chunked prefill: an 8192-token Forward runs beside 4 decode streams on the same session.
 //    With --prefill_chunk_tokens=512 no decode step may wait longer than 8 mean prefill chunks
 //    (half the Forward's 16) plus 100 ms of slack (measured: ~2.7 mean chunks on an idle VM); with
@@ -27,6 +35,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -34,6 +44,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
 #include "tests/support/await_until.h"
 #include "tests/support/server_fixture.h"
 
@@ -41,6 +52,18 @@ namespace attnserve::server_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Runs `f` when it goes out of scope.
+class RunAtExit {
+ public:
+  explicit RunAtExit(std::function<void()> f) : f_(std::move(f)) {}
+  RunAtExit(const RunAtExit&) = delete;
+  RunAtExit& operator=(const RunAtExit&) = delete;
+  ~RunAtExit() { f_(); }
+
+ private:
+  std::function<void()> f_;
+};
 
 
 // Elementwise |a - b| <= abs_tol + rel_tol * |b|; `identical` is set when the bytes are equal.
@@ -281,6 +304,15 @@ TEST_F(FullBatchTest, SixtyFourReadyStreamsDecodeInOneBatchOfSixtyFour) {
     absl::MutexLock lock(&mu);
     for (int s = from; s < to; ++s) allowed[s] = round + 1;
   };
+  // However the test ends, every stream is let through its rounds and joined: an ASSERT that
+  // returns early must not destroy a joinable std::thread (that aborts the binary, leaving its
+  // server running).
+  const RunAtExit join_streams([&] {
+    release(0, kStreams, kRounds - 1);
+    for (std::thread& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  });
 
   int conclusive = 0;
   for (int round = 0; round < kRounds; ++round) {
@@ -368,15 +400,37 @@ class ReprefillTest : public ServerTest {
     ASSERT_TRUE(status.ok()) << Describe(status);
   }
 
-  // One step of `id` on its own thread (its answer comes when its batch runs).
-  std::thread StepAsync(const std::string& id, grpc::Status* status, v1::DecodeResponse* response) {
+  void TearDown() override {
+    JoinSteps();
+    ServerTest::TearDown();
+  }
+
+  // A step sent on its own thread; its answer comes when its batch runs.
+  struct AsyncStep {
+    grpc::Status status;
+    v1::DecodeResponse response;
+    std::thread thread;
+  };
+
+  // One step of `id` on its own thread. The fixture owns it and joins it however the test ends:
+  // an ASSERT that returns early (a broken scheduler) must not destroy a joinable std::thread,
+  // which aborts the binary and every test after it.
+  AsyncStep& StepAsync(const std::string& id) {
     v1::DecodeRequest request;
     request.set_session_id(session_);
     *request.add_items() = MakeDecodeItem(id, RandomHidden(1, spec_.d_model, rng_));
-    return std::thread([this, request, status, response] {
+    AsyncStep& step = steps_.emplace_back();
+    step.thread = std::thread([this, request, &step] {
       auto client = v1::AttentionService::NewStub(server().NewChannel());
-      *status = Decode(*client, request, response);
+      step.status = Decode(*client, request, &step.response);
     });
+    return step;
+  }
+
+  void JoinSteps() {
+    for (AsyncStep& step : steps_) {
+      if (step.thread.joinable()) step.thread.join();
+    }
   }
 
   absl::StatusOr<v1::BatchingStats> Batching() {
@@ -412,24 +466,22 @@ class ReprefillTest : public ServerTest {
   const LayerSpec spec_ = SmallBiasedGqa();
   std::mt19937_64 rng_{11};
   std::string session_;
+  std::deque<AsyncStep> steps_;  // A deque: a step's address stays put while its thread runs.
 };
 
 TEST_F(ReprefillTest, ReleaseAndForwardLeaveTheBatchBeingFormed) {
-  grpc::Status a_status, b_status;
-  v1::DecodeResponse a_response, b_response;
   const Clock::time_point start = Clock::now();
-  std::thread a = StepAsync("a", &a_status, &a_response);
+  AsyncStep& a = StepAsync("a");
   absl::StatusOr<v1::BatchingStats> before = AwaitWaiting(1);  // a waits for b (and d).
   ASSERT_TRUE(before.ok()) << before.status();
   Reprefill();
   absl::StatusOr<v1::BatchingStats> after_ops = Batching();
   const bool conclusive = Clock::now() - start < kGiveUp;
   // b comes back: every stream the last batch answered is here, so a and b run as one batch.
-  std::thread b = StepAsync("b", &b_status, &b_response);
-  a.join();
-  b.join();
-  ASSERT_TRUE(a_status.ok()) << Describe(a_status);
-  ASSERT_TRUE(b_status.ok()) << Describe(b_status);
+  AsyncStep& b = StepAsync("b");
+  JoinSteps();
+  ASSERT_TRUE(a.status.ok()) << Describe(a.status);
+  ASSERT_TRUE(b.status.ok()) << Describe(b.status);
   ASSERT_TRUE(after_ops.ok()) << after_ops.status();
   absl::StatusOr<v1::BatchingStats> end = Batching();
   ASSERT_TRUE(end.ok()) << end.status();
@@ -441,30 +493,62 @@ TEST_F(ReprefillTest, ReleaseAndForwardLeaveTheBatchBeingFormed) {
   EXPECT_EQ(end->decode_steps() - before->decode_steps(), 2);
 }
 
-TEST_F(ReprefillTest, ReleaseOfTheLastAwaitedStreamLaunchesTheBatch) {
-  grpc::Status a_status, b_status;
-  v1::DecodeResponse a_response, b_response;
+// A Forward without items names no request, which the scheduler reads as an op on every request
+// (as a whole-session Release is): posted as one, it flushed the batch being formed and launched a
+// alone, although the call then failed INVALID_ARGUMENT. It is refused before it reaches the
+// scheduler now, so a failed call leaves the batch as it was.
+TEST_F(ReprefillTest, AForwardWithoutItemsFailsWithoutCuttingTheBatch) {
   const Clock::time_point start = Clock::now();
-  std::thread a = StepAsync("a", &a_status, &a_response);
-  std::thread b = StepAsync("b", &b_status, &b_response);
+  AsyncStep& a = StepAsync("a");
+  absl::StatusOr<v1::BatchingStats> before = AwaitWaiting(1);  // a waits for b and d.
+  ASSERT_TRUE(before.ok()) << before.status();
+  v1::ForwardRequest empty;
+  empty.set_session_id(session_);
+  v1::ForwardResponse refused;
+  const grpc::Status status = Forward(stub(), empty, &refused);
+  absl::StatusOr<v1::BatchingStats> after_call = Batching();
+  const bool conclusive = Clock::now() - start < kGiveUp;
+  // b and d come back: a, b and d run as one batch.
+  AsyncStep& b = StepAsync("b");
+  AsyncStep& d = StepAsync("d");
+  JoinSteps();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(status);
+  EXPECT_THAT(status.error_message(), ::testing::HasSubstr("items: must not be empty"));
+  ASSERT_TRUE(a.status.ok()) << Describe(a.status);
+  ASSERT_TRUE(b.status.ok()) << Describe(b.status);
+  ASSERT_TRUE(d.status.ok()) << Describe(d.status);
+  ASSERT_TRUE(after_call.ok()) << after_call.status();
+  absl::StatusOr<v1::BatchingStats> end = Batching();
+  ASSERT_TRUE(end.ok()) << end.status();
+  if (!conclusive) GTEST_SKIP() << "the RPCs took longer than --max_queue_delay";
+  EXPECT_EQ(after_call->decode_batches(), before->decode_batches())
+      << "the failed Forward launched the batch being formed";
+  EXPECT_EQ(after_call->decode_steps_waiting(), 1);
+  EXPECT_EQ(end->decode_batches() - before->decode_batches(), 1);
+  EXPECT_EQ(end->decode_steps() - before->decode_steps(), 3);
+}
+
+TEST_F(ReprefillTest, ReleaseOfTheLastAwaitedStreamLaunchesTheBatch) {
+  const Clock::time_point start = Clock::now();
+  AsyncStep& a = StepAsync("a");
+  AsyncStep& b = StepAsync("b");
   absl::StatusOr<v1::BatchingStats> before = AwaitWaiting(2);  // a and b wait for d.
   ASSERT_TRUE(before.ok()) << before.status();
   // d's request is released: nothing is left to wait for, so a and b run then, before the
   // Release is answered, not at the give-up 1 s after they came back.
   Reprefill();
   const Clock::duration released = Clock::now() - start;
-  a.join();
-  b.join();
-  ASSERT_TRUE(a_status.ok()) << Describe(a_status);
-  ASSERT_TRUE(b_status.ok()) << Describe(b_status);
+  JoinSteps();
+  ASSERT_TRUE(a.status.ok()) << Describe(a.status);
+  ASSERT_TRUE(b.status.ok()) << Describe(b.status);
   absl::StatusOr<v1::BatchingStats> end = Batching();
   ASSERT_TRUE(end.ok()) << end.status();
   if (released >= kGiveUp) GTEST_SKIP() << "the RPCs took longer than --max_queue_delay";
   EXPECT_EQ(end->decode_batches() - before->decode_batches(), 1);
   EXPECT_EQ(end->decode_steps() - before->decode_steps(), 2);
   const int64_t released_ns = std::chrono::nanoseconds(released).count();
-  EXPECT_LT(a_response.timing().queue_ns(), released_ns) << "a waited for its give-up";
-  EXPECT_LT(b_response.timing().queue_ns(), released_ns) << "b waited for its give-up";
+  EXPECT_LT(a.response.timing().queue_ns(), released_ns) << "a waited for its give-up";
+  EXPECT_LT(b.response.timing().queue_ns(), released_ns) << "b waited for its give-up";
 }
 
 // A lone stream never waits for a batch to form, however long --max_queue_delay is: its request is

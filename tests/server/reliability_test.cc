@@ -118,14 +118,24 @@ int64_t RequestLength(v1::AttentionService::Stub& stub, const std::string& sessi
 
 // Issue item 1: 17 Forwards of 250 tokens under distinct call_ids, each leaving 64 MiB of output
 // retained for a retry (MQA, d_model 65536), under a 3 GiB address space: the process ran out of
-// memory (std::bad_alloc). Retained outputs are bounded now (--max_retained_output_bytes, 256 MiB
-// by default): the oldest are evicted, and a retry of an evicted call is refused, not re-run.
+// memory (std::bad_alloc). Retained outputs are bounded now (--max_retained_output_bytes): the
+// oldest are evicted, and a retry of an evicted call is refused, not re-run.
+// Scaled down (it took up to 150 s on a loaded machine, moving 2.2 GiB through gRPC): 32 calls of
+// 16 MiB outputs, a 32 MiB bound and a 1.375 GiB address space, of which the idle server reserves
+// about 0.95 GiB (thread stacks, malloc arenas); this test peaked at 1.05-1.07 GiB. Checked against a
+// store that never evicts (RetainedOutputs::Put's eviction loop disabled): the process then peaked
+// at 1.36 GiB, every Forward still succeeded (an output that cannot be copied is not retained,
+// Session::Commit), and the test failed where the retry of call-0 was answered from its output
+// instead of FAILED_PRECONDITION.
 TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
-  auto server = LimitedServer::Start({}, AddressSpace(3 * kGiB));
+  constexpr int64_t kTokens = 256;
+  constexpr int kCalls = 32;
+  auto server = LimitedServer::Start({absl::StrCat("--max_retained_output_bytes=", 32 * kMiB)},
+                                     AddressSpace(11 * kGiB / 8));
   ASSERT_NE(server, nullptr);
   LayerSpec spec;
   spec.variant = AttentionVariant::kMQA;
-  spec.d_model = 65536;
+  spec.d_model = 16384;  // 256 rows of 16384 floats: 16 MiB of output per call.
   spec.num_heads = 1;
   spec.num_kv_heads = 1;
   spec.head_dim = 8;
@@ -135,7 +145,7 @@ TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
   ASSERT_FALSE(session.empty());
 
   std::mt19937_64 rng(7);
-  const Tensor hidden = RandomHidden(250, spec.d_model, rng);
+  const Tensor hidden = RandomHidden(kTokens, spec.d_model, rng);
   const auto forward = [&](int i, v1::ForwardResponse* response) {
     v1::ForwardRequest request;
     request.set_session_id(session);
@@ -143,7 +153,6 @@ TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
     *request.add_items() = MakeForwardItem(absl::StrCat("r", i), hidden);
     return Forward(*server->stub, request, response);
   };
-  constexpr int kCalls = 17;
   v1::ForwardResponse last;
   for (int i = 0; i < kCalls; ++i) {
     v1::ForwardResponse response;
@@ -159,14 +168,14 @@ TEST(ReliabilityTest, RetainedOutputsAreBoundedUnderAMemoryLimit) {
   ASSERT_TRUE(status.ok()) << Describe(status);
   ASSERT_EQ(retried.results_size(), 1);
   EXPECT_EQ(retried.results(0).output().data(), last.results(0).output().data());
-  EXPECT_EQ(RequestLength(*server->stub, session, absl::StrCat("r", kCalls - 1)), 250);
+  EXPECT_EQ(RequestLength(*server->stub, session, absl::StrCat("r", kCalls - 1)), kTokens);
 
   // The oldest was evicted: its retry is refused naming the call_id, and does not run again.
   status = forward(0, &retried);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("call_id 'call-0' was already applied"));
   EXPECT_THAT(status.error_message(), HasSubstr("no longer retained"));
-  EXPECT_EQ(RequestLength(*server->stub, session, "r0"), 250);
+  EXPECT_EQ(RequestLength(*server->stub, session, "r0"), kTokens);
   server->ExpectUp();
 }
 
