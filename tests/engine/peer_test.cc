@@ -53,8 +53,11 @@ namespace fs = std::filesystem;
 constexpr double kMaxRelativeError = 1e-4;
 // With the KV cache in bf16 (compute stays fp32): every cached k and v is rounded to 8 significant
 // bits, 2^-9 = 2e-3 relative each, and the output inherits errors of that order through the
-// softmax weights and the value sum.
-constexpr double kMaxRelativeErrorBf16Kv = 1e-2;
+// softmax weights and the value sum. Largest for Gemma 2 at head_dim 256 (soft-capped, peaked
+// logits): 2.9e-3 to 9.0e-3 over 24 fresh seeds, and 1.09e-2 on one case a build generated (the
+// cases take a fresh seed per build, so a 1e-2 bound failed now and then). Bound 1.5x that worst
+// case, the CUDA layer's bf16 bound too; a wrong or stale cached row moves the output by far more.
+constexpr double kMaxRelativeErrorBf16Kv = 1.6e-2;
 // With 8-bit KV pages (kernels/kv/quantization.h; per-page, per-head power-of-two scales): each
 // cached value moves by at most one step of its page's final scale, int8 <= 1.6e-2 of its group's
 // absmax, fp8 <= 2^-4 relative (2^-3 after rescales). Measured on these cases (pages of 8): int8
