@@ -53,7 +53,8 @@ import numpy as np
 import torch
 
 from attnserve.v1 import attention_service_pb2 as pb
-from attnserve_client.client import AttnServeClient, AttnServeError, _bf16_bits_to_float
+from attnserve_client.client import (AttnServeClient, AttnServeError, LayerSpec,
+                                     _bf16_bits_to_float)
 
 # The name RemoteModel gives the model's attention implementation while it serves it: one that
 # transformers has no mask function for, so a step builds no attention mask (RemoteAttention
@@ -193,6 +194,8 @@ class RemoteModel:
         self.decode_client_cpu_seconds = 0.0
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
+        # Each decoder layer's spec as the server read it from config.json (LayerSpec).
+        self.layer_specs: List[LayerSpec] = []
         self.sessions = self._configure(client)
         self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
         for i, layer in enumerate(self._layers):
@@ -206,6 +209,7 @@ class RemoteModel:
             return self._configure_model_session(client)
         sessions: List[str] = []
         fingerprints: List[bytes] = []
+        specs = []
         d_model = self.model.config.hidden_size
         try:
             for i in range(len(self._layers)):
@@ -215,6 +219,7 @@ class RemoteModel:
                 sessions.append(result.session_id)
                 fingerprints.append(result.fingerprint)
                 spec = result.spec or client.get_session(result.session_id).spec
+                specs.append(spec)
                 if spec.d_model != d_model:
                     raise ValueError(f"layer {i}: the server's session has d_model "
                                      f"{spec.d_model}, the model {d_model}")
@@ -226,6 +231,7 @@ class RemoteModel:
                     pass
             raise
         self.fingerprints = fingerprints
+        self.layer_specs = specs
         return sessions
 
     def _configure_model_session(self, client: AttnServeClient) -> List[str]:
@@ -245,6 +251,7 @@ class RemoteModel:
             client.release(result.session_id)
             raise
         self.fingerprints = [result.fingerprint]
+        self.layer_specs = list(result.stack)
         return [result.session_id]
 
     # -- lifetime --
