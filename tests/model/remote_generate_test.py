@@ -26,10 +26,12 @@ their checkpoint relative to it. Prints one line per check and "remote_generate_
 """
 
 import argparse
+import json
 import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
 from attnserve_client import AttnServeClient  # noqa: E402
 from attnserve_client.client import LoopDecodeStream  # noqa: E402
-from attnserve_client.remote_model import GenerateStats, serve_attention  # noqa: E402
+from attnserve_client.remote_model import (  # noqa: E402
+    GenerateStats, deepseek_v2_yarn_mscale, serve_attention)
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 CHAT_QUESTIONS = [
@@ -274,6 +277,21 @@ GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
                 "truncate": False, "original_max_position_embeddings": 4096}
 
 
+def tiny_llama3():
+    """Llama 3.2-1B: GQA (32 : 8 heads), head_dim 64, rope_theta 5e5 with the llama3
+    rope_scaling (factor 32, low/high frequency factors 1 and 4 as released), no biases, tied
+    embeddings. The original context is shrunk as the widths are, from 8192 to 32: with 8192 the
+    scaled frequencies turn so little over 55 positions that no token changed (0 of 128 without
+    rope_scaling, measured), so the scaling would go untested."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        **{**TINY, "max_position_embeddings": 131072}))
+
+
 def tiny_mistral():
     """Mistral-7B-v0.1: GQA (32 : 8 heads), a sliding window on every layer (4096 there),
     head_dim absent (hidden / heads), rope_theta 1e4."""
@@ -381,14 +399,36 @@ def tiny_deepseek_v2():
         **{**TINY, "max_position_embeddings": 163840}))
 
 
+def tiny_deepseek_v3_yarn():
+    """DeepSeek-V3 as released: MLA with the low-rank query (q_lora_rank 1536), interleaved
+    RoPE, YaRN factor 40 with mscale = mscale_all_dim = 1 (transformers' DeepseekV3Attention
+    scales the softmax by mscale^2, as attnserve does), a dense first layer then MoE; the
+    multi-token-prediction layer count as released (ignored by both)."""
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_shared_experts=1,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, rope_theta=10000.0, rope_interleave=True,
+        rope_scaling=dict(V3_YARN), rms_norm_eps=1e-6, tie_word_embeddings=False,
+        **{**TINY, "max_position_embeddings": 163840}))
+
+
+V3_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+           "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
 def deepseek_v2_softmax_scale(model):
     """DeepSeek's own softmax scale under YaRN (modeling_deepseek.py, and transformers'
     DeepseekV3Attention): 1/sqrt(qk_head_dim) x mscale(factor, mscale_all_dim)^2, which
     transformers' DeepseekV2Attention leaves out and attnserve applies (kernels/model/
-    hf_config.h). Applied to the reference model's attention modules; returns the factor."""
+    hf_config.h). Applied to the reference model's attention modules; returns the factor,
+    computed here from its definition (the client's deepseek_v2_yarn_mscale must agree)."""
     scaling = model.config.rope_scaling
-    factor, all_dim = scaling["factor"], scaling.get("mscale_all_dim") or 0
-    mscale = 0.1 * all_dim * math.log(factor) + 1.0 if all_dim and factor > 1 else 1.0
+    mscale = 0.1 * scaling["mscale_all_dim"] * math.log(scaling["factor"]) + 1.0
+    if abs(deepseek_v2_yarn_mscale(model.config) - mscale * mscale) > 1e-12:
+        failures.append(f"deepseek_v2_yarn_mscale: {deepseek_v2_yarn_mscale(model.config)}, "
+                        f"expected {mscale * mscale}")
     for layer in model.model.layers:
         layer.self_attn.scaling *= mscale * mscale
     return mscale * mscale
@@ -421,6 +461,7 @@ def spec_summary(spec):
 # in order: the test is only as good as the features it exercises), extra checks). Extra checks
 # beyond alone and batched: "move" (a batched generation moved to the second server mid-way).
 FAMILIES = {
+    "llama3-tiny": (tiny_llama3, ["gqa, rope llama3"] * 2, ()),
     "mistral-tiny": (tiny_mistral, ["gqa, window 16"] * 2, ()),
     "mixtral-tiny": (tiny_mixtral, ["gqa"] * 2, ()),
     "qwen2-tiny": (tiny_qwen2, ["gqa, bias qkv"] * 2, ()),
@@ -432,6 +473,24 @@ FAMILIES = {
     "gpt-oss-tiny": (tiny_gpt_oss, ["gqa, window 8, bias qkv+o, sinks, rope yarn",
                                     "gqa, bias qkv+o, sinks, rope yarn"], ("move",)),
     "deepseek-v2-tiny": (tiny_deepseek_v2, ["mla, rope yarn"] * 2, ()),
+    "deepseek-v3-yarn-tiny": (tiny_deepseek_v3_yarn, ["mla, rope yarn"] * 2, ()),
+}
+
+# Keys of the released config.json that the config class does not write (save_pretrained writes
+# the class's own), added to the saved file so that the server reads the file as released: gpt-oss
+# quantizes only its experts (mxfp4) and lists the attention among the modules left unconverted;
+# Gemma 2 (27B) carries the early alias sliding_window_size and the hybrid cache; Qwen2.5 says
+# use_mrope false; gpt-oss keeps its experts_per_token / initial_context_length / swiglu_limit;
+# DeepSeek-V3 its multi-token-prediction layer count.
+RELEASED_KEYS = {
+    "gemma2-tiny": {"sliding_window_size": WINDOW // 2, "cache_implementation": "hybrid"},
+    "qwen2-tiny": {"use_mrope": False},
+    "gpt-oss-tiny": {
+        "quantization_config": {"modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+            "lm_head"], "quant_method": "mxfp4"},
+        "experts_per_token": 2, "initial_context_length": 4096, "swiglu_limit": 7.0},
+    "deepseek-v3-yarn-tiny": {"num_nextn_predict_layers": 1},
 }
 
 
@@ -453,7 +512,15 @@ def run_family(name, model, prompts, client, client2, want_specs, extra):
     print(f"{name}: reference generate() {sum(map(len, want))} tokens in "
           f"{time.perf_counter() - start:.1f} s (smallest top-1/top-2 logit margin {margin:.3g})",
           flush=True)
-    with serve_attention(model, client, name) as remote:
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        remote = serve_attention(model, client, name)
+    # The client warns exactly where its text is not transformers' (DeepSeek-V2 under YaRN).
+    expect_warning = deepseek_v2_yarn_mscale(model.config) != 1.0
+    if any("mscale" in str(w.message) for w in warned) != expect_warning:
+        failures.append(f"{name}: the client {'did not warn' if expect_warning else 'warned'} "
+                        "about DeepSeek-V2's softmax scale")
+    with remote:
         got_specs = [spec_summary(s) for s in remote.layer_specs]
         print(f"  {name} layers: {got_specs}", flush=True)
         if got_specs != want_specs:
@@ -482,17 +549,25 @@ def families(args, client, client2):
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
         model.save_pretrained(Path(args.models_dir) / name, safe_serialization=True)
+        if name in RELEASED_KEYS:
+            config_path = Path(args.models_dir) / name / "config.json"
+            config = json.loads(config_path.read_text())
+            config.update(RELEASED_KEYS[name])
+            config_path.write_text(json.dumps(config, indent=2))
         if name == "deepseek-v2-tiny":
             # The reference is DeepSeek's softmax scale, which attnserve serves; transformers'
             # own DeepseekV2Attention (without it) is reported, not compared.
             own, _ = reference(model, prompts, NEW_TOKENS)
             factor = deepseek_v2_softmax_scale(model)
-            print(f"{name}: reference with DeepSeek's softmax scale (x{factor:.4f}); "
-                  f"transformers' DeepseekV2Attention without it would differ", flush=True)
+            print(f"{name}: the reference has DeepSeek's softmax scale (x{factor:.4f} over "
+                  "transformers' DeepseekV2Attention's)", flush=True)
             want = run_family(name, model, prompts, client, client2, want_specs, extra)
             differ = sum(a != b for o, w in zip(own, want) for a, b in zip(o, w))
             print(f"  {name}: transformers' own scale gives {differ} of "
                   f"{sum(map(len, want))} tokens otherwise", flush=True)
+            if differ == 0:  # Else the test would not tell the two scales apart.
+                failures.append(f"{name}: DeepSeek's and transformers' scales give the same "
+                                "tokens")
         else:
             run_family(name, model, prompts, client, client2, want_specs, extra)
         print(f"{name}: {time.perf_counter() - started:.1f} s", flush=True)

@@ -42,9 +42,11 @@ prompt joins (prefilled in the same step as the others decode). Greedy by defaul
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -128,6 +130,24 @@ class GenerateStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def deepseek_v2_yarn_mscale(config) -> float:
+    """The factor by which DeepSeek's own code (and attnserve, and transformers'
+    DeepseekV3Attention) multiply a DeepSeek-V2 layer's softmax scale under YaRN,
+    mscale(factor, mscale_all_dim)^2, and which transformers' DeepseekV2Attention leaves out
+    (kernels/model/hf_config.h); 1.0 where the two agree (not DeepSeek-V2, no YaRN, no
+    mscale_all_dim). The released DeepSeek-V2 checkpoints have it (1.59 for V2-Lite's factor 40,
+    mscale_all_dim 0.707), so their text through attnserve is DeepSeek's, not transformers'."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    if getattr(config, "model_type", "") != "deepseek_v2" or \
+            scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    factor, all_dim = float(scaling.get("factor") or 1.0), float(scaling.get("mscale_all_dim") or 0)
+    if not all_dim or factor <= 1:
+        return 1.0
+    mscale = 0.1 * all_dim * math.log(factor) + 1.0
+    return mscale * mscale
+
+
 def _decoder_layers(model) -> Sequence[torch.nn.Module]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     layers = getattr(decoder, "layers", None)
@@ -203,6 +223,12 @@ class RemoteModel:
         # No attention masks while served (see _ATTN_IMPLEMENTATION); close() puts it back.
         self._attn_implementation = model.config._attn_implementation
         model.config._attn_implementation = _ATTN_IMPLEMENTATION
+        mscale = deepseek_v2_yarn_mscale(model.config)
+        if mscale != 1.0:
+            warnings.warn(f"DeepSeek-V2 with YaRN mscale_all_dim: attnserve scales the softmax by "
+                          f"mscale^2 = {mscale:.4f} as DeepSeek's own code does, which "
+                          "transformers' DeepseekV2Attention omits; the text will be DeepSeek's, "
+                          "not that of this model's generate()", stacklevel=3)
 
     def _configure(self, client: AttnServeClient) -> List[str]:
         if self.one_session:
