@@ -8,8 +8,15 @@ for token against transformers' own generate() on the same float32 weights.
   --case tiny      tiny random models saved into --models_dir: Gemma 3 text (6 layers, 5 sliding
                    (window 8) : 1 global, q/k norms, two RoPE bases) and DeepSeek-V3 (MLA, a dense
                    layer and an MoE layer); 4 prompts of random token ids, 7 to 23 tokens, greedy.
+  --case families  one tiny random model per further family the client claims (FAMILIES: Llama 3,
+                   Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, gpt-oss, DeepSeek-V2,
+                   DeepSeek-V3 with YaRN), each with its released config's attention keys (sizes
+                   and the Llama 3 context shrunk): each prompt alone and all batched, and Gemma 2
+                   and gpt-oss moved mid-way; each layer's spec as the server read it is checked
+                   too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
+                   deepseek_v2_softmax_scale).
 
-For every model: each prompt alone, all prompts in one batch, and continuous batching with
+For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous batching with
 max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
 generate() on each prompt alone. Decode steps go over DecodeStream (one message per layer per
 step); the batch is also run as two overlapped micro-batches (batched, and continuous with

@@ -29,10 +29,13 @@ server (move_to) happens between steps: a model session's request travels whole 
 layer's pages in one ExportRequest), one session per layer's one request per layer.
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
-`(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc): Llama,
-Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3 (text), DeepSeek-V2/V3 (MLA). Tested
-token for token against transformers' generate(): Llama (SmolLM2-135M-Instruct), Gemma 3 text
-(tiny random, 5 local : 1 global) and DeepSeek-V3 (tiny random, MLA); see tests/model/.
+`(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc). Tested
+token for token against transformers' generate() (tests/model/): Llama (SmolLM2-135M-Instruct,
+and a tiny Llama 3), and tiny random Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2,
+Gemma 3 (text), gpt-oss, DeepSeek-V2 and DeepSeek-V3 (MLA). DeepSeek-V2 under YaRN with
+mscale_all_dim (every released V2) gets DeepSeek's softmax scale, which transformers'
+DeepseekV2Attention omits: its text is DeepSeek's, and serve_attention warns
+(deepseek_v2_yarn_mscale).
 
 `RemoteModel.generate` is continuous batching: up to `max_batch` prompts run together; a prompt
 leaves (its requests released) when it reaches `max_new_tokens` or an EOS token, and a waiting
