@@ -16,13 +16,14 @@ for token against transformers' own generate() on the same float32 weights.
                    too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
                    deepseek_v2_softmax_scale).
 
-For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous batching with
-max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
-generate() on each prompt alone. Decode steps go over DecodeStream (one message per layer per
-step); the batch is also run as two overlapped micro-batches (batched, and continuous with
-max_batch=3), with unary Decode calls instead of the stream, and (tiny models) against a server
-that refuses DecodeStream, so that the client falls back to unary calls: all token-identical. With --server2 (a second server with the same checkpoint root),
-a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
+For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous
+batching with max_batch=2 (prompts join as others leave) must give exactly the reference tokens,
+which are generate() on each prompt alone. Decode steps go over DecodeStream (one message per
+layer per step); the batch is also run as two overlapped micro-batches (batched, and continuous
+with max_batch=3), with unary Decode calls instead of the stream, and (tiny models) against a
+server that refuses DecodeStream, so that the client falls back to unary calls: all
+token-identical. With --server2 (a second server with the same checkpoint root), a batched
+generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
 ImportRequest of every request) and must continue identically. Every check serves the model from
 one model session per server (serve_attention's default): the move carries each request's pages
 of every layer in one export. Gemma 3 tiny also moves once from one session per layer
