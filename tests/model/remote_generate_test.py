@@ -8,14 +8,22 @@ for token against transformers' own generate() on the same float32 weights.
   --case tiny      tiny random models saved into --models_dir: Gemma 3 text (6 layers, 5 sliding
                    (window 8) : 1 global, q/k norms, two RoPE bases) and DeepSeek-V3 (MLA, a dense
                    layer and an MoE layer); 4 prompts of random token ids, 7 to 23 tokens, greedy.
+  --case families  one tiny random model per further family the client claims (FAMILIES: Llama 3,
+                   Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, gpt-oss, DeepSeek-V2,
+                   DeepSeek-V3 with YaRN), each with its released config's attention keys (sizes
+                   and the Llama 3 context shrunk): each prompt alone and all batched, and Gemma 2
+                   and gpt-oss moved mid-way; each layer's spec as the server read it is checked
+                   too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
+                   deepseek_v2_softmax_scale).
 
-For every model: each prompt alone, all prompts in one batch, and continuous batching with
-max_batch=2 (prompts join as others leave) must give exactly the reference tokens, which are
-generate() on each prompt alone. Decode steps go over DecodeStream (one message per layer per
-step); the batch is also run as two overlapped micro-batches (batched, and continuous with
-max_batch=3), with unary Decode calls instead of the stream, and (tiny models) against a server
-that refuses DecodeStream, so that the client falls back to unary calls: all token-identical. With --server2 (a second server with the same checkpoint root),
-a batched generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
+For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous
+batching with max_batch=2 (prompts join as others leave) must give exactly the reference tokens,
+which are generate() on each prompt alone. Decode steps go over DecodeStream (one message per
+layer per step); the batch is also run as two overlapped micro-batches (batched, and continuous
+with max_batch=3), with unary Decode calls instead of the stream, and (tiny models) against a
+server that refuses DecodeStream, so that the client falls back to unary calls: all
+token-identical. With --server2 (a second server with the same checkpoint root), a batched
+generation is also moved to it mid-way (RemoteModel.move_to: ExportRequest ->
 ImportRequest of every request) and must continue identically. Every check serves the model from
 one model session per server (serve_attention's default): the move carries each request's pages
 of every layer in one export. Gemma 3 tiny also moves once from one session per layer
@@ -26,9 +34,12 @@ their checkpoint relative to it. Prints one line per check and "remote_generate_
 """
 
 import argparse
+import json
+import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
 from attnserve_client import AttnServeClient  # noqa: E402
 from attnserve_client.client import LoopDecodeStream  # noqa: E402
-from attnserve_client.remote_model import GenerateStats, serve_attention  # noqa: E402
+from attnserve_client.remote_model import (  # noqa: E402
+    GenerateStats, deepseek_v2_yarn_mscale, serve_attention)
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 CHAT_QUESTIONS = [
@@ -258,6 +270,317 @@ def tiny(args, client, client2):
         stream_fallback(name, model, prompts, client, want)
 
 
+# --case families: one tiny random model per family the client claims, its attention keys as in
+# the family's released config.json (sizes shrunk; tests/peer/make_peer_cases.py and
+# make_config_variants.py check the same keys one layer at a time), float32, eager attention.
+FAMILY_VOCAB = 256
+TINY = dict(vocab_size=FAMILY_VOCAB, initializer_range=0.1, attn_implementation="eager",
+            eos_token_id=None, bos_token_id=None, pad_token_id=0, max_position_embeddings=512)
+# Windows that the prompts (7 to 23 tokens) plus 32 new tokens cross.
+WINDOW = 16
+# DeepSeek-V2-Lite's and gpt-oss's rope_scaling as released (config.json on the Hub).
+V2_LITE_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
+GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def tiny_llama3():
+    """Llama 3.2-1B: GQA (32 : 8 heads), head_dim 64, rope_theta 5e5 with the llama3
+    rope_scaling (factor 32, low/high frequency factors 1 and 4 as released), no biases, tied
+    embeddings. The original context is shrunk as the widths are, from 8192 to 32: with 8192 the
+    scaled frequencies turn so little over 55 positions that no token changed (0 of 128 without
+    rope_scaling, measured), so the scaling would go untested."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+        attention_bias=False, mlp_bias=False, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        **{**TINY, "max_position_embeddings": 131072}))
+
+
+def tiny_mistral():
+    """Mistral-7B-v0.1: GQA (32 : 8 heads), a sliding window on every layer (4096 there),
+    head_dim absent (hidden / heads), rope_theta 1e4."""
+    return transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=WINDOW, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, **TINY))
+
+
+def tiny_mixtral():
+    """Mixtral-8x7B: Mistral's attention without a window (sliding_window null), rope_theta
+    1e6; 8 experts, 2 per token (here 4 and 2)."""
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=None, rope_theta=1000000.0, num_local_experts=4,
+        num_experts_per_tok=2, rms_norm_eps=1e-5, tie_word_embeddings=False, **TINY))
+
+
+def tiny_qwen2():
+    """Qwen2.5: biases on q, k and v (not o), GQA (14 : 2 heads in 0.5B), rope_theta 1e6,
+    use_sliding_window false (the window settings unused), tied embeddings."""
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=1000000.0, use_sliding_window=False,
+        sliding_window=32768, max_window_layers=24, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        **TINY))
+
+
+def tiny_qwen3():
+    """Qwen3-0.6B: per-head RMS q/k norms, head_dim 128 with 16 x 128 != hidden 1024 (here 4 x
+    32 != 64), GQA 16 : 8, no biases, rope_theta 1e6, use_sliding_window false, tied
+    embeddings."""
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        attention_bias=False, use_sliding_window=False, sliding_window=None,
+        max_window_layers=28, tie_word_embeddings=True, **TINY))
+
+
+def tiny_qwen3_moe():
+    """Qwen3-30B-A3B: Qwen3's attention (q/k norms, head_dim 128 x 32 heads != 2048, GQA 32 : 4)
+    with MoE MLPs (128 experts, 8 per token; here 4 and 2)."""
+    return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        use_sliding_window=False, max_window_layers=48, tie_word_embeddings=False, **TINY))
+
+
+def tiny_gemma2():
+    """Gemma 2 (27B's attention keys): alternating sliding (even layers) and global layers,
+    attn_logit_softcapping 50, final_logit_softcapping 30, query_pre_attn_scalar = hidden / heads
+    (144 there, head_dim 128; here 24, head_dim 32), GQA 2 : 1. The q/k projections are scaled by
+    GEMMA2_QK_GAIN so that scores reach the cap's bend (random weights stay far below 50)."""
+    model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        hidden_size=96, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, sliding_window=WINDOW // 2,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+        rms_norm_eps=1e-6, **TINY))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(GEMMA2_QK_GAIN)
+            layer.self_attn.k_proj.weight.mul_(GEMMA2_QK_GAIN)
+    return model
+
+
+GEMMA2_QK_GAIN = 4.0
+
+
+def tiny_phi3():
+    """Phi-3: the fused qkv_proj, a sliding window on every layer (Phi-3-mini: 2047),
+    partial_rotary_factor 0.75 (Phi-4-mini's; its LongRoPE is refused by attnserve), rope_theta
+    1e4, GQA (Phi-3-medium's 40 : 10)."""
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, partial_rotary_factor=0.75, sliding_window=WINDOW,
+        rope_theta=10000.0, rope_scaling=None, original_max_position_embeddings=4096,
+        tie_word_embeddings=False, **TINY))
+
+
+def tiny_gpt_oss():
+    """gpt-oss-20b: learned sinks, biases on q/k/v/o, alternating sliding (128 there) and full
+    layers, YaRN as released (factor 32 over 4096, truncate false), rope_theta 1.5e5, head_dim
+    64 x 64 heads != hidden 2880 (here 48 x 4 != 128), GQA 64 : 8, MoE (32 experts, 4 per
+    token; here 4 and 2)."""
+    return transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=48, sliding_window=WINDOW // 2, rope_theta=150000.0,
+        rope_scaling=dict(GPT_OSS_YARN), num_local_experts=4, num_experts_per_tok=2,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+        **{**TINY, "max_position_embeddings": 131072}))
+
+
+def tiny_deepseek_v2():
+    """DeepSeek-V2-Lite: MLA with a plain q_proj (q_lora_rank null), YaRN as released (factor
+    40, mscale = mscale_all_dim = 0.707), a dense first layer then MoE (shared + routed,
+    greedy top-k)."""
+    return transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_shared_experts=2,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, topk_method="greedy",
+        first_k_dense_replace=1, rope_theta=10000.0, rope_scaling=dict(V2_LITE_YARN),
+        rms_norm_eps=1e-6, tie_word_embeddings=False,
+        **{**TINY, "max_position_embeddings": 163840}))
+
+
+def tiny_deepseek_v3_yarn():
+    """DeepSeek-V3 as released: MLA with the low-rank query (q_lora_rank 1536), interleaved
+    RoPE, YaRN factor 40 with mscale = mscale_all_dim = 1 (transformers' DeepseekV3Attention
+    scales the softmax by mscale^2, as attnserve does), a dense first layer then MoE; the
+    multi-token-prediction layer count as released (ignored by both)."""
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_shared_experts=1,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, rope_theta=10000.0, rope_interleave=True,
+        rope_scaling=dict(V3_YARN), rms_norm_eps=1e-6, tie_word_embeddings=False,
+        **{**TINY, "max_position_embeddings": 163840}))
+
+
+V3_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+           "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def deepseek_v2_softmax_scale(model):
+    """DeepSeek's own softmax scale under YaRN (modeling_deepseek.py, and transformers'
+    DeepseekV3Attention): 1/sqrt(qk_head_dim) x mscale(factor, mscale_all_dim)^2, which
+    transformers' DeepseekV2Attention leaves out and attnserve applies (kernels/model/
+    hf_config.h). Applied to the reference model's attention modules; returns the factor,
+    computed here from its definition (the client's deepseek_v2_yarn_mscale must agree)."""
+    scaling = model.config.rope_scaling
+    mscale = 0.1 * scaling["mscale_all_dim"] * math.log(scaling["factor"]) + 1.0
+    if abs(deepseek_v2_yarn_mscale(model.config) - mscale * mscale) > 1e-12:
+        failures.append(f"deepseek_v2_yarn_mscale: {deepseek_v2_yarn_mscale(model.config)}, "
+                        f"expected {mscale * mscale}")
+    for layer in model.model.layers:
+        layer.self_attn.scaling *= mscale * mscale
+    return mscale * mscale
+
+
+def spec_summary(spec):
+    """The attention features of one layer's spec the server read from config.json."""
+    parts = [spec.variant]
+    if spec.sliding_window:
+        parts.append(f"window {spec.sliding_window}")
+    if spec.qkv_bias or spec.o_bias:
+        parts.append("bias " + "+".join(n for n, on in (("qkv", spec.qkv_bias),
+                                                         ("o", spec.o_bias)) if on))
+    if spec.qk_norm != "none":
+        parts.append(f"qk_norm {spec.qk_norm}")
+    if spec.attn_logit_softcapping:
+        parts.append(f"softcap {spec.attn_logit_softcapping:g}")
+    if spec.attention_sinks:
+        parts.append("sinks")
+    if spec.rotary_dim:
+        parts.append(f"rotary_dim {spec.rotary_dim}")
+    if spec.softmax_scale:
+        parts.append(f"scale {spec.softmax_scale:.4g}")
+    if spec.rope_scaling is not None and spec.rope_scaling.type not in ("", "none"):
+        parts.append(f"rope {spec.rope_scaling.type}")
+    return ", ".join(parts)
+
+
+# name -> (maker, the layers' spec features the server must read (spec_summary of each layer,
+# in order: the test is only as good as the features it exercises), extra checks). Extra checks
+# beyond alone and batched: "move" (a batched generation moved to the second server mid-way).
+FAMILIES = {
+    "llama3-tiny": (tiny_llama3, ["gqa, rope llama3"] * 2, ()),
+    "mistral-tiny": (tiny_mistral, ["gqa, window 16"] * 2, ()),
+    "mixtral-tiny": (tiny_mixtral, ["gqa"] * 2, ()),
+    "qwen2-tiny": (tiny_qwen2, ["gqa, bias qkv"] * 2, ()),
+    "qwen3-tiny": (tiny_qwen3, ["gqa, qk_norm rms"] * 2, ()),
+    "qwen3-moe-tiny": (tiny_qwen3_moe, ["gqa, qk_norm rms"] * 2, ()),
+    "gemma2-tiny": (tiny_gemma2, ["gqa, window 8, softcap 50, scale 0.2041",
+                                  "gqa, softcap 50, scale 0.2041"] * 2, ("move",)),
+    "phi3-tiny": (tiny_phi3, ["gqa, window 16, rotary_dim 24"] * 2, ()),
+    "gpt-oss-tiny": (tiny_gpt_oss, ["gqa, window 8, bias qkv+o, sinks, rope yarn",
+                                    "gqa, bias qkv+o, sinks, rope yarn"], ("move",)),
+    "deepseek-v2-tiny": (tiny_deepseek_v2, ["mla, rope yarn"] * 2, ()),
+    "deepseek-v3-yarn-tiny": (tiny_deepseek_v3_yarn, ["mla, rope yarn"] * 2, ()),
+}
+
+# Keys of the released config.json that the config class does not write (save_pretrained writes
+# the class's own), added to the saved file so that the server reads the file as released: gpt-oss
+# quantizes only its experts (mxfp4) and lists the attention among the modules left unconverted;
+# Gemma 2 (27B) carries the early alias sliding_window_size and the hybrid cache; Qwen2.5 says
+# use_mrope false; gpt-oss keeps its experts_per_token / initial_context_length / swiglu_limit;
+# DeepSeek-V3 its multi-token-prediction layer count.
+RELEASED_KEYS = {
+    "gemma2-tiny": {"sliding_window_size": WINDOW // 2, "cache_implementation": "hybrid"},
+    "qwen2-tiny": {"use_mrope": False},
+    "gpt-oss-tiny": {
+        "quantization_config": {"modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+            "lm_head"], "quant_method": "mxfp4"},
+        "experts_per_token": 2, "initial_context_length": 4096, "swiglu_limit": 7.0},
+    "deepseek-v3-yarn-tiny": {"num_nextn_predict_layers": 1},
+}
+
+
+def randomize_attention_biases(model):
+    """U(-0.5, 0.5) for every bias of the attention modules (Qwen2's q/k/v, gpt-oss's q/k/v/o):
+    transformers initializes them to zero, which would leave them untested."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for module in layer.self_attn.modules():
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    module.bias.uniform_(-0.5, 0.5)
+
+
+def run_family(name, model, prompts, client, client2, want_specs, extra):
+    """Each prompt alone and all batched (decode over the stream), token-identical to
+    generate() on each prompt alone; `extra` as in FAMILIES."""
+    start = time.perf_counter()
+    want, margin = reference(model, prompts, NEW_TOKENS)
+    print(f"{name}: reference generate() {sum(map(len, want))} tokens in "
+          f"{time.perf_counter() - start:.1f} s (smallest top-1/top-2 logit margin {margin:.3g})",
+          flush=True)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        remote = serve_attention(model, client, name)
+    # The client warns exactly where its text is not transformers' (DeepSeek-V2 under YaRN).
+    expect_warning = deepseek_v2_yarn_mscale(model.config) != 1.0
+    if any("mscale" in str(w.message) for w in warned) != expect_warning:
+        failures.append(f"{name}: the client {'did not warn' if expect_warning else 'warned'} "
+                        "about DeepSeek-V2's softmax scale")
+    with remote:
+        got_specs = [spec_summary(s) for s in remote.layer_specs]
+        print(f"  {name} layers: {got_specs}", flush=True)
+        if got_specs != want_specs:
+            failures.append(f"{name}: the server read layers {got_specs}, expected {want_specs}")
+        check(f"{name} alone", [remote.generate([p], NEW_TOKENS)[0] for p in prompts], want)
+        check(f"{name} batched x{len(prompts)}", remote.generate(prompts, NEW_TOKENS), want)
+        if remote.stream_messages == 0 or remote.stream_fallbacks != 0:
+            failures.append(f"{name}: decode steps did not go over DecodeStream")
+    if "move" in extra and client2 is not None:
+        check_move(name, model, name, prompts, client, client2, want, NEW_TOKENS, True)
+    return want
+
+
+def families(args, client, client2):
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, FAMILY_VOCAB, (n,), generator=generator).tolist()
+               for n in (7, 23, 12, 16)]
+    only = set(args.only.split(",")) if args.only else None
+    for name, (make, want_specs, extra) in FAMILIES.items():
+        if only is not None and name not in only:
+            continue
+        started = time.perf_counter()
+        torch.manual_seed(1)
+        model = make().to(torch.float32).eval()
+        randomize_attention_biases(model)
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        model.save_pretrained(Path(args.models_dir) / name, safe_serialization=True)
+        if name in RELEASED_KEYS:
+            config_path = Path(args.models_dir) / name / "config.json"
+            config = json.loads(config_path.read_text())
+            config.update(RELEASED_KEYS[name])
+            config_path.write_text(json.dumps(config, indent=2))
+        if name == "deepseek-v2-tiny":
+            # The reference is DeepSeek's softmax scale, which attnserve serves; transformers'
+            # own DeepseekV2Attention (without it) is reported, not compared.
+            own, _ = reference(model, prompts, NEW_TOKENS)
+            factor = deepseek_v2_softmax_scale(model)
+            print(f"{name}: the reference has DeepSeek's softmax scale (x{factor:.4f} over "
+                  "transformers' DeepseekV2Attention's)", flush=True)
+            want = run_family(name, model, prompts, client, client2, want_specs, extra)
+            differ = sum(a != b for o, w in zip(own, want) for a, b in zip(o, w))
+            print(f"  {name}: transformers' own scale gives {differ} of "
+                  f"{sum(map(len, want))} tokens otherwise", flush=True)
+            if differ == 0:  # Else the test would not tell the two scales apart.
+                failures.append(f"{name}: DeepSeek's and transformers' scales give the same "
+                                "tokens")
+        else:
+            run_family(name, model, prompts, client, client2, want_specs, extra)
+        print(f"{name}: {time.perf_counter() - started:.1f} s", flush=True)
+
+
 def stream_fallback(name, model, prompts, client, want):
     """A server that does not serve DecodeStream: the client's stream names a method the server
     lacks, so the server itself answers its first message UNIMPLEMENTED (it never ran); the
@@ -279,15 +602,18 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--server2", default="")
-    parser.add_argument("--case", choices=("smollm2", "tiny"), required=True)
+    parser.add_argument("--case", choices=("smollm2", "tiny", "families"), required=True)
     parser.add_argument("--models_dir", required=True)
+    parser.add_argument("--only", default="",
+                        help="--case families: these families only (comma-separated names)")
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
     with AttnServeClient(args.server, timeout_s=120) as client:
         client2 = AttnServeClient(args.server2, timeout_s=120) if args.server2 else None
         try:
-            (smollm2 if args.case == "smollm2" else tiny)(args, client, client2)
+            {"smollm2": smollm2, "tiny": tiny, "families": families}[args.case](
+                args, client, client2)
         finally:
             if client2 is not None:
                 client2.close()

@@ -7,7 +7,8 @@
 #
 # Usage: tests/model/remote_model_test.sh SERVER_BINARY PYTHON CASE [MODELS_DIR]
 #   CASE smollm2: MODELS_DIR holds SmolLM2-135M-Instruct (the model_smollm2_convert fixture
-#   converts it there); CASE tiny: the tiny random models are written into a scratch directory.
+#   converts it there); CASE tiny or families: the tiny random models are written into a scratch
+#   directory.
 set -euo pipefail
 
 readonly SERVER="${1:?usage: $0 SERVER_BINARY PYTHON CASE [MODELS_DIR]}"

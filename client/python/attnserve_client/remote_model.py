@@ -29,10 +29,13 @@ server (move_to) happens between steps: a model session's request travels whole 
 layer's pages in one ExportRequest), one session per layer's one request per layer.
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
-`(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc): Llama,
-Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3 (text), DeepSeek-V2/V3 (MLA). Tested
-token for token against transformers' generate(): Llama (SmolLM2-135M-Instruct), Gemma 3 text
-(tiny random, 5 local : 1 global) and DeepSeek-V3 (tiny random, MLA); see tests/model/.
+`(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc). Tested
+token for token against transformers' generate() (tests/model/): Llama (SmolLM2-135M-Instruct,
+and a tiny Llama 3), and tiny random Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2,
+Gemma 3 (text), gpt-oss, DeepSeek-V2 and DeepSeek-V3 (MLA). DeepSeek-V2 under YaRN with
+mscale_all_dim (every released V2) gets DeepSeek's softmax scale, which transformers'
+DeepseekV2Attention omits: its text is DeepSeek's, and serve_attention warns
+(deepseek_v2_yarn_mscale).
 
 `RemoteModel.generate` is continuous batching: up to `max_batch` prompts run together; a prompt
 leaves (its requests released) when it reaches `max_new_tokens` or an EOS token, and a waiting
@@ -42,9 +45,11 @@ prompt joins (prefilled in the same step as the others decode). Greedy by defaul
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -53,7 +58,8 @@ import numpy as np
 import torch
 
 from attnserve.v1 import attention_service_pb2 as pb
-from attnserve_client.client import AttnServeClient, AttnServeError, _bf16_bits_to_float
+from attnserve_client.client import (AttnServeClient, AttnServeError, LayerSpec,
+                                     _bf16_bits_to_float)
 
 # The name RemoteModel gives the model's attention implementation while it serves it: one that
 # transformers has no mask function for, so a step builds no attention mask (RemoteAttention
@@ -127,6 +133,24 @@ class GenerateStats:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+def deepseek_v2_yarn_mscale(config) -> float:
+    """The factor by which DeepSeek's own code (and attnserve, and transformers'
+    DeepseekV3Attention) multiply a DeepSeek-V2 layer's softmax scale under YaRN,
+    mscale(factor, mscale_all_dim)^2, and which transformers' DeepseekV2Attention leaves out
+    (kernels/model/hf_config.h); 1.0 where the two agree (not DeepSeek-V2, no YaRN, no
+    mscale_all_dim). The released DeepSeek-V2 checkpoints have it (1.59 for V2-Lite's factor 40,
+    mscale_all_dim 0.707), so their text through attnserve is DeepSeek's, not transformers'."""
+    scaling = getattr(config, "rope_scaling", None) or {}
+    if getattr(config, "model_type", "") != "deepseek_v2" or \
+            scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    factor, all_dim = float(scaling.get("factor") or 1.0), float(scaling.get("mscale_all_dim") or 0)
+    if not all_dim or factor <= 1:
+        return 1.0
+    mscale = 0.1 * all_dim * math.log(factor) + 1.0
+    return mscale * mscale
+
+
 def _decoder_layers(model) -> Sequence[torch.nn.Module]:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     layers = getattr(decoder, "layers", None)
@@ -193,6 +217,8 @@ class RemoteModel:
         self.decode_client_cpu_seconds = 0.0
         self.stream_fallbacks = 0  # decode steps that fell back from the stream to unary Decode
         self.fingerprints: List[bytes] = []
+        # Each decoder layer's spec as the server read it from config.json (LayerSpec).
+        self.layer_specs: List[LayerSpec] = []
         self.sessions = self._configure(client)
         self.live: Dict[str, int] = {}  # request id -> tokens cached on the server
         for i, layer in enumerate(self._layers):
@@ -200,12 +226,19 @@ class RemoteModel:
         # No attention masks while served (see _ATTN_IMPLEMENTATION); close() puts it back.
         self._attn_implementation = model.config._attn_implementation
         model.config._attn_implementation = _ATTN_IMPLEMENTATION
+        mscale = deepseek_v2_yarn_mscale(model.config)
+        if mscale != 1.0:
+            warnings.warn(f"DeepSeek-V2 with YaRN mscale_all_dim: attnserve scales the softmax by "
+                          f"mscale^2 = {mscale:.4f} as DeepSeek's own code does, which "
+                          "transformers' DeepseekV2Attention omits; the text will be DeepSeek's, "
+                          "not that of this model's generate()", stacklevel=3)
 
     def _configure(self, client: AttnServeClient) -> List[str]:
         if self.one_session:
             return self._configure_model_session(client)
         sessions: List[str] = []
         fingerprints: List[bytes] = []
+        specs = []
         d_model = self.model.config.hidden_size
         try:
             for i in range(len(self._layers)):
@@ -215,6 +248,7 @@ class RemoteModel:
                 sessions.append(result.session_id)
                 fingerprints.append(result.fingerprint)
                 spec = result.spec or client.get_session(result.session_id).spec
+                specs.append(spec)
                 if spec.d_model != d_model:
                     raise ValueError(f"layer {i}: the server's session has d_model "
                                      f"{spec.d_model}, the model {d_model}")
@@ -226,6 +260,7 @@ class RemoteModel:
                     pass
             raise
         self.fingerprints = fingerprints
+        self.layer_specs = specs
         return sessions
 
     def _configure_model_session(self, client: AttnServeClient) -> List[str]:
@@ -245,6 +280,7 @@ class RemoteModel:
             client.release(result.session_id)
             raise
         self.fingerprints = [result.fingerprint]
+        self.layer_specs = list(result.stack)
         return [result.session_id]
 
     # -- lifetime --
