@@ -141,13 +141,13 @@ std::vector<CheckpointNaming> NamingsFor(const LayerSpec& spec, int layer_index)
                        QkvRows::kInterleavedPerHead,
                        "dense"});
   } else if (spec.variant != AttentionVariant::kMLA && spec.alibi == Alibi::kMpt) {
-    namings.push_back({"MPT",
-                       {absl::StrCat("transformer.blocks.", n, ".attn."),
-                        absl::StrCat("blocks.", n, ".attn.")},
-                       "Wqkv",
-                       true,
-                       QkvRows::kStacked,
-                       "out_proj"});
+    namings.push_back(
+        {"MPT",
+         {absl::StrCat("transformer.blocks.", n, ".attn."), absl::StrCat("blocks.", n, ".attn.")},
+         "Wqkv",
+         true,
+         QkvRows::kStacked,
+         "out_proj"});
   }
   namings.push_back(LlamaNaming(layer_index));
   return namings;
@@ -155,7 +155,8 @@ std::vector<CheckpointNaming> NamingsFor(const LayerSpec& spec, int layer_index)
 
 // `generic` (a name of ExpectedWeightShapes, or kFusedQkv's) as the checkpoint stores it.
 std::string StoredName(const CheckpointNaming& naming, absl::string_view generic) {
-  for (auto [from, to] : {std::pair{kOutProj, naming.o_proj}, std::pair{kFusedQkv, naming.fused_qkv}}) {
+  for (auto [from, to] :
+       {std::pair{kOutProj, naming.o_proj}, std::pair{kFusedQkv, naming.fused_qkv}}) {
     absl::string_view rest = generic;
     if (absl::ConsumePrefix(&rest, from) && absl::StartsWith(rest, ".")) {
       return absl::StrCat(to, rest);
@@ -166,7 +167,8 @@ std::string StoredName(const CheckpointNaming& naming, absl::string_view generic
 
 // The inverse of StoredName.
 std::string GenericName(const CheckpointNaming& naming, absl::string_view stored) {
-  for (auto [from, to] : {std::pair{naming.o_proj, kOutProj}, std::pair{naming.fused_qkv, kFusedQkv}}) {
+  for (auto [from, to] :
+       {std::pair{naming.o_proj, kOutProj}, std::pair{naming.fused_qkv, kFusedQkv}}) {
     absl::string_view rest = stored;
     if (absl::ConsumePrefix(&rest, from) && absl::StartsWith(rest, ".")) {
       return absl::StrCat(to, rest);
@@ -255,8 +257,8 @@ void SplitFusedQkv(const LayerSpec& spec, QkvRows order, LayerWeights* weights) 
       } else {
         const size_t head_bytes = head_dim * row_bytes;
         for (int64_t h = 0; h < spec.num_heads; ++h) {
-          std::memcpy(slice.data() + h * head_bytes,
-                      fused.data() + (h * 3 + part) * head_bytes, head_bytes);
+          std::memcpy(slice.data() + h * head_bytes, fused.data() + (h * 3 + part) * head_bytes,
+                      head_bytes);
         }
       }
       weights->emplace(absl::StrCat(kSplitQkv[part], suffix), std::move(slice));
