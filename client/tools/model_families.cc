@@ -147,7 +147,7 @@ std::vector<ModelFamily> Build() {
   families.push_back({"BLOOM (`bloom`)",
                       "ALiBi, per-head interleaved `query_key_value`, biases",
                       {{"bloom-560m", bloom}},
-                      "checkpoint names not loaded yet"});
+                      ""});
 
   LayerSpec mpt = Gqa(4096, 32, 32, 128, 10000.0);
   mpt.rope = RopeLayout::kNone;
@@ -155,7 +155,7 @@ std::vector<ModelFamily> Build() {
   families.push_back({"MPT (`mpt`)",
                       "ALiBi (`alibi_bias_max` 8), fused `Wqkv`",
                       {{"mpt-7b", mpt}},
-                      "checkpoint names not loaded yet"});
+                      ""});
 
   const LayerSpec deepseek_v2 = DeepSeekMla(2048, 16, 0, Yarn(40.0, 4096, 0.707, 0.707));
   families.push_back({"DeepSeek-V2 (`deepseek_v2`)",

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "kernels/base/clip_for_message.h"
 #include "kernels/base/path_confinement.h"
 #include "kernels/base/regular_file.h"
@@ -32,7 +33,16 @@ using json = nlohmann::json;
 constexpr char kSingleFileName[] = "model.safetensors";
 constexpr char kIndexFileName[] = "model.safetensors.index.json";
 
-// Where each tensor of the checkpoint lives. Only names under the layer's prefix are kept.
+// True when `name` starts with one of `prefixes`.
+bool UnderAny(absl::string_view name, const std::vector<std::string>& prefixes) {
+  for (const std::string& prefix : prefixes) {
+    if (absl::StartsWith(name, prefix)) return true;
+  }
+  return false;
+}
+
+// Where each tensor of the checkpoint lives. Only names under the layer's candidate prefixes
+// (CheckpointNaming) are kept; then only those under the one chosen.
 struct CheckpointLayout {
   std::string description;                      // The file or index named in error messages.
   std::map<std::string, std::string> location;  // Full tensor name -> safetensors file path.
@@ -85,17 +95,99 @@ bool IsParameterName(absl::string_view name) {
          absl::EndsWith(name, ".sinks");  // gpt-oss: a bare nn.Parameter.
 }
 
-// Phi-3 stores q, k and v as one "qkv_proj" with their rows stacked in that order.
+// How q, k and v rows lie in a fused projection.
+enum class QkvRows {
+  kStacked,             // Phi-3's qkv_proj, MPT's Wqkv: all q rows, then k, then v.
+  kInterleavedPerHead,  // BLOOM's query_key_value: view(heads, 3, head_dim), per head q, k, v.
+};
+
+// How one family names one layer's attention tensors in its checkpoint. The loader works in the
+// generic names of ExpectedWeightShapes (q_proj, k_proj, v_proj, o_proj and the rest); a naming
+// says where those are stored.
+struct CheckpointNaming {
+  absl::string_view family;           // For messages.
+  std::vector<std::string> prefixes;  // Where the layer's tensors may be, the first preferred.
+  absl::string_view fused_qkv;        // The fused q/k/v projection's name.
+  bool fused_required = false;        // false: q/k/v_proj, or the fused one (Phi-3).
+  QkvRows rows = QkvRows::kStacked;
+  absl::string_view o_proj = "o_proj";
+};
+
+// The generic names (and Phi-3's) that CheckpointNaming maps.
 constexpr absl::string_view kFusedQkv = "qkv_proj";
 constexpr absl::string_view kSplitQkv[] = {"q_proj", "k_proj", "v_proj"};
+constexpr absl::string_view kOutProj = "o_proj";
 
-// True when `layout` holds the fused projection; then `expected` has q/k/v_proj.{weight,bias}
-// replaced by qkv_proj.{weight,bias} with their rows stacked. INVALID_ARGUMENT when the
-// checkpoint has the fused and a separate projection both.
-absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& layout,
-                                 const std::string& prefix, std::vector<WeightShape>* expected) {
-  const std::string fused_weight = absl::StrCat(prefix, kFusedQkv, ".weight");
-  if (spec.variant == AttentionVariant::kMLA || !layout.location.contains(fused_weight)) {
+CheckpointNaming LlamaNaming(int layer_index) {
+  return {"Llama-style", {HfAttentionPrefix(layer_index)}, kFusedQkv, false, QkvRows::kStacked,
+          kOutProj};
+}
+
+// The namings to try for `spec`, in order; the first with tensors under one of its prefixes is
+// used. BLOOM and MPT name their layers their own way (BloomForCausalLM: transformer.h.N.
+// self_attention; MptForCausalLM: transformer.blocks.N.attn; a checkpoint saved from the base
+// model, as bigscience's are, lacks the "transformer." part), and are chosen by spec.alibi, which
+// hf_config.h sets from model_type. Llama's names come after them, so that an ALiBi layer written
+// under q/k/v/o_proj names (attnctl convert) still loads.
+std::vector<CheckpointNaming> NamingsFor(const LayerSpec& spec, int layer_index) {
+  std::vector<CheckpointNaming> namings;
+  const std::string n = absl::StrCat(layer_index);
+  if (spec.variant != AttentionVariant::kMLA && spec.alibi == Alibi::kBloom) {
+    namings.push_back({"BLOOM",
+                       {absl::StrCat("transformer.h.", n, ".self_attention."),
+                        absl::StrCat("h.", n, ".self_attention.")},
+                       "query_key_value",
+                       true,
+                       QkvRows::kInterleavedPerHead,
+                       "dense"});
+  } else if (spec.variant != AttentionVariant::kMLA && spec.alibi == Alibi::kMpt) {
+    namings.push_back(
+        {"MPT",
+         {absl::StrCat("transformer.blocks.", n, ".attn."), absl::StrCat("blocks.", n, ".attn.")},
+         "Wqkv",
+         true,
+         QkvRows::kStacked,
+         "out_proj"});
+  }
+  namings.push_back(LlamaNaming(layer_index));
+  return namings;
+}
+
+// `generic` (a name of ExpectedWeightShapes, or kFusedQkv's) as the checkpoint stores it.
+std::string StoredName(const CheckpointNaming& naming, absl::string_view generic) {
+  for (auto [from, to] :
+       {std::pair{kOutProj, naming.o_proj}, std::pair{kFusedQkv, naming.fused_qkv}}) {
+    absl::string_view rest = generic;
+    if (absl::ConsumePrefix(&rest, from) && absl::StartsWith(rest, ".")) {
+      return absl::StrCat(to, rest);
+    }
+  }
+  return std::string(generic);
+}
+
+// The inverse of StoredName.
+std::string GenericName(const CheckpointNaming& naming, absl::string_view stored) {
+  for (auto [from, to] :
+       {std::pair{naming.o_proj, kOutProj}, std::pair{naming.fused_qkv, kFusedQkv}}) {
+    absl::string_view rest = stored;
+    if (absl::ConsumePrefix(&rest, from) && absl::StartsWith(rest, ".")) {
+      return absl::StrCat(to, rest);
+    }
+  }
+  return std::string(stored);
+}
+
+// True when the layer's q, k and v come from the naming's fused projection; then `expected` has
+// q/k/v_proj.{weight,bias} replaced by qkv_proj.{weight,bias} (generic names) with their rows
+// together. The fused projection is used when the naming requires it (BLOOM, MPT) or the
+// checkpoint has it (Phi-3). INVALID_ARGUMENT when the checkpoint has the fused and a separate
+// projection both, or when BLOOM's per-head interleave meets a spec with fewer K/V than Q heads.
+absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointNaming& naming,
+                                 const CheckpointLayout& layout, const std::string& prefix,
+                                 std::vector<WeightShape>* expected) {
+  const std::string fused_weight = absl::StrCat(prefix, naming.fused_qkv, ".weight");
+  if (spec.variant == AttentionVariant::kMLA ||
+      (!naming.fused_required && !layout.location.contains(fused_weight))) {
     return false;
   }
   for (absl::string_view part : kSplitQkv) {
@@ -105,6 +197,12 @@ absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& 
           absl::StrCat(layout.description, " has both ", fused_weight, " and ", separate,
                        "; a checkpoint holds either the fused projection or the separate ones"));
     }
+  }
+  if (naming.rows == QkvRows::kInterleavedPerHead && spec.num_kv_heads != spec.num_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        fused_weight, ": ", naming.family, "'s fused projection interleaves q, k and v per head ",
+        "(view(num_heads, 3, head_dim)), which needs num_kv_heads == num_heads, but the spec (",
+        SpecShapeFields(spec), ") has ", spec.num_kv_heads, " K/V heads"));
   }
   std::vector<WeightShape> fused;
   int64_t rows = 0, bias_rows = 0;
@@ -133,10 +231,12 @@ absl::StatusOr<bool> UseFusedQkv(const LayerSpec& spec, const CheckpointLayout& 
 }
 
 // Splits the fused qkv_proj tensors of `weights` into q_proj, k_proj and v_proj (row slices, the
-// dtype kept), removing the fused ones.
-void SplitFusedQkv(const LayerSpec& spec, LayerWeights* weights) {
-  const int64_t q_rows = int64_t{spec.num_heads} * spec.head_dim;
-  const int64_t kv_rows = int64_t{spec.num_kv_heads} * spec.head_dim;
+// dtype kept), removing the fused ones. kStacked: rows [q | k | v]; kInterleavedPerHead: head h's
+// rows [q_h | k_h | v_h] at h * 3 * head_dim (num_kv_heads == num_heads, UseFusedQkv checked).
+void SplitFusedQkv(const LayerSpec& spec, QkvRows order, LayerWeights* weights) {
+  const int64_t head_dim = spec.head_dim;
+  const int64_t q_rows = int64_t{spec.num_heads} * head_dim;
+  const int64_t kv_rows = int64_t{spec.num_kv_heads} * head_dim;
   const int64_t part_rows[] = {q_rows, kv_rows, kv_rows};
   for (absl::string_view suffix : {".weight", ".bias"}) {
     auto it = weights->find(absl::StrCat(kFusedQkv, suffix));
@@ -150,9 +250,18 @@ void SplitFusedQkv(const LayerSpec& spec, LayerWeights* weights) {
       std::vector<int64_t> shape = fused.shape();
       shape[0] = part_rows[part];
       Tensor slice(fused.dtype(), shape);
-      std::memcpy(slice.data(), fused.data() + first_row * row_bytes, part_rows[part] * row_bytes);
+      if (order == QkvRows::kStacked) {
+        std::memcpy(slice.data(), fused.data() + first_row * row_bytes,
+                    part_rows[part] * row_bytes);
+        first_row += part_rows[part];
+      } else {
+        const size_t head_bytes = head_dim * row_bytes;
+        for (int64_t h = 0; h < spec.num_heads; ++h) {
+          std::memcpy(slice.data() + h * head_bytes, fused.data() + (h * 3 + part) * head_bytes,
+                      head_bytes);
+        }
+      }
       weights->emplace(absl::StrCat(kSplitQkv[part], suffix), std::move(slice));
-      first_row += part_rows[part];
     }
   }
 }
@@ -213,9 +322,9 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, const FileAcc
   return text;
 }
 
-// Reads model.safetensors.index.json's weight_map, keeping the entries under `prefix`.
+// Reads model.safetensors.index.json's weight_map, keeping the entries under `prefixes`.
 absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::path& index_path,
-                                                 const std::string& prefix,
+                                                 const std::vector<std::string>& prefixes,
                                                  const FileAccess& access) {
   const std::string index = index_path.string();
   absl::StatusOr<std::string> text = ReadSmallFile(index, access);
@@ -232,7 +341,7 @@ absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::
   }
   CheckpointLayout layout{shown, {}};
   for (const auto& [name, shard] : map_it->items()) {
-    if (!absl::StartsWith(name, prefix)) continue;
+    if (!UnderAny(name, prefixes)) continue;
     if (!shard.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(
           shown, ": weight_map entry for '", ClipForMessage(name), "' is not a string file name"));
@@ -253,7 +362,8 @@ absl::StatusOr<CheckpointLayout> LayoutFromIndex(const fs::path& dir, const fs::
   return layout;
 }
 
-absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const std::string& prefix,
+absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path,
+                                               const std::vector<std::string>& prefixes,
                                                const FileAccess& access,
                                                std::map<std::string, SafetensorsFile>& open_files) {
   std::error_code error;
@@ -271,7 +381,7 @@ absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const st
     // symlink_status: an entry that is a symlink counts as present wherever it points, so that
     // whether a link's target outside the root exists never changes the answer.
     if (fs::exists(fs::symlink_status(index, error))) {
-      return LayoutFromIndex(dir, index, prefix, access);
+      return LayoutFromIndex(dir, index, prefixes, access);
     }
     file_path = (dir / kSingleFileName).string();
     if (!fs::exists(fs::symlink_status(file_path, error))) {
@@ -284,23 +394,55 @@ absl::StatusOr<CheckpointLayout> ResolveLayout(const std::string& path, const st
   if (!file.ok()) return file.status();
   CheckpointLayout layout{ClipForMessage(file_path), {}};
   for (const std::string& name : file->names()) {
-    if (absl::StartsWith(name, prefix)) layout.location.emplace(name, file_path);
+    if (UnderAny(name, prefixes)) layout.location.emplace(name, file_path);
   }
   open_files.emplace(file_path, *std::move(file));
   return layout;
 }
 
-// What the checkpoint has under the prefix, for messages about a missing tensor.
-std::string DescribePresent(const CheckpointLayout& layout, const std::string& prefix) {
+// What the checkpoint has under the prefix, for messages about a missing tensor. `tried`: every
+// prefix looked under, when none had tensors.
+std::string DescribePresent(const CheckpointLayout& layout, const std::string& prefix,
+                            const std::vector<std::string>& tried) {
   if (layout.location.empty()) {
-    return absl::StrCat(layout.description, " has no tensors under ", prefix,
-                        " at all (layer index past the model's num_hidden_layers, or not "
-                        "Hugging Face Llama/Mistral/Qwen2/DeepSeek names?)");
+    std::vector<std::string> others;
+    for (const std::string& p : tried) {
+      if (p != prefix) others.push_back(p);
+    }
+    return absl::StrCat(
+        layout.description, " has no tensors under ", prefix, " at all",
+        others.empty() ? "" : absl::StrCat(" (nor under ", absl::StrJoin(others, ", "), ")"),
+        " (layer index past the model's num_hidden_layers, or not Hugging Face "
+        "Llama/Mistral/Qwen2/DeepSeek names? BLOOM's and MPT's names are read for a spec with "
+        "alibi bloom or mpt)");
   }
   std::vector<std::string> short_names;
   for (const auto& [name, file] : layout.location)
     short_names.push_back(name.substr(prefix.size()));
   return absl::StrCat("under ", prefix, " it has: ", absl::StrJoin(short_names, ", "));
+}
+
+// The naming and prefix the checkpoint uses: the first of `namings`' prefixes with any tensor
+// under it; without any, the first (for the messages). Drops the layout's other names.
+std::pair<const CheckpointNaming*, std::string> ChooseNaming(
+    const std::vector<CheckpointNaming>& namings, CheckpointLayout* layout) {
+  std::pair<const CheckpointNaming*, std::string> chosen{&namings[0], namings[0].prefixes[0]};
+  bool found = false;
+  for (const CheckpointNaming& naming : namings) {
+    for (const std::string& prefix : naming.prefixes) {
+      for (const auto& [name, file] : layout->location) {
+        found = found || absl::StartsWith(name, prefix);
+      }
+      if (found) {
+        chosen = {&naming, prefix};
+        break;
+      }
+    }
+    if (found) break;
+  }
+  std::erase_if(layout->location,
+                [&](const auto& entry) { return !absl::StartsWith(entry.first, chosen.second); });
+  return chosen;
 }
 
 }  // namespace
@@ -317,29 +459,45 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     return absl::InvalidArgumentError(
         absl::StrCat("layer_index is ", layer_index, "; it must be >= 0"));
   }
-  const std::string prefix = HfAttentionPrefix(layer_index);
+  const std::vector<CheckpointNaming> namings = NamingsFor(spec, layer_index);
+  std::vector<std::string> all_prefixes;
+  for (const CheckpointNaming& naming : namings) {
+    all_prefixes.insert(all_prefixes.end(), naming.prefixes.begin(), naming.prefixes.end());
+  }
   std::map<std::string, SafetensorsFile> open_files;  // Path -> file, each shard opened once.
   const FileAccess access{checkpoint_root};
-  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, prefix, access, open_files);
+  absl::StatusOr<CheckpointLayout> layout = ResolveLayout(path, all_prefixes, access, open_files);
   if (!layout.ok()) return layout.status();
+  const auto [naming_ptr, prefix] = ChooseNaming(namings, &*layout);
+  const CheckpointNaming& naming = *naming_ptr;
 
   // Names first, so that a spec/checkpoint mismatch is reported before any shard is opened.
+  // `expected` holds generic names; the checkpoint's are prefix + StoredName(naming, name).
   std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
-  absl::StatusOr<bool> fused_qkv = UseFusedQkv(spec, *layout, prefix, &expected);
+  absl::StatusOr<bool> fused_qkv = UseFusedQkv(spec, naming, *layout, prefix, &expected);
   if (!fused_qkv.ok()) return fused_qkv.status();
   std::set<std::string> expected_names;
   for (const WeightShape& weight : expected) {
-    const std::string full_name = prefix + weight.name;
+    const std::string full_name = prefix + StoredName(naming, weight.name);
     expected_names.insert(full_name);
     if (layout->location.contains(full_name)) continue;
     return absl::NotFoundError(absl::StrCat(
         full_name, " is not in ", layout->description, ", but the spec (", SpecShapeFields(spec),
         ") requires it with shape ", ShapeString(weight.shape), " (",
-        GoverningField(spec, weight.name), "); ", DescribePresent(*layout, prefix)));
+        GoverningField(spec, weight.name), "); ", DescribePresent(*layout, prefix, all_prefixes)));
   }
   for (const auto& [full_name, file] : layout->location) {
     if (expected_names.contains(full_name) || !IsParameterName(full_name)) continue;
-    const std::string short_name = full_name.substr(prefix.size());
+    const std::string short_name = GenericName(naming, full_name.substr(prefix.size()));
+    // MosaicML's attn_config.qk_ln: LayerNorms on q and k, which transformers' MptAttention
+    // never applies; refused by name.
+    if (naming.family == "MPT" &&
+        (absl::StartsWith(short_name, "q_ln.") || absl::StartsWith(short_name, "k_ln."))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          full_name, " is in ", ClipForMessage(file),
+          ": MPT's attn_config.qk_ln (LayerNorm of q and k) is not supported; loading without "
+          "it would compute a different layer than the checkpoint's"));
+    }
     // Biases, sinks and q/k norms each have a spec field that turns them on.
     const bool is_bias = absl::EndsWith(short_name, ".bias") || short_name == "sinks" ||
                          short_name == "q_norm.weight" || short_name == "k_norm.weight";
@@ -356,7 +514,7 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
   // Shapes and dtypes from the headers, before reading any data.
   std::vector<std::pair<const WeightShape*, SafetensorsFile*>> plan;
   for (const WeightShape& weight : expected) {
-    const std::string full_name = prefix + weight.name;
+    const std::string full_name = prefix + StoredName(naming, weight.name);
     const std::string& file_path = layout->location.at(full_name);
     auto file_it = open_files.find(file_path);
     if (file_it == open_files.end()) {
@@ -392,11 +550,11 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
 
   LayerWeights weights;
   for (const auto& [weight, file] : plan) {
-    absl::StatusOr<Tensor> tensor = file->Read(prefix + weight->name);
+    absl::StatusOr<Tensor> tensor = file->Read(prefix + StoredName(naming, weight->name));
     if (!tensor.ok()) return tensor.status();
     weights.emplace(weight->name, *std::move(tensor));
   }
-  if (*fused_qkv) SplitFusedQkv(spec, &weights);
+  if (*fused_qkv) SplitFusedQkv(spec, naming.rows, &weights);
   if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
   return weights;
 }

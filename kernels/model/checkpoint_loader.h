@@ -2,7 +2,18 @@
 //
 // Tensors are looked up as "model.layers.{layer_index}.self_attn." + each name of
 // ExpectedWeightShapes(spec) (see layer_weights.h), which is how transformers names Llama, Mistral,
-// Qwen2 and DeepSeek-V2/V3 attention. `path` is either a single .safetensors file, or a directory
+// Qwen2 and DeepSeek-V2/V3 attention. A spec with ALiBi (hf_config.h sets it from model_type
+// "bloom" / "mpt") reads its family's names first, with or without the leading "transformer."
+// (BloomForCausalLM / MptForCausalLM write it; checkpoints saved from the base model do not):
+//   BLOOM (alibi bloom): transformer.h.N.self_attention.query_key_value.{weight,bias}, rows per
+//     head as view(num_heads, 3, head_dim) -> q, k, v (num_kv_heads must equal num_heads), and
+//     self_attention.dense.{weight,bias} as o_proj;
+//   MPT (alibi mpt): transformer.blocks.N.attn.Wqkv.weight (and .bias with qkv_bias), rows q, k, v
+//     stacked (chunk(3)), and attn.out_proj.weight (.bias with o_bias) as o_proj. MosaicML's
+//     attn_config.qk_ln tensors (attn.q_ln, attn.k_ln) are INVALID_ARGUMENT, named as such.
+// When the checkpoint has no tensors under those, the Llama names are read (an ALiBi layer written
+// by attnctl convert). Messages name the tensors as the checkpoint stores them; the weights come
+// back under the generic names. `path` is either a single .safetensors file, or a directory
 // as written by save_pretrained():
 //   - with model.safetensors.index.json: its "weight_map" says which shard file (relative to the
 //     directory) holds each tensor; only the shards holding this layer are opened;

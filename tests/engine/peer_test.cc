@@ -3,7 +3,8 @@
 // tests/peer/make_peer_cases.py builds tiny random Llama, Qwen2, Mistral and DeepSeek-V3 models
 // (also with Llama 3.1's llama3 and DeepSeek-V3's / Qwen2.5's YaRN rope scaling), and Qwen3,
 // Gemma 2, Gemma 3, gpt-oss and Phi-3 ones (q/k norms, soft-capping, per-layer windows and RoPE
-// bases, sinks, fused qkv_proj, partial rotary dims) at layer 0 and at a later layer
+// bases, sinks, fused qkv_proj, partial rotary dims), and BLOOM and MPT ones (ALiBi, their own
+// checkpoint names: query_key_value per head, Wqkv) at layer 0 and at a later layer
 // with Hugging Face transformers (eager attention, float32) and a torch.nn.MultiheadAttention,
 // saves their checkpoints, and records one layer's self_attn input and output. For every case
 // directory this test loads the spec (spec.json, our JSON form) and the checkpoint through our own

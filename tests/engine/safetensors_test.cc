@@ -688,6 +688,209 @@ TEST(LoaderTest, FusedQkvProjOfAnotherShapeOrBesideSeparateOnesIsRefused) {
                 "and model.layers.3.self_attn.k_proj.weight");
 }
 
+// ---- BLOOM's and MPT's names ---------------------------------------------------------------
+
+// A tiny ALiBi layer: 2 heads of head_dim 2 over d_model 4, so that each of the 12 fused rows can
+// be told apart by hand. BLOOM has biases on both projections, MPT (transformers) none.
+LayerSpec AlibiSpec(Alibi alibi) {
+  LayerSpec spec;
+  spec.variant = AttentionVariant::kMHA;
+  spec.d_model = 4;
+  spec.num_heads = spec.num_kv_heads = 2;
+  spec.head_dim = 2;
+  spec.rope = RopeLayout::kNone;
+  spec.alibi = alibi;
+  spec.qkv_bias = spec.o_bias = alibi == Alibi::kBloom;
+  return spec;
+}
+
+// [rows, cols] f32 whose element (r, c) is base + 10 * r + c: a row's values name the row.
+Tensor RowNumbered(int64_t rows, int64_t cols, float base) {
+  std::vector<float> values;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) values.push_back(base + 10.0f * r + c);
+  }
+  return Tensor::FromFloats(
+      cols == 1 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols}, values);
+}
+
+// The rows `rows` of RowNumbered(*, cols, base), in that order.
+std::vector<float> PickedRows(const std::vector<int64_t>& rows, int64_t cols, float base) {
+  std::vector<float> values;
+  for (int64_t r : rows) {
+    for (int64_t c = 0; c < cols; ++c) values.push_back(base + 10.0f * r + c);
+  }
+  return values;
+}
+
+// What BloomForCausalLM.save_pretrained writes for layer `layer` (prefix `prefix`, e.g.
+// "transformer.h.1.self_attention."), plus the neighbours a real checkpoint has: the MLP, the
+// norms, another layer's attention and the embeddings, none of which may be picked up.
+std::map<std::string, Tensor> BloomTensors(const std::string& prefix, const std::string& block,
+                                           const std::string& next_block) {
+  std::map<std::string, Tensor> tensors;
+  tensors.emplace(prefix + "query_key_value.weight", RowNumbered(12, 4, 0.0f));
+  tensors.emplace(prefix + "query_key_value.bias", RowNumbered(12, 1, 1000.0f));
+  tensors.emplace(prefix + "dense.weight", RowNumbered(4, 4, 2000.0f));
+  tensors.emplace(prefix + "dense.bias", RowNumbered(4, 1, 3000.0f));
+  tensors.emplace(block + "mlp.dense_h_to_4h.weight", Tensor(DType::kF32, {16, 4}));
+  tensors.emplace(block + "input_layernorm.weight", Tensor(DType::kF32, {4}));
+  tensors.emplace(next_block + "self_attention.query_key_value.weight",
+                  Tensor(DType::kF32, {9, 4}));
+  tensors.emplace("word_embeddings.weight", Tensor(DType::kF32, {10, 4}));
+  return tensors;
+}
+
+TEST(AlibiCheckpointTest, BloomQueryKeyValueIsSplitPerHead) {
+  // query_key_value rows are view(heads=2, 3, head_dim=2): head 0's q rows 0-1, k 2-3, v 4-5, then
+  // head 1's q rows 6-7, k 8-9, v 10-11 (BloomAttention._reshape).
+  const LayerSpec spec = AlibiSpec(Alibi::kBloom);
+  // As BloomForCausalLM saves it, and as bigscience's checkpoints (saved from BloomModel) name it.
+  for (const std::string root : {"transformer.", ""}) {
+    SCOPED_TRACE(root);
+    const std::string path = TestDir() + "/model.safetensors";
+    ASSERT_TRUE(WriteSafetensors(
+                    path, BloomTensors(root + "h.1.self_attention.", root + "h.1.", root + "h.2."))
+                    .ok());
+    absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, spec, 1);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->size(), 8u);
+    EXPECT_EQ(loaded->at("q_proj.weight").ToFloats(), PickedRows({0, 1, 6, 7}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("k_proj.weight").ToFloats(), PickedRows({2, 3, 8, 9}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("v_proj.weight").ToFloats(), PickedRows({4, 5, 10, 11}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("q_proj.bias").ToFloats(), PickedRows({0, 1, 6, 7}, 1, 1000.0f));
+    EXPECT_EQ(loaded->at("k_proj.bias").ToFloats(), PickedRows({2, 3, 8, 9}, 1, 1000.0f));
+    EXPECT_EQ(loaded->at("v_proj.bias").ToFloats(), PickedRows({4, 5, 10, 11}, 1, 1000.0f));
+    EXPECT_EQ(loaded->at("o_proj.weight").ToFloats(), PickedRows({0, 1, 2, 3}, 4, 2000.0f));
+    EXPECT_EQ(loaded->at("o_proj.bias").ToFloats(), PickedRows({0, 1, 2, 3}, 1, 3000.0f));
+    EXPECT_EQ(loaded->at("q_proj.weight").shape(), (std::vector<int64_t>{4, 4}));
+  }
+}
+
+TEST(AlibiCheckpointTest, MptWqkvIsSplitInThirds) {
+  // MptAttention: Wqkv's rows chunk(3) into q (0-3), k (4-7), v (8-11); out_proj is o_proj.
+  const LayerSpec spec = AlibiSpec(Alibi::kMpt);
+  for (const std::string root : {"transformer.", ""}) {
+    SCOPED_TRACE(root);
+    const std::string prefix = root + "blocks.0.attn.";
+    std::map<std::string, Tensor> tensors;
+    tensors.emplace(prefix + "Wqkv.weight", RowNumbered(12, 4, 0.0f).CastTo(DType::kBF16));
+    tensors.emplace(prefix + "out_proj.weight", RowNumbered(4, 4, 200.0f));
+    tensors.emplace(root + "blocks.0.ffn.up_proj.weight", Tensor(DType::kF32, {8, 4}));
+    tensors.emplace(root + "blocks.0.norm_1.weight", Tensor(DType::kF32, {4}));
+    tensors.emplace(root + "blocks.1.attn.Wqkv.weight", Tensor(DType::kF32, {12, 4}));
+    const std::string path = TestDir() + "/model.safetensors";
+    ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+    absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, spec, 0);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->size(), 4u);
+    EXPECT_EQ(loaded->at("q_proj.weight").dtype(), DType::kBF16);  // The stored dtype is kept.
+    // Row values up to 114 are exact in bf16 (8 significant bits cover integers to 256).
+    EXPECT_EQ(loaded->at("q_proj.weight").ToFloats(), PickedRows({0, 1, 2, 3}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("k_proj.weight").ToFloats(), PickedRows({4, 5, 6, 7}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("v_proj.weight").ToFloats(), PickedRows({8, 9, 10, 11}, 4, 0.0f));
+    EXPECT_EQ(loaded->at("o_proj.weight").ToFloats(), PickedRows({0, 1, 2, 3}, 4, 200.0f));
+  }
+}
+
+TEST(AlibiCheckpointTest, LlamaNamesStillLoadForAnAlibiSpec) {
+  // attnctl convert writes any layer under model.layers.N.self_attn.q/k/v/o_proj names.
+  const LayerSpec spec = AlibiSpec(Alibi::kBloom);
+  const LayerWeights weights = MixedDTypeWeights(spec, 5);
+  const std::string path = TestDir() + "/model.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, CheckpointTensors(weights, 2)).ok());
+  absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, spec, 2);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameWeights(*loaded, weights);
+}
+
+TEST(AlibiCheckpointTest, MissingOrMisShapedTensorsAreNamed) {
+  const LayerSpec spec = AlibiSpec(Alibi::kBloom);
+  const std::string path = TestDir() + "/model.safetensors";
+  const std::string prefix = "transformer.h.1.self_attention.";
+  auto write_edited = [&](const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+    std::map<std::string, Tensor> tensors = BloomTensors(prefix, "transformer.h.1.", "x.");
+    edit(tensors);
+    ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  };
+
+  write_edited([&](auto& t) { t.erase(prefix + "query_key_value.weight"); });
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 1).status(),
+                absl::StatusCode::kNotFound, prefix + "query_key_value.weight is not in " + path,
+                "requires it with shape [12, 4]", "under " + prefix + " it has: dense.bias");
+
+  write_edited([&](auto& t) { t.erase(prefix + "dense.bias"); });
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 1).status(),
+                absl::StatusCode::kNotFound, prefix + "dense.bias is not in", "(o_bias=true)");
+
+  // Three heads' worth of rows where the spec has two.
+  write_edited([&](auto& t) { t[prefix + "query_key_value.weight"] = RowNumbered(18, 4, 0.0f); });
+  EXPECT_STATUS(
+      LoadLayerWeightsFromSafetensors(path, spec, 1).status(), absl::StatusCode::kInvalidArgument,
+      prefix + "query_key_value.weight in " + path + " has shape [18, 4]", "requires [12, 4]");
+
+  write_edited([&](auto& t) { t[prefix + "dense.weight"] = RowNumbered(4, 6, 0.0f); });
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 1).status(),
+                absl::StatusCode::kInvalidArgument,
+                prefix + "dense.weight in " + path + " has shape [4, 6]", "requires [4, 4]");
+
+  // BLOOM's per-head interleave has no meaning with fewer K/V heads than query heads.
+  write_edited([](auto&) {});
+  LayerSpec grouped = spec;
+  grouped.variant = AttentionVariant::kGQA;
+  grouped.num_kv_heads = 1;
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, grouped, 1).status(),
+                absl::StatusCode::kInvalidArgument, prefix + "query_key_value.weight: BLOOM's",
+                "interleaves q, k and v per head", "num_kv_heads == num_heads");
+
+  // A spec without ALiBi reads Llama's names only, and says which names it read.
+  LayerSpec no_alibi = spec;
+  no_alibi.alibi = Alibi::kNone;
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, no_alibi, 1).status(),
+                absl::StatusCode::kNotFound,
+                "has no tensors under model.layers.1.self_attn. at all",
+                "BLOOM's and MPT's names are read for a spec with alibi bloom or mpt");
+
+  // A BLOOM spec on an MPT checkpoint: every name BLOOM's may have is listed.
+  std::map<std::string, Tensor> mpt;
+  mpt.emplace("transformer.blocks.1.attn.Wqkv.weight", Tensor(DType::kF32, {12, 4}));
+  ASSERT_TRUE(WriteSafetensors(path, mpt).ok());
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, spec, 1).status(),
+                absl::StatusCode::kNotFound,
+                "has no tensors under transformer.h.1.self_attention. at all (nor under "
+                "h.1.self_attention., model.layers.1.self_attn.)");
+}
+
+TEST(AlibiCheckpointTest, MptQkLayerNormIsRefusedByName) {
+  // MosaicML's attn_config.qk_ln adds LayerNorms of q and k (attn.q_ln, attn.k_ln), which
+  // transformers' MptAttention never applies.
+  const std::string prefix = "transformer.blocks.0.attn.";
+  std::map<std::string, Tensor> tensors;
+  tensors.emplace(prefix + "Wqkv.weight", RowNumbered(12, 4, 0.0f));
+  tensors.emplace(prefix + "out_proj.weight", RowNumbered(4, 4, 0.0f));
+  tensors.emplace(prefix + "q_ln.weight", Tensor(DType::kF32, {4}));
+  tensors.emplace(prefix + "k_ln.weight", Tensor(DType::kF32, {4}));
+  const std::string path = TestDir() + "/model.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, AlibiSpec(Alibi::kMpt), 0).status(),
+                absl::StatusCode::kInvalidArgument, prefix + "k_ln.weight is in " + path,
+                "MPT's attn_config.qk_ln (LayerNorm of q and k) is not supported");
+
+  // MosaicML's no_bias=false: Wqkv.bias and out_proj.bias, loaded when the spec has biases.
+  tensors.erase(prefix + "q_ln.weight");
+  tensors.erase(prefix + "k_ln.weight");
+  tensors.emplace(prefix + "Wqkv.bias", RowNumbered(12, 1, 500.0f));
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, AlibiSpec(Alibi::kMpt), 0).status(),
+                absl::StatusCode::kInvalidArgument, prefix + "Wqkv.bias is in " + path,
+                "(the spec has qkv_bias=false; set it for this checkpoint)");
+  LayerSpec biased = AlibiSpec(Alibi::kMpt);
+  biased.qkv_bias = true;
+  absl::StatusOr<LayerWeights> loaded = LoadLayerWeightsFromSafetensors(path, biased, 0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->at("k_proj.bias").ToFloats(), PickedRows({4, 5, 6, 7}, 1, 500.0f));
+}
+
 TEST(LoaderTest, LayerPastTheEnd) {
   const std::string path = WriteEditedCheckpoint([](auto&) {});
   EXPECT_STATUS(LoadLayerWeightsFromSafetensors(path, GqaSpec(), 40).status(),

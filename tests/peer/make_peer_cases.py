@@ -582,9 +582,9 @@ class ResidualCapture(Capture):
 def alibi_case(out_dir, family: str, layers: int, layer_index: int, seq_len: int, heads: int,
                d_model: int, softmax_scale=None, max_seq_len=2048):
     """BLOOM (BloomAttention: per-head interleaved query_key_value, biases) or MPT (MptAttention:
-    concatenated Wqkv, no biases): ALiBi, no RoPE. Their checkpoint names are not Llama's, so the
-    layer's projections are saved under q/k/v/o_proj names, split as each module splits them; the
-    config.json transformers wrote is kept for hf_config_peer_test. Returns the case files'
+    concatenated Wqkv, no biases): ALiBi, no RoPE. The model is saved as save_pretrained writes it
+    (transformer.h.N.self_attention.query_key_value / dense, transformer.blocks.N.attn.Wqkv /
+    out_proj, and config.json), so that our loader reads the real names. Returns the case files'
     contents as torch_mha_case does."""
     head_dim = d_model // heads
     if family == "bloom":
@@ -610,18 +610,11 @@ def alibi_case(out_dir, family: str, layers: int, layer_index: int, seq_len: int
             else:
                 bound = 1.0 / math.sqrt(p.shape[1])
                 p.uniform_(-bound, bound)
-    # Rows of q, k and v in the fused weight: BLOOM's view(heads, 3, head_dim), MPT's chunk(3).
-    def split(t):
-        if family == "bloom":
-            parts = t.view(heads, 3, head_dim, *t.shape[1:])
-            return [parts[:, i].reshape(heads * head_dim, *t.shape[1:]) for i in range(3)]
-        return list(t.chunk(3, dim=0))
     with torch.no_grad():  # q and k rows x2: a peakier softmax, so the bias shows against it.
         if family == "bloom":
             fused.weight.view(heads, 3, head_dim, d_model)[:, :2].mul_(2.0)
         else:
             fused.weight[: 2 * d_model].mul_(2.0)
-    w_q, w_k, w_v = split(fused.weight.detach())
 
     embeds = torch.randn(1, seq_len, d_model, dtype=torch.float32)
     mask = torch.ones(1, seq_len, dtype=torch.long)
@@ -630,17 +623,7 @@ def alibi_case(out_dir, family: str, layers: int, layer_index: int, seq_len: int
     cap.remove()
     expected = cap.output[0]
 
-    prefix = f"model.layers.{layer_index}.self_attn."
-    tensors = {prefix + "q_proj.weight": w_q, prefix + "k_proj.weight": w_k,
-               prefix + "v_proj.weight": w_v, prefix + "o_proj.weight": out_proj.weight.detach()}
-    if fused.bias is not None:
-        b_q, b_k, b_v = split(fused.bias.detach())
-        tensors.update({prefix + "q_proj.bias": b_q, prefix + "k_proj.bias": b_k,
-                        prefix + "v_proj.bias": b_v, prefix + "o_proj.bias": out_proj.bias.detach()})
-    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()},
-                                os.path.join(out_dir, "model.safetensors"),
-                                metadata={"format": "pt"})
-    config.save_pretrained(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
     scale = attn.inv_norm_factor if family == "bloom" else attn.softmax_scale
     spec = {
         "variant": "mha", "d_model": d_model, "num_heads": heads, "num_kv_heads": heads,
@@ -884,13 +867,43 @@ def reference_forward(spec, weights, hidden, positions, split=None):
     return lin("o_proj", attn)
 
 
-def self_check(case_dir, spec, layer_index, split, hidden, positions, expected, expected_split):
-    prefix = f"model.layers.{layer_index}.self_attn."
+def layer_weights(case_dir, spec, layer_index):
+    """The layer's tensors from case_dir/model.safetensors under q/k/v/o_proj names (Phi-3's fused
+    qkv_proj kept). BLOOM's and MPT's names are mapped independently of our loader: BLOOM's
+    query_key_value rows per head as view(heads, 3, head_dim), MPT's Wqkv rows chunk(3)."""
+    alibi = spec.get("alibi", "none")
+    prefix, fused, out = {
+        "bloom": (f"transformer.h.{layer_index}.self_attention.", "query_key_value", "dense"),
+        "mpt": (f"transformer.blocks.{layer_index}.attn.", "Wqkv", "out_proj"),
+    }.get(alibi, (f"model.layers.{layer_index}.self_attn.", None, None))
     weights = {}
     with safetensors.safe_open(os.path.join(case_dir, "model.safetensors"), "np") as f:
         for key in f.keys():
             if key.startswith(prefix):
                 weights[key[len(prefix):]] = f.get_tensor(key)
+    if fused is None:
+        return weights
+    mapped = {}
+    for name, t in weights.items():
+        module, leaf = name.rsplit(".", 1)
+        if module == out:
+            mapped["o_proj." + leaf] = t
+        elif module == fused:
+            if alibi == "bloom":
+                heads, hd = spec["num_heads"], spec["head_dim"]
+                parts = t.reshape(heads, 3, hd, *t.shape[1:])
+                parts = [parts[:, i].reshape(heads * hd, *t.shape[1:]) for i in range(3)]
+            else:
+                parts = np.split(t, 3, axis=0)
+            for proj, part in zip(("q_proj", "k_proj", "v_proj"), parts):
+                mapped[f"{proj}.{leaf}"] = part
+        else:
+            raise AssertionError(f"{case_dir}: unexpected tensor {prefix}{name}")
+    return mapped
+
+
+def self_check(case_dir, spec, layer_index, split, hidden, positions, expected, expected_split):
+    weights = layer_weights(case_dir, spec, layer_index)
     h, pos = hidden.double().numpy(), positions.numpy()
     errors = []
     for which, target, s in (("expected", expected, None), ("expected_split", expected_split, split)):
