@@ -203,8 +203,19 @@ struct RotaryPositions {
     const int ia = interleaved ? 2 * i : i;
     const int ib = interleaved ? 2 * i + 1 : i + rotary_dim / 2;
     const float a = in[ia], b = in[ib];
+    // Written out with its roundings, so that every caller gets the same floats however the
+    // compiler inlines and vectorises it (C++ lets a * c - b * s contract into an FMA, and GCC
+    // contracted the table and the pair loops differently): one FMA with the other product
+    // rounded where the target has FMA (the form GCC gave cpu/rope.cc's loop: the same floats,
+    // checked bit for bit when this replaced it; nvcc contracts by default too), two products and
+    // a sum where it has none, which cannot contract.
+#if defined(__CUDA_ARCH__) || defined(__FMA__)
+    out[ia] = fmaf(a, c, -(b * s));
+    out[ib] = fmaf(b, c, a * s);
+#else
     out[ia] = a * c - b * s;
     out[ib] = b * c + a * s;
+#endif
   }
 
   // One row's cos_table[i] and sin_table[i], i < pairs(), at `position`.
