@@ -5,6 +5,7 @@
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/paged_kv_source.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
 
@@ -80,9 +81,10 @@ GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
       q_norm_scale_(QkNormScale(spec, weights, "q_norm.weight")),
       k_norm_scale_(QkNormScale(spec, weights, "k_norm.weight")),
       sinks_(FloatsOrEmpty(weights, "sinks")),
+      rope_inv_freq_(RopeInverseFrequencies(spec)),
       variation_(AttentionVariation::FromSpec(
-          spec, {sinks_.data(), q_norm_scale_.data(), k_norm_scale_.data()})),
-      rope_(spec) {}
+          spec,
+          {sinks_.data(), q_norm_scale_.data(), k_norm_scale_.data(), rope_inv_freq_.data()})) {}
 
 int64_t GqaLayer::ParameterBytes() const {
   const int64_t projections =
@@ -109,9 +111,12 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
       norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
     }
   }
-  // Rotates the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set).
-  rope_.Apply(q, qkv_width, s.num_heads, s.head_dim, batch.positions);
-  rope_.Apply(k, qkv_width, s.num_kv_heads, s.head_dim, batch.positions);
+  // RoPE on the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set): a
+  // row's q heads and then its k heads are consecutive head_dim-wide vectors.
+  if (const RotaryPositions& rope = variation_.rope; rope.active()) {
+    rope.RotateRows(q, rows, qkv_width, s.num_heads + s.num_kv_heads, s.head_dim,
+                    batch.positions.data(), p.rope_table.Resize(rope.rotary_dim));
+  }
   for (const BatchSequence& seq : batch.sequences) {
     for (int64_t i = 0; i < seq.num_new; ++i) {
       const int64_t row = seq.first_row + i;

@@ -1,8 +1,9 @@
 // MHA, MQA and GQA on the CPU: one implementation, the group size (num_heads / num_kv_heads)
 // being the only difference. K/V are cached per KV head and never repeated per query head.
 // The model-family variations are one AttentionVariation (kernels/spec/attention_variation.h)
-// built from the spec at creation, whose hooks the kernels call; partial rotary dims (Phi-4-mini)
-// are RoPE's. The cache holds k after its norm and RoPE, so decode sees what prefill saw.
+// built from the spec at creation, whose hooks the kernels call and the layer's projection step
+// calls for the q/k norm and RoPE (partial rotary dims, Phi-4-mini, included). The cache holds k
+// after its norm and RoPE, so decode sees what prefill saw.
 #ifndef ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 #define ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 
@@ -10,7 +11,6 @@
 
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/linear.h"
-#include "kernels/cpu/rope.h"
 #include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/attention_variation.h"
 
@@ -39,9 +39,10 @@ class GqaLayer : public CpuLayer {
   // k and v are read in place from qkv (RoPE and norms applied there); q too in prefill, while
   // decode copies it out because its kernel takes q as [batch, num_heads, head_dim].
   struct Buffers {
-    ScratchFloats qkv;        // [rows, q_width + 2 * kv_width]: the fused projection.
-    ScratchFloats q;          // [rows, num_heads * head_dim]; decode only.
-    ScratchFloats attention;  // [rows, num_heads * head_dim]
+    ScratchFloats qkv;         // [rows, q_width + 2 * kv_width]: the fused projection.
+    ScratchFloats q;           // [rows, num_heads * head_dim]; decode only.
+    ScratchFloats attention;   // [rows, num_heads * head_dim]
+    ScratchFloats rope_table;  // [rotary_dim]: one row's cos table, then its sin table.
   };
   // Projects the batch into b.qkv, applies the q/k norms and RoPE there and writes K/V into the
   // sequences' pages.
@@ -58,11 +59,11 @@ class GqaLayer : public CpuLayer {
   std::vector<float> bo_;    // Empty when the spec has no bias.
   // The q/k norms' effective scales (w, or 1 + w for kRmsUnitOffset); empty without qk_norm.
   std::vector<float> q_norm_scale_, k_norm_scale_;
-  std::vector<float> sinks_;  // [num_heads]; empty without attention_sinks.
+  std::vector<float> sinks_;           // [num_heads]; empty without attention_sinks.
+  std::vector<double> rope_inv_freq_;  // [RotaryDim / 2] RopeInverseFrequencies; empty without.
   // The spec's variations with pointers into the vectors above, built once; every kernel call
   // takes it as it is.
   AttentionVariation variation_;
-  RotaryEmbedding rope_;
   Buffers decode_buffers_;  // Guarded by CpuLayer's mutex (Run holds it).
 };
 

@@ -77,30 +77,6 @@ ATTNSERVE_AVX512 inline void ScoresColumn(const float* q, int rows, int64_t dim,
   if (r < rows) ScoresTile<1, K>(q + r * dim, dim, keys, out + r * ld, ld);
 }
 
-template <typename Element>
-ATTNSERVE_AVX512 void GroupScoresImpl(const float* q, int rows, int64_t dim,
-                                      const Element* const* key_rows, int count, float* scores,
-                                      int64_t ld) {
-  int s = 0;
-  if (rows == 1) {
-    for (; s + 8 <= count; s += 8) ScoresTile<1, 8>(q, dim, key_rows + s, scores + s, ld);
-  }
-  for (; s + 4 <= count; s += 4) {
-    // The key rows a few tiles ahead: a block's rows sit in pages whose 4 KiB runs the hardware
-    // prefetcher picks up late, and with one KV head nothing else requests them early.
-    if (s + kPrefetchKeys + 4 <= count) {
-      for (int k = s + kPrefetchKeys; k < s + kPrefetchKeys + 4; ++k) {
-        const char* row = reinterpret_cast<const char*>(key_rows[k]);
-        for (int64_t b = 0; b < dim * int64_t{sizeof(Element)}; b += 64) {
-          _mm_prefetch(row + b, _MM_HINT_T0);
-        }
-      }
-    }
-    ScoresColumn<4>(q, rows, dim, key_rows + s, scores + s, ld);
-  }
-  for (; s < count; ++s) ScoresColumn<1>(q, rows, dim, key_rows + s, scores + s, ld);
-}
-
 // acc rows [0, R) (`dim` apart), columns [d0, d0 + 16 C) += P · V over value rows [0, count):
 // the R x C zmm tile stays in registers over the run. `prefetch` (the first row quad of a column
 // chunk): requests the chunk of the value row kPrefetchKeys ahead, which the scores pass did not
@@ -156,10 +132,36 @@ ATTNSERVE_AVX512 inline void AccumulateColumns(const float* weights, int64_t ld,
   }
 }
 
+}  // namespace
+
 template <typename Element>
-ATTNSERVE_AVX512 void GroupAccumulateImpl(const float* weights, int64_t ld, int rows,
-                                          const Element* const* value_rows, int count, int64_t dim,
-                                          float* acc) {
+ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
+                                  const Element* const* key_rows, int count, float* scores,
+                                  int64_t ld) {
+  int s = 0;
+  if (rows == 1) {
+    for (; s + 8 <= count; s += 8) ScoresTile<1, 8>(q, dim, key_rows + s, scores + s, ld);
+  }
+  for (; s + 4 <= count; s += 4) {
+    // The key rows a few tiles ahead: a block's rows sit in pages whose 4 KiB runs the hardware
+    // prefetcher picks up late, and with one KV head nothing else requests them early.
+    if (s + kPrefetchKeys + 4 <= count) {
+      for (int k = s + kPrefetchKeys; k < s + kPrefetchKeys + 4; ++k) {
+        const char* row = reinterpret_cast<const char*>(key_rows[k]);
+        for (int64_t b = 0; b < dim * int64_t{sizeof(Element)}; b += 64) {
+          _mm_prefetch(row + b, _MM_HINT_T0);
+        }
+      }
+    }
+    ScoresColumn<4>(q, rows, dim, key_rows + s, scores + s, ld);
+  }
+  for (; s < count; ++s) ScoresColumn<1>(q, rows, dim, key_rows + s, scores + s, ld);
+}
+
+template <typename Element>
+ATTNSERVE_AVX512 void GroupAccumulate(const float* weights, int64_t ld, int rows,
+                                      const Element* const* value_rows, int count, int64_t dim,
+                                      float* acc) {
   int64_t d0 = 0;
   for (; d0 + 64 <= dim; d0 += 64) {
     AccumulateColumns<4>(weights, ld, rows, value_rows, count, d0, acc, dim);
@@ -167,24 +169,14 @@ ATTNSERVE_AVX512 void GroupAccumulateImpl(const float* weights, int64_t ld, int 
   for (; d0 < dim; d0 += 16) AccumulateColumns<1>(weights, ld, rows, value_rows, count, d0, acc, dim);
 }
 
-}  // namespace
-
-void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,
-                 float* scores, int64_t ld) {
-  GroupScoresImpl(q, rows, dim, key_rows, count, scores, ld);
-}
-void GroupScores(const float* q, int rows, int64_t dim, const uint16_t* const* key_rows, int count,
-                 float* scores, int64_t ld) {
-  GroupScoresImpl(q, rows, dim, key_rows, count, scores, ld);
-}
-void GroupAccumulate(const float* weights, int64_t ld, int rows, const float* const* value_rows,
-                     int count, int64_t dim, float* acc) {
-  GroupAccumulateImpl(weights, ld, rows, value_rows, count, dim, acc);
-}
-void GroupAccumulate(const float* weights, int64_t ld, int rows, const uint16_t* const* value_rows,
-                     int count, int64_t dim, float* acc) {
-  GroupAccumulateImpl(weights, ld, rows, value_rows, count, dim, acc);
-}
+template void GroupScores<float>(const float*, int, int64_t, const float* const*, int, float*,
+                                 int64_t);
+template void GroupScores<uint16_t>(const float*, int, int64_t, const uint16_t* const*, int, float*,
+                                    int64_t);
+template void GroupAccumulate<float>(const float*, int64_t, int, const float* const*, int, int64_t,
+                                     float*);
+template void GroupAccumulate<uint16_t>(const float*, int64_t, int, const uint16_t* const*, int,
+                                        int64_t, float*);
 
 #endif  // ATTNSERVE_X86_AVX512
 

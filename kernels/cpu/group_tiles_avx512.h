@@ -20,18 +20,19 @@
 
 namespace attnserve::avx512 {
 
+// Both take rows of keys/values stored as float or as bf16 bits (Element = float or uint16_t,
+// the two instantiated in group_tiles_avx512.cc).
+
 // scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count.
 // dim % 16 == 0; only on CPUs with AVX-512F.
-void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,
-                 float* scores, int64_t ld);
-void GroupScores(const float* q, int rows, int64_t dim, const uint16_t* const* key_rows, int count,
+template <typename Element>
+void GroupScores(const float* q, int rows, int64_t dim, const Element* const* key_rows, int count,
                  float* scores, int64_t ld);
 
 // acc[g * dim, +dim) += sum_s weights[g * ld + s] * value_rows[s][0, dim) for g < rows.
 // dim % 16 == 0; only on CPUs with AVX-512F.
-void GroupAccumulate(const float* weights, int64_t ld, int rows, const float* const* value_rows,
-                     int count, int64_t dim, float* acc);
-void GroupAccumulate(const float* weights, int64_t ld, int rows, const uint16_t* const* value_rows,
+template <typename Element>
+void GroupAccumulate(const float* weights, int64_t ld, int rows, const Element* const* value_rows,
                      int count, int64_t dim, float* acc);
 
 }  // namespace attnserve::avx512

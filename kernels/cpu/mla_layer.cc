@@ -8,6 +8,7 @@
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
 
@@ -95,8 +96,8 @@ MlaLayer::MlaLayer(const LayerSpec& spec, const LayerWeights& weights,
       kv_a_norm_(weights.at("kv_a_layernorm.weight").ToFloats()),
       wkv_b_(weights.at("kv_b_proj.weight").ToFloats()),
       wo_(weights.at("o_proj.weight").ToFloats()),
-      variation_(AttentionVariation::FromSpec(spec)),
-      rope_(spec) {}
+      rope_inv_freq_(RopeInverseFrequencies(spec)),
+      variation_(AttentionVariation::FromSpec(spec, {.rope_inv_freq = rope_inv_freq_.data()})) {}
 
 std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
   const LayerSpec& s = spec();
@@ -116,7 +117,11 @@ std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
                   dims_.q_lora_rank, width, q.data(), width, pool());
   }
   // RoPE on each head's q_pe, the last qk_rope_head_dim elements of the head.
-  rope_.Apply(q.data() + dims_.qk_nope_head_dim, width, s.num_heads, qk_dim_, batch.positions);
+  if (const RotaryPositions& rope = variation_.rope; rope.active()) {
+    std::vector<float> table(rope.rotary_dim);
+    rope.RotateRows(q.data() + dims_.qk_nope_head_dim, rows, width, s.num_heads, qk_dim_,
+                    batch.positions.data(), table.data());
+  }
   return q;
 }
 
@@ -127,8 +132,12 @@ void MlaLayer::ComputeAndCacheLatents(const CpuBatch& batch) {
                 latent.data(), latent_dim_, pool());
   RmsNormRows(latent.data(), batch.rows, latent_dim_, dims_.kv_lora_rank, kv_a_norm_.data(),
               dims_.rms_norm_eps);
-  rope_.Apply(latent.data() + dims_.kv_lora_rank, latent_dim_, 1, dims_.qk_rope_head_dim,
-              batch.positions);
+  // RoPE on k_pe, the row's last qk_rope_head_dim elements.
+  if (const RotaryPositions& rope = variation_.rope; rope.active()) {
+    std::vector<float> table(rope.rotary_dim);
+    rope.RotateRows(latent.data() + dims_.kv_lora_rank, batch.rows, latent_dim_, 1,
+                    dims_.qk_rope_head_dim, batch.positions.data(), table.data());
+  }
   for (const BatchSequence& seq : batch.sequences) {
     for (int64_t i = 0; i < seq.num_new; ++i) {
       StoreRow(*seq.table, seq.first_index + i, 0, /*value=*/false,

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/rope.h"
 #include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
@@ -52,9 +51,10 @@ class MlaLayer : public CpuLayer {
   std::vector<float> kv_a_norm_;  // [kv_lora]
   std::vector<float> wkv_b_;      // [H * (nope + v), kv_lora]
   std::vector<float> wo_;         // [d_model, H * v]
-  // The softmax scale and the mask (MLA has no other variations), built once at creation.
+  // RoPE's inverse frequencies [qk_rope_head_dim / 2] (empty without RoPE), which variation_
+  // points at: the softmax scale, the mask and RoPE (MLA has no other variations), built once.
+  std::vector<double> rope_inv_freq_;
   AttentionVariation variation_;
-  RotaryEmbedding rope_;
 };
 
 }  // namespace attnserve

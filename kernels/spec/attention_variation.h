@@ -7,14 +7,16 @@
 //   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
 //   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
 //   HeadRmsNorm    pre-RoPE transform: per-head RMSNorm of q and k (Qwen3, Gemma 3).
+//   RotaryPositions  position embedding: RoPE's rotation of q and k, half or interleaved pairs,
+//                  partial rotary dims (Phi, GPT-J), YaRN's cos/sin factor.
 //
 // Why: a variation used to be a field threaded through LayerSpec, both params structs and every
 // kernel body (16-24 files each, docs/design.md). Now a new one is a type here, a field of the
 // spec and its mapping; the kernels call AttentionVariation's hooks and do not change.
 //
 // nvcc-safe: the hooks are ATTNSERVE_HD and the types hold plain values and pointers to data the
-// layer owns (sinks, norm scales), so CUDA kernels can take an AttentionVariation by value. Only
-// FromSpec, which reads a LayerSpec (absl), is host-only.
+// layer owns (sinks, norm scales, RoPE frequencies), so CUDA kernels can take an
+// AttentionVariation by value. Only FromSpec, which reads a LayerSpec (absl), is host-only.
 #ifndef ATTNSERVE_KERNELS_SPEC_ATTENTION_VARIATION_H_
 #define ATTNSERVE_KERNELS_SPEC_ATTENTION_VARIATION_H_
 
@@ -26,6 +28,7 @@
 
 #if !defined(__CUDACC__)
 #include "kernels/spec/layer_spec.h"
+#include "kernels/spec/rope_frequencies.h"
 #endif
 
 namespace attnserve {
@@ -159,11 +162,99 @@ struct HeadRmsNorm {
   }
 };
 
-// The data a variation needs from the weights, owned by the layer and outliving the variation.
+// Position embedding: RoPE (transformers' apply_rotary_pos_emb), rotating pairs of the first
+// rotary_dim dims of each q and k head vector by position * inv_freq[i] radians. Pair i is
+// (x[i], x[i + rotary_dim / 2]) in the half layout (Llama), (x[2i], x[2i + 1]) interleaved
+// (DeepSeek's rope_interleave, GPT-J); rotary_dim < head_dim is partial rotary (the rest passes
+// through). Angles are computed in double: float32 angles (as some implementations do) lose
+// ~position * 2^-24 radians, visible past a few thousand. cos and sin are rounded to float, then
+// multiplied by the attention factor in float32 (transformers: emb.cos() * attention_scaling).
+//
+// A row's heads share one position, so a caller computes a row's cos/sin once (FillTable, or a
+// thread per pair with PairCosSin) and rotates every head with it (Rotate, or RotatePair);
+// RotateRows does both for a block of rows.
+struct RotaryPositions {
+  const double* inv_freq = nullptr;  // [rotary_dim / 2] (RopeInverseFrequencies), owned by the
+                                     // layer; unused when rotary_dim is 0.
+  int rotary_dim = 0;                // 0 = no RoPE.
+  bool interleaved = false;
+  float attention_factor = 1.0f;  // RopeAttentionFactor: YaRN's; 1 otherwise.
+
+  ATTNSERVE_HD bool active() const { return rotary_dim > 0; }
+  ATTNSERVE_HD int pairs() const { return rotary_dim / 2; }
+
+  // cos and sin of pair i at `position`.
+  ATTNSERVE_HD void PairCosSin(int64_t position, int i, float* cos_out, float* sin_out) const {
+    const double angle = static_cast<double>(position) * inv_freq[i];
+    double s, c;
+#if defined(__CUDA_ARCH__)
+    sincos(angle, &s, &c);
+#else
+    s = sin(angle);
+    c = cos(angle);
+#endif
+    *cos_out = static_cast<float>(c) * attention_factor;
+    *sin_out = static_cast<float>(s) * attention_factor;
+  }
+
+  // Pair i of the head vector `in` rotated by (c, s) into `out` (which may be `in`):
+  // (a, b) -> (a c - b s, b c + a s).
+  ATTNSERVE_HD void RotatePair(const float* in, float* out, int i, float c, float s) const {
+    const int ia = interleaved ? 2 * i : i;
+    const int ib = interleaved ? 2 * i + 1 : i + rotary_dim / 2;
+    const float a = in[ia], b = in[ib];
+    // Written out with its roundings, so that every caller gets the same floats however the
+    // compiler inlines and vectorises it (C++ lets a * c - b * s contract into an FMA, and GCC
+    // contracted the table and the pair loops differently): one FMA with the other product
+    // rounded where the target has FMA (the form GCC gave cpu/rope.cc's loop: the same floats,
+    // checked bit for bit when this replaced it; nvcc contracts by default too), two products and
+    // a sum where it has none, which cannot contract.
+#if defined(__CUDA_ARCH__) || defined(__FMA__)
+    out[ia] = fmaf(a, c, -(b * s));
+    out[ib] = fmaf(b, c, a * s);
+#else
+    out[ia] = a * c - b * s;
+    out[ib] = b * c + a * s;
+#endif
+  }
+
+  // One row's cos_table[i] and sin_table[i], i < pairs(), at `position`.
+  ATTNSERVE_HD void FillTable(int64_t position, float* cos_table, float* sin_table) const {
+    for (int i = 0; i < pairs(); ++i) PairCosSin(position, i, &cos_table[i], &sin_table[i]);
+  }
+
+  // Rotates `count` head vectors `stride` floats apart from x, in place, with one row's table.
+  ATTNSERVE_HD void Rotate(float* x, int64_t count, int64_t stride, const float* cos_table,
+                           const float* sin_table) const {
+    for (int64_t head = 0; head < count; ++head) {
+      float* v = x + head * stride;
+      for (int i = 0; i < pairs(); ++i) RotatePair(v, v, i, cos_table[i], sin_table[i]);
+    }
+  }
+
+  // Host loop of the two above: in each of `rows` rows `row_stride` floats apart from x, rotates
+  // `count` head vectors `stride` apart in place, row r at positions[r]. `table` is scratch of
+  // rotary_dim floats, one row's cos and sin, computed once per row, not per head.
+  ATTNSERVE_HD void RotateRows(float* x, int64_t rows, int64_t row_stride, int64_t count,
+                               int64_t stride, const int64_t* positions, float* table) const {
+    float* cos_table = table;
+    float* sin_table = table + pairs();
+    for (int64_t r = 0; r < rows; ++r) {
+      FillTable(positions[r], cos_table, sin_table);
+      Rotate(x + r * row_stride, count, stride, cos_table, sin_table);
+    }
+  }
+};
+
+// The data a variation needs from the weights and the spec, owned by the layer and outliving the
+// variation.
 struct VariationWeights {
   const float* sinks = nullptr;    // [num_heads]; null without attention_sinks.
   const float* q_scale = nullptr;  // [head_dim]; null without qk_norm.
   const float* k_scale = nullptr;  // [head_dim]
+  // RopeInverseFrequencies(spec); null without RoPE, or where the caller sets rope.inv_freq
+  // itself (the CUDA layers point it at a device copy).
+  const double* rope_inv_freq = nullptr;
 };
 
 // Every variation of one layer, built once at layer creation (FromSpec) and passed by value to the
@@ -175,6 +266,7 @@ struct AttentionVariation {
   AlibiBias alibi;
   SoftmaxSinks sinks;
   HeadRmsNorm qk_norm;
+  RotaryPositions rope;
 
   // Logits transform of one row: `s` holds scale * q.k of `n` keys from site.first_key on, all
   // visible to the query; rewritten in place to the logits the softmax takes: soft-capped, then
@@ -195,6 +287,10 @@ struct AttentionVariation {
     v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
     if (spec.qk_norm != QkNorm::kNone) {
       v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim};
+    }
+    if (RotaryDim(spec) > 0) {
+      v.rope = {weights.rope_inv_freq, RotaryDim(spec), spec.rope == RopeLayout::kInterleaved,
+                static_cast<float>(RopeAttentionFactor(spec))};
     }
     return v;
   }

@@ -1,9 +1,10 @@
 // The RoPE inverse frequencies and cos/sin factor of a layer, rope scaling included.
 //
-// One computation for every backend (the CPU RotaryEmbedding and the CUDA RoPE kernel upload the
-// same numbers), following transformers' modeling_rope_utils.py function by function so that a
-// checkpoint's positions rotate here exactly as there. Computed in double; transformers computes
-// in float32, a relative difference of ~1e-7 per frequency.
+// One computation for every backend (the CPU layers and the CUDA RoPE kernels rotate by the same
+// numbers, through RotaryPositions in attention_variation.h), following transformers'
+// modeling_rope_utils.py function by function so that a checkpoint's positions rotate here exactly
+// as there. Computed in double; transformers computes in float32, a relative difference of ~1e-7
+// per frequency.
 #ifndef ATTNSERVE_KERNELS_SPEC_ROPE_FREQUENCIES_H_
 #define ATTNSERVE_KERNELS_SPEC_ROPE_FREQUENCIES_H_
 

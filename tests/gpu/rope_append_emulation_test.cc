@@ -90,12 +90,10 @@ TEST_P(RopeAppendEmulationTest, RotatesAndWritesExactlyTheRowsSlots) {
   p.positions = positions.data();
   p.row_sequence = row_sequence.data();
   p.sequences = descs.data();
-  p.inv_freq = inv_freq.data();
+  p.rope = {inv_freq.data(), c.rotary_dim, c.layout == RopeLayout::kInterleaved,
+            c.attention_factor};
   p.rows = rows;
   p.num_heads = heads;
-  p.rotary_dim = c.rotary_dim;
-  p.interleaved = c.layout == RopeLayout::kInterleaved ? 1 : 0;
-  p.attention_factor = c.attention_factor;
   if (c.qk_norm) p.qk_norm = {norm_scale.data(), norm_scale.data() + d, eps};
   p.kv_type = c.kv;
   p.kv = batch.Kv();

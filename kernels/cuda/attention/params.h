@@ -100,12 +100,10 @@ struct RopeAppendParams {
   const int64_t* positions = nullptr;       // [rows] RoPE positions.
   const int* row_sequence = nullptr;        // [rows] index into `sequences` of each row.
   const SequenceDesc* sequences = nullptr;  // [batch]
-  const double* inv_freq = nullptr;  // [rotary_dim / 2] theta^(-2i/rotary_dim), fp64 as the CPU.
+  // The layer's RoPE (AttentionVariation::rope), inv_freq in device memory; rotary_dim 0: none.
+  RotaryPositions rope;
   int rows = 0;
   int num_heads = 0;
-  int rotary_dim = 0;   // 0 = no RoPE.
-  int interleaved = 0;  // 1: pairs (2i, 2i+1); 0: pairs (i, i + rotary_dim/2).
-  float attention_factor = 1.0f;  // cos and sin are multiplied by it (YaRN's attention scaling).
   QkNormParams qk_norm;  // Before RoPE.
   KvType kv_type = KvType::kF32;
   int batch = 0;  // Sequences; 8-bit pages append per sequence (kv_append.cuh).

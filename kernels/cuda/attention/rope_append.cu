@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kQuantizedAppendThreads)
 
 cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
-  if (p.rotary_dim / 2 > kMaxHalfRotary) return cudaErrorInvalidValue;
+  if (p.rope.pairs() > kMaxHalfRotary) return cudaErrorInvalidValue;
   switch (p.kv_type) {
     case KvType::kF32:
       RopeAppendKernel<KvType::kF32><<<p.rows, kRopeAppendThreads, 0, stream>>>(p);

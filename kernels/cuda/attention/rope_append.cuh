@@ -23,32 +23,18 @@ struct RopeAppendStorage {
   float sin_table[kMaxHalfRotary];
 };
 
-// Rotates pair i of one head vector `x` in place:
-//   (a, b) -> (a cos - b sin, b cos + a sin), pair i = (i, i + half) or (2i, 2i + 1).
-ATTNSERVE_SIMT void RotatePair(float* x, int i, int half, int interleaved,
-                               const RopeAppendStorage& sm) {
-  const int ia = interleaved ? 2 * i : i;
-  const int ib = interleaved ? 2 * i + 1 : i + half;
-  const float a = x[ia], b = x[ib];
-  x[ia] = a * sm.cos_table[i] - b * sm.sin_table[i];
-  x[ib] = b * sm.cos_table[i] + a * sm.sin_table[i];
-}
-
 template <KvType kKv>
 ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppendStorage& sm) {
   using Elem = KvElement<kKv>;
   using T = typename Elem::T;
   const int tid = simt::ThreadIndex();
-  const int half = p.rotary_dim / 2;
+  const int half = p.rope.pairs();
   const int head_dim = p.kv.head_dim;
   const int kv_heads = p.kv.num_kv_heads;
-  // Angles in fp64, as the CPU backend (float angles lose ~position * 2^-24 radians); cos and sin
-  // rounded to float, then times YaRN's attention factor (a float32 product, as transformers).
+  // The row's cos/sin table, a thread per pair, by the CPU's formula (RotaryPositions: fp64
+  // angles, cos and sin rounded to float, then times YaRN's attention factor).
   for (int i = tid; i < half; i += kRopeAppendThreads) {
-    double s, c;
-    simt::SinCos(static_cast<double>(p.positions[row]) * p.inv_freq[i], &s, &c);
-    sm.cos_table[i] = static_cast<float>(c) * p.attention_factor;
-    sm.sin_table[i] = static_cast<float>(s) * p.attention_factor;
+    p.rope.PairCosSin(p.positions[row], i, &sm.cos_table[i], &sm.sin_table[i]);
   }
   float* qkv = p.qkv + row * p.qkv_stride;
   // q and k heads are consecutive head_dim-wide vectors: num_heads of q, then kv_heads of k.
@@ -63,7 +49,8 @@ ATTNSERVE_SIMT void RopeAppendBlock(const RopeAppendParams& p, int row, RopeAppe
   simt::SyncBlock();  // The tables and the normalised heads.
   for (int e = tid; e < rotated_heads * half; e += kRopeAppendThreads) {
     const int head = e / half, i = e % half;
-    RotatePair(qkv + int64_t{head} * head_dim, i, half, p.interleaved, sm);
+    float* x = qkv + int64_t{head} * head_dim;
+    p.rope.RotatePair(x, x, i, sm.cos_table[i], sm.sin_table[i]);
   }
   simt::SyncBlock();
   // 8-bit pages: QuantizedAppendBlock (kv_append.cuh) appends the rotated k and v after this

@@ -88,10 +88,9 @@ absl::Status CudaGqaLayer::Init(const LayerWeights& weights) {
     if (!flashinfer.ok()) return flashinfer.status();
     flashinfer_ = *std::move(flashinfer);
   }
-  const int rotary = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
-  if (rotary > 0) {
-    // The CPU RotaryEmbedding's frequencies (rope scaling included), in fp64; its cos/sin factor
-    // goes with each call's RopeAppendParams.
+  if (variation_.rope.active()) {
+    // The CPU layer's frequencies (rope scaling included), in fp64; the rest of the RoPE policy
+    // (variation_.rope) goes with each call's RopeAppendParams.
     const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
@@ -206,12 +205,10 @@ absl::StatusOr<Tensor> CudaGqaLayer::Launch(const BatchPlan& plan, const LayerCa
   rope.positions = reinterpret_cast<const int64_t*>(device(l.up.positions));
   rope.row_sequence = reinterpret_cast<const int*>(device(l.up.row_sequence));
   rope.sequences = reinterpret_cast<const SequenceDesc*>(device(l.up.sequences));
-  rope.inv_freq = static_cast<const double*>(inv_freq_.data());
+  rope.rope = variation_.rope;  // Layout, rotary dims and cos/sin factor, as the CPU's.
+  rope.rope.inv_freq = static_cast<const double*>(inv_freq_.data());
   rope.rows = m_rows;
   rope.num_heads = spec_.num_heads;
-  rope.rotary_dim = spec_.rope == RopeLayout::kNone ? 0 : RotaryDim(spec_);
-  rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
-  rope.attention_factor = static_cast<float>(RopeAttentionFactor(spec_));
   if (spec_.qk_norm != QkNorm::kNone) {
     const auto* scales = static_cast<const float*>(qk_norm_scale_.data());
     rope.qk_norm = {scales, scales + spec_.head_dim, spec_.qk_norm_eps};

@@ -120,9 +120,9 @@ absl::Status CudaMlaLayer::Init(const LayerWeights& weights) {
         FlashInferMlaAttention::Create(spec_, kv_config_, pages_.store().page_bytes(),
                                        context_.pool->slab_bytes(), context_.multiprocessors);
   }
-  if (spec_.rope != RopeLayout::kNone && dims_.qk_rope_head_dim > 0) {
-    // The CPU RotaryEmbedding's frequencies (YaRN included), in fp64. Its cos/sin factor has no
-    // place in the kernel: the capability table refuses specs where it is not 1.
+  if (variation_.rope.active()) {
+    // The CPU layer's frequencies (YaRN included), in fp64. The capability table refuses specs
+    // whose cos/sin factor is not 1, so the kernels' multiply by it (RotaryPositions) is exact.
     const std::vector<double> inv_freq = RopeInverseFrequencies(spec_);
     if (absl::Status s = inv_freq_.EnsureBytes(inv_freq.size() * sizeof(double)); !s.ok()) return s;
     ATTNSERVE_CUDA_RETURN_IF_ERROR(
@@ -245,10 +245,8 @@ absl::StatusOr<Tensor> CudaMlaLayer::Launch(const BatchPlan& plan, const LayerCa
     return s;
   }
   timer_.EndDevice(LayerStage::kQkvGemm, stream_);
-  MlaRope rope;
+  RotaryPositions rope = variation_.rope;  // Layout and rotary dims, as the CPU's.
   rope.inv_freq = static_cast<const double*>(inv_freq_.data());
-  rope.rotary = spec_.rope == RopeLayout::kNone ? 0 : dims_.qk_rope_head_dim;
-  rope.interleaved = spec_.rope == RopeLayout::kInterleaved ? 1 : 0;
   const MlaPagedKv kv{pages_.store().pool_base(),
                       reinterpret_cast<const int64_t*>(device(l.up.pages)), kv_config_.page_size,
                       dims_.kv_lora_rank, dims_.qk_rope_head_dim};

@@ -45,19 +45,13 @@ ATTNSERVE_SIMT void BlockRmsNorm(float* x, const float* weight, int width, float
   simt::SyncBlock();
 }
 
-// Rotates pair i of the `rope.rotary`-wide vector `in` at `position` into `out` (may alias):
-// (a, b) -> (a cos - b sin, b cos + a sin), angles in fp64 rounded to float as on the CPU.
-ATTNSERVE_SIMT void RotateMlaPair(const MlaRope& rope, int64_t position, const float* in,
+// Rotates pair i of the `rope.rotary_dim`-wide vector `in` at `position` into `out` (may alias),
+// by the CPU's formula (RotaryPositions, kernels/spec/attention_variation.h).
+ATTNSERVE_SIMT void RotateMlaPair(const RotaryPositions& rope, int64_t position, const float* in,
                                   float* out, int i) {
-  const int half = rope.rotary / 2;
-  const int ia = rope.interleaved ? 2 * i : i;
-  const int ib = rope.interleaved ? 2 * i + 1 : i + half;
-  double s, c;
-  simt::SinCos(static_cast<double>(position) * rope.inv_freq[i], &s, &c);
-  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
-  const float a = in[ia], b = in[ib];
-  out[ia] = a * cf - b * sf;
-  out[ib] = b * cf + a * sf;
+  float c, s;
+  rope.PairCosSin(position, i, &c, &s);
+  rope.RotatePair(in, out, i, c, s);
 }
 
 // ---- Block functions ----------------------------------------------------------------------------
@@ -73,7 +67,7 @@ ATTNSERVE_SIMT void MlaAppendBlock(const MlaAppendParams& p, int row, MlaAppendS
   float* latent = p.latent + int64_t{row} * width;
   BlockRmsNorm(latent, p.kv_norm, p.kv.latent_dim, p.eps, sm);
   float* k_pe = latent + p.kv.latent_dim;
-  for (int i = tid; i < p.rope.rotary / 2; i += kMlaLatentThreads) {
+  for (int i = tid; i < p.rope.pairs(); i += kMlaLatentThreads) {
     RotateMlaPair(p.rope, p.positions[row], k_pe, k_pe, i);
   }
   simt::SyncBlock();
@@ -157,7 +151,7 @@ ATTNSERVE_SIMT void MlaQueryBlock(const MlaQueryParams& p, int head, int chunk, 
     q_nope[r * p.nope + n] = p.q[(int64_t{row0 + r} * p.num_heads + head) * qk + n];
   }
   // RoPE(q_pe) straight into the query's tail (a copy without RoPE: q_pe still meets k_pe).
-  const int half = p.rope.rotary / 2;
+  const int half = p.rope.pairs();
   if (half > 0) {
     for (int e = tid; e < rows * half; e += kMlaLatentThreads) {
       const int r = e / half, i = e % half;

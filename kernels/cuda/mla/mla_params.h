@@ -18,6 +18,7 @@
 #include "kernels/core/host_device.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/kv/page_layout.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve::cuda {
 
@@ -42,13 +43,6 @@ struct MlaPagedKv {
   }
 };
 
-// RoPE as the CPU's RotaryEmbedding: pair i is (i, i + rotary/2) or (2i, 2i + 1), angles fp64.
-struct MlaRope {
-  const double* inv_freq = nullptr;  // [rotary / 2]; unused when rotary == 0.
-  int rotary = 0;                    // qk_rope_head_dim, or 0 for no RoPE.
-  int interleaved = 0;
-};
-
 // One block per row: RMSNorm of the q latent (q_lora_rank > 0) and of c_kv, RoPE of k_pe, and
 // the row [c_kv | k_pe] stored into its page slot in the page type (round to nearest even). 8-bit
 // pages: the rows stay in `latent` and a second kernel quantizes them into their pages, a block
@@ -63,7 +57,7 @@ struct MlaAppendParams {
   const int64_t* positions = nullptr;       // [rows] RoPE positions.
   const int* row_sequence = nullptr;        // [rows] index into `sequences`.
   const SequenceDesc* sequences = nullptr;  // [batch]
-  MlaRope rope;
+  RotaryPositions rope;  // The layer's (qk_rope_head_dim wide, or none); inv_freq on the device.
   int rows = 0;
   int batch = 0;  // Sequences: 8-bit pages' grid.
   KvType kv_type = KvType::kF32;
@@ -72,7 +66,7 @@ struct MlaAppendParams {
 
 // The absorbed queries: one block per row, every head.
 //   q_lat[r, h, 0:latent]           = q[r, h, 0:nope] . W_UK_h   (W_UK_h [nope, latent])
-//   q_lat[r, h, latent:latent+rope] = RoPE(q[r, h, nope:nope+rope])   (copied when rope.rotary = 0)
+//   q_lat[r, h, latent:latent+rope] = RoPE(q[r, h, nope:nope+rope])   (copied without RoPE)
 struct MlaQueryParams {
   const float* q = nullptr;  // [rows, num_heads, nope + rope] (q_proj / q_b_proj output).
   // W_UK of head h, [nope, latent] row-major, at w_uk + h * w_uk_head_stride: kv_b_proj's rows
@@ -81,11 +75,11 @@ struct MlaQueryParams {
   int64_t w_uk_head_stride = 0;
   float* q_latent = nullptr;  // [rows, num_heads, latent + rope]
   const int64_t* positions = nullptr;  // [rows]
-  MlaRope rope;
+  RotaryPositions rope;  // The layer's (qk_rope_head_dim wide, or none); inv_freq on the device.
   int rows = 0;
   int num_heads = 0;
   int nope = 0;
-  int rope_dim = 0;  // qk_rope_head_dim, rotated or not (rope.rotary is 0 without RoPE).
+  int rope_dim = 0;  // qk_rope_head_dim, rotated or not (rope.rotary_dim is 0 without RoPE).
   int latent = 0;
 };
 

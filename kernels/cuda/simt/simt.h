@@ -47,7 +47,6 @@ ATTNSERVE_SIMT void SyncBlock() { __syncthreads(); }
 ATTNSERVE_SIMT float ShflXor(float value, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, value, lane_mask);
 }
-ATTNSERVE_SIMT void SinCos(double x, double* s, double* c) { sincos(x, s, c); }
 
 // D = A . B + C for one 16x8x16 tile (PTX mma.sync.aligned.m16n8k16.row.col, fp32 accumulate).
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
@@ -96,10 +95,6 @@ ATTNSERVE_SIMT int ThreadIndex() { return emulator::ThreadIndex(); }
 ATTNSERVE_SIMT void SyncBlock() { emulator::SyncBlock(); }
 ATTNSERVE_SIMT float ShflXor(float value, int lane_mask) {
   return emulator::ShflXor(value, lane_mask);
-}
-ATTNSERVE_SIMT void SinCos(double x, double* s, double* c) {
-  *s = std::sin(x);
-  *c = std::cos(x);
 }
 template <Half16 kType>
 ATTNSERVE_SIMT void Mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {

@@ -114,7 +114,7 @@ cudaError_t LaunchCombineSplits(const AttentionParams& p, cudaStream_t) {
 }
 
 cudaError_t LaunchRopeAppend(const RopeAppendParams& p, cudaStream_t) {
-  if (p.rotary_dim / 2 > kMaxHalfRotary) return cudaErrorInvalidValue;
+  if (p.rope.pairs() > kMaxHalfRotary) return cudaErrorInvalidValue;
   std::unique_ptr<RopeAppendStorage> sm;
   for (int row = 0; row < p.rows; ++row) {
     auto& storage = Garbage(sm);
