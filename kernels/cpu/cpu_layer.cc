@@ -158,4 +158,45 @@ void CpuLayer::StoreRow(const PageTable& table, int64_t index, int head, bool va
                count);
 }
 
+void CpuLayer::StoreKvRows(const CpuBatch& batch, int num_kv_heads, int dim, const float* keys,
+                           const float* values, int64_t row_stride) {
+  // Runs of whole pages, about 256 tokens each: a task owns its pages' rows (and an 8-bit page's
+  // scales) of one KV head, so tasks never touch the same bytes. On the calling thread alone this
+  // loop was about 2% of a 2048-token MHA prefill while the pool's other threads waited.
+  const int64_t page_size = layout_.page_size;
+  const int64_t run = std::max<int64_t>(1, 256 / page_size) * page_size;
+  struct Task {
+    const BatchSequence* seq;
+    int head;
+    int64_t begin;  // Sequence indices [begin, end) of new tokens.
+    int64_t end;
+  };
+  std::vector<Task> tasks;
+  for (const BatchSequence& seq : batch.sequences) {
+    const int64_t end = seq.first_index + seq.num_new;
+    for (int h = 0; h < num_kv_heads; ++h) {
+      for (int64_t begin = seq.first_index; begin < end;) {
+        const int64_t next = std::min(end, (begin / run + 1) * run);  // Run boundaries are pages'.
+        tasks.push_back({&seq, h, begin, next});
+        begin = next;
+      }
+    }
+  }
+  auto store = [&](const Task& t) {
+    for (int64_t index = t.begin; index < t.end; ++index) {
+      const int64_t offset = (t.seq->first_row + index - t.seq->first_index) * row_stride +
+                             int64_t{t.head} * dim;
+      StoreRow(*t.seq->table, index, t.head, /*value=*/false, keys + offset, dim);
+      StoreRow(*t.seq->table, index, t.head, /*value=*/true, values + offset, dim);
+    }
+  };
+  // A decode step's few rows (under 512 row-heads, 256 KiB of f32 rows at head dim 64): not
+  // worth waking the pool.
+  if (batch.rows * num_kv_heads < 512) {
+    for (const Task& t : tasks) store(t);
+    return;
+  }
+  pool_->ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t i) { store(tasks[i]); });
+}
+
 }  // namespace attnserve

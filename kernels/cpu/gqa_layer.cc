@@ -112,16 +112,7 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
   // Rotates the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set).
   rope_.Apply(q, qkv_width, s.num_heads, s.head_dim, batch.positions);
   rope_.Apply(k, qkv_width, s.num_kv_heads, s.head_dim, batch.positions);
-  for (const BatchSequence& seq : batch.sequences) {
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      const int64_t row = seq.first_row + i;
-      for (int h = 0; h < s.num_kv_heads; ++h) {
-        const int64_t offset = row * qkv_width + int64_t{h} * s.head_dim;
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/false, k + offset, s.head_dim);
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/true, v + offset, s.head_dim);
-      }
-    }
-  }
+  StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);
 }
 
 void GqaLayer::OutputProjection(const CpuBatch& batch, const float* attention) {
