@@ -21,9 +21,9 @@ namespace {
 // per-block work (max, rescale of the accumulator) is paid half as often as with 128 keys (the
 // prefill kernel alone, one thread: 5-7% less CPU time; the sgemm path measured within ±3% of 128
 // earlier). 128 rows rather than 64 halve how often an MHA item (one KV head, 128 tokens)
-// streams its head's keys and values from L3: BM_PrefillAttention, one thread, best of 10, MHA
-// 69.8 against 81.3 ms, GQA-4 62.9 against 67.0, MQA 55.4 against 57.9; 256 rows measured the
-// same as 128.
+// streams its head's keys and values from L3: BM_PrefillAttention, one thread, least CPU time of
+// 10 at load ~5 (so ±5%), MHA 69.8 against 81.3 ms, GQA-4 62.9 against 67.0, MQA 55.4 against
+// 57.9; 256 rows measured the same as 128.
 constexpr int64_t kTargetRowsPerBlock = 128;
 constexpr int64_t kKeysPerBlock = 256;
 // A key block the causal diagonal crosses is computed in row chunks of this many rows (a multiple
