@@ -70,6 +70,11 @@ class CpuLayer : public AttentionLayer {
   // value row. A page's rows are written in slot order (8-bit pages rescale as they fill).
   void StoreRow(const PageTable& table, int64_t index, int head, bool value, const float* src,
                 int64_t count);
+  // Writes the key and value rows of every new token of the batch: KV head h of batch row r is
+  // keys + r * row_stride + h * dim (values alike). Spread over the pool, one task per (sequence,
+  // KV head, run of whole pages), each writing its pages' rows in slot order.
+  void StoreKvRows(const CpuBatch& batch, int num_kv_heads, int dim, const float* keys,
+                   const float* values, int64_t row_stride);
 
  private:
   // Checks ids and reserves pages for each sequence's new tokens (all or nothing), advancing

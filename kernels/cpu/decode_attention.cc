@@ -209,13 +209,19 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
   }
   first_item_of[p.batch] = static_cast<int64_t>(items.size());
 
+  // One split per sequence (a batch of at least twice the threads): each item accumulates straight
+  // into its sequence's output rows and normalises them itself, so the step needs no combine pass
+  // (one fan-out of the pool fewer) and no partial accumulators. The arithmetic is the combine's
+  // with a single split (weight exp(0) = 1), so the output is the same either way.
+  const bool single_split = static_cast<int64_t>(items.size()) == p.batch;
   std::vector<float> max(partial_rows), sum(partial_rows),
-      acc(static_cast<size_t>(partial_rows) * p.value_dim);
+      acc(single_split ? 0 : static_cast<size_t>(partial_rows) * p.value_dim);
   pool.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const WorkItem& item = items[i];
     const float* q = p.q + item.sequence * rows * p.key_dim;
-    PartialState state{&max[item.partial_offset], &sum[item.partial_offset],
-                       &acc[item.partial_offset * p.value_dim]};
+    float* const item_acc = single_split ? p.out + item.sequence * rows * p.value_dim
+                                         : &acc[item.partial_offset * p.value_dim];
+    PartialState state{&max[item.partial_offset], &sum[item.partial_offset], item_acc};
     const PageTable& table = *p.tables[item.sequence];
     if (p.layout.quantized()) {
       AttendKeys<float, /*kDequantize=*/true>(p, q, table, item.keys, state);
@@ -224,7 +230,19 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
     } else {
       AttendKeys<float>(p, q, table, item.keys, state);
     }
+    if (!single_split) return;
+    for (int r = 0; r < rows; ++r) {
+      float* out_row = item_acc + int64_t{r} * p.value_dim;
+      float total = state.sum[r];
+      if (total == 0.0f) {  // As the combine: a split without weight adds nothing.
+        std::fill(out_row, out_row + p.value_dim, 0.0f);
+        total = 0.0f;
+      }
+      const float rescale = p.variation.sinks.Join(r, state.max[r], &total);
+      if (total > 0.0f) Scale(rescale / total, out_row, p.value_dim);
+    }
   });
+  if (single_split) return;
 
   // Combine the splits of each sequence: rescale each to the global max, then divide by the
   // global sum.

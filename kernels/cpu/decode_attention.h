@@ -5,7 +5,8 @@
 // serves every query row of the KV head from them: the query heads of a GQA/MQA group, or all
 // heads of an absorbed MLA layer (whose single "KV head" is the latent). Splits of one sequence
 // produce partial softmax states (max, sum, unnormalised output) that a combine step merges, so a
-// single long sequence still uses every thread.
+// single long sequence still uses every thread; when every sequence is one item (a batch of at
+// least twice the threads), each item normalises its own output and there is no combine step.
 #ifndef ATTNSERVE_KERNELS_CPU_DECODE_ATTENTION_H_
 #define ATTNSERVE_KERNELS_CPU_DECODE_ATTENTION_H_
 

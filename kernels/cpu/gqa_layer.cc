@@ -117,16 +117,7 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
     rope.RotateRows(q, rows, qkv_width, s.num_heads + s.num_kv_heads, s.head_dim,
                     batch.positions.data(), p.rope_table.Resize(rope.rotary_dim));
   }
-  for (const BatchSequence& seq : batch.sequences) {
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      const int64_t row = seq.first_row + i;
-      for (int h = 0; h < s.num_kv_heads; ++h) {
-        const int64_t offset = row * qkv_width + int64_t{h} * s.head_dim;
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/false, k + offset, s.head_dim);
-        StoreRow(*seq.table, seq.first_index + i, h, /*value=*/true, v + offset, s.head_dim);
-      }
-    }
-  }
+  StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);
 }
 
 void GqaLayer::OutputProjection(const CpuBatch& batch, const float* attention) {
@@ -136,7 +127,9 @@ void GqaLayer::OutputProjection(const CpuBatch& batch, const float* attention) {
 
 void GqaLayer::RunPrefill(const CpuBatch& batch) {
   const LayerSpec& s = spec();
-  Buffers p;
+  // Per calling thread, shared by the prefills of every layer it runs: fresh buffers of this size
+  // (12 MiB of qkv at 2048 MHA tokens) had their pages faulted in again on every call.
+  thread_local Buffers p;
   ProjectAndCache(batch, p);
   std::vector<PagedKvSource> sources;
   sources.reserve(batch.sequences.size());
@@ -160,6 +153,8 @@ void GqaLayer::RunPrefill(const CpuBatch& batch) {
   params.variation = variation_;
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, attention);
+  p.qkv.Trim(kMaxRetainedScratchFloats);
+  p.attention.Trim(kMaxRetainedScratchFloats);
 }
 
 void GqaLayer::RunDecode(const CpuBatch& batch) {

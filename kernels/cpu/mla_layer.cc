@@ -8,6 +8,7 @@
 #include "kernels/cpu/host_page_store.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
@@ -30,12 +31,13 @@ void RmsNormRows(float* x, int64_t rows, int64_t row_stride, int64_t width, cons
 // through kv_b_proj, served per head as key = [k_nope_h | k_pe], value = v_h.
 class ExpandedLatentSource : public KvBlockSource {
  public:
-  ExpandedLatentSource(const MlaDims& dims, int num_heads, int64_t begin,
-                       std::vector<float> expanded, std::vector<float> rope_keys)
+  // `expanded` [end - begin, num_heads * (nope + v)] must outlive the source.
+  ExpandedLatentSource(const MlaDims& dims, int num_heads, int64_t begin, const float* expanded,
+                       std::vector<float> rope_keys)
       : dims_(dims),
         num_heads_(num_heads),
         begin_(begin),
-        expanded_(std::move(expanded)),
+        expanded_(expanded),
         rope_keys_(std::move(rope_keys)) {}
 
   void Fill(int head, int64_t begin, int64_t end, float* keys, float* values) const override {
@@ -55,7 +57,7 @@ class ExpandedLatentSource : public KvBlockSource {
   MlaDims dims_;
   int num_heads_;
   int64_t begin_;
-  std::vector<float> expanded_;   // [end - begin, num_heads * (nope + v)]
+  const float* expanded_;         // [end - begin, num_heads * (nope + v)]
   std::vector<float> rope_keys_;  // [end - begin, rope]
 };
 
@@ -164,24 +166,38 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   sources.reserve(batch.sequences.size());
   std::vector<PrefillSequence> sequences;
   const int64_t expanded_width = int64_t{s.num_heads} * kv_b_width_;
+  auto visible_begin = [&](const BatchSequence& seq) {
+    return variation_.mask.VisibleKeys(seq.first_index, seq.table->num_tokens).begin;
+  };
+  // Every sequence's up-projection back to back, and the latents, in per-thread buffers kept
+  // across calls (kMaxRetainedScratchFloats): fresh, they were 19 MiB of zeroed pages at 2048
+  // tokens, faulted in on the calling thread on every prefill.
+  thread_local ScratchFloats expanded_scratch, latent_scratch;
+  int64_t expanded_floats = 0, max_count = 0;
   for (const BatchSequence& seq : batch.sequences) {
-    const int64_t begin = variation_.mask.VisibleKeys(seq.first_index, seq.table->num_tokens).begin;
+    const int64_t count = seq.table->num_tokens - visible_begin(seq);
+    expanded_floats += count * expanded_width;
+    max_count = std::max(max_count, count);
+  }
+  float* expanded = expanded_scratch.Resize(expanded_floats);
+  float* const latents = latent_scratch.Resize(max_count * latent_dim_);
+  for (const BatchSequence& seq : batch.sequences) {
+    const int64_t begin = visible_begin(seq);
     const int64_t count = seq.table->num_tokens - begin;
-    std::vector<float> latents(count * latent_dim_);
     for (int64_t j = 0; j < count; ++j) {
       const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
       const int slot = static_cast<int>((begin + j) % layout().page_size);
       ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_, &latents[j * latent_dim_]);
     }
-    std::vector<float> expanded(count * expanded_width);
-    LinearForward(latents.data(), latent_dim_, count, wkv_b_.data(), nullptr, dims_.kv_lora_rank,
-                  expanded_width, expanded.data(), expanded_width, pool());
+    LinearForward(latents, latent_dim_, count, wkv_b_.data(), nullptr, dims_.kv_lora_rank,
+                  expanded_width, expanded, expanded_width, pool());
     std::vector<float> rope_keys(count * dims_.qk_rope_head_dim);
     for (int64_t j = 0; j < count; ++j) {
       const float* pe = &latents[j * latent_dim_ + dims_.kv_lora_rank];
       std::copy(pe, pe + dims_.qk_rope_head_dim, rope_keys.data() + j * dims_.qk_rope_head_dim);
     }
-    sources.emplace_back(dims_, s.num_heads, begin, std::move(expanded), std::move(rope_keys));
+    sources.emplace_back(dims_, s.num_heads, begin, expanded, std::move(rope_keys));
+    expanded += count * expanded_width;
     sequences.push_back(
         {seq.first_row, seq.num_new, seq.first_index, seq.table->num_tokens, &sources.back()});
   }
@@ -200,6 +216,8 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   params.variation = variation_;
   PrefillAttention(params, sequences, pool());
   OutputProjection(batch, attention);
+  expanded_scratch.Trim(kMaxRetainedScratchFloats);
+  latent_scratch.Trim(kMaxRetainedScratchFloats);
 }
 
 void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q,

@@ -9,18 +9,29 @@
 #include <vector>
 
 #include "kernels/cpu/prefill_tiles.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/cpu/simd_kernels.h"
 
 namespace attnserve {
 
 namespace {
 
-// About 64 rows per query block and 256 keys per key block: Q, K, V, S and O of one item stay in
-// L2 (the tiles keep their short runs in L1), and the online softmax's per-row, per-block work
-// (max, rescale of the accumulator) is paid half as often as with 128 keys (the prefill kernel
-// alone, one thread: 5-7% less CPU time; the sgemm path measured within ±3% of 128 earlier).
-constexpr int64_t kTargetRowsPerBlock = 64;
+// About 128 rows per query block and 256 keys per key block: Q, K, V, S (128 KiB) and O of one
+// item stay in L2 (the tiles keep their short runs in L1), and the online softmax's per-row,
+// per-block work (max, rescale of the accumulator) is paid half as often as with 128 keys (the
+// prefill kernel alone, one thread: 5-7% less CPU time; the sgemm path measured within ±3% of 128
+// earlier). 128 rows rather than 64 halve how often an MHA item (one KV head, 128 tokens)
+// streams its head's keys and values from L3: BM_PrefillAttention, one thread, least CPU time of
+// 10 at load ~5 (so ±5%), MHA 69.8 against 81.3 ms, GQA-4 62.9 against 67.0, MQA 55.4 against
+// 57.9; 256 rows measured the same as 128.
+constexpr int64_t kTargetRowsPerBlock = 128;
 constexpr int64_t kKeysPerBlock = 256;
+// A key block the causal diagonal crosses is computed in row chunks of this many rows (a multiple
+// of the tiles' 4), each only up to the last key its last row sees: with 128-token MHA query
+// blocks the tiles would otherwise spend about 6% of their work on masked scores.
+constexpr int64_t kDiagonalChunkRows = 16;
+// Keys per gather task: a multiple of kKeyPanel, so every task packs whole panels.
+constexpr int64_t kGatherChunkKeys = 256;
 
 struct WorkItem {
   int sequence;
@@ -34,8 +45,8 @@ struct WorkItem {
 // (PackKeyPanels) on the tiled paths.
 struct GatheredKv {
   int64_t begin = 0;
-  const float* keys = nullptr;
-  const float* values = nullptr;
+  float* keys = nullptr;
+  float* values = nullptr;
 };
 
 // Floats a run of `count` keys takes when gathered: panels round the keys up to whole panels.
@@ -45,20 +56,17 @@ int64_t GatheredKeyFloats(PrefillTileIsa isa, int64_t count, int key_dim) {
 }
 
 // Fills keys [begin, end) of `kv_head` into `keys` (rows, or panels from `begin` on) and `values`.
-// Panels are packed from a row copy of at most 256 keys at a time, so no second full-size buffer.
+// Panels are packed from a per-thread row copy of the keys, so no second full-size buffer.
 void GatherKv(PrefillTileIsa isa, const KvBlockSource& source, int kv_head, int64_t begin,
-              int64_t end, int key_dim, int value_dim, float* keys, float* values) {
+              int64_t end, int key_dim, float* keys, float* values) {
   if (isa == PrefillTileIsa::kPortable) {
     source.Fill(kv_head, begin, end, keys, values);
     return;
   }
-  constexpr int64_t kChunk = 256;  // A multiple of kKeyPanel.
-  std::vector<float> rows(std::min(kChunk, end - begin) * key_dim);
-  for (int64_t chunk = begin; chunk < end; chunk += kChunk) {
-    const int64_t count = std::min(kChunk, end - chunk);
-    source.Fill(kv_head, chunk, chunk + count, rows.data(), values + (chunk - begin) * value_dim);
-    PackKeyPanels(rows.data(), count, key_dim, keys + (chunk - begin) * key_dim);
-  }
+  thread_local ScratchFloats rows;
+  float* key_rows = rows.Resize((end - begin) * key_dim);
+  source.Fill(kv_head, begin, end, key_rows, values);
+  PackKeyPanels(key_rows, end - begin, key_dim, keys);
 }
 
 // Keys any new token of the sequence may see.
@@ -76,22 +84,36 @@ void AttendQueryBlock(const PrefillAttentionParams& p, PrefillTileIsa isa,
   const int64_t rows = tokens * group;
   const float kNegInf = -std::numeric_limits<float>::infinity();
 
+  // Per-thread buffers, reused by every item the thread runs (a fresh 128 KiB score block per
+  // item was a zeroing memset, and at that size glibc may hand out fresh mmap'd pages).
+  struct ItemBuffers {
+    ScratchFloats q, keys, panels, values, scores, acc, row_max, row_sum;
+  };
+  thread_local ItemBuffers b;
   // Gather Q rows: row = token * group + g.
-  std::vector<float> q(rows * p.key_dim);
+  float* const q = b.q.Resize(rows * p.key_dim);
   for (int64_t t = 0; t < tokens; ++t) {
     const float* src = p.q + (seq.first_row + item.query_begin + t) * p.q_row_stride +
                        int64_t{item.kv_head} * group * p.key_dim;
-    std::copy(src, src + int64_t{group} * p.key_dim, &q[t * group * p.key_dim]);
+    std::copy(src, src + int64_t{group} * p.key_dim, q + t * group * p.key_dim);
   }
   // The tiles take the softmax scale with q (one multiply per q element, not per score).
   if (tiled && p.variation.scale != 1.0f) {
-    for (float& x : q) x *= p.variation.scale;
+    for (int64_t i = 0; i < rows * p.key_dim; ++i) q[i] *= p.variation.scale;
   }
-  std::vector<float> key_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.key_dim);
-  std::vector<float> panel_buffer(gathered != nullptr || !tiled ? 0 : kKeysPerBlock * p.key_dim);
-  std::vector<float> value_buffer(gathered != nullptr ? 0 : kKeysPerBlock * p.value_dim);
-  std::vector<float> scores(rows * kKeysPerBlock);
-  std::vector<float> acc(rows * p.value_dim, 0.0f), row_max(rows, kNegInf), row_sum(rows, 0.0f);
+  float* const key_buffer =
+      gathered != nullptr ? nullptr : b.keys.Resize(kKeysPerBlock * p.key_dim);
+  float* const panel_buffer =
+      gathered != nullptr || !tiled ? nullptr : b.panels.Resize(kKeysPerBlock * p.key_dim);
+  float* const value_buffer =
+      gathered != nullptr ? nullptr : b.values.Resize(kKeysPerBlock * p.value_dim);
+  float* const scores = b.scores.Resize(rows * kKeysPerBlock);
+  float* const acc = b.acc.Resize(rows * p.value_dim);
+  float* const row_max = b.row_max.Resize(rows);
+  float* const row_sum = b.row_sum.Resize(rows);
+  std::fill_n(acc, rows * p.value_dim, 0.0f);
+  std::fill_n(row_max, rows, kNegInf);
+  std::fill_n(row_sum, rows, 0.0f);
 
   // Keys any query of the block may see; blocks beyond them (above the causal diagonal, before
   // the window) are never visited.
@@ -118,53 +140,75 @@ void AttendQueryBlock(const PrefillAttentionParams& p, PrefillTileIsa isa,
       keys = gathered->keys + (block - gathered->begin) * p.key_dim;
       values = gathered->values + (block - gathered->begin) * p.value_dim;
     } else {
-      seq.source->Fill(item.kv_head, block, block + count, key_buffer.data(), value_buffer.data());
-      keys = key_buffer.data();
-      values = value_buffer.data();
+      seq.source->Fill(item.kv_head, block, block + count, key_buffer, value_buffer);
+      keys = key_buffer;
+      values = value_buffer;
       if (tiled) {
-        PackKeyPanels(keys, count, p.key_dim, panel_buffer.data());
-        keys = panel_buffer.data();
+        PackKeyPanels(keys, count, p.key_dim, panel_buffer);
+        keys = panel_buffer;
       }
-    }
-    if (tiled) {
-      // S = (scale * Q) · K^T, whole panels (the scores past `count` are never read).
-      PanelScores(isa, q.data(), static_cast<int>(rows), p.key_dim, keys,
-                  static_cast<int>(ld / kKeyPanel), scores.data(), ld);
-    } else {
-      // S = scale * Q · K^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                  static_cast<int>(count), p.key_dim, p.variation.scale, q.data(), p.key_dim, keys,
-                  p.key_dim, 0.0f, scores.data(), static_cast<int>(count));
     }
     // Visible ranges only grow with the query index, so the block is seen whole by every row when
     // the first row sees its end and the last row its start: no per-row mask then.
     const bool whole = first_visible.end >= block + count && last_visible.begin <= block;
-    // Mask, then the online-softmax update; P overwrites S.
-    for (int64_t r = 0; r < rows; ++r) {
-      float* s = &scores[r * ld];
-      int64_t lo = 0, hi = count;
-      if (!whole) {
-        const KeyRange visible = p.variation.mask.VisibleKeys(first_query + r / group, seq.length);
-        lo = std::clamp(visible.begin - block, int64_t{0}, count);
-        hi = std::clamp(visible.end - block, int64_t{0}, count);
-        if (lo >= hi) {
-          std::fill(s, s + count, 0.0f);
-          continue;
+    // Mask, then the online-softmax update of rows [r0, r1); P overwrites S.
+    auto softmax_rows = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* s = scores + r * ld;
+        int64_t lo = 0, hi = count;
+        if (!whole) {
+          const KeyRange visible =
+              p.variation.mask.VisibleKeys(first_query + r / group, seq.length);
+          lo = std::clamp(visible.begin - block, int64_t{0}, count);
+          hi = std::clamp(visible.end - block, int64_t{0}, count);
+          if (lo >= hi) {
+            std::fill(s, s + count, 0.0f);
+            continue;
+          }
         }
+        const LogitSite site{item.kv_head * group + static_cast<int>(r % group),
+                             first_query + r / group, block};
+        OnlineSoftmaxRow(s, count, lo, hi, /*scale=*/1.0f, p.variation, site, &row_max[r],
+                         &row_sum[r], acc + r * p.value_dim, p.value_dim);
       }
-      const LogitSite site{item.kv_head * group + static_cast<int>(r % group),
-                           first_query + r / group, block};
-      OnlineSoftmaxRow(s, count, lo, hi, /*scale=*/1.0f, p.variation, site, &row_max[r],
-                       &row_sum[r], &acc[r * p.value_dim], p.value_dim);
-    }
-    // O += P · V
-    if (tiled) {
-      TileAccumulate(isa, scores.data(), ld, static_cast<int>(rows), values,
-                     static_cast<int>(count), p.value_dim, acc.data());
-    } else {
+    };
+    if (!tiled) {
+      // S = scale * Q · K^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(count), p.key_dim, p.variation.scale, q, p.key_dim, keys,
+                  p.key_dim, 0.0f, scores, static_cast<int>(count));
+      softmax_rows(0, rows);
+      // O += P · V
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), p.value_dim,
-                  static_cast<int>(count), 1.0f, scores.data(), static_cast<int>(count), values,
-                  p.value_dim, 1.0f, acc.data(), p.value_dim);
+                  static_cast<int>(count), 1.0f, scores, static_cast<int>(count), values,
+                  p.value_dim, 1.0f, acc, p.value_dim);
+      continue;
+    }
+    // Tiled: all rows at once for a whole block; row chunks for a block the diagonal crosses, each
+    // chunk's tiles stopping after the last key its last row sees (the chunk's largest visible
+    // end, as ends grow with the query index). Every score a softmax row reads is computed; the
+    // softmax zero-fills the rest of the row, so P · V may stop at the same key.
+    const int64_t chunk_rows = whole ? rows : kDiagonalChunkRows;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t r1 = std::min(rows, r0 + chunk_rows);
+      int64_t chunk_count = count;
+      if (!whole) {
+        const KeyRange visible =
+            p.variation.mask.VisibleKeys(first_query + (r1 - 1) / group, seq.length);
+        chunk_count = std::clamp(visible.end - block, int64_t{0}, count);
+      }
+      // S = (scale * Q) · K^T, whole panels (the scores past chunk_count are never read).
+      if (chunk_count > 0) {
+        PanelScores(isa, q + r0 * p.key_dim, static_cast<int>(r1 - r0), p.key_dim, keys,
+                    static_cast<int>((chunk_count + kKeyPanel - 1) / kKeyPanel), scores + r0 * ld,
+                    ld);
+      }
+      softmax_rows(r0, r1);
+      // O += P · V
+      if (chunk_count > 0) {
+        TileAccumulate(isa, scores + r0 * ld, ld, static_cast<int>(r1 - r0), values,
+                       static_cast<int>(chunk_count), p.value_dim, acc + r0 * p.value_dim);
+      }
     }
   }
 
@@ -200,24 +244,42 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
   gathered_offset[sequences.size()] = gathered_floats;
   const bool gather = gathered_floats <= p.max_gathered_floats;
   // Not value-initialised: every float is written by the gather (zeroing 8 MiB at 2048 tokens
-  // cost a measurable share of a prefill).
-  std::unique_ptr<float[]> storage(gather ? new float[gathered_floats] : nullptr);
+  // cost a measurable share of a prefill). Kept per calling thread up to
+  // kMaxRetainedScratchFloats, so its pages are not faulted in again on every call.
+  thread_local ScratchFloats storage;
+  float* const storage_base = gather ? storage.Resize(gathered_floats) : nullptr;
   std::vector<GatheredKv> gathered(gather ? sequences.size() * p.num_kv_heads : 0);
   if (gather) {
-    pool.ParallelFor(static_cast<int64_t>(gathered.size()), [&](int64_t i) {
-      const size_t s = static_cast<size_t>(i / p.num_kv_heads);
-      const int h = static_cast<int>(i % p.num_kv_heads);
-      if (sequences[s].num_new == 0) return;
+    // One task per (sequence, KV head, run of kGatherChunkKeys keys): an MQA prefill's single
+    // head is spread over every thread too.
+    struct GatherTask {
+      int sequence;
+      int kv_head;
+      int64_t begin;  // Keys [begin, end) of the sequence.
+      int64_t end;
+    };
+    std::vector<GatherTask> tasks;
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      if (sequences[s].num_new == 0) continue;
       const KeyRange keys = SequenceKeys(p, sequences[s]);
       const int64_t count = keys.end - keys.begin;
       const int64_t key_floats = GatheredKeyFloats(isa, count, p.key_dim);
-      float* base = storage.get() + gathered_offset[s] + h * (key_floats + count * p.value_dim);
-      float* values = base + key_floats;
-      if (count > 0) {
-        GatherKv(isa, *sequences[s].source, h, keys.begin, keys.end, p.key_dim, p.value_dim, base,
-                 values);
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        float* base = storage_base + gathered_offset[s] + h * (key_floats + count * p.value_dim);
+        gathered[s * p.num_kv_heads + h] = {keys.begin, base, base + key_floats};
+        for (int64_t begin = keys.begin; begin < keys.end; begin += kGatherChunkKeys) {
+          tasks.push_back({static_cast<int>(s), h, begin,
+                           std::min(begin + kGatherChunkKeys, keys.end)});
+        }
       }
-      gathered[i] = {keys.begin, base, values};
+    }
+    pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t i) {
+      const GatherTask& task = tasks[i];
+      const GatheredKv& kv = gathered[task.sequence * p.num_kv_heads + task.kv_head];
+      // Chunks start kGatherChunkKeys apart from the range's start: on a panel boundary.
+      const int64_t offset = task.begin - kv.begin;
+      GatherKv(isa, *sequences[task.sequence].source, task.kv_head, task.begin, task.end,
+               p.key_dim, kv.keys + offset * p.key_dim, kv.values + offset * p.value_dim);
     });
   }
 
@@ -242,6 +304,7 @@ void PrefillAttention(const PrefillAttentionParams& p, absl::Span<const PrefillS
                : nullptr;
     AttendQueryBlock(p, isa, sequences[item.sequence], item, kv);
   });
+  storage.Trim(kMaxRetainedScratchFloats);
 }
 
 }  // namespace attnserve

@@ -9,6 +9,11 @@
 
 namespace attnserve {
 
+// What one thread-local scratch buffer keeps between calls (64 MiB): the prefill buffers of a
+// 2048-token chunk of the benchmark shapes (d_model 512) fit many times over, so their pages are
+// faulted in once per thread instead of on every call; a larger call frees its buffer after use.
+inline constexpr int64_t kMaxRetainedScratchFloats = int64_t{16} << 20;
+
 class ScratchFloats {
  public:
   // At least `n` floats, contents unspecified.
@@ -20,6 +25,14 @@ class ScratchFloats {
     return data_.get();
   }
   float* data() const { return data_.get(); }
+  // Frees the allocation when it is larger than `max_floats`: a buffer kept across calls (per
+  // thread, see kMaxRetainedScratchFloats) then holds at most that much between them.
+  void Trim(int64_t max_floats) {
+    if (capacity_ > max_floats) {
+      data_.reset();
+      capacity_ = 0;
+    }
+  }
 
  private:
   std::unique_ptr<float[]> data_;

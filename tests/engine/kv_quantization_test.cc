@@ -54,8 +54,10 @@ const char* const kSpecs[] = {
     "mla_q0_interleaved_window9",
 };
 
-// Prompt lengths: one token, odd lengths across one and several 16-token pages, an MLA page edge.
-constexpr int64_t kPrompts[] = {1, 17, 37, 63, 100};
+// Prompt lengths: one token, odd lengths across one and several 16-token pages, an MLA page edge,
+// and 300, whose chunks (150 tokens each, x 4 KV heads in the MHA specs) take the layer's parallel
+// KV append (CpuLayer::StoreKvRows, from 512 row-heads), the second split at token 256.
+constexpr int64_t kPrompts[] = {1, 17, 37, 63, 100, 300};
 constexpr int kDecodeSteps = 9;
 
 struct Errors {
