@@ -104,14 +104,26 @@ ATTNSERVE_AVX2 void GemvAvx2(const float* x, int64_t ldx, int64_t rows, const W*
 
 // The AVX-512 version of GemvTile: 16 lanes, and with 32 registers up to 16 accumulators
 // (O * R <= 16), so each weight vector serves 4 rows and each x vector 4 features.
+// [prefetch, prefetch_end): bytes to bring into cache while this tile computes (the next tile's
+// weight rows), one cache line per line of weights the tile consumes, so the memory reads of a
+// cold weight run ahead of the FMAs; empty for a tile whose weights are already in cache.
 template <int O, int R, typename W>
 ATTNSERVE_AVX512 void GemvTile512(const float* x, int64_t ldx, const W* w, int64_t in,
-                                  const float* bias, int64_t o, float* y, int64_t ldy) {
+                                  const float* bias, int64_t o, float* y, int64_t ldy,
+                                  const char* prefetch, const char* prefetch_end) {
+  // Cache lines of weights one iteration consumes (O rows x 16 elements), at least one.
+  constexpr int kLines = O * static_cast<int>(sizeof(W)) * 16 / 64 > 0
+                             ? O * static_cast<int>(sizeof(W)) * 16 / 64
+                             : 1;
   __m512 acc[O][R];
   for (int a = 0; a < O; ++a)
     for (int r = 0; r < R; ++r) acc[a][r] = _mm512_setzero_ps();
   const int64_t in16 = in / 16 * 16;
   for (int64_t i = 0; i < in16; i += 16) {
+    if (prefetch < prefetch_end) {
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(prefetch + 64 * l, _MM_HINT_T0);
+      prefetch += 64 * kLines;
+    }
     __m512 wv[O];
     for (int a = 0; a < O; ++a) wv[a] = avx512::Load16(w + (o + a) * in + i);
     for (int r = 0; r < R; ++r) {
@@ -129,23 +141,31 @@ ATTNSERVE_AVX512 void GemvTile512(const float* x, int64_t ldx, const W* w, int64
   }
 }
 
+// All rows for output features [o, o + O) (row tiles of 4, then one of the 1-3 left); the first
+// row tile prefetches the weight rows [o + O, min(o + 2 O, o_end)) of the next call.
 template <int O, typename W>
 ATTNSERVE_AVX512 void GemvFeatures512(const float* x, int64_t ldx, int64_t rows, const W* w,
-                                      int64_t in, const float* bias, int64_t o, float* y,
-                                      int64_t ldy) {
+                                      int64_t in, const float* bias, int64_t o, int64_t o_end,
+                                      float* y, int64_t ldy) {
+  const char* prefetch = reinterpret_cast<const char*>(w + std::min(o + O, o_end) * in);
+  const char* prefetch_end = reinterpret_cast<const char*>(w + std::min(o + 2 * O, o_end) * in);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    GemvTile512<O, 4>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+    GemvTile512<O, 4>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch, prefetch_end);
+    prefetch = prefetch_end;  // Later row tiles read the same weights, now in cache.
   }
   switch (rows - r) {
     case 3:
-      GemvTile512<O, 3>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile512<O, 3>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch,
+                        prefetch_end);
       break;
     case 2:
-      GemvTile512<O, 2>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile512<O, 2>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch,
+                        prefetch_end);
       break;
     case 1:
-      GemvTile512<O, 1>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile512<O, 1>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch,
+                        prefetch_end);
       break;
     default:
       break;
@@ -159,11 +179,15 @@ ATTNSERVE_AVX512 void GemvAvx512(const float* x, int64_t ldx, int64_t rows, cons
   // 4 features per tile when a row tile holds 4 rows (16 accumulators), else 8 (<= 16).
   int64_t o = o_begin;
   if (rows >= 3) {
-    for (; o + 4 <= o_end; o += 4) GemvFeatures512<4>(x, ldx, rows, w, in, bias, o, y, ldy);
+    for (; o + 4 <= o_end; o += 4) {
+      GemvFeatures512<4>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
+    }
   } else {
-    for (; o + 8 <= o_end; o += 8) GemvFeatures512<8>(x, ldx, rows, w, in, bias, o, y, ldy);
+    for (; o + 8 <= o_end; o += 8) {
+      GemvFeatures512<8>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
+    }
   }
-  for (; o < o_end; ++o) GemvFeatures512<1>(x, ldx, rows, w, in, bias, o, y, ldy);
+  for (; o < o_end; ++o) GemvFeatures512<1>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
 }
 
 #endif  // ATTNSERVE_X86_AVX512
@@ -175,7 +199,7 @@ void GemvTiles(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in
   // bf16 weights gain at every row count (1.28x at 1 row, 1.38x at 4-8, BM_SmallBatchGemv); f32
   // weights only from 3 rows (1.12x at 8): one f32 row is bound by the weight read and measured
   // 4% slower on 16 lanes than on 8.
-  if (SimdKernelsUseAvx512() && (sizeof(W) == sizeof(uint16_t) || rows >= 3)) {
+  if (SimdKernelsUseAvx512()) {
     GemvAvx512(x, ldx, rows, w, in, bias, o_begin, o_end, y, ldy);
     return;
   }
