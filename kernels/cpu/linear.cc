@@ -36,14 +36,26 @@ using avx2::Load8;
 
 // One register tile: O output features x R rows, O * R accumulators (<= 8 of the 16 registers,
 // leaving room for the O weight loads and an x load). Each weight vector loaded serves R rows.
+// [prefetch, prefetch_end): the next tile's weight rows, brought into cache one line per line of
+// weights this tile consumes (empty when they are already there); see GemvTile512.
 template <int O, int R, typename W>
 ATTNSERVE_AVX2 void GemvTile(const float* x, int64_t ldx, const W* w, int64_t in, const float* bias,
-                             int64_t o, float* y, int64_t ldy) {
+                             int64_t o, float* y, int64_t ldy, const char* prefetch,
+                             const char* prefetch_end) {
+  // Bytes of weights one iteration consumes (O rows x 8 elements); a line is prefetched every
+  // kEvery iterations, kLines lines at a time.
+  constexpr int kBytes = O * static_cast<int>(sizeof(W)) * 8;
+  constexpr int kLines = kBytes >= 64 ? kBytes / 64 : 1;
+  constexpr int64_t kEvery = kBytes >= 64 ? 1 : 64 / kBytes;
   __m256 acc[O][R];
   for (int a = 0; a < O; ++a)
     for (int r = 0; r < R; ++r) acc[a][r] = _mm256_setzero_ps();
   const int64_t in8 = in / 8 * 8;
   for (int64_t i = 0; i < in8; i += 8) {
+    if (prefetch < prefetch_end && (i / 8) % kEvery == 0) {
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(prefetch + 64 * l, _MM_HINT_T0);
+      prefetch += 64 * kLines;
+    }
     __m256 wv[O];
     for (int a = 0; a < O; ++a) wv[a] = Load8(w + (o + a) * in + i);
     for (int r = 0; r < R; ++r) {
@@ -63,21 +75,28 @@ ATTNSERVE_AVX2 void GemvTile(const float* x, int64_t ldx, const W* w, int64_t in
 
 // All rows for output features [o, o + O): row tiles of 4, then one tile of the 1-3 left. The
 // features' weight rows (O x in) stay in L1 across the row tiles, so W is streamed from memory
-// once whatever the row count.
+// once whatever the row count; the first row tile prefetches the rows of the next call,
+// [o + O, min(o + 2 O, o_end)).
 template <int O, typename W>
 ATTNSERVE_AVX2 void GemvFeatures(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in,
-                                 const float* bias, int64_t o, float* y, int64_t ldy) {
+                                 const float* bias, int64_t o, int64_t o_end, float* y,
+                                 int64_t ldy) {
+  const char* prefetch = reinterpret_cast<const char*>(w + std::min(o + O, o_end) * in);
+  const char* prefetch_end = reinterpret_cast<const char*>(w + std::min(o + 2 * O, o_end) * in);
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) GemvTile<O, 4>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+  for (; r + 4 <= rows; r += 4) {
+    GemvTile<O, 4>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch, prefetch_end);
+    prefetch = prefetch_end;  // Later row tiles read the same weights, now in cache.
+  }
   switch (rows - r) {
     case 3:
-      GemvTile<O, 3>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile<O, 3>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch, prefetch_end);
       break;
     case 2:
-      GemvTile<O, 2>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile<O, 2>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch, prefetch_end);
       break;
     case 1:
-      GemvTile<O, 1>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy);
+      GemvTile<O, 1>(x + r * ldx, ldx, w, in, bias, o, y + r * ldy, ldy, prefetch, prefetch_end);
       break;
     default:
       break;
@@ -91,11 +110,11 @@ ATTNSERVE_AVX2 void GemvAvx2(const float* x, int64_t ldx, int64_t rows, const W*
   // 2 features per tile when a row tile can hold 4 rows (8 accumulators), else 4 (<= 8).
   int64_t o = o_begin;
   if (rows >= 3) {
-    for (; o + 2 <= o_end; o += 2) GemvFeatures<2>(x, ldx, rows, w, in, bias, o, y, ldy);
+    for (; o + 2 <= o_end; o += 2) GemvFeatures<2>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
   } else {
-    for (; o + 4 <= o_end; o += 4) GemvFeatures<4>(x, ldx, rows, w, in, bias, o, y, ldy);
+    for (; o + 4 <= o_end; o += 4) GemvFeatures<4>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
   }
-  for (; o < o_end; ++o) GemvFeatures<1>(x, ldx, rows, w, in, bias, o, y, ldy);
+  for (; o < o_end; ++o) GemvFeatures<1>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
 }
 
 #endif  // ATTNSERVE_X86
@@ -199,7 +218,7 @@ void GemvTiles(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in
   // bf16 weights gain at every row count (1.28x at 1 row, 1.38x at 4-8, BM_SmallBatchGemv); f32
   // weights only from 3 rows (1.12x at 8): one f32 row is bound by the weight read and measured
   // 4% slower on 16 lanes than on 8.
-  if (SimdKernelsUseAvx512()) {
+  if (SimdKernelsUseAvx512() && (sizeof(W) == sizeof(uint16_t) || rows >= 3)) {
     GemvAvx512(x, ldx, rows, w, in, bias, o_begin, o_end, y, ldy);
     return;
   }
