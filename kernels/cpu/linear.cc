@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/core/tensor.h"
 #include "kernels/cpu/simd_kernels.h"
@@ -250,10 +251,17 @@ namespace {
 // Below this many rows a row split would give each thread a sliver of a GEMM; split the weight's
 // output features instead, which also splits the (dominant) weight traffic of decode.
 constexpr int64_t kMinRowsPerThread = 32;
-// GEMV work is split into blocks of this many output features (a multiple of the kernel's
-// tiles), taken one at a time by whichever thread is free: on a loaded machine a late worker
-// then costs one block, not half the projection.
-constexpr int64_t kGemvBlockFeatures = 64;
+// GEMV work is split into chunks of output features taken one at a time by whichever thread is
+// free, each a share of what is left (guided scheduling): the first chunks are long, so each
+// thread streams long contiguous weight ranges with its prefetches running ahead (a chunk's first
+// tile is the only one not prefetched), and the last are short, so the threads finish together
+// (fixed blocks of 64 features left up to one block's time of one thread idle at the end: 1/15
+// of the q/k/v projection at SmolLM2's shape, 1/9 of the output one). On a loaded machine a late
+// thread still costs at most one chunk. A chunk is a multiple of kGemvChunkAlign features (the
+// kernels' widest tile) but for the tail.
+constexpr int64_t kGemvChunkAlign = 8;
+// The share of the remaining features a chunk takes: 1 / (kGemvChunkShare * threads).
+constexpr int64_t kGemvChunkShare = 2;
 // Multiply-adds below which a projection runs on the calling thread alone: waking a worker costs
 // tens of microseconds, about what a core does with this many in that time.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
@@ -275,13 +283,25 @@ void Gemv(const float* x, int64_t ldx, int64_t rows, const WeightView& w, const 
       SmallBatchGemv(x, ldx, rows, w.bf16, w.in, bias, begin, end, y, ldy);
     }
   };
-  const int64_t blocks = (w.out + kGemvBlockFeatures - 1) / kGemvBlockFeatures;
-  if (pool.num_threads() == 1 || blocks == 1 || rows * w.in * w.out < kMinParallelMacs) {
+  const int threads = pool.num_threads();
+  if (threads == 1 || w.out <= kGemvChunkAlign || rows * w.in * w.out < kMinParallelMacs) {
     block(0, w.out);
     return;
   }
-  pool.ParallelFor(blocks, [&](int64_t b) {
-    block(b * kGemvBlockFeatures, std::min(w.out, (b + 1) * kGemvBlockFeatures));
+  std::atomic<int64_t> next{0};
+  // One item per thread; each takes chunks until none is left (a thread that starts late finds
+  // the others have taken its share).
+  pool.ParallelFor(threads, [&](int64_t) {
+    int64_t begin = next.load(std::memory_order_relaxed);
+    while (begin < w.out) {
+      const int64_t share = (w.out - begin) / (kGemvChunkShare * threads);
+      const int64_t chunk = std::max(kGemvChunkAlign, share / kGemvChunkAlign * kGemvChunkAlign);
+      const int64_t end = std::min(w.out, begin + chunk);
+      if (next.compare_exchange_weak(begin, end, std::memory_order_relaxed)) {
+        block(begin, end);
+        begin = next.load(std::memory_order_relaxed);
+      }
+    }
   });
 }
 
