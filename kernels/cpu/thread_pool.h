@@ -1,15 +1,8 @@
 // A fixed set of worker threads that run ParallelFor loops. The calling thread works too, so a
 // pool of N threads runs N-way parallel with N-1 workers.
-//
-// A decode step fans out several times in a row (the q/k/v projection, attention, the output
-// projection, then the next layer's), each loop tens of microseconds. Waking a sleeping thread
-// through the kernel costs about as much, so a worker that finishes a loop spins for a short while
-// (kSpin below) watching for the next before it sleeps, and the caller spins the same while for
-// the last items of its loop before it sleeps on their completion.
 #ifndef ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 #define ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -37,9 +30,6 @@ class ThreadPool {
  private:
   void WorkerLoop();
   void RunShare();
-  // Spins up to the spin time while `done()` is false; returns done().
-  template <typename Done>
-  static bool SpinUntil(const Done& done);
 
   std::vector<std::thread> workers_;
   absl::Mutex loop_mu_;  // Held by the caller for a whole ParallelFor: one loop at a time.
@@ -50,10 +40,6 @@ class ThreadPool {
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;  // Items not yet finished.
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Mirrors of generation_ (bumped also on stopping) and pending_ that the spinning threads read
-  // without the lock; written under mu_ next to what they mirror.
-  std::atomic<uint64_t> posted_{0};
-  std::atomic<int64_t> unfinished_{0};
 };
 
 }  // namespace attnserve
