@@ -60,10 +60,13 @@ class ProjectionWeight {
 };
 
 // y[rows, out] = x[rows, in] · w[out, in]^T (+ bias[out]), with row strides ldx and ldy
-// (elements). Up to kGemvMaxRows rows: a GEMV over blocks of output features. More: rows or output
-// columns are split across the pool's threads, each running a single-threaded sgemm (the backend
-// owns parallelism, OpenBLAS runs with one thread); bf16 weights are widened block by block first.
-// Work too small to repay waking a thread runs on the caller's thread alone.
+// (elements). Up to kGemvMaxRows rows: a GEMV over chunks of output features, each a share of the
+// features left (long chunks first, short ones last), taken by whichever thread is free; each
+// register tile prefetches the next tile's weight rows, so a weight read from memory streams ahead
+// of the multiply-adds. More: rows or output columns are split across the pool's threads, each
+// running a single-threaded sgemm (the backend owns parallelism, OpenBLAS runs with one thread);
+// bf16 weights are widened block by block first. Work too small to repay waking a thread runs on
+// the caller's thread alone.
 void LinearForward(const float* x, int64_t ldx, int64_t rows, const ProjectionWeight& w,
                    const float* bias, float* y, int64_t ldy, ThreadPool& pool);
 // The same for an f32 weight held elsewhere.

@@ -96,13 +96,15 @@ TEST(SmallBatchGemvTest, EveryRowTileTailAndRangeMatchesFloat64) {
   }
 }
 
-// Large enough to be split into blocks over the pool's threads; every block must land in place.
+// Large enough to be split into chunks over the pool's threads; every chunk must land in place.
 TEST(SmallBatchGemvTest, LinearForwardSplitAcrossThreadsMatchesFloat64) {
   ThreadPool pool(3);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     for (int64_t rows : {int64_t{1}, int64_t{3}, kGemvMaxRows}) {
       SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rows " << rows);
-      const int64_t in = 584, out = 330;  // 330 = 5 blocks of 64 + 10.
+      // On 3 threads: chunks of 48, 40, 40, 32, ... features, then of 8, the last of 2
+      // (330 = 41 x 8 + 2), each tile prefetching the next only up to its chunk's end.
+      const int64_t in = 584, out = 330;
       Problem p = MakeProblem(rows, in, out, dtype == DType::kBF16, 100 + rows);
       const ProjectionWeight weight(p.w, out, in, dtype);
       LinearForward(p.x.data(), p.ldx, rows, weight, p.bias.data(), p.y.data(), p.ldy, pool);
