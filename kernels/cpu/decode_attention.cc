@@ -236,7 +236,6 @@ void PagedDecodeAttention(const DecodeAttentionParams& p, ThreadPool& pool) {
       float total = state.sum[r];
       if (total == 0.0f) {  // As the combine: a split without weight adds nothing.
         std::fill(out_row, out_row + p.value_dim, 0.0f);
-        total = 0.0f;
       }
       const float rescale = p.variation.sinks.Join(r, state.max[r], &total);
       if (total > 0.0f) Scale(rescale / total, out_row, p.value_dim);
