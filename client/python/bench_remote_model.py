@@ -16,7 +16,10 @@ one call per layer for the whole batch: `unary` a Decode call, `stream` a Decode
 (one stream per generation), `overlap` the stream with the batch split into two micro-batches
 (one's MLPs in the client while the other's attention is on the server). The tokens of every
 mode must equal those of the first (checked). Local: generate() with PyTorch on --local_threads
-threads (a list: each is one column).
+threads (a list: each is one column). The remote rows' client runs PyTorch on --client_threads
+threads (1 by default; on an otherwise idle machine, give both processes every core: the client
+and the server take turns at batch 1 and 8, so `--client_threads=2` with the server's
+`--compute_threads=2` is transformers on 2 threads' like for like).
 
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
 call of the batch; its server part is Timing.total_ns, arrival to answer, and of that the
@@ -106,6 +109,8 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--local_threads", default="1,2")
+    parser.add_argument("--client_threads", type=int, default=1,
+                        help="PyTorch threads of the remote rows' client (its MLPs and head)")
     parser.add_argument("--modes", default="unary,stream,overlap")
     parser.add_argument("--info_calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=1,
@@ -133,6 +138,7 @@ def main() -> int:
     mismatches = []
     with AttnServeClient(args.server, timeout_s=300) as client:
         with serve_attention(model, client, args.checkpoint, label="bench") as remote:
+            torch.set_num_threads(args.client_threads)
             for mode in modes:  # Warm up each path (and the micro-batch thread).
                 run_remote(remote, prompts_for(tokenizer, 2), 4, mode)
             for t in threads:
@@ -164,22 +170,24 @@ def main() -> int:
                     for t in threads:
                         loads.append(os.getloadavg()[0])
                         rate = local_tokens_per_s(local_model, tokenizer, prompts, args.tokens, t)
-                        torch.set_num_threads(1)  # The remote rows' client: one thread.
+                        torch.set_num_threads(args.client_threads)  # The remote rows' client.
                         local.setdefault((batch, t), []).append(rate)
                         print(f"local batch {batch}, {t} threads: {rate:.1f} tokens/s",
                               file=sys.stderr, flush=True)
 
     med = statistics.median
-    print(f"{args.repeats} run(s); 1-minute load average {min(loads):.1f} to {max(loads):.1f} "
+    print(f"{args.repeats} run(s), the remote client on {args.client_threads} PyTorch "
+          f"thread(s); 1-minute load average {min(loads):.1f} to {max(loads):.1f} "
           f"(median {med(loads):.1f}); GetServerInfo round trip (median of {args.info_calls}) "
           f"{', '.join(f'{m:.3f}' for m in info_ms)} ms")
     print()
     print("| " + " | ".join(["batch"] + [f"remote {m}, tokens/s (in calls)" for m in modes] +
                             [f"transformers, {t} thread{'s' if t > 1 else ''}, tokens/s"
                              for t in threads] +
-                            ([f"best remote / transformers {threads[0]}"] if threads else [])) +
+                            ([f"best remote / transformers {threads[0]}",
+                              "best remote / best transformers"] if threads else [])) +
           " |")
-    print("|" + "---|" * (1 + len(modes) + len(threads) + (1 if threads else 0)))
+    print("|" + "---|" * (1 + len(modes) + len(threads) + (2 if threads else 0)))
     for batch in batches:
         cells, best = [], 0.0
         for mode in modes:
@@ -190,6 +198,7 @@ def main() -> int:
         cells += [f"{med(local[(batch, t)]):.1f}" for t in threads]
         if threads:
             cells.append(f"{best / med(local[(batch, threads[0])]):.2f}x")
+            cells.append(f"{best / max(med(local[(batch, t)]) for t in threads):.2f}x")
         print(f"| {batch} | " + " | ".join(cells) + " |")
     print()
     print("| batch | " + " | ".join(f"{m}: per-layer decode call, ms (server part; client CPU)"
