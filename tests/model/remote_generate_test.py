@@ -34,6 +34,7 @@ their checkpoint relative to it. Prints one line per check and "remote_generate_
 """
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -502,6 +503,91 @@ RELEASED_KEYS = {
 }
 
 
+def zero_biases(*names):
+    """An edit that zeroes the attention modules' biases of the named projections."""
+    def edit(model):
+        for layer in model.model.layers:
+            for name in names:
+                getattr(layer.self_attn, name).bias.zero_()
+    return edit
+
+
+def no_qk_norms(model):
+    for layer in model.model.layers:
+        layer.self_attn.q_norm = torch.nn.Identity()
+        layer.self_attn.k_norm = torch.nn.Identity()
+
+
+def no_sinks(model):
+    for layer in model.model.layers:
+        layer.self_attn.sinks.fill_(-math.inf)  # exp(-inf) = 0: no extra softmax column.
+
+
+def without_mscale_squared(model):
+    """DeepSeek-V3's softmax scale without YaRN's mscale(factor, mscale_all_dim)^2."""
+    scaling = model.config.rope_scaling
+    mscale = 0.1 * scaling["mscale_all_dim"] * math.log(scaling["factor"]) + 1.0
+    for layer in model.model.layers:
+        layer.self_attn.scaling /= mscale * mscale
+
+
+def all_full_attention(config):
+    return {"layer_types": ["full_attention"] * config.num_hidden_layers}
+
+
+# name -> what each attention feature the family's test exercises is, taken away from the
+# reference model: (label, config keys changed, edit of the built model, whether it must change
+# the tokens). A feature whose removal changes no token would not be tested by the token check,
+# so the test requires every one to change at least one of the 128 reference tokens, and prints
+# how many (docs/remote_model.md quotes them). Gemma 2's final logit soft-cap is printed only: it
+# is the client's LM head, not attention.
+ABLATIONS = {
+    "llama3-tiny": [("without rope_scaling", {"rope_scaling": None}, None, True)],
+    "mistral-tiny": [("without its window", {"sliding_window": None}, None, True)],
+    "qwen2-tiny": [("zero q/k/v biases", None, zero_biases("q_proj", "k_proj", "v_proj"), True)],
+    "qwen3-tiny": [("without q/k norms", None, no_qk_norms, True)],
+    "gemma2-tiny": [
+        ("without the attention soft-cap", {"attn_logit_softcapping": None}, None, True),
+        ("query_pre_attn_scalar = head_dim", {"query_pre_attn_scalar": 32}, None, True),
+        ("without windows", all_full_attention, None, True),
+        ("without the final logit soft-cap", {"final_logit_softcapping": None}, None, False)],
+    "phi3-tiny": [("full rotary", {"partial_rotary_factor": 1.0}, None, True),
+                  ("without its window", {"sliding_window": None}, None, True)],
+    "gpt-oss-tiny": [
+        ("without windows", all_full_attention, None, True),
+        ("without YaRN", {"rope_scaling": None}, None, True),
+        ("without sinks", None, no_sinks, True),
+        ("zero q/k/v biases", None, zero_biases("q_proj", "k_proj", "v_proj"), True),
+        ("zero o bias", None, zero_biases("o_proj"), True)],
+    "deepseek-v2-tiny": [("without YaRN", {"rope_scaling": None}, None, True)],
+    "deepseek-v3-yarn-tiny": [("without YaRN", {"rope_scaling": None}, None, True),
+                              ("without mscale^2", None, without_mscale_squared, True)],
+}
+
+
+def check_ablations(name, model, prompts, want):
+    """Each of ABLATIONS[name] applied to a copy of `model` (same weights) changes the reference
+    tokens `want` (generate() on each prompt alone), where it must."""
+    for label, changes, edit, must_change in ABLATIONS.get(name, []):
+        config = copy.deepcopy(model.config)
+        if callable(changes):
+            changes = changes(config)
+        for key, value in (changes or {}).items():
+            setattr(config, key, value)
+        ablated = type(model)(config).to(torch.float32).eval()
+        ablated.load_state_dict(model.state_dict())
+        if edit is not None:
+            with torch.no_grad():
+                edit(ablated)
+        ablated.generation_config = copy.deepcopy(model.generation_config)
+        got, _ = reference(ablated, prompts, NEW_TOKENS)
+        differ = sum(a != b for g, w in zip(got, want) for a, b in zip(g, w))
+        print(f"  {name} {label}: {differ} of {sum(map(len, want))} reference tokens differ",
+              flush=True)
+        if must_change and differ == 0:
+            failures.append(f"{name}: {label} changes no token, so the test does not exercise it")
+
+
 def randomize_attention_biases(model):
     """U(-0.5, 0.5) for every bias of the attention modules (Qwen2's q/k/v, gpt-oss's q/k/v/o):
     transformers initializes them to zero, which would leave them untested."""
@@ -577,7 +663,8 @@ def families(args, client, client2):
                 failures.append(f"{name}: DeepSeek's and transformers' scales give the same "
                                 "tokens")
         else:
-            run_family(name, model, prompts, client, client2, want_specs, extra)
+            want = run_family(name, model, prompts, client, client2, want_specs, extra)
+        check_ablations(name, model, prompts, want)
         print(f"{name}: {time.perf_counter() - started:.1f} s", flush=True)
 
 
