@@ -77,6 +77,123 @@ ATTNSERVE_AVX512 inline void ScoresColumn(const float* q, int rows, int64_t dim,
   if (r < rows) ScoresTile<1, K>(q + r * dim, dim, keys, out + r * ld, ld);
 }
 
+// Sums of 16 zmm accumulators in one zmm: lane j = v[j][0] + ... + v[j][15]. A transposing tree
+// (30 shuffles, 15 adds for 16 sums, against 16 extracts and two hadd trees before): pairs within
+// each 128-bit lane, then 64-bit halves, then the 128-bit lanes twice.
+ATTNSERVE_AVX512 inline __m512 Reduce16(const __m512* v) {
+  __m512 w[8], u[4], t[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(w[2 * i]), b = _mm512_castps_pd(w[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // u[i]'s 128-bit lane L holds the partial sums of v[4i, 4i + 4) over lane L.
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i) {
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88),
+                       _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
+}
+
+// Scores of 8 query rows (q rows `dim` apart) against keys[0, 2): 16 zmm accumulators over the
+// head dimension, each loaded key chunk widened once for all 8 rows and the query chunks taken
+// from L1 as FMA memory operands; then one Reduce16 into out[r * ld + k].
+template <typename Element>
+ATTNSERVE_AVX512 inline void ScoresTile8x2(const float* q, int64_t dim, const Element* const* keys,
+                                           float* out, int64_t ld) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const Element* const k0 = keys[0];
+  const Element* const k1 = keys[1];
+  for (int64_t d = 0; d < dim; d += 16) {
+    const __m512 y0 = Load16(k0 + d);
+    const __m512 y1 = Load16(k1 + d);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const __m512 x = _mm512_loadu_ps(q + r * dim + d);
+      acc[2 * r] = _mm512_fmadd_ps(x, y0, acc[2 * r]);
+      acc[2 * r + 1] = _mm512_fmadd_ps(x, y1, acc[2 * r + 1]);
+    }
+  }
+  alignas(64) float sums[16];
+  _mm512_store_ps(sums, Reduce16(acc));
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    out[r * ld] = sums[2 * r];
+    out[r * ld + 1] = sums[2 * r + 1];
+  }
+}
+
+// acc rows [0, 8) (`dim` apart), columns [d0, d0 + 16 C) += P · V over value rows [0, count): an
+// 8 x C zmm tile (C <= 3: 24 accumulators) held over the run, each value chunk loaded and widened
+// once for all 8 rows, the weights broadcast from memory into the FMAs. Requests the tile's chunk
+// of the value row kPrefetchKeys ahead (MHA/GQA/MQA values live apart from the keys the scores
+// pass read).
+template <int C, typename Element>
+ATTNSERVE_AVX512 inline void AccumulateTile8(const float* w, int64_t ld,
+                                             const Element* const* value_rows, int count,
+                                             int64_t d0, float* y, int64_t dim) {
+  __m512 acc[8][C];
+#pragma GCC unroll 24
+  for (int i = 0; i < 8 * C; ++i) {
+    acc[i / C][i % C] = _mm512_loadu_ps(y + (i / C) * dim + d0 + 16 * (i % C));
+  }
+  for (int s = 0; s < count; ++s) {
+    if (s + kPrefetchKeys < count) {
+      const char* ahead = reinterpret_cast<const char*>(value_rows[s + kPrefetchKeys] + d0);
+#pragma GCC unroll 3
+      for (int b = 0; b < C * 16 * static_cast<int>(sizeof(Element)); b += 64) {
+        _mm_prefetch(ahead + b, _MM_HINT_T0);
+      }
+    }
+    const Element* v = value_rows[s] + d0;
+    __m512 x[C];
+#pragma GCC unroll 3
+    for (int c = 0; c < C; ++c) x[c] = Load16(v + 16 * c);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const __m512 p = _mm512_set1_ps(w[r * ld + s]);
+#pragma GCC unroll 3
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(p, x[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 24
+  for (int i = 0; i < 8 * C; ++i) {
+    _mm512_storeu_ps(y + (i / C) * dim + d0 + 16 * (i % C), acc[i / C][i % C]);
+  }
+}
+
+// Rows [0, 8) over all of [0, dim) in column tiles of 3 chunks (2 or 1 at the end, so no tile is
+// a lone chunk when it can be avoided: 16 chunks are 3+3+3+3+2+2).
+template <typename Element>
+ATTNSERVE_AVX512 inline void AccumulateRows8(const float* weights, int64_t ld,
+                                             const Element* const* value_rows, int count,
+                                             int64_t dim, float* acc) {
+  int64_t d0 = 0;
+  while (d0 < dim) {
+    const int64_t chunks = (dim - d0) / 16;
+    if (chunks % 3 == 0 || chunks >= 5) {
+      AccumulateTile8<3>(weights, ld, value_rows, count, d0, acc, dim);
+      d0 += 48;
+    } else if (chunks >= 2) {
+      AccumulateTile8<2>(weights, ld, value_rows, count, d0, acc, dim);
+      d0 += 32;
+    } else {
+      AccumulateTile8<1>(weights, ld, value_rows, count, d0, acc, dim);
+      d0 += 16;
+    }
+  }
+}
+
 // acc rows [0, R) (`dim` apart), columns [d0, d0 + 16 C) += P · V over value rows [0, count):
 // the R x C zmm tile stays in registers over the run. `prefetch` (the first row quad of a column
 // chunk): requests the chunk of the value row kPrefetchKeys ahead, which the scores pass did not
@@ -138,6 +255,34 @@ template <typename Element>
 ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
                                   const Element* const* key_rows, int count, float* scores,
                                   int64_t ld) {
+  // Groups of 8 and more rows (MQA, absorbed MLA): 8 rows x 2 keys, each key row widened once per
+  // 8 rows rather than per 4. What is left of the rows takes the quads below.
+  const int rows8 = rows / 8 * 8;
+  if (rows8 > 0) {
+    const int count2 = count / 2 * 2;
+    for (int s = 0; s < count2; s += 2) {
+      if (s + kPrefetchKeys + 2 <= count) {
+        for (int k = s + kPrefetchKeys; k < s + kPrefetchKeys + 2; ++k) {
+          const char* row = reinterpret_cast<const char*>(key_rows[k]);
+          for (int64_t b = 0; b < dim * int64_t{sizeof(Element)}; b += 64) {
+            _mm_prefetch(row + b, _MM_HINT_T0);
+          }
+        }
+      }
+      for (int r = 0; r < rows8; r += 8) {
+        ScoresTile8x2(q + r * dim, dim, key_rows + s, scores + r * ld + s, ld);
+      }
+    }
+    if (count2 < count) {
+      for (int r = 0; r < rows8; r += 8) {
+        ScoresColumn<1>(q + r * dim, 8, dim, key_rows + count2, scores + r * ld + count2, ld);
+      }
+    }
+    if (rows8 == rows) return;
+    q += rows8 * dim;
+    scores += rows8 * ld;
+    rows -= rows8;
+  }
   int s = 0;
   if (rows == 1) {
     for (; s + 8 <= count; s += 8) ScoresTile<1, 8>(q, dim, key_rows + s, scores + s, ld);
@@ -162,6 +307,15 @@ template <typename Element>
 ATTNSERVE_AVX512 void GroupAccumulate(const float* weights, int64_t ld, int rows,
                                       const Element* const* value_rows, int count, int64_t dim,
                                       float* acc) {
+  // Groups of 8 and more rows: 8 rows x up to 48 columns, each value chunk widened once per 8 rows.
+  const int rows8 = rows / 8 * 8;
+  for (int r = 0; r < rows8; r += 8) {
+    AccumulateRows8(weights + r * ld, ld, value_rows, count, dim, acc + r * dim);
+  }
+  if (rows8 == rows) return;
+  weights += rows8 * ld;
+  acc += rows8 * dim;
+  rows -= rows8;
   int64_t d0 = 0;
   for (; d0 + 64 <= dim; d0 += 64) {
     AccumulateColumns<4>(weights, ld, rows, value_rows, count, d0, acc, dim);
