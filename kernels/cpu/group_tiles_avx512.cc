@@ -83,7 +83,7 @@ ATTNSERVE_AVX512 inline void ScoresColumn(const float* q, int rows, int64_t dim,
 // Sums of 16 zmm accumulators in one zmm: lane j = v[j][0] + ... + v[j][15]. A transposing tree
 // (30 shuffles, 15 adds for 16 sums, against 16 extracts and two hadd trees before): pairs within
 // each 128-bit lane, then 64-bit halves, then the 128-bit lanes twice.
-ATTNSERVE_AVX512 inline __m512 Reduce16(const __m512* v) {
+ATTNSERVE_AVX512 __attribute__((always_inline)) inline __m512 Reduce16(const __m512* v) {
   __m512 w[8], u[4], t[2];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
@@ -137,10 +137,11 @@ inline void EvenOddOrder(const float* q, int rows, int64_t dim, float* out) {
 // Scores of 8 query rows (q rows `dim` apart) against keys[0, 2): 16 zmm accumulators over the
 // head dimension, each loaded key chunk widened once for all 8 rows and the query chunks taken
 // from L1 as FMA memory operands; then one Reduce16 into out[r * ld + k]. bf16 keys: q in
-// EvenOddOrder.
+// EvenOddOrder. Always inlined into GroupScores' loop over key pairs (measured: MQA bf16 kernel
+// 1.86 -> 1.70 ms of CPU, MLA bf16 4.42 -> 4.15, one thread, three runs each alternated).
 template <typename Element>
-ATTNSERVE_AVX512 inline void ScoresTile8x2(const float* q, int64_t dim, const Element* const* keys,
-                                           float* out, int64_t ld) {
+ATTNSERVE_AVX512 __attribute__((always_inline)) inline void ScoresTile8x2(
+    const float* q, int64_t dim, const Element* const* keys, float* out, int64_t ld) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -357,8 +358,8 @@ ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
   // 8 rows rather than per 4. What is left of the rows takes the quads below.
   const int rows8 = rows / 8 * 8;
   if (rows8 > 0) {
-    // bf16 keys: the 8-row tiles read q in EvenOddOrder (a copy per call: rows x dim floats, against
-    // count x rows x dim multiply-adds).
+    // bf16 keys: the 8-row tiles read q in EvenOddOrder (a copy per call: rows x dim floats,
+    // against count x rows x dim multiply-adds).
     const float* q8 = q;
     std::vector<float> reordered;
     if constexpr (std::is_same_v<Element, uint16_t>) {
