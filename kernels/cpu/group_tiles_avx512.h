@@ -3,16 +3,22 @@
 // all heads of absorbed MLA) from each K/V row. Internal: simd_kernels.cc dispatches here when
 // SimdKernelsUseAvx512() and the dimension is a multiple of 16.
 //
-//   GroupScores      4 query rows x 4 keys (16 zmm accumulators): each loaded key chunk serves 4
-//                    rows, each query chunk 4 keys (8 loads per 16 FMAs, against 6 per 8 for
-//                    AVX2's 2 x 4); one row: 1 x 8. Sums reduced 8 at a time (halves, then hadd).
-//   GroupAccumulate  4 rows x 64 columns of the accumulator in registers (16 zmm) over the whole
-//                    run of value rows: each value chunk is loaded once per 4 rows, the weights
-//                    broadcast from memory. Column chunks outside, row quads inside, so a chunk
-//                    of the run's value rows stays in L1 across the quads.
+//   GroupScores      8 query rows x 2 keys (16 zmm accumulators) while 8 rows are left (MQA,
+//                    absorbed MLA: a whole group), each loaded key chunk widened once for all 8
+//                    rows and the 16 sums reduced by one transposing tree; then 4 query rows x 4
+//                    keys (each key chunk serving 4 rows, each query chunk 4 keys); one row: 1 x 8.
+//   GroupAccumulate  8 rows x 48 columns (24 zmm) while 8 rows are left, then 4 rows x 64
+//                    columns (16 zmm), the accumulator tile in registers over the whole run of
+//                    value rows: each value chunk is loaded once per tile, the weights broadcast
+//                    from memory. Column chunks outside, rows inside, so a chunk of the run's
+//                    value rows stays in L1 across row tiles.
+//   bf16 in the 8-row tiles: 32 values per load, split into even and odd floats (a shift and a
+//   mask, no zero-extension), q and the accumulator columns taken in that even/odd order.
 //
 // Why: grouped decode (GQA-4, MQA, absorbed MLA: 4-16 query rows per K/V row) was compute-bound
-// on AVX2's 16 registers of 8 lanes at 0.25-0.66 of the read ceiling (docs/benchmarks.md).
+// on AVX2's 16 registers of 8 lanes at 0.25-0.66 of the read ceiling (docs/benchmarks.md); with
+// 4-row tiles an 8-row group still widened every bf16 K/V chunk twice and re-read each P·V chunk
+// from L2 (a 128-key run of 64 f32 columns is 32 KiB, L1's size).
 #ifndef ATTNSERVE_KERNELS_CPU_GROUP_TILES_AVX512_H_
 #define ATTNSERVE_KERNELS_CPU_GROUP_TILES_AVX512_H_
 

@@ -228,6 +228,9 @@ std::vector<DecodeCase> Cases() {
   cases.push_back({"gqa7_d16_mpt", false, 2, 7, 16, 16, DType::kF32, true, 0, 0.0f, false, 2});
   cases.push_back({"gqa4_d24_avx2_only", false, 2, 4, 24, 24, DType::kF32});
   cases.push_back({"gqa2_d20_portable_only", false, 2, 2, 20, 20, DType::kBF16, true, 0, 1.5f});
+  // Groups past 8 rows: the AVX-512 8-row tiles, then what is left in a quad (12) or a pair (10).
+  cases.push_back({"mqa12_d48", false, 1, 12, 48, 48, DType::kBF16});
+  cases.push_back({"gqa10_d112_softcap", false, 2, 10, 112, 112, DType::kF32, true, 0, 1.5f});
   return cases;
 }
 
