@@ -22,9 +22,10 @@ class RopeTable {
  public:
   // Positions per block, computed together on first use.
   static constexpr int64_t kBlock = 256;
-  // Positions at and past this are computed on each call, not kept (the cache stays under
-  // 32 MiB at 32 pairs).
-  static constexpr int64_t kMaxKeptPosition = int64_t{1} << 17;
+  // Positions at and past this are computed on each call, not kept: a table holds at most
+  // 2^15 x rotary_dim floats (8 MiB at SmolLM2's 32 pairs, 16 MiB at 64), outside the KV budget,
+  // and only for the positions a model has reached.
+  static constexpr int64_t kMaxKeptPosition = int64_t{1} << 15;
 
   // The table for `rope`'s parameters (rope.active()), shared with every other holder of equal
   // ones (inverse frequencies compared by value); lives while a holder does.
