@@ -84,7 +84,8 @@ GqaLayer::GqaLayer(const LayerSpec& spec, const LayerWeights& weights,
       rope_inv_freq_(RopeInverseFrequencies(spec)),
       variation_(AttentionVariation::FromSpec(
           spec,
-          {sinks_.data(), q_norm_scale_.data(), k_norm_scale_.data(), rope_inv_freq_.data()})) {}
+          {sinks_.data(), q_norm_scale_.data(), k_norm_scale_.data(), rope_inv_freq_.data()})),
+      rope_table_(variation_.rope.active() ? RopeTable::For(variation_.rope) : nullptr) {}
 
 int64_t GqaLayer::ParameterBytes() const {
   const int64_t projections =
@@ -112,10 +113,15 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
     }
   }
   // RoPE on the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set): a
-  // row's q heads and then its k heads are consecutive head_dim-wide vectors.
+  // row's q heads and then its k heads are consecutive head_dim-wide vectors. The row's cos/sin
+  // come from the model's shared table (RotateRows' values, computed once per position).
   if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    rope.RotateRows(q, rows, qkv_width, s.num_heads + s.num_kv_heads, s.head_dim,
-                    batch.positions.data(), p.rope_table.Resize(rope.rotary_dim));
+    float* table = p.rope_table.Resize(rope.rotary_dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      rope_table_->Lookup(batch.positions[r], table);
+      rope.Rotate(q + r * qkv_width, s.num_heads + s.num_kv_heads, s.head_dim, table,
+                  table + rope.pairs());
+    }
   }
   StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);
 }

@@ -7,10 +7,12 @@
 #ifndef ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 #define ATTNSERVE_KERNELS_CPU_GQA_LAYER_H_
 
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/rope_table.h"
 #include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/attention_variation.h"
 
@@ -64,6 +66,8 @@ class GqaLayer : public CpuLayer {
   // The spec's variations with pointers into the vectors above, built once; every kernel call
   // takes it as it is.
   AttentionVariation variation_;
+  // RoPE's cos/sin by position, shared with the model's other layers; null without RoPE.
+  std::shared_ptr<RopeTable> rope_table_;
   Buffers decode_buffers_;  // Guarded by CpuLayer's mutex (Run holds it).
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
 
 #include "kernels/core/tensor.h"
 #include "kernels/cpu/simd_kernels.h"
@@ -210,6 +211,133 @@ ATTNSERVE_AVX512 void GemvAvx512(const float* x, int64_t ldx, int64_t rows, cons
   for (; o < o_end; ++o) GemvFeatures512<1>(x, ldx, rows, w, in, bias, o, o_end, y, ldy);
 }
 
+// bf16 weights on AVX-512 read 32 weights (one cache line of a row) per load and widen them in
+// two single-uop steps instead of two shuffle-and-shift pairs: a 32-bit lane j of the line holds
+// weights 2j (low half) and 2j + 1 (high half), so `lane << 16` is weight 2j as a float and
+// `lane & 0xffff0000` weight 2j + 1. x is deinterleaved to match once per projection
+// (Bf16PairX): per 32-block, its 16 even elements and then its 16 odd ones; elements past the
+// last whole block are copied as they are. Lane j then sums x[2j] w[2j] + x[2j+1] w[2j+1] per
+// block, another order than the 16-wide tile's (the float64-reference tests bound both).
+// At batch 1-8 this is a quarter to a half of the tile's vector uops (BM_SmolStep's bf16 rows).
+ATTNSERVE_AVX512 void Bf16PairX(const float* x, int64_t ldx, int64_t rows, int64_t in, float* xp) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const int64_t in32 = in / 32 * 32;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x + r * ldx;
+    float* dst = xp + r * in;
+    for (int64_t i = 0; i < in32; i += 32) {
+      const __m512 a = _mm512_loadu_ps(src + i), b = _mm512_loadu_ps(src + i + 16);
+      _mm512_storeu_ps(dst + i, _mm512_permutex2var_ps(a, even, b));
+      _mm512_storeu_ps(dst + i + 16, _mm512_permutex2var_ps(a, odd, b));
+    }
+    std::copy(src + in32, src + in, dst + in32);
+  }
+}
+
+// The tile of GemvTile512 for bf16 weights and Bf16PairX's x (row stride `in`): O features x R
+// rows, O * R <= 16 accumulators, 2 O weight vectors per line of each row.
+template <int O, int R>
+ATTNSERVE_AVX512 void Bf16PairTile512(const float* xp, const uint16_t* w, int64_t in,
+                                      const float* bias, int64_t o, float* y, int64_t ldy,
+                                      const char* prefetch, const char* prefetch_end) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  __m512 acc[O][R];
+  for (int a = 0; a < O; ++a)
+    for (int r = 0; r < R; ++r) acc[a][r] = _mm512_setzero_ps();
+  const int64_t in32 = in / 32 * 32;
+  for (int64_t i = 0; i < in32; i += 32) {
+    if (prefetch < prefetch_end) {  // O lines of weights per iteration.
+      for (int l = 0; l < O; ++l) _mm_prefetch(prefetch + 64 * l, _MM_HINT_T0);
+      prefetch += 64 * O;
+    }
+    __m512 w_even[O], w_odd[O];
+    for (int a = 0; a < O; ++a) {
+      const __m512i line = _mm512_loadu_si512(w + (o + a) * in + i);
+      w_even[a] = _mm512_castsi512_ps(_mm512_slli_epi32(line, 16));
+      w_odd[a] = _mm512_castsi512_ps(_mm512_and_si512(line, high));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 xe = _mm512_loadu_ps(xp + r * in + i);
+      const __m512 xo = _mm512_loadu_ps(xp + r * in + i + 16);
+      for (int a = 0; a < O; ++a) {
+        acc[a][r] = _mm512_fmadd_ps(xe, w_even[a], acc[a][r]);
+        acc[a][r] = _mm512_fmadd_ps(xo, w_odd[a], acc[a][r]);
+      }
+    }
+  }
+  int64_t i = in32;
+  if (in - in32 >= 16) {  // One 16-wide block left, in order.
+    for (int a = 0; a < O; ++a) {
+      const __m512 wv = avx512::Load16(w + (o + a) * in + i);
+      for (int r = 0; r < R; ++r) {
+        acc[a][r] = _mm512_fmadd_ps(_mm512_loadu_ps(xp + r * in + i), wv, acc[a][r]);
+      }
+    }
+    i += 16;
+  }
+  for (int a = 0; a < O; ++a) {
+    const uint16_t* w_row = w + (o + a) * in;
+    for (int r = 0; r < R; ++r) {
+      float sum = avx512::HorizontalSum(acc[a][r]);
+      for (int64_t t = i; t < in; ++t) sum += xp[r * in + t] * Widen(w_row[t]);
+      y[r * ldy + o + a] = sum + (bias != nullptr ? bias[o + a] : 0.0f);
+    }
+  }
+}
+
+// Output features [o, o + O) for all `rows` (<= kGemvMaxRows) in one row tile, so each line of
+// weights is widened once however many rows use it; prefetches the next O features' rows.
+template <int O>
+ATTNSERVE_AVX512 void Bf16PairFeatures512(const float* xp, int64_t rows, const uint16_t* w,
+                                          int64_t in, const float* bias, int64_t o, int64_t o_end,
+                                          float* y, int64_t ldy) {
+  const char* prefetch = reinterpret_cast<const char*>(w + std::min(o + O, o_end) * in);
+  const char* prefetch_end = reinterpret_cast<const char*>(w + std::min(o + 2 * O, o_end) * in);
+  switch (rows) {
+#define ATTNSERVE_PAIR_TILE(R)                                                             \
+  case R:                                                                                  \
+    if constexpr (O * R <= 16) {                                                           \
+      Bf16PairTile512<O, R>(xp, w, in, bias, o, y, ldy, prefetch, prefetch_end);           \
+    }                                                                                      \
+    break;
+    ATTNSERVE_PAIR_TILE(1)
+    ATTNSERVE_PAIR_TILE(2)
+    ATTNSERVE_PAIR_TILE(3)
+    ATTNSERVE_PAIR_TILE(4)
+    ATTNSERVE_PAIR_TILE(5)
+    ATTNSERVE_PAIR_TILE(6)
+    ATTNSERVE_PAIR_TILE(7)
+    ATTNSERVE_PAIR_TILE(8)
+#undef ATTNSERVE_PAIR_TILE
+    default:
+      break;
+  }
+}
+
+// SmallBatchGemv of bf16 weights on AVX-512 with x already through Bf16PairX; rows <=
+// kGemvMaxRows. 8 features per tile at 1-2 rows, 4 at 3-4, 2 at 5-8 (<= 16 accumulators).
+ATTNSERVE_AVX512 void Bf16PairGemv512(const float* xp, int64_t rows, const uint16_t* w, int64_t in,
+                                      const float* bias, int64_t o_begin, int64_t o_end, float* y,
+                                      int64_t ldy) {
+  int64_t o = o_begin;
+  if (rows <= 2) {
+    for (; o + 8 <= o_end; o += 8) Bf16PairFeatures512<8>(xp, rows, w, in, bias, o, o_end, y, ldy);
+  } else if (rows <= 4) {
+    for (; o + 4 <= o_end; o += 4) Bf16PairFeatures512<4>(xp, rows, w, in, bias, o, o_end, y, ldy);
+  } else {
+    for (; o + 2 <= o_end; o += 2) Bf16PairFeatures512<2>(xp, rows, w, in, bias, o, o_end, y, ldy);
+  }
+  for (; o < o_end; ++o) Bf16PairFeatures512<1>(xp, rows, w, in, bias, o, o_end, y, ldy);
+}
+
+// Bf16PairX's output for up to kGemvMaxRows rows, per thread, grown only.
+float* Bf16PairScratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
 #endif  // ATTNSERVE_X86_AVX512
 
 template <typename W>
@@ -220,6 +348,14 @@ void GemvTiles(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t in
   // weights only from 3 rows (1.12x at 8): one f32 row is bound by the weight read and measured
   // 4% slower on 16 lanes than on 8.
   if (SimdKernelsUseAvx512() && (sizeof(W) == sizeof(uint16_t) || rows >= 3)) {
+    if constexpr (sizeof(W) == sizeof(uint16_t)) {
+      if (rows <= kGemvMaxRows) {
+        float* xp = Bf16PairScratch(rows * in);
+        Bf16PairX(x, ldx, rows, in, xp);
+        Bf16PairGemv512(xp, rows, w, in, bias, o_begin, o_end, y, ldy);
+        return;
+      }
+    }
     GemvAvx512(x, ldx, rows, w, in, bias, o_begin, o_end, y, ldy);
     return;
   }
@@ -276,9 +412,23 @@ struct WeightView {
 
 void Gemv(const float* x, int64_t ldx, int64_t rows, const WeightView& w, const float* bias,
           float* y, int64_t ldy, ThreadPool& pool) {
+  // bf16 weights on AVX-512: x deinterleaved once here (on the caller's scratch, which outlives
+  // the loop below) rather than once per chunk.
+  const float* bf16_pair_x = nullptr;
+#ifdef ATTNSERVE_X86_AVX512
+  if (w.bf16 != nullptr && SimdKernelsUseAvx512()) {
+    float* xp = Bf16PairScratch(rows * w.in);
+    Bf16PairX(x, ldx, rows, w.in, xp);
+    bf16_pair_x = xp;
+  }
+#endif
   auto block = [&](int64_t begin, int64_t end) {
     if (w.f32 != nullptr) {
       SmallBatchGemv(x, ldx, rows, w.f32, w.in, bias, begin, end, y, ldy);
+    } else if (bf16_pair_x != nullptr) {
+#ifdef ATTNSERVE_X86_AVX512
+      Bf16PairGemv512(bf16_pair_x, rows, w.bf16, w.in, bias, begin, end, y, ldy);
+#endif
     } else {
       SmallBatchGemv(x, ldx, rows, w.bf16, w.in, bias, begin, end, y, ldy);
     }

@@ -1,6 +1,33 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace attnserve {
+
+namespace {
+// Polls done() for up to ThreadPool::kSpinNanos; true once it held. Between polls the thread
+// pauses (a few tens of cycles) and yields, so on a core other processes want the spin gives the
+// core up rather than holding it for the whole time.
+template <typename Done>
+bool SpinUntil(const Done& done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(ThreadPool::kSpinNanos);
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      _mm_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    std::this_thread::yield();
+  }
+}
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -10,6 +37,7 @@ ThreadPool::~ThreadPool() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    posted_.fetch_add(1, std::memory_order_release);  // Ends the workers' spins.
   }
   for (std::thread& worker : workers_) worker.join();
 }
@@ -24,7 +52,7 @@ void ThreadPool::RunShare() {
     mu_.Unlock();
     (*body)(item);
     mu_.Lock();
-    --pending_;
+    pending_.fetch_sub(1, std::memory_order_release);
   }
   mu_.Unlock();
 }
@@ -32,6 +60,8 @@ void ThreadPool::RunShare() {
 void ThreadPool::WorkerLoop() {
   uint64_t seen_generation = 0;
   while (true) {
+    // The next loop usually comes within the spin; the mutex wait below then finds it at once.
+    SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen_generation; });
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -57,12 +87,17 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& 
     body_ = &body;
     count_ = count;
     next_ = 0;
-    pending_ = count;
+    pending_.store(count, std::memory_order_relaxed);
     ++generation_;
+    posted_.store(generation_, std::memory_order_release);
   }
   RunShare();
+  // The workers' last items are usually a few microseconds from done.
+  SpinUntil([&] { return pending_.load(std::memory_order_acquire) == 0; });
   absl::MutexLock lock(&mu_);
-  auto all_done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  auto all_done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return pending_.load(std::memory_order_relaxed) == 0;
+  };
   mu_.Await(absl::Condition(&all_done));
   body_ = nullptr;
 }

@@ -1,6 +1,7 @@
 // The decode-step projections (kernels/cpu/linear.h, LinearForward's few-rows path)
 // against a float64 dot product, f32 and bf16 weights, over every row tile (1-8 rows), input
-// widths that leave a tail after the 8- and 16-wide vectors (AVX2, AVX-512), feature ranges that
+// widths that leave a tail after the 8- and 16-wide vectors (AVX2, AVX-512) and the 32-wide bf16
+// blocks of AVX-512 (83 = 2 x 32 + 16 + 3), feature ranges that
 // start and end mid-tile, and strided rows. ctest runs it three times: on the path this CPU
 // chooses, with ATTNSERVE_CPU_AVX512=0 (AVX2) and with ATTNSERVE_CPU_PORTABLE=1. Output slots outside the asked range are poisoned with NaN and must stay so.
 //
