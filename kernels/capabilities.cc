@@ -71,7 +71,11 @@ Finding Variation(const BackendCapabilities& c, std::string field, std::string s
 
 std::optional<Finding> QkNormRule(const BackendCapabilities& c, const LayerSpec& spec,
                                   const KvStorageFormat&) {
-  if (c.qk_norm || spec.qk_norm == QkNorm::kNone) return std::nullopt;
+  if (spec.qk_norm == QkNorm::kNone || Contains(c.qk_norms, spec.qk_norm)) return std::nullopt;
+  if (spec.qk_norm == QkNorm::kRmsAcrossHeads) {
+    return Variation(c, "qk_norm", "q/k norm across heads", "rms_across_heads",
+                     "q/k norm across heads (OLMo 2)");
+  }
   return Variation(c, "qk_norm", "qk_norm", std::string(QkNormName(spec.qk_norm)), "q/k norm");
 }
 

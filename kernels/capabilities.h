@@ -44,7 +44,9 @@ struct BackendCapabilities {
   std::vector<RopeScalingType> rope_scalings;
   // YaRN's attention factor != 1 (cos and sin multiplied by it; mscale != mscale_all_dim).
   bool yarn_attention_factor = false;
-  bool qk_norm = false;            // LayerSpec::qk_norm != kNone.
+  // LayerSpec::qk_norm kinds other than kNone computed (per head: Qwen3's, Gemma 3's; across
+  // heads: OLMo 2's).
+  std::vector<QkNorm> qk_norms;
   bool partial_rotary = false;     // 0 < rotary_dim < head_dim.
   bool logit_softcapping = false;  // attn_logit_softcapping != 0.
   bool attention_sinks = false;

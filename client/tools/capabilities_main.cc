@@ -55,7 +55,7 @@ std::vector<std::pair<std::string, std::string>> Rows(const BackendCapabilities&
       {"KV formats", Names(c.kv_formats, KvStorageFormatName, "none")},
       {"RoPE scalings", Names(c.rope_scalings, RopeScalingTypeName, "none")},
       {"YaRN attention factor", YesNo(c.yarn_attention_factor)},
-      {"q/k norm", YesNo(c.qk_norm)},
+      {"q/k norms", Names(c.qk_norms, QkNormName, "none")},
       {"partial rotary", YesNo(c.partial_rotary)},
       {"logit soft-capping", YesNo(c.logit_softcapping)},
       {"attention sinks", YesNo(c.attention_sinks)},

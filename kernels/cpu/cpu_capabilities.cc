@@ -18,7 +18,7 @@ const BackendCapabilities& CpuCapabilities() {
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,
                         RopeScalingType::kYarn};
     c->yarn_attention_factor = true;
-    c->qk_norm = true;
+    c->qk_norms = {QkNorm::kRms, QkNorm::kRmsUnitOffset, QkNorm::kRmsAcrossHeads};
     c->partial_rotary = true;
     c->logit_softcapping = true;
     c->attention_sinks = true;

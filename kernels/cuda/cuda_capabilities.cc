@@ -29,7 +29,9 @@ const BackendCapabilities& CudaCapabilities() {
     // the RoPE/append kernel, soft-cap, ALiBi and sinks in the attention kernels and the combine);
     // the RoPE kernel rotates only the first rotary_dim dims. ALiBi and sinks run the native
     // kernels under --cuda_attention=flashinfer (FlashInferAttention::Serves).
-    c->qk_norm = true;
+    // Per head only: OLMo 2's norm across a token's heads would need a reduction across the
+    // RoPE/append kernel's per-head blocks (kernels/cuda/attention/rope_append.cuh).
+    c->qk_norms = {QkNorm::kRms, QkNorm::kRmsUnitOffset};
     c->partial_rotary = true;
     c->logit_softcapping = true;
     c->attention_sinks = true;

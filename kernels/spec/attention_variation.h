@@ -6,7 +6,8 @@
 //   LogitSoftCap   logits transform: s = cap * tanh(s / cap) (Gemma 2).
 //   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
 //   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
-//   HeadRmsNorm    pre-RoPE transform: per-head RMSNorm of q and k (Qwen3, Gemma 3).
+//   HeadRmsNorm    pre-RoPE transform: RMSNorm of q and k, per head (Qwen3, Gemma 3) or over all
+//                  heads of a row at once (OLMo 2).
 //   RotaryPositions  position embedding: RoPE's rotation of q and k, half or interleaved pairs,
 //                  partial rotary dims (Phi, GPT-J), YaRN's cos/sin factor.
 //
@@ -141,23 +142,29 @@ struct SoftmaxSinks {
   }
 };
 
-// Pre-RoPE transform: per-head RMSNorm over head_dim in float32 (x / sqrt(mean(x^2) + eps) times
-// a scale of [head_dim]: w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm, resolved by the layer).
+// Pre-RoPE transform: RMSNorm of q and k in float32, x / sqrt(mean(x^2) + eps) times a scale:
+// per head over head_dim with a scale of [head_dim] (w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm,
+// resolved by the layer), or, with `across_heads`, over a row's heads at once, as OLMo 2 norms
+// the whole projection before splitting it into heads, with a scale of [heads * head_dim].
 struct HeadRmsNorm {
-  const float* q_scale = nullptr;  // [head_dim], owned by the layer; null = no q/k norm.
-  const float* k_scale = nullptr;  // [head_dim]
+  const float* q_scale = nullptr;  // [head_dim], or [num_heads * head_dim] across heads; owned by
+                                   // the layer; null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim], or [num_kv_heads * head_dim] across heads.
   double eps = 1e-6;
-  int dim = 0;
+  int dim = 0;                // head_dim
+  bool across_heads = false;  // One norm over the `count` heads of Apply (OLMo 2).
 
   ATTNSERVE_HD bool active() const { return q_scale != nullptr; }
-  // `count` consecutive head vectors of `dim` floats at x, in place.
+  // `count` consecutive head vectors of `dim` floats at x (one row's q or k heads), in place:
+  // each normed alone, or all of them as one vector of count * dim with `across_heads`.
   ATTNSERVE_HD void Apply(float* x, int64_t count, const float* scale) const {
-    for (int64_t v = 0; v < count; ++v) {
-      float* head = x + v * dim;
+    const int64_t width = across_heads ? count * dim : dim;
+    for (int64_t v = 0; v < count * dim; v += width) {
+      float* part = x + v;
       double sum_sq = 0.0;
-      for (int i = 0; i < dim; ++i) sum_sq += double{head[i]} * head[i];
-      const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / dim + eps));
-      for (int i = 0; i < dim; ++i) head[i] = head[i] * inv_rms * scale[i];
+      for (int64_t i = 0; i < width; ++i) sum_sq += double{part[i]} * part[i];
+      const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / width + eps));
+      for (int64_t i = 0; i < width; ++i) part[i] = part[i] * inv_rms * scale[i];
     }
   }
 };
@@ -250,8 +257,8 @@ struct RotaryPositions {
 // variation.
 struct VariationWeights {
   const float* sinks = nullptr;    // [num_heads]; null without attention_sinks.
-  const float* q_scale = nullptr;  // [head_dim]; null without qk_norm.
-  const float* k_scale = nullptr;  // [head_dim]
+  const float* q_scale = nullptr;  // QkNormWidth(spec, num_heads) floats; null without qk_norm.
+  const float* k_scale = nullptr;  // QkNormWidth(spec, num_kv_heads) floats.
   // RopeInverseFrequencies(spec); null without RoPE, or where the caller sets rope.inv_freq
   // itself (the CUDA layers point it at a device copy).
   const double* rope_inv_freq = nullptr;
@@ -286,7 +293,8 @@ struct AttentionVariation {
     v.alibi = {static_cast<int>(spec.alibi), spec.num_heads, spec.alibi_bias_max};
     v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
     if (spec.qk_norm != QkNorm::kNone) {
-      v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim};
+      v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim,
+                   spec.qk_norm == QkNorm::kRmsAcrossHeads};
     }
     if (RotaryDim(spec) > 0) {
       v.rope = {weights.rope_inv_freq, RotaryDim(spec), spec.rope == RopeLayout::kInterleaved,

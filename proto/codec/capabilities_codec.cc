@@ -16,7 +16,8 @@ v1::BackendCapabilities CapabilitiesToProto(const BackendCapabilities& c) {
   }
   for (RopeScalingType type : c.rope_scalings) out.add_rope_scalings(RopeScalingTypeToProto(type));
   out.set_yarn_attention_factor(c.yarn_attention_factor);
-  out.set_qk_norm(c.qk_norm);
+  out.set_qk_norm(!c.qk_norms.empty());
+  for (QkNorm norm : c.qk_norms) out.add_qk_norms(std::string(QkNormName(norm)));
   out.set_partial_rotary(c.partial_rotary);
   out.set_logit_softcapping(c.logit_softcapping);
   out.set_attention_sinks(c.attention_sinks);

@@ -76,9 +76,17 @@ std::vector<Case> Cases() {
                    "head dims 128"});
   LayerSpec qk_norm = Gqa();
   qk_norm.qk_norm = QkNorm::kRmsUnitOffset;
-  cases.push_back({"qk_norm", [](BackendCapabilities& c) { c.qk_norm = false; }, qk_norm,
-                   DType::kF32, absl::StatusCode::kInvalidArgument, "qk_norm = rms_unit_offset",
-                   "q/k norm"});
+  cases.push_back({"qk_norms", [](BackendCapabilities& c) { c.qk_norms = {QkNorm::kRms}; },
+                   qk_norm, DType::kF32, absl::StatusCode::kInvalidArgument,
+                   "qk_norm = rms_unit_offset", "q/k norm"});
+  LayerSpec olmo2 = Gqa();
+  olmo2.qk_norm = QkNorm::kRmsAcrossHeads;
+  cases.push_back({"qk_norms_across_heads",
+                   [](BackendCapabilities& c) {
+                     c.qk_norms = {QkNorm::kRms, QkNorm::kRmsUnitOffset};
+                   },
+                   olmo2, DType::kF32, absl::StatusCode::kInvalidArgument,
+                   "qk_norm = rms_across_heads", "q/k norm across heads (OLMo 2)"});
   LayerSpec partial = Gqa();
   partial.rotary_dim = 32;
   cases.push_back({"partial_rotary", [](BackendCapabilities& c) { c.partial_rotary = false; },
@@ -234,6 +242,16 @@ TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
   variations.attention_sinks = true;
   variations.rotary_dim = 128;
   EXPECT_TRUE(CheckCapabilities(cuda, variations, Kv(DType::kBF16)).ok());
+  // OLMo 2's norm over all heads of a token is not: the RoPE/append kernel norms one head per
+  // block.
+  LayerSpec olmo2 = Gqa();
+  olmo2.qk_norm = QkNorm::kRmsAcrossHeads;
+  const absl::Status across = CheckCapabilities(cuda, olmo2, Kv(DType::kF32));
+  EXPECT_EQ(across.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(across.message(),
+              AllOf(HasSubstr("qk_norm = rms_across_heads: the CUDA backend does not implement "
+                              "q/k norm across heads (OLMo 2) yet"),
+                    HasSubstr("--backend=cpu")));
   // Every gap at once, in the fixed order.
   LayerSpec phi3 = Gqa();
   phi3.head_dim = 96;
