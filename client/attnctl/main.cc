@@ -712,17 +712,10 @@ void PrintCapabilities(const v1::BackendCapabilities& c) {
                c.kv_formats().empty() ? "-" : absl::StrJoin(c.kv_formats(), ", "),
                EnumNames(c.compute_dtypes(), dtype, "DTYPE_"),
                EnumNames(c.rope_scalings(), scaling, "ROPE_SCALING_"));
-  if (!c.qk_norms().empty()) {
-    absl::PrintF("             q/k norms %s\n", absl::StrJoin(c.qk_norms(), ", "));
-  }
+  absl::PrintF("             variations %s\n",
+               c.variations().empty() ? "-" : absl::StrJoin(c.variations(), ", "));
   const std::pair<const char*, bool> features[] = {
       {"yarn_attention_factor", c.yarn_attention_factor()},
-      {"qk_norm", c.qk_norm()},
-      {"partial_rotary", c.partial_rotary()},
-      {"logit_softcapping", c.logit_softcapping()},
-      {"attention_sinks", c.attention_sinks()},
-      {"sliding_window", c.sliding_window()},
-      {"non_causal", c.non_causal()},
       {"fork", c.fork()},
       {"export_import", c.export_import()},
       {"stacks", c.stacks()},

@@ -28,6 +28,10 @@
 #include "kernels/core/host_device.h"
 
 #if !defined(__CUDACC__)
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/spec/rope_frequencies.h"
 #endif
@@ -304,6 +308,63 @@ struct AttentionVariation {
   }
 #endif
 };
+
+#if !defined(__CUDACC__)
+// The variations as the backends' capability tables name them (BackendCapabilities::variations,
+// kernels/capabilities.h), declared once, beside their hooks: which spec uses each and how a
+// refusal names it. capabilities.cc's one rule refuses a used variation a table does not list; the
+// CPU table lists every one (it runs every hook); GetServerInfo reports the names. A new variation
+// is a row here, not a capability field, rule, proto field and report row of its own.
+struct NamedVariation {
+  const char* name;        // In the tables and on the wire: "qk_norm=rms", "alibi", ...
+  const char* field;       // The spec field a refusal names.
+  const char* short_name;  // The README family table's refusal: "qk_norm", "soft-cap", ...
+  const char* what;        // "the <BACKEND> backend does not implement <what> yet".
+  // The field's value as a refusal quotes it when `spec` uses the variation; empty otherwise.
+  std::string (*used)(const LayerSpec& spec);
+};
+
+inline std::string QkNormUsed(const LayerSpec& spec, QkNorm kind) {
+  return spec.qk_norm == kind ? std::string(QkNormName(kind)) : "";
+}
+
+// In the order refusals list them.
+inline const std::vector<NamedVariation>& NamedVariations() {
+  static const std::vector<NamedVariation>* const table = new std::vector<NamedVariation>{
+      {"qk_norm=rms", "qk_norm", "qk_norm", "q/k norm",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRms); }},
+      {"qk_norm=rms_unit_offset", "qk_norm", "qk_norm", "q/k norm",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRmsUnitOffset); }},
+      {"qk_norm=rms_across_heads", "qk_norm", "q/k norm across heads",
+       "q/k norm across heads (OLMo 2)",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRmsAcrossHeads); }},
+      {"partial_rotary", "rotary_dim", "rotary_dim", "partial rotary",
+       [](const LayerSpec& s) {
+         return s.rotary_dim == 0 || s.rotary_dim == s.head_dim
+                    ? std::string()
+                    : absl::StrCat(s.rotary_dim, " (of head_dim ", s.head_dim, ")");
+       }},
+      {"logit_softcapping", "attn_logit_softcapping", "soft-cap", "logit soft-capping",
+       [](const LayerSpec& s) {
+         return s.attn_logit_softcapping == 0.0f ? std::string()
+                                                 : absl::StrCat(s.attn_logit_softcapping);
+       }},
+      {"attention_sinks", "attention_sinks", "sinks", "attention sinks",
+       [](const LayerSpec& s) { return std::string(s.attention_sinks ? "true" : ""); }},
+      {"alibi", "alibi", "ALiBi", "ALiBi",
+       [](const LayerSpec& s) {
+         return s.alibi == Alibi::kNone ? std::string() : std::string(AlibiName(s.alibi));
+       }},
+      {"sliding_window", "sliding_window", "sliding window", "sliding windows",
+       [](const LayerSpec& s) {
+         return s.sliding_window == 0 ? std::string() : absl::StrCat(s.sliding_window);
+       }},
+      {"non_causal", "causal", "non-causal", "non-causal attention",
+       [](const LayerSpec& s) { return std::string(s.causal ? "" : "false"); }},
+  };
+  return *table;
+}
+#endif
 
 }  // namespace attnserve
 

@@ -435,9 +435,10 @@ class BackendCapabilities:
     fork: bool
     export_import: bool
     stacks: bool
-    # qk_norm kinds served ("rms", "rms_unit_offset", "rms_across_heads"); empty from a server
-    # older than the list, where qk_norm meant the per-head two.
-    qk_norms: List[str]
+    # The variations computed by name ("qk_norm=rms", ..., "qk_norm=rms_across_heads",
+    # "partial_rotary", "alibi", ...); the flags above say the same for the older ones. Empty from
+    # a server older than the list.
+    variations: List[str]
 
     @classmethod
     def from_proto(cls, c: pb.BackendCapabilities) -> "BackendCapabilities":
@@ -447,7 +448,7 @@ class BackendCapabilities:
         fields["compute_dtypes"] = [_name_of(_DTYPES, d) for d in c.compute_dtypes]
         fields["kv_formats"] = list(c.kv_formats)
         fields["rope_scalings"] = [_name_of(_ROPE_SCALINGS, r) for r in c.rope_scalings]
-        fields["qk_norms"] = list(c.qk_norms)
+        fields["variations"] = list(c.variations)
         return cls(**fields)
 
 
