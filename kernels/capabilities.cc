@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "kernels/kv/quantization.h"
+#include "kernels/spec/attention_variation.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
@@ -69,54 +70,6 @@ Finding Variation(const BackendCapabilities& c, std::string field, std::string s
                  std::move(message)};
 }
 
-std::optional<Finding> QkNormRule(const BackendCapabilities& c, const LayerSpec& spec,
-                                  const KvStorageFormat&) {
-  if (c.qk_norm || spec.qk_norm == QkNorm::kNone) return std::nullopt;
-  return Variation(c, "qk_norm", "qk_norm", std::string(QkNormName(spec.qk_norm)), "q/k norm");
-}
-
-std::optional<Finding> PartialRotary(const BackendCapabilities& c, const LayerSpec& spec,
-                                     const KvStorageFormat&) {
-  if (c.partial_rotary || spec.rotary_dim == 0 || spec.rotary_dim == spec.head_dim) {
-    return std::nullopt;
-  }
-  return Variation(c, "rotary_dim", "rotary_dim",
-                   absl::StrCat(spec.rotary_dim, " (of head_dim ", spec.head_dim, ")"),
-                   "partial rotary");
-}
-
-std::optional<Finding> Softcapping(const BackendCapabilities& c, const LayerSpec& spec,
-                                   const KvStorageFormat&) {
-  if (c.logit_softcapping || spec.attn_logit_softcapping == 0.0f) return std::nullopt;
-  return Variation(c, "attn_logit_softcapping", "soft-cap",
-                   absl::StrCat(spec.attn_logit_softcapping), "logit soft-capping");
-}
-
-std::optional<Finding> Sinks(const BackendCapabilities& c, const LayerSpec& spec,
-                             const KvStorageFormat&) {
-  if (c.attention_sinks || !spec.attention_sinks) return std::nullopt;
-  return Variation(c, "attention_sinks", "sinks", "true", "attention sinks");
-}
-
-std::optional<Finding> AlibiRule(const BackendCapabilities& c, const LayerSpec& spec,
-                                 const KvStorageFormat&) {
-  if (c.alibi || spec.alibi == Alibi::kNone) return std::nullopt;
-  return Variation(c, "alibi", "ALiBi", std::string(AlibiName(spec.alibi)), "ALiBi");
-}
-
-std::optional<Finding> SlidingWindow(const BackendCapabilities& c, const LayerSpec& spec,
-                                     const KvStorageFormat&) {
-  if (c.sliding_window || spec.sliding_window == 0) return std::nullopt;
-  return Variation(c, "sliding_window", "sliding window", absl::StrCat(spec.sliding_window),
-                   "sliding windows");
-}
-
-std::optional<Finding> NonCausal(const BackendCapabilities& c, const LayerSpec& spec,
-                                 const KvStorageFormat&) {
-  if (c.non_causal || spec.causal) return std::nullopt;
-  return Variation(c, "causal", "non-causal", "false", "non-causal attention");
-}
-
 std::optional<Finding> RopeScalingRule(const BackendCapabilities& c, const LayerSpec& spec,
                                        const KvStorageFormat&) {
   const RopeScalingType type = spec.rope_scaling.type;
@@ -156,9 +109,9 @@ std::optional<Finding> KvFormat(const BackendCapabilities& c, const LayerSpec& s
                  absl::StrCat("kv_cache_dtype = ", name, limit)};
 }
 
-constexpr Rule kRules[] = {Variant,   HeadDim,   QkNormRule,    PartialRotary,
-                           Softcapping, Sinks,   AlibiRule, SlidingWindow,
-                           NonCausal,   RopeScalingRule, KvFormat};
+// Before the variations (NamedVariations(), in their order), then after them.
+constexpr Rule kRulesBefore[] = {Variant, HeadDim};
+constexpr Rule kRulesAfter[] = {RopeScalingRule, KvFormat};
 
 // "; CPU-only for now: use --backend=cpu" when the CPU backend serves what `c` refuses.
 std::string CpuHint(const BackendCapabilities& c, bool cpu_serves) {
@@ -168,19 +121,36 @@ std::string CpuHint(const BackendCapabilities& c, bool cpu_serves) {
 
 }  // namespace
 
+bool ServesVariation(const BackendCapabilities& capabilities, absl::string_view name) {
+  for (const std::string& served : capabilities.variations) {
+    if (served == name) return true;
+  }
+  return false;
+}
+
 std::vector<CapabilityGap> FindCapabilityGaps(const BackendCapabilities& capabilities,
                                               const LayerSpec& spec,
                                               const KvStorageFormat& kv_format) {
   std::vector<CapabilityGap> gaps;
-  for (Rule rule : kRules) {
-    std::optional<Finding> found = rule(capabilities, spec, kv_format);
-    if (!found) continue;
-    const bool cpu_serves = !rule(CpuCapabilities(), spec, kv_format).has_value();
+  const auto add = [&](const Finding& found, bool cpu_serves) {
     gaps.push_back(CapabilityGap{
-        found->field, found->short_name,
-        absl::Status(found->code,
-                     absl::StrCat(found->message, CpuHint(capabilities, cpu_serves)))});
+        found.field, found.short_name,
+        absl::Status(found.code, absl::StrCat(found.message, CpuHint(capabilities, cpu_serves)))});
+  };
+  const auto apply = [&](Rule rule) {
+    if (std::optional<Finding> found = rule(capabilities, spec, kv_format)) {
+      add(*found, !rule(CpuCapabilities(), spec, kv_format).has_value());
+    }
+  };
+  for (Rule rule : kRulesBefore) apply(rule);
+  // The variations: the one rule for all of them.
+  for (const NamedVariation& v : NamedVariations()) {
+    const std::string value = v.used(spec);
+    if (value.empty() || ServesVariation(capabilities, v.name)) continue;
+    add(Variation(capabilities, v.field, v.short_name, value, v.what),
+        ServesVariation(CpuCapabilities(), v.name));
   }
+  for (Rule rule : kRulesAfter) apply(rule);
   return gaps;
 }
 

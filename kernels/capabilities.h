@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/core/tensor.h"
 #include "kernels/kv/cache_config.h"
 #include "kernels/kv/storage_format.h"
@@ -44,18 +45,18 @@ struct BackendCapabilities {
   std::vector<RopeScalingType> rope_scalings;
   // YaRN's attention factor != 1 (cos and sin multiplied by it; mscale != mscale_all_dim).
   bool yarn_attention_factor = false;
-  bool qk_norm = false;            // LayerSpec::qk_norm != kNone.
-  bool partial_rotary = false;     // 0 < rotary_dim < head_dim.
-  bool logit_softcapping = false;  // attn_logit_softcapping != 0.
-  bool attention_sinks = false;
-  bool alibi = false;  // LayerSpec::alibi != kNone (BLOOM's and MPT's linear biases).
-  bool sliding_window = false;
-  bool non_causal = false;
+  // The model-family variations computed, by NamedVariation::name (kernels/spec/
+  // attention_variation.h: "qk_norm=rms", "partial_rotary", "logit_softcapping", "alibi",
+  // "sliding_window", "non_causal", ...). A variation not listed is refused.
+  std::vector<std::string> variations;
   // AttentionLayer operations.
   bool fork = false;           // ForkSequence (prefix sharing; the Fork RPC).
   bool export_import = false;  // ExportSequence / ImportSequence (moving a request, drains).
   bool stacks = false;         // Layers of this backend in a hybrid stack (kernels/stack/).
 };
+
+// Whether `capabilities` lists the variation `name` (NamedVariation::name).
+bool ServesVariation(const BackendCapabilities& capabilities, absl::string_view name);
 
 // One thing a spec or KV format asks for that a backend does not serve.
 struct CapabilityGap {

@@ -107,7 +107,8 @@ ABSL_FLAG(int, qk_rope_head_dim, 0, "configure (mla): decoupled RoPE width.");
 ABSL_FLAG(int, v_head_dim, 0, "configure (mla): per-head value width.");
 ABSL_FLAG(int, rotary_dim, 0, "configure: rotated dims per q/k head (0 = the whole head).");
 ABSL_FLAG(std::string, qk_norm, "none",
-          "configure: per-head q/k RMSNorm: none, rms (Qwen3) or rms_unit_offset (Gemma 3).");
+          "configure: q/k RMSNorm: none, rms (Qwen3) or rms_unit_offset (Gemma 3) per head, or "
+          "rms_across_heads (OLMo 2).");
 ABSL_FLAG(double, qk_norm_eps, 1e-6, "configure: epsilon of the q/k RMSNorm.");
 ABSL_FLAG(double, attn_logit_softcapping, 0.0,
           "configure: scores = cap * tanh(scores / cap) (Gemma 2: 50; 0 = none).");
@@ -711,14 +712,10 @@ void PrintCapabilities(const v1::BackendCapabilities& c) {
                c.kv_formats().empty() ? "-" : absl::StrJoin(c.kv_formats(), ", "),
                EnumNames(c.compute_dtypes(), dtype, "DTYPE_"),
                EnumNames(c.rope_scalings(), scaling, "ROPE_SCALING_"));
+  absl::PrintF("             variations %s\n",
+               c.variations().empty() ? "-" : absl::StrJoin(c.variations(), ", "));
   const std::pair<const char*, bool> features[] = {
       {"yarn_attention_factor", c.yarn_attention_factor()},
-      {"qk_norm", c.qk_norm()},
-      {"partial_rotary", c.partial_rotary()},
-      {"logit_softcapping", c.logit_softcapping()},
-      {"attention_sinks", c.attention_sinks()},
-      {"sliding_window", c.sliding_window()},
-      {"non_causal", c.non_causal()},
       {"fork", c.fork()},
       {"export_import", c.export_import()},
       {"stacks", c.stacks()},

@@ -128,6 +128,13 @@ std::vector<ModelFamily> Build() {
                       {{"gemma-3-1b local", gemma3}, {"gemma-3-1b global", gemma3_global}},
                       ""});
 
+  LayerSpec olmo2 = Gqa(4096, 32, 32, 128, 500000.0);
+  olmo2.qk_norm = QkNorm::kRmsAcrossHeads;
+  olmo2.qk_norm_eps = 1e-6f;
+  families.push_back({"OLMo 2 (`olmo2`)", "q/k RMSNorm over all heads (before the split)",
+                      {{"OLMo-2-1124-7B", olmo2}},
+                      ""});
+
   LayerSpec gpt_oss = Gqa(2880, 64, 8, 64, 150000.0);
   gpt_oss.qkv_bias = gpt_oss.o_bias = true;
   gpt_oss.attention_sinks = true;

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_capabilities.h"
 
+#include "kernels/spec/attention_variation.h"
+
 namespace attnserve {
 
 const BackendCapabilities& CpuCapabilities() {
@@ -18,13 +20,8 @@ const BackendCapabilities& CpuCapabilities() {
     c->rope_scalings = {RopeScalingType::kNone, RopeScalingType::kLinear, RopeScalingType::kLlama3,
                         RopeScalingType::kYarn};
     c->yarn_attention_factor = true;
-    c->qk_norm = true;
-    c->partial_rotary = true;
-    c->logit_softcapping = true;
-    c->attention_sinks = true;
-    c->alibi = true;
-    c->sliding_window = true;
-    c->non_causal = true;
+    // Every variation: the CPU kernels run every hook of kernels/spec/attention_variation.h.
+    for (const NamedVariation& v : NamedVariations()) c->variations.push_back(v.name);
     c->fork = true;           // CpuLayer::ForkSequence.
     c->export_import = true;  // CpuLayer::ExportSequence / ImportSequence.
     c->stacks = true;

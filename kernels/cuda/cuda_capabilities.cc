@@ -29,13 +29,11 @@ const BackendCapabilities& CudaCapabilities() {
     // the RoPE/append kernel, soft-cap, ALiBi and sinks in the attention kernels and the combine);
     // the RoPE kernel rotates only the first rotary_dim dims. ALiBi and sinks run the native
     // kernels under --cuda_attention=flashinfer (FlashInferAttention::Serves).
-    c->qk_norm = true;
-    c->partial_rotary = true;
-    c->logit_softcapping = true;
-    c->attention_sinks = true;
-    c->sliding_window = true;
-    c->non_causal = true;
-    c->alibi = true;
+    // Not qk_norm=rms_across_heads: OLMo 2's norm across a token's heads would need a reduction
+    // across the RoPE/append kernel's per-head blocks (kernels/cuda/attention/rope_append.cuh).
+    c->variations = {"qk_norm=rms",      "qk_norm=rms_unit_offset", "partial_rotary",
+                     "logit_softcapping", "attention_sinks",        "alibi",
+                     "sliding_window",    "non_causal"};
     // CudaGqaLayer::ForkSequence (device pages shared by reference count, the partial page
     // copied) and Export/ImportSequence (whole pages D2H/H2D in the CPU backend's byte format).
     c->fork = true;

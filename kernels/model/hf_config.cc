@@ -26,7 +26,7 @@ using Json = nlohmann::json;
 constexpr absl::string_view kSupportedModelTypes[] = {
     "llama",   "mistral",     "mixtral", "qwen2",       "qwen3",      "qwen3_moe",
     "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
-    "bloom",   "mpt"};
+    "bloom",   "mpt",         "olmo2"};
 
 // THE LIST OF ACCEPTED KEYS: keys that cannot change what one attention layer computes, skipped
 // without a word wherever they appear at the top level of config.json, whatever their value. Any
@@ -176,6 +176,12 @@ Json ClassDefaults(const std::string& model_type) {
         "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
         "qk_nope_head_dim": 128, "max_position_embeddings": 4096, "rope_theta": 10000.0,
         "rope_scaling": null, "rope_interleave": true, "attention_bias": false})");
+  }
+  if (model_type == "olmo2") {
+    return Json::parse(R"({"hidden_size": 4096, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": null, "max_position_embeddings": 2048,
+        "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+        "rms_norm_eps": 1e-5})");
   }
   if (model_type == "bloom") {
     return Json::parse(R"({"hidden_size": 64, "n_head": 8, "n_layer": 2,
@@ -539,7 +545,7 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     spec.qkv_bias = spec.o_bias = true;
     config.Has("attention_bias");  // Forced to True by GptOssConfig whatever the file says.
   } else if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe" ||
-             model_type == "gemma2" || model_type == "gemma3_text") {
+             model_type == "gemma2" || model_type == "gemma3_text" || model_type == "olmo2") {
     absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
     if (!bias.ok()) return bias.status();
     spec.qkv_bias = spec.o_bias = *bias;
@@ -552,6 +558,14 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   absl::StatusOr<RopeScaling> scaling = ParseRopeScaling(config);
   if (!scaling.ok()) return scaling.status();
   spec.rope_scaling = *scaling;
+  if (model_type == "olmo2" && spec.rope_scaling.type != RopeScalingType::kNone &&
+      spec.rope_scaling.type != RopeScalingType::kLinear) {
+    // Olmo2Config._rope_scaling_validation: {"type", "factor"} with linear or dynamic only
+    // (dynamic is refused above).
+    return KeyError("rope_scaling", absl::StrCat("type ", RopeScalingTypeName(
+                                                              spec.rope_scaling.type),
+                                                 ": Olmo2Config accepts only linear or dynamic"));
+  }
   if (model_type == "phi3") {
     absl::StatusOr<double> partial = config.Number("partial_rotary_factor", 1.0);
     if (!partial.ok()) return partial.status();
@@ -668,6 +682,14 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   if (model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text") {
     spec.qk_norm = model_type == "gemma3_text" ? QkNorm::kRmsUnitOffset : QkNorm::kRms;
     absl::StatusOr<double> eps = config.Number("rms_norm_eps", 1e-6);
+    if (!eps.ok()) return eps.status();
+    spec.qk_norm_eps = static_cast<float>(*eps);
+  }
+  if (model_type == "olmo2") {
+    // Olmo2Attention: Olmo2RMSNorm over q_proj's and k_proj's whole output (all heads), eps
+    // rms_norm_eps, before the split into heads and RoPE.
+    spec.qk_norm = QkNorm::kRmsAcrossHeads;
+    absl::StatusOr<double> eps = config.Number("rms_norm_eps", std::nullopt);
     if (!eps.ok()) return eps.status();
     spec.qk_norm_eps = static_cast<float>(*eps);
   }

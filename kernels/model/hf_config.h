@@ -5,7 +5,7 @@
 // including per-layer differences (which layers slide; Gemma 3's local RoPE base on sliding
 // layers). Supported model_type values:
 //   llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gpt_oss,
-//   deepseek_v2, deepseek_v3, bloom, mpt.
+//   deepseek_v2, deepseek_v3, bloom, mpt, olmo2.
 //
 // Nothing is ignored silently. Every key of config.json is one of
 //   - mapped into the spec (hidden_size, num_key_value_heads, rope_scaling, layer_types, ...);

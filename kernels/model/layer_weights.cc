@@ -74,8 +74,8 @@ std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec) {
   if (spec.o_bias) shapes.push_back(Bias("o_proj", d));
   if (spec.qk_norm != QkNorm::kNone) {
     const float init = spec.qk_norm == QkNorm::kRmsUnitOffset ? 0.0f : 1.0f;
-    shapes.push_back(NormScale("q_norm", spec.head_dim, init));
-    shapes.push_back(NormScale("k_norm", spec.head_dim, init));
+    shapes.push_back(NormScale("q_norm", QkNormWidth(spec, spec.num_heads), init));
+    shapes.push_back(NormScale("k_norm", QkNormWidth(spec, spec.num_kv_heads), init));
   }
   if (spec.attention_sinks) shapes.push_back({"sinks", {h}});
   return shapes;

@@ -6,7 +6,8 @@
 //   LogitSoftCap   logits transform: s = cap * tanh(s / cap) (Gemma 2).
 //   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
 //   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
-//   HeadRmsNorm    pre-RoPE transform: per-head RMSNorm of q and k (Qwen3, Gemma 3).
+//   HeadRmsNorm    pre-RoPE transform: RMSNorm of q and k, per head (Qwen3, Gemma 3) or over all
+//                  heads of a row at once (OLMo 2).
 //   RotaryPositions  position embedding: RoPE's rotation of q and k, half or interleaved pairs,
 //                  partial rotary dims (Phi, GPT-J), YaRN's cos/sin factor.
 //
@@ -27,6 +28,10 @@
 #include "kernels/core/host_device.h"
 
 #if !defined(__CUDACC__)
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/spec/rope_frequencies.h"
 #endif
@@ -141,23 +146,29 @@ struct SoftmaxSinks {
   }
 };
 
-// Pre-RoPE transform: per-head RMSNorm over head_dim in float32 (x / sqrt(mean(x^2) + eps) times
-// a scale of [head_dim]: w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm, resolved by the layer).
+// Pre-RoPE transform: RMSNorm of q and k in float32, x / sqrt(mean(x^2) + eps) times a scale:
+// per head over head_dim with a scale of [head_dim] (w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm,
+// resolved by the layer), or, with `across_heads`, over a row's heads at once, as OLMo 2 norms
+// the whole projection before splitting it into heads, with a scale of [heads * head_dim].
 struct HeadRmsNorm {
-  const float* q_scale = nullptr;  // [head_dim], owned by the layer; null = no q/k norm.
-  const float* k_scale = nullptr;  // [head_dim]
+  const float* q_scale = nullptr;  // [head_dim], or [num_heads * head_dim] across heads; owned by
+                                   // the layer; null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim], or [num_kv_heads * head_dim] across heads.
   double eps = 1e-6;
-  int dim = 0;
+  int dim = 0;                // head_dim
+  bool across_heads = false;  // One norm over the `count` heads of Apply (OLMo 2).
 
   ATTNSERVE_HD bool active() const { return q_scale != nullptr; }
-  // `count` consecutive head vectors of `dim` floats at x, in place.
+  // `count` consecutive head vectors of `dim` floats at x (one row's q or k heads), in place:
+  // each normed alone, or all of them as one vector of count * dim with `across_heads`.
   ATTNSERVE_HD void Apply(float* x, int64_t count, const float* scale) const {
-    for (int64_t v = 0; v < count; ++v) {
-      float* head = x + v * dim;
+    const int64_t width = across_heads ? count * dim : dim;
+    for (int64_t v = 0; v < count * dim; v += width) {
+      float* part = x + v;
       double sum_sq = 0.0;
-      for (int i = 0; i < dim; ++i) sum_sq += double{head[i]} * head[i];
-      const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / dim + eps));
-      for (int i = 0; i < dim; ++i) head[i] = head[i] * inv_rms * scale[i];
+      for (int64_t i = 0; i < width; ++i) sum_sq += double{part[i]} * part[i];
+      const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / width + eps));
+      for (int64_t i = 0; i < width; ++i) part[i] = part[i] * inv_rms * scale[i];
     }
   }
 };
@@ -250,8 +261,8 @@ struct RotaryPositions {
 // variation.
 struct VariationWeights {
   const float* sinks = nullptr;    // [num_heads]; null without attention_sinks.
-  const float* q_scale = nullptr;  // [head_dim]; null without qk_norm.
-  const float* k_scale = nullptr;  // [head_dim]
+  const float* q_scale = nullptr;  // QkNormWidth(spec, num_heads) floats; null without qk_norm.
+  const float* k_scale = nullptr;  // QkNormWidth(spec, num_kv_heads) floats.
   // RopeInverseFrequencies(spec); null without RoPE, or where the caller sets rope.inv_freq
   // itself (the CUDA layers point it at a device copy).
   const double* rope_inv_freq = nullptr;
@@ -286,7 +297,8 @@ struct AttentionVariation {
     v.alibi = {static_cast<int>(spec.alibi), spec.num_heads, spec.alibi_bias_max};
     v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
     if (spec.qk_norm != QkNorm::kNone) {
-      v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim};
+      v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim,
+                   spec.qk_norm == QkNorm::kRmsAcrossHeads};
     }
     if (RotaryDim(spec) > 0) {
       v.rope = {weights.rope_inv_freq, RotaryDim(spec), spec.rope == RopeLayout::kInterleaved,
@@ -296,6 +308,63 @@ struct AttentionVariation {
   }
 #endif
 };
+
+#if !defined(__CUDACC__)
+// The variations as the backends' capability tables name them (BackendCapabilities::variations,
+// kernels/capabilities.h), declared once, beside their hooks: which spec uses each and how a
+// refusal names it. capabilities.cc's one rule refuses a used variation a table does not list; the
+// CPU table lists every one (it runs every hook); GetServerInfo reports the names. A new variation
+// is a row here, not a capability field, rule, proto field and report row of its own.
+struct NamedVariation {
+  const char* name;        // In the tables and on the wire: "qk_norm=rms", "alibi", ...
+  const char* field;       // The spec field a refusal names.
+  const char* short_name;  // The README family table's refusal: "qk_norm", "soft-cap", ...
+  const char* what;        // "the <BACKEND> backend does not implement <what> yet".
+  // The field's value as a refusal quotes it when `spec` uses the variation; empty otherwise.
+  std::string (*used)(const LayerSpec& spec);
+};
+
+inline std::string QkNormUsed(const LayerSpec& spec, QkNorm kind) {
+  return spec.qk_norm == kind ? std::string(QkNormName(kind)) : "";
+}
+
+// In the order refusals list them.
+inline const std::vector<NamedVariation>& NamedVariations() {
+  static const std::vector<NamedVariation>* const table = new std::vector<NamedVariation>{
+      {"qk_norm=rms", "qk_norm", "qk_norm", "q/k norm",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRms); }},
+      {"qk_norm=rms_unit_offset", "qk_norm", "qk_norm", "q/k norm",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRmsUnitOffset); }},
+      {"qk_norm=rms_across_heads", "qk_norm", "q/k norm across heads",
+       "q/k norm across heads (OLMo 2)",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRmsAcrossHeads); }},
+      {"partial_rotary", "rotary_dim", "rotary_dim", "partial rotary",
+       [](const LayerSpec& s) {
+         return s.rotary_dim == 0 || s.rotary_dim == s.head_dim
+                    ? std::string()
+                    : absl::StrCat(s.rotary_dim, " (of head_dim ", s.head_dim, ")");
+       }},
+      {"logit_softcapping", "attn_logit_softcapping", "soft-cap", "logit soft-capping",
+       [](const LayerSpec& s) {
+         return s.attn_logit_softcapping == 0.0f ? std::string()
+                                                 : absl::StrCat(s.attn_logit_softcapping);
+       }},
+      {"attention_sinks", "attention_sinks", "sinks", "attention sinks",
+       [](const LayerSpec& s) { return std::string(s.attention_sinks ? "true" : ""); }},
+      {"alibi", "alibi", "ALiBi", "ALiBi",
+       [](const LayerSpec& s) {
+         return s.alibi == Alibi::kNone ? std::string() : std::string(AlibiName(s.alibi));
+       }},
+      {"sliding_window", "sliding_window", "sliding window", "sliding windows",
+       [](const LayerSpec& s) {
+         return s.sliding_window == 0 ? std::string() : absl::StrCat(s.sliding_window);
+       }},
+      {"non_causal", "causal", "non-causal", "non-causal attention",
+       [](const LayerSpec& s) { return std::string(s.causal ? "" : "false"); }},
+  };
+  return *table;
+}
+#endif
 
 }  // namespace attnserve
 

@@ -99,6 +99,8 @@ absl::string_view QkNormName(QkNorm norm) {
       return "rms";
     case QkNorm::kRmsUnitOffset:
       return "rms_unit_offset";
+    case QkNorm::kRmsAcrossHeads:
+      return "rms_across_heads";
   }
   return "unknown";
 }
@@ -108,8 +110,9 @@ absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name) {
   if (lower == "none" || lower.empty()) return QkNorm::kNone;
   if (lower == "rms") return QkNorm::kRms;
   if (lower == "rms_unit_offset") return QkNorm::kRmsUnitOffset;
-  return absl::InvalidArgumentError(
-      absl::StrCat("qk_norm: unknown '", name, "', expected none, rms or rms_unit_offset"));
+  if (lower == "rms_across_heads") return QkNorm::kRmsAcrossHeads;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "qk_norm: unknown '", name, "', expected none, rms, rms_unit_offset or rms_across_heads"));
 }
 
 absl::string_view AlibiName(Alibi alibi) {
@@ -389,6 +392,11 @@ int RotaryDim(const LayerSpec& spec) {
   return spec.rotary_dim != 0 ? spec.rotary_dim : spec.head_dim;
 }
 
+int64_t QkNormWidth(const LayerSpec& spec, int heads) {
+  if (spec.qk_norm == QkNorm::kNone) return 0;
+  return spec.qk_norm == QkNorm::kRmsAcrossHeads ? int64_t{heads} * spec.head_dim : spec.head_dim;
+}
+
 float EffectiveSoftmaxScale(const LayerSpec& spec) {
   if (spec.softmax_scale > 0.0f) return spec.softmax_scale;
   double scale = 1.0 / std::sqrt(static_cast<double>(QkHeadDim(spec)));
@@ -425,7 +433,7 @@ int64_t ParameterCount(const LayerSpec& spec) {
   int64_t params = d * q + 2 * d * kv + q * d;
   if (spec.qkv_bias) params += q + 2 * kv;
   if (spec.o_bias) params += d;
-  if (spec.qk_norm != QkNorm::kNone) params += 2 * int64_t{spec.head_dim};  // q_norm, k_norm.
+  params += QkNormWidth(spec, spec.num_heads) + QkNormWidth(spec, spec.num_kv_heads);
   if (spec.attention_sinks) params += h;
   return params;
 }

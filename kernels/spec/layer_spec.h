@@ -78,16 +78,21 @@ struct MlaDims {
   float rms_norm_eps = 1e-6f;  // For q_a_layernorm and kv_a_layernorm.
 };
 
-// Per-head RMSNorm of q and k over head_dim, after the projections and before RoPE, computed in
-// float32: x / sqrt(mean(x^2) + qk_norm_eps) times a learned scale of [head_dim] ("q_norm.weight",
-// "k_norm.weight").
+// RMSNorm of q and k after the projections and before RoPE, computed in float32:
+// x / sqrt(mean(x^2) + qk_norm_eps) times a learned scale ("q_norm.weight", "k_norm.weight"), per
+// head over head_dim (scales of [head_dim]) or over the whole projection (scales of
+// [num_heads * head_dim] for q and [num_kv_heads * head_dim] for k: QkNormWidth).
 enum class QkNorm : uint8_t {
   kNone,
-  kRms,            // Scale w (Qwen3RMSNorm).
-  kRmsUnitOffset,  // Scale (1 + w) (Gemma3RMSNorm; the stored weight is the offset from 1).
+  kRms,  // Per head, scale w (Qwen3RMSNorm).
+  // Per head, scale (1 + w) (Gemma3RMSNorm; the stored weight is the offset from 1).
+  kRmsUnitOffset,
+  // Over all heads of a token at once, scale w (Olmo2RMSNorm on q_proj's and k_proj's whole
+  // output).
+  kRmsAcrossHeads,
 };
 
-// "none", "rms", "rms_unit_offset".
+// "none", "rms", "rms_unit_offset", "rms_across_heads".
 absl::string_view QkNormName(QkNorm norm);
 absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name);
 
@@ -136,7 +141,8 @@ struct LayerSpec {
   // int(head_dim * partial_rotary_factor) (Phi-3/Phi-4-mini, GPT-NeoX). Frequencies use
   // rotary_dim: theta^(-2i/rotary_dim).
   int rotary_dim = 0;
-  QkNorm qk_norm = QkNorm::kNone;  // Qwen3: kRms; Gemma 3: kRmsUnitOffset.
+  // Qwen3: kRms; Gemma 3: kRmsUnitOffset; OLMo 2: kRmsAcrossHeads.
+  QkNorm qk_norm = QkNorm::kNone;
   float qk_norm_eps = 1e-6f;
   // 0 = none; else the scaled scores s become cap * tanh(s / cap) before masking and softmax
   // (Gemma 2's attn_logit_softcapping).
@@ -162,6 +168,9 @@ int VHeadDim(const LayerSpec& spec);
 // Width of the rotated part of q and k: rotary_dim when set, else head_dim, or qk_rope_head_dim
 // for MLA; 0 without RoPE.
 int RotaryDim(const LayerSpec& spec);
+// Floats in the q/k norm's scale for `heads` heads (num_heads: q_norm.weight; num_kv_heads:
+// k_norm.weight): head_dim per head, heads * head_dim for kRmsAcrossHeads, 0 without qk_norm.
+int64_t QkNormWidth(const LayerSpec& spec, int heads);
 // The scale actually applied to q.k (resolves the 0 default; for MLA with YaRN's mscale_all_dim,
 // 1/sqrt(qk head dim) * mscale(factor, mscale_all_dim)^2 as DeepseekV3Attention).
 float EffectiveSoftmaxScale(const LayerSpec& spec);

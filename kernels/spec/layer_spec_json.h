@@ -24,7 +24,8 @@
 //     "sliding_window": 0,       // tokens, 0 = unlimited; default 0
 //     "softmax_scale": 0.0,      // 0 = 1/sqrt(qk head dim); default 0
 //     "rotary_dim": 0,           // 0 = the whole head; else even, <= head_dim; default 0
-//     "qk_norm": "none",         // "none" | "rms" (Qwen3) | "rms_unit_offset" (Gemma 3)
+//     "qk_norm": "none",         // "none" | "rms" (Qwen3) | "rms_unit_offset" (Gemma 3) |
+//                                // "rms_across_heads" (OLMo 2)
 //     "qk_norm_eps": 1e-6,       // default 1e-6
 //     "attn_logit_softcapping": 0.0,  // 0 = none (Gemma 2: 50); default 0
 //     "attention_sinks": false,  // gpt-oss learned sinks; default false

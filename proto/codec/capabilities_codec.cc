@@ -16,13 +16,16 @@ v1::BackendCapabilities CapabilitiesToProto(const BackendCapabilities& c) {
   }
   for (RopeScalingType type : c.rope_scalings) out.add_rope_scalings(RopeScalingTypeToProto(type));
   out.set_yarn_attention_factor(c.yarn_attention_factor);
-  out.set_qk_norm(c.qk_norm);
-  out.set_partial_rotary(c.partial_rotary);
-  out.set_logit_softcapping(c.logit_softcapping);
-  out.set_attention_sinks(c.attention_sinks);
-  out.set_alibi(c.alibi);
-  out.set_sliding_window(c.sliding_window);
-  out.set_non_causal(c.non_causal);
+  for (const std::string& name : c.variations) out.add_variations(name);
+  // The flags older clients read, from the same list.
+  const auto serves = [&](absl::string_view name) { return ServesVariation(c, name); };
+  out.set_qk_norm(serves("qk_norm=rms") && serves("qk_norm=rms_unit_offset"));
+  out.set_partial_rotary(serves("partial_rotary"));
+  out.set_logit_softcapping(serves("logit_softcapping"));
+  out.set_attention_sinks(serves("attention_sinks"));
+  out.set_alibi(serves("alibi"));
+  out.set_sliding_window(serves("sliding_window"));
+  out.set_non_causal(serves("non_causal"));
   out.set_fork(c.fork);
   out.set_export_import(c.export_import);
   out.set_stacks(c.stacks);

@@ -133,6 +133,9 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
     case v1::QK_NORM_RMS_UNIT_OFFSET:
       spec.qk_norm = QkNorm::kRmsUnitOffset;
       break;
+    case v1::QK_NORM_RMS_ACROSS_HEADS:
+      spec.qk_norm = QkNorm::kRmsAcrossHeads;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("spec.qk_norm: unknown value ", static_cast<int>(proto.qk_norm())));
@@ -222,6 +225,9 @@ v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
       break;
     case QkNorm::kRmsUnitOffset:
       out.set_qk_norm(v1::QK_NORM_RMS_UNIT_OFFSET);
+      break;
+    case QkNorm::kRmsAcrossHeads:
+      out.set_qk_norm(v1::QK_NORM_RMS_ACROSS_HEADS);
       break;
   }
   out.set_qk_norm_eps(spec.qk_norm_eps);

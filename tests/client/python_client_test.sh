@@ -137,6 +137,7 @@ with AttnServeClient(address) as client:
     caps = info.capabilities
     assert dataclasses.is_dataclass(caps) and caps.variants == ["mha", "mqa", "gqa", "mla"], caps
     assert caps.kv_formats == ["f32", "bf16", "fp8_e4m3", "int8"] and caps.fork, caps
+    assert "qk_norm=rms_across_heads" in caps.variations and caps.qk_norm and caps.alibi, caps
     assert [s.session_id for s in client.list_sessions()].count(sid) == 1
     for result in (loaded, stated):
         client.release(result.session_id)

@@ -4,6 +4,7 @@
 // the CUDA table refuses what its kernels do not do.
 #include "kernels/capabilities.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,7 @@
 #include "kernels/cuda/cuda_capabilities.h"
 #include "kernels/kv/quantization.h"
 #include "kernels/model/layer_weights.h"
+#include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
 namespace {
@@ -66,6 +68,11 @@ struct Case {
   std::string limit;  // The backend's real limit, as the message gives it.
 };
 
+// Turns the variation `name` off in a table.
+std::function<void(BackendCapabilities&)> Drop(std::string name) {
+  return [name](BackendCapabilities& c) { std::erase(c.variations, name); };
+}
+
 std::vector<Case> Cases() {
   std::vector<Case> cases;
   cases.push_back({"variant", [](BackendCapabilities& c) { c.variants = {AttentionVariant::kGQA}; },
@@ -76,32 +83,45 @@ std::vector<Case> Cases() {
                    "head dims 128"});
   LayerSpec qk_norm = Gqa();
   qk_norm.qk_norm = QkNorm::kRmsUnitOffset;
-  cases.push_back({"qk_norm", [](BackendCapabilities& c) { c.qk_norm = false; }, qk_norm,
+  LayerSpec qwen3 = Gqa();
+  qwen3.qk_norm = QkNorm::kRms;
+  cases.push_back({"qk_norm=rms", Drop("qk_norm=rms"), qwen3, DType::kF32,
+                   absl::StatusCode::kInvalidArgument, "qk_norm = rms", "q/k norm"});
+  cases.push_back({"qk_norm=rms_unit_offset", Drop("qk_norm=rms_unit_offset"), qk_norm,
                    DType::kF32, absl::StatusCode::kInvalidArgument, "qk_norm = rms_unit_offset",
                    "q/k norm"});
+  LayerSpec olmo2 = Gqa();
+  olmo2.qk_norm = QkNorm::kRmsAcrossHeads;
+  cases.push_back({"qk_norm=rms_across_heads", Drop("qk_norm=rms_across_heads"), olmo2,
+                   DType::kF32, absl::StatusCode::kInvalidArgument, "qk_norm = rms_across_heads",
+                   "q/k norm across heads (OLMo 2)"});
+  LayerSpec alibi = Gqa();
+  alibi.alibi = Alibi::kMpt;
+  cases.push_back({"alibi", Drop("alibi"), alibi, DType::kF32,
+                   absl::StatusCode::kInvalidArgument, "alibi = mpt", "does not implement ALiBi"});
   LayerSpec partial = Gqa();
   partial.rotary_dim = 32;
-  cases.push_back({"partial_rotary", [](BackendCapabilities& c) { c.partial_rotary = false; },
+  cases.push_back({"partial_rotary", Drop("partial_rotary"),
                    partial, DType::kF32, absl::StatusCode::kInvalidArgument,
                    "rotary_dim = 32 (of head_dim 64)", "partial rotary"});
   LayerSpec softcap = Gqa();
   softcap.attn_logit_softcapping = 50.0f;
-  cases.push_back({"logit_softcapping", [](BackendCapabilities& c) { c.logit_softcapping = false; },
+  cases.push_back({"logit_softcapping", Drop("logit_softcapping"),
                    softcap, DType::kF32, absl::StatusCode::kInvalidArgument,
                    "attn_logit_softcapping = 50", "soft-capping"});
   LayerSpec sinks = Gqa();
   sinks.attention_sinks = true;
-  cases.push_back({"attention_sinks", [](BackendCapabilities& c) { c.attention_sinks = false; },
+  cases.push_back({"attention_sinks", Drop("attention_sinks"),
                    sinks, DType::kF32, absl::StatusCode::kInvalidArgument, "attention_sinks = true",
                    "attention sinks"});
   LayerSpec window = Gqa();
   window.sliding_window = 16;
-  cases.push_back({"sliding_window", [](BackendCapabilities& c) { c.sliding_window = false; },
+  cases.push_back({"sliding_window", Drop("sliding_window"),
                    window, DType::kF32, absl::StatusCode::kInvalidArgument, "sliding_window = 16",
                    "sliding windows"});
   LayerSpec bidirectional = Gqa();
   bidirectional.causal = false;
-  cases.push_back({"non_causal", [](BackendCapabilities& c) { c.non_causal = false; },
+  cases.push_back({"non_causal", Drop("non_causal"),
                    bidirectional, DType::kF32, absl::StatusCode::kInvalidArgument, "causal = false",
                    "non-causal"});
   LayerSpec linear = Gqa();
@@ -153,6 +173,25 @@ TEST(CapabilitiesTest, EachCapabilityOffRefusesByName) {
     EXPECT_FALSE(gaps[0].field.empty());
     EXPECT_FALSE(gaps[0].short_name.empty());
   }
+}
+
+// The variations are declared once (kernels/spec/attention_variation.h): each name once, the CPU
+// table lists them all, a plain GQA spec uses none, and each case above turns one off.
+TEST(CapabilitiesTest, VariationsAreDeclaredOnce) {
+  std::vector<std::string> names;
+  for (const NamedVariation& v : NamedVariations()) {
+    EXPECT_EQ(std::count(names.begin(), names.end(), v.name), 0) << v.name;
+    names.push_back(v.name);
+    EXPECT_EQ(v.used(Gqa()), "") << v.name;
+  }
+  EXPECT_EQ(CpuCapabilities().variations, names);
+  int turned_off = 0;
+  for (const Case& c : Cases()) {
+    BackendCapabilities off = CpuCapabilities();
+    c.turn_off(off);
+    turned_off += static_cast<int>(CpuCapabilities().variations.size() - off.variations.size());
+  }
+  EXPECT_EQ(turned_off, static_cast<int>(names.size()));
 }
 
 TEST(CapabilitiesTest, CpuServesEverySpecAndItsKvFormats) {
@@ -234,6 +273,16 @@ TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
   variations.attention_sinks = true;
   variations.rotary_dim = 128;
   EXPECT_TRUE(CheckCapabilities(cuda, variations, Kv(DType::kBF16)).ok());
+  // OLMo 2's norm over all heads of a token is not: the RoPE/append kernel norms one head per
+  // block.
+  LayerSpec olmo2 = Gqa();
+  olmo2.qk_norm = QkNorm::kRmsAcrossHeads;
+  const absl::Status across = CheckCapabilities(cuda, olmo2, Kv(DType::kF32));
+  EXPECT_EQ(across.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(across.message(),
+              AllOf(HasSubstr("qk_norm = rms_across_heads: the CUDA backend does not implement "
+                              "q/k norm across heads (OLMo 2) yet"),
+                    HasSubstr("--backend=cpu")));
   // Every gap at once, in the fixed order.
   LayerSpec phi3 = Gqa();
   phi3.head_dim = 96;

@@ -420,6 +420,55 @@ TEST(HfConfigTest, GptOss) {
   ExpectRefused(quantized_attention, 0, "quantization_config");
 }
 
+// An OLMo 2 7B config.json (allenai/OLMo-2-1124-7B's keys and sizes; written here from the
+// release's published sizes, not copied from the Hub file: this machine has no network).
+constexpr char kOlmo2[] = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "olmo2",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000,
+  "tie_word_embeddings": false, "torch_dtype": "float32", "transformers_version": "4.47.0.dev0",
+  "use_cache": true, "vocab_size": 100352})";
+
+TEST(HfConfigTest, Olmo2NormsQAndKAcrossHeads) {
+  const LayerSpec spec = SpecOrDie(kOlmo2, 31);
+  EXPECT_EQ(spec.variant, AttentionVariant::kMHA);
+  EXPECT_EQ(spec.num_heads, 32);
+  EXPECT_EQ(spec.num_kv_heads, 32);
+  EXPECT_EQ(spec.head_dim, 128);
+  EXPECT_EQ(spec.qk_norm, QkNorm::kRmsAcrossHeads);
+  EXPECT_EQ(spec.qk_norm_eps, 1e-6f);  // rms_norm_eps: Olmo2Attention's q_norm and k_norm.
+  EXPECT_EQ(spec.rope_theta, 500000.0);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(spec.sliding_window, 0);
+  EXPECT_FALSE(spec.qkv_bias || spec.o_bias);
+
+  // Absent rms_norm_eps: Olmo2Config's 1e-5; null: Olmo2RMSNorm cannot use None.
+  std::string absent_eps = kOlmo2;
+  absent_eps.replace(absent_eps.find("\"rms_norm_eps\": 1e-06, "), 23, "");
+  EXPECT_EQ(SpecOrDie(absent_eps, 0).qk_norm_eps, 1e-5f);
+  std::string null_eps = kOlmo2;
+  null_eps.replace(null_eps.find("1e-06"), 5, "null");
+  ExpectRefused(null_eps, 0, "rms_norm_eps");
+  // Olmo2Config takes {"type", "factor"} with linear (or dynamic, refused for every family).
+  std::string linear = kOlmo2;
+  linear.replace(linear.find("\"rope_scaling\": null"), 20,
+                 R"("rope_scaling": {"type": "linear", "factor": 2.0})");
+  EXPECT_EQ(SpecOrDie(linear, 0).rope_scaling.type, RopeScalingType::kLinear);
+  std::string yarn = kOlmo2;
+  yarn.replace(yarn.find("\"rope_scaling\": null"), 20,
+               R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})");
+  ExpectRefused(yarn, 0, "Olmo2Config accepts only linear or dynamic");
+  // Keys OLMo 2's attention does not have are refused by name.
+  std::string window = kOlmo2;
+  window.insert(window.find("\"tie_word_embeddings\""), "\"sliding_window\": 4096, ");
+  ExpectRefused(window, 0, "sliding_window");
+  std::string head_dim = kOlmo2;
+  head_dim.insert(head_dim.find("\"tie_word_embeddings\""), "\"head_dim\": null, ");
+  ExpectRefused(head_dim, 0, "head_dim");
+}
+
 // HuggingFaceTB/SmolLM2-135M-Instruct: a nanotron export with keys transformers' LlamaConfig does
 // not declare (is_llama_config, rope_interleaved, transformers.js_config) next to its own.
 constexpr char kSmolLm2[] = R"({

@@ -9,11 +9,11 @@ for token against transformers' own generate() on the same float32 weights.
                    (window 8) : 1 global, q/k norms, two RoPE bases) and DeepSeek-V3 (MLA, a dense
                    layer and an MoE layer); 4 prompts of random token ids, 7 to 23 tokens, greedy.
   --case families  one tiny random model per further family the client claims (FAMILIES: Llama 3,
-                   Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, gpt-oss, DeepSeek-V2,
-                   DeepSeek-V3 with YaRN), each with its released config's attention keys (sizes
-                   and the Llama 3 context shrunk): each prompt alone and all batched, and Gemma 2
-                   and gpt-oss moved mid-way; each layer's spec as the server read it is checked
-                   too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
+                   Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, gpt-oss, OLMo 2,
+                   DeepSeek-V2, DeepSeek-V3 with YaRN), each with its released config's attention
+                   keys (sizes and the Llama 3 context shrunk): each prompt alone and all batched,
+                   and Gemma 2 and gpt-oss moved mid-way; each layer's spec as the server read it
+                   is checked too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
                    deepseek_v2_softmax_scale).
 
 For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous
@@ -394,6 +394,23 @@ def tiny_gpt_oss():
         **{**TINY, "max_position_embeddings": 131072}))
 
 
+def tiny_olmo2():
+    """OLMo 2: RMSNorm of q_proj's and k_proj's whole output, all heads at once, before RoPE
+    (rope_theta 5e5 and rms_norm_eps 1e-6 as OLMo-2-1124-7B); GQA 4 : 2 here, so that the q and k
+    norms span different widths; the block's norms after attention and MLP (client-side). The
+    q/k norm scales are redrawn U(0.5, 1.5): transformers initializes them to ones, under which
+    a norm across heads and per head differ only by a constant factor per head."""
+    model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-6, attention_bias=False,
+        tie_word_embeddings=False, **TINY))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
 def tiny_deepseek_v2():
     """DeepSeek-V2-Lite: MLA with a plain q_proj (q_lora_rank null), YaRN as released (factor
     40, mscale = mscale_all_dim = 0.707), a dense first layer then MoE (shared + routed,
@@ -481,6 +498,7 @@ FAMILIES = {
     "phi3-tiny": (tiny_phi3, ["gqa, window 16, rotary_dim 24"] * 2, ()),
     "gpt-oss-tiny": (tiny_gpt_oss, ["gqa, window 8, bias qkv+o, sinks, rope yarn",
                                     "gqa, bias qkv+o, sinks, rope yarn"], ("move",)),
+    "olmo2-tiny": (tiny_olmo2, ["gqa, qk_norm rms_across_heads"] * 2, ()),
     "deepseek-v2-tiny": (tiny_deepseek_v2, ["mla, rope yarn"] * 2, ()),
     "deepseek-v3-yarn-tiny": (tiny_deepseek_v3_yarn, ["mla, rope yarn"] * 2, ()),
 }

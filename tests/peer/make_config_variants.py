@@ -32,7 +32,7 @@ import make_peer_cases as peer  # noqa: E402  (sets the offline environment, imp
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
     DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig, GptOssConfig,
-    LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+    LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config,
     Qwen3MoeConfig)
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention  # noqa: E402
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention  # noqa: E402
@@ -42,6 +42,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention  # noqa
 from transformers.models.llama.modeling_llama import LlamaAttention  # noqa: E402
 from transformers.models.mistral.modeling_mistral import MistralAttention  # noqa: E402
 from transformers.models.mixtral.modeling_mixtral import MixtralAttention  # noqa: E402
+from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention  # noqa: E402
 from transformers.models.phi3.modeling_phi3 import Phi3Attention  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention  # noqa: E402
@@ -99,6 +100,10 @@ FAMILIES = {
         num_experts_per_tok=1, max_position_embeddings=2048,
         rope_scaling={"rope_type": "yarn", "factor": 8.0, "beta_fast": 16.0, "beta_slow": 2.0,
                       "truncate": False, "original_max_position_embeddings": 128})),
+    "olmo2": (Olmo2Config, Olmo2Attention, dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        rope_theta=500000.0, rms_norm_eps=1e-6, attention_bias=True,
+        max_position_embeddings=1024, rope_scaling={"type": "linear", "factor": 2.0})),
     "deepseek_v2": (DeepseekV2Config, DeepseekV2Attention, dict(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=2, q_lora_rank=24,
         kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
@@ -151,7 +156,11 @@ def gqa_spec(family, config, attn, layer_index):
         window = getattr(config, "sliding_window", None)
     qk_norm, qk_norm_eps = "none", 1e-6
     if hasattr(attn, "q_norm"):
-        qk_norm = "rms_unit_offset" if family == "gemma3_text" else "rms"
+        qk_norm = {"gemma3_text": "rms_unit_offset", "olmo2": "rms_across_heads"}.get(family, "rms")
+        # The scales' widths say per head or across heads.
+        widths = (attn.q_norm.weight.shape[0], attn.k_norm.weight.shape[0])
+        assert widths == ((heads * head_dim, kv_heads * head_dim) if qk_norm == "rms_across_heads"
+                          else (head_dim, head_dim)), (family, widths)
         eps = [getattr(n, "variance_epsilon", getattr(n, "eps", None))
                for n in (attn.q_norm, attn.k_norm)]
         assert eps[0] == eps[1], eps

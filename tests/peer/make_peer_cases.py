@@ -69,6 +69,8 @@ try:
         MistralForCausalLM,
         MptConfig,
         MptForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -498,6 +500,26 @@ def gemma3_case(layer_index, seq_len):
     return model, spec, layer_index, seq_len, "transformers Gemma3ForCausalLM"
 
 
+def olmo2_case(layer_index, seq_len, kv_heads, rope_scaling=None):
+    """OLMo 2: RMSNorm of q_proj's and k_proj's whole output (all heads at once, scales of
+    [heads * head_dim] and [kv_heads * head_dim]) before the split into heads and RoPE, eps
+    rms_norm_eps; rope_theta 5e5 as OLMo-2-1124-7B; Olmo2Config's rope_scaling form
+    ({"type", "factor"}, linear)."""
+    config = Olmo2Config(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=kv_heads, rope_theta=500000.0,
+        rope_scaling=rope_scaling, rms_norm_eps=1e-6, max_position_embeddings=512,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    model = Olmo2ForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    assert attn.q_norm.weight.shape == (config.num_attention_heads * attn.head_dim,)
+    assert attn.k_norm.weight.shape == (config.num_key_value_heads * attn.head_dim,)
+    reinit_attention(attn, qk_gain=2.0)
+    spec = variation_spec(config, attn, window=0, rope_theta=config.rope_theta,
+                          rope_scaling_config=config, qk_norm="rms_across_heads")
+    return model, spec, layer_index, seq_len, "transformers Olmo2ForCausalLM"
+
+
 def gpt_oss_case(layer_index, seq_len, truncate=True):
     """gpt-oss: learned sinks, biases on q/k/v/o, layers alternating sliding (window 8) and full,
     YaRN factor 32 over an original context of 64 (beta_fast 32, beta_slow 1), with transformers'
@@ -826,10 +848,13 @@ def reference_forward(spec, weights, hidden, positions, split=None):
             q, k, v = np.split(qkv, [heads * hd, (heads + kvh) * hd], axis=-1)
         else:
             q, k, v = lin("q_proj", x), lin("k_proj", x), lin("v_proj", x)
+        qk_norm = spec.get("qk_norm", "none")
+        if qk_norm == "rms_across_heads":  # OLMo 2: the whole projection, before the split.
+            q = _rms(q, w["q_norm.weight"], spec["qk_norm_eps"])
+            k = _rms(k, w["k_norm.weight"], spec["qk_norm_eps"])
         q, k, v = (q.reshape(seq_len, heads, hd), k.reshape(seq_len, kvh, hd),
                    v.reshape(seq_len, kvh, hd))
-        qk_norm = spec.get("qk_norm", "none")
-        if qk_norm != "none":
+        if qk_norm in ("rms", "rms_unit_offset"):
             offset = 1.0 if qk_norm == "rms_unit_offset" else 0.0
             q = _rms(q, offset + w["q_norm.weight"], spec["qk_norm_eps"])
             k = _rms(k, offset + w["k_norm.weight"], spec["qk_norm_eps"])
@@ -991,6 +1016,11 @@ HF_CASES = {
     # 600 tokens: decode past 512 keys splits each step's keys (flash-decoding), and the sink
     # must join the combined softmax once, not once per split.
     "gpt_oss_sinks_long_layer1": lambda: gpt_oss_case(1, 600),
+    # OLMo 2's q/k norm over all heads: GQA at layer 0; MHA (num_key_value_heads None) with
+    # linear RoPE scaling at layer 1.
+    "olmo2_qk_norm_across_heads": lambda: olmo2_case(0, 37, kv_heads=2),
+    "olmo2_qk_norm_mha_linear_layer1": lambda: olmo2_case(
+        1, 41, kv_heads=None, rope_scaling={"type": "linear", "factor": 2.0}),
     "phi3_fused_qkv": lambda: phi3_case(0, 31),
     "phi3_partial_rotary_window_layer1": lambda: phi3_case(1, 29, partial_rotary_factor=0.75,
                                                            window=8),

@@ -114,7 +114,8 @@ def tensor_to_numpy(tensor: pb.Tensor, bf16_as: str = "float32") -> np.ndarray:
 # ---- Specs and results --------------------------------------------------------------------------
 
 _QK_NORMS = {"none": pb.QK_NORM_NONE, "rms": pb.QK_NORM_RMS,
-             "rms_unit_offset": pb.QK_NORM_RMS_UNIT_OFFSET}
+             "rms_unit_offset": pb.QK_NORM_RMS_UNIT_OFFSET,
+             "rms_across_heads": pb.QK_NORM_RMS_ACROSS_HEADS}
 _ALIBIS = {"none": pb.ALIBI_NONE, "bloom": pb.ALIBI_BLOOM, "mpt": pb.ALIBI_MPT}
 _ROPE_SCALINGS = {"none": pb.ROPE_SCALING_NONE, "linear": pb.ROPE_SCALING_LINEAR,
                   "dynamic": pb.ROPE_SCALING_DYNAMIC, "llama3": pb.ROPE_SCALING_LLAMA3,
@@ -206,7 +207,9 @@ class LayerSpec:
     mla: Optional[MlaDims] = None  # required for mla
     # Model-family variations (mha/mqa/gqa only):
     rotary_dim: int = 0  # 0 = RoPE on the whole head; else the leading rotary_dim dims
-    qk_norm: str = "none"  # "none" | "rms" (Qwen3) | "rms_unit_offset" (Gemma 3)
+    # "none" | per head "rms" (Qwen3) | "rms_unit_offset" (Gemma 3) | over all heads
+    # "rms_across_heads" (OLMo 2)
+    qk_norm: str = "none"
     qk_norm_eps: float = 1e-6
     attn_logit_softcapping: float = 0.0  # 0 = none (Gemma 2: 50)
     attention_sinks: bool = False  # gpt-oss learned per-head sinks
@@ -432,6 +435,10 @@ class BackendCapabilities:
     fork: bool
     export_import: bool
     stacks: bool
+    # The variations computed by name ("qk_norm=rms", ..., "qk_norm=rms_across_heads",
+    # "partial_rotary", "alibi", ...); the flags above say the same for the older ones. Empty from
+    # a server older than the list.
+    variations: List[str]
 
     @classmethod
     def from_proto(cls, c: pb.BackendCapabilities) -> "BackendCapabilities":
@@ -441,6 +448,7 @@ class BackendCapabilities:
         fields["compute_dtypes"] = [_name_of(_DTYPES, d) for d in c.compute_dtypes]
         fields["kv_formats"] = list(c.kv_formats)
         fields["rope_scalings"] = [_name_of(_ROPE_SCALINGS, r) for r in c.rope_scalings]
+        fields["variations"] = list(c.variations)
         return cls(**fields)
 
 
