@@ -541,6 +541,27 @@ def no_sinks(model):
         layer.self_attn.sinks.fill_(-math.inf)  # exp(-inf) = 0: no extra softmax column.
 
 
+class PerHeadRmsNorm(torch.nn.Module):
+    """An RMSNorm over each head of a projection's output, with the across-heads norm's scale."""
+
+    def __init__(self, norm, head_dim):
+        super().__init__()
+        self.weight, self.eps, self.head_dim = norm.weight, norm.variance_epsilon, head_dim
+
+    def forward(self, x):
+        heads = x.float().unflatten(-1, (-1, self.head_dim))
+        heads = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * heads.flatten(-2)).to(x.dtype)
+
+
+def per_head_qk_norms(model):
+    """OLMo 2's q/k norms per head instead of across all heads (Qwen3's placement)."""
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        attn.q_norm = PerHeadRmsNorm(attn.q_norm, attn.head_dim)
+        attn.k_norm = PerHeadRmsNorm(attn.k_norm, attn.head_dim)
+
+
 def without_mscale_squared(model):
     """DeepSeek-V3's softmax scale without YaRN's mscale(factor, mscale_all_dim)^2."""
     scaling = model.config.rope_scaling
@@ -564,6 +585,8 @@ ABLATIONS = {
     "mistral-tiny": [("without its window", {"sliding_window": None}, None, True)],
     "qwen2-tiny": [("zero q/k/v biases", None, zero_biases("q_proj", "k_proj", "v_proj"), True)],
     "qwen3-tiny": [("without q/k norms", None, no_qk_norms, True)],
+    "olmo2-tiny": [("without q/k norms", None, no_qk_norms, True),
+                   ("q/k norms per head", None, per_head_qk_norms, True)],
     "gemma2-tiny": [
         ("without the attention soft-cap", {"attn_logit_softcapping": None}, None, True),
         ("query_pre_attn_scalar = head_dim", {"query_pre_attn_scalar": 32}, None, True),
