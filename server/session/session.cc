@@ -246,7 +246,8 @@ absl::StatusOr<StepPlan> Session::PlanRows(std::vector<StepInput> inputs, bool d
       ++new_requests;
     } else {
       plan.requests[i].sequence = it->second.sequence;
-      length = it->second.length;
+      // The layer's count, its one owner (on the queue the layer is idle: a short call).
+      length = layer_->SequenceLength(it->second.sequence).value_or(it->second.length);
       last_position = it->second.last_position;
       if (it->second.step_layer != 0) {
         return absl::FailedPreconditionError(
@@ -752,16 +753,19 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
   RefreshKvBytes();
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
+  // The forks' length as the layer counts it (the source's).
+  const int64_t length = layer_->SequenceLength(forks->front()).value_or(original.length);
   for (size_t i = 0; i < new_ids.size(); ++i) {
     RequestState state = original;
     state.sequence = (*forks)[i];
+    state.length = length;
     state.last_used = now;
     state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
     state.last_input_digest.clear();
     state.last_output = RetainedOutputs::kNone;  // The source's, not the fork's.
     requests_.emplace(new_ids[i], std::move(state));
   }
-  return ForkOutcome{original.length, kv_bytes_used() - before};
+  return ForkOutcome{length, kv_bytes_used() - before};
 }
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {

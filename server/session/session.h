@@ -370,7 +370,10 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   struct RequestState {
     SequenceId sequence = 0;
-    int64_t length = 0;  // Tokens cached: a copy of the layer's count, refreshed by every call.
+    // Tokens cached: a copy of the layer's count (AttentionLayer::SequenceLength, the one owner),
+    // written from it after every call that changes it, for readers off the queue; decisions on
+    // the queue (Plan) ask the layer.
+    int64_t length = 0;
     int64_t last_position = -1;  // RoPE position of the last cached token.
     int64_t kv_bytes = 0;        // Its pages' bytes, as the layer reported after its last call.
     absl::Time last_used;
