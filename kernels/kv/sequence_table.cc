@@ -112,12 +112,12 @@ absl::Status KvSequenceTable::ReserveAhead(absl::Span<const SequenceId> ids,
           absl::StrCat("sequence ", ids[i], " appears more than once in one reservation"));
     }
     if (num_tokens[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", ids[i], ": num_tokens = ", num_tokens[i], ", must be >= 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], ": num_tokens = ", num_tokens[i], ", must be >= 0"));
     }
     const int64_t length = it->second.num_tokens;
-    wanted[i] = std::max<int64_t>(
-        0, HeldBytesAtLength(length + num_tokens[i]) - HeldBytesAtLength(length));
+    wanted[i] =
+        std::max<int64_t>(0, HeldBytesAtLength(length + num_tokens[i]) - HeldBytesAtLength(length));
     pages += wanted[i] / page_bytes_;
     auto held = ahead_.find(ids[i]);
     delta += wanted[i] - (held == ahead_.end() ? 0 : held->second);

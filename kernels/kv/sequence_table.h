@@ -1,9 +1,10 @@
 // The KV ledger: a layer's sequences and their KV pages, independent of where the pages live —
 // each sequence's page table, the allocator of page ids, all-or-nothing page reservation against
 // that allocator and the shared byte budget (KvMemoryBudget, here too), reservations held by a
-// sequence ahead of its growth (ReserveAhead), rollback, and sliding-window eviction. The CPU and CUDA layers share it, so both backends refuse, reserve and
-// evict identically; each supplies only a commit hook that backs page ids with memory. One file,
-// so a page and its bytes are counted in one place.
+// sequence ahead of its growth (ReserveAhead), rollback, and sliding-window eviction. The CPU and
+// CUDA layers share it, so both backends refuse, reserve and evict identically; each supplies only
+// a commit hook that backs page ids with memory. One file, so a page and its bytes are counted in
+// one place.
 //
 // Not thread-safe: the owning layer serialises calls (it holds its own mutex around every call).
 #ifndef ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
@@ -288,8 +289,7 @@ class KvSequenceTable {
   // held now is charged (or released) in one step, all or nothing: NOT_FOUND for an unknown id,
   // INVALID_ARGUMENT for a repeated id or num_tokens < 0, RESOURCE_EXHAUSTED ("this Forward") when
   // the budget cannot hold it. Release gives a sequence's reservation back with its pages.
-  absl::Status ReserveAhead(absl::Span<const SequenceId> ids,
-                            absl::Span<const int64_t> num_tokens);
+  absl::Status ReserveAhead(absl::Span<const SequenceId> ids, absl::Span<const int64_t> num_tokens);
   // Bytes still reserved ahead for `sequence` (0 for none or an unknown id).
   int64_t ReservedAhead(SequenceId sequence) const;
   // AttentionLayer::ForkSequence: `count` new sequences sharing `source`'s full pages (each gains

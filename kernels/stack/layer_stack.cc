@@ -686,8 +686,8 @@ absl::Status LayerStack::ReserveKv(absl::Span<const SequenceId> sequences,
     absl::StatusOr<const std::vector<SequenceId>*> found = Find(sequences[i]);
     if (!found.ok()) return found.status();
     if (!seen.insert(sequences[i]).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", sequences[i], " appears more than once in one reservation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", sequences[i], " appears more than once in one reservation"));
     }
     if (num_tokens[i] < 0) {
       return absl::InvalidArgumentError(absl::StrCat(

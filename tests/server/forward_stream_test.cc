@@ -465,8 +465,7 @@ TEST_F(ForwardStreamPoolTest, AnotherSessionCannotTakeTheReservedBytesBetweenChu
   const auto forward_other = [&](const std::string& request_id, int64_t tokens) {
     v1::ForwardRequest request;
     request.set_session_id(other);
-    *request.add_items() =
-        MakeForwardItem(request_id, RandomHidden(tokens, spec_.d_model, rng_));
+    *request.add_items() = MakeForwardItem(request_id, RandomHidden(tokens, spec_.d_model, rng_));
     v1::ForwardResponse response;
     return Forward(stub(), request, &response);
   };
