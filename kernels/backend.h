@@ -98,8 +98,18 @@ class AttentionLayer {
   // NOT_FOUND for an unknown id.
   virtual absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const = 0;
   // Bytes a sequence of `num_tokens` tokens holds between calls (whole pages, less the ones a
-  // sliding window evicted): what a caller reserves before growing a sequence to that length.
+  // sliding window evicted).
   virtual int64_t KvBytesAtLength(int64_t num_tokens) const = 0;
+  // Reserves, once, the KV bytes growing each of `sequences` by `num_tokens[i]` more tokens will
+  // hold (KvBytesAtLength of the longer sequence less that of the present one), charged to the
+  // layer's budget now and held by the sequence: its later Prefill/Decode pages draw on them
+  // instead of charging again, so nothing else charging the same budget can take them in between
+  // (a chunked Forward's later chunks cannot fail for want of them). Replaces the sequences'
+  // earlier reservations; 0 tokens gives one back, as ReleaseSequence does. All or nothing:
+  // NOT_FOUND for an unknown id, INVALID_ARGUMENT for a repeated one or a negative count,
+  // RESOURCE_EXHAUSTED (naming the bytes, as for "this Forward") when the budget cannot hold them.
+  virtual absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
+                                 absl::Span<const int64_t> num_tokens) = 0;
   // Bytes of the weights as the layer holds them, in its compute dtype on its device (the CPU
   // keeps fp32, or bf16 projection weights under CpuBackendOptions::projection_weights; the CUDA
   // backend keeps 16-bit projection weights for f16/bf16 layers).

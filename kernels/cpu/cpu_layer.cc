@@ -90,6 +90,12 @@ int64_t CpuLayer::KvBytesAtLength(int64_t num_tokens) const {
   return sequences_.HeldBytesAtLength(num_tokens);
 }
 
+absl::Status CpuLayer::ReserveKv(absl::Span<const SequenceId> sequences,
+                                 absl::Span<const int64_t> num_tokens) {
+  absl::MutexLock lock(&mu_);
+  return sequences_.ReserveAhead(sequences, num_tokens);
+}
+
 int64_t CpuLayer::ParameterBytes() const {
   return ParameterCount(spec_) * static_cast<int64_t>(sizeof(float));
 }

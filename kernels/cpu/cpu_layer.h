@@ -45,6 +45,8 @@ class CpuLayer : public AttentionLayer {
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
+  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
+                         absl::Span<const int64_t> num_tokens) final;
   // Every parameter of the spec, converted once to fp32 at creation (a layer keeping some in
   // another dtype overrides this).
   int64_t ParameterBytes() const override;

@@ -68,7 +68,7 @@ KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_
 
 KvSequenceTable::~KvSequenceTable() {
   // Sessions end by destroying their layer: give everything still held back to the shared budget.
-  if (budget_ != nullptr) budget_->Release(allocator_.used() * page_bytes_);
+  if (budget_ != nullptr) budget_->Release(allocator_.used() * page_bytes_ + ahead_total_);
 }
 
 SequenceId KvSequenceTable::Create() {
@@ -88,7 +88,58 @@ absl::Status KvSequenceTable::Release(SequenceId sequence) {
   }
   FreePages(held);
   sequences_.erase(it);
+  if (auto ahead = ahead_.find(sequence); ahead != ahead_.end()) {
+    if (budget_ != nullptr) budget_->Release(ahead->second);
+    ahead_total_ -= ahead->second;
+    ahead_.erase(ahead);
+  }
   return absl::OkStatus();
+}
+
+absl::Status KvSequenceTable::ReserveAhead(absl::Span<const SequenceId> ids,
+                                           absl::Span<const int64_t> num_tokens) {
+  absl::flat_hash_set<SequenceId> seen;
+  std::vector<int64_t> wanted(ids.size(), 0);
+  int64_t delta = 0;  // Bytes to charge (> 0) or release (< 0) in all.
+  int64_t pages = 0;  // The new reservations' pages, for the message.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = sequences_.find(ids[i]);
+    if (it == sequences_.end()) {
+      return absl::NotFoundError(absl::StrCat("sequence ", ids[i], " does not exist"));
+    }
+    if (!seen.insert(ids[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], " appears more than once in one reservation"));
+    }
+    if (num_tokens[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", ids[i], ": num_tokens = ", num_tokens[i], ", must be >= 0"));
+    }
+    const int64_t length = it->second.num_tokens;
+    wanted[i] =
+        std::max<int64_t>(0, HeldBytesAtLength(length + num_tokens[i]) - HeldBytesAtLength(length));
+    pages += wanted[i] / page_bytes_;
+    auto held = ahead_.find(ids[i]);
+    delta += wanted[i] - (held == ahead_.end() ? 0 : held->second);
+  }
+  if (budget_ != nullptr && delta > 0 && !budget_->TryCharge(delta)) {
+    return KvBudgetExhaustedError(*budget_, delta, pages, page_size_, "this Forward");
+  }
+  if (budget_ != nullptr && delta < 0) budget_->Release(-delta);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (wanted[i] > 0) {
+      ahead_[ids[i]] = wanted[i];
+    } else {
+      ahead_.erase(ids[i]);
+    }
+  }
+  ahead_total_ += delta;
+  return absl::OkStatus();
+}
+
+int64_t KvSequenceTable::ReservedAhead(SequenceId sequence) const {
+  auto it = ahead_.find(sequence);
+  return it == ahead_.end() ? 0 : it->second;
 }
 
 absl::StatusOr<int64_t> KvSequenceTable::Length(SequenceId sequence) const {
@@ -300,20 +351,33 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
     }
     PageTable& table = it->second;
     const int64_t pages_before = static_cast<int64_t>(table.pages.size());
-    pages_needed += PagesForTokens(table.num_tokens + counts[i], page_size_) - pages_before;
-    batch.push_back({&table, row, counts[i], table.num_tokens, pages_before});
+    const int64_t new_pages =
+        PagesForTokens(table.num_tokens + counts[i], page_size_) - pages_before;
+    pages_needed += new_pages;
+    // Its reservation (ReserveAhead) is charged already: its new pages draw on that first.
+    const int64_t ahead = ReservedAhead(ids[i]);
+    batch.push_back({&table, row, counts[i], table.num_tokens, pages_before,
+                     std::min(ahead, new_pages * page_bytes_), ids[i]});
     row += counts[i];
   }
+  int64_t drawn = 0;
+  for (const BatchSequence& seq : batch) drawn += seq.ahead_used;
   // The shared budget (all sessions on the device) is checked first: when both would refuse, its
   // numbers are the ones a client can act on.
   const int64_t bytes = pages_needed * page_bytes_;
-  if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
+  const int64_t charged = bytes - drawn;
+  if (budget_ != nullptr && charged > 0 && !budget_->TryCharge(charged)) {
     batch.clear();
-    return KvBudgetExhaustedError(*budget_, bytes, pages_needed, page_size_, "this batch");
+    return KvBudgetExhaustedError(*budget_, charged, charged / page_bytes_, page_size_,
+                                  "this batch");
   }
+  // Undoes the charge; the reservations were not drawn yet.
+  const auto uncharge = [&] {
+    if (budget_ != nullptr && charged > 0) budget_->Release(charged);
+  };
   absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(pages_needed);
   if (!pages.ok()) {
-    if (budget_ != nullptr) budget_->Release(bytes);
+    uncharge();
     batch.clear();
     return absl::ResourceExhaustedError(
         absl::StrCat("KV cache pool exhausted: this batch needs ", pages_needed, " more pages of ",
@@ -322,10 +386,11 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
   }
   if (absl::Status s = commit(*pages); !s.ok()) {
     allocator_.Free(*pages);
-    if (budget_ != nullptr) budget_->Release(bytes);
+    uncharge();
     batch.clear();
     return s;
   }
+  for (const BatchSequence& seq : batch) DrawAhead(seq.sequence, seq.ahead_used);
   auto next_page = pages->begin();
   for (BatchSequence& seq : batch) {
     seq.table->num_tokens += seq.num_new;
@@ -337,11 +402,28 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
   return absl::OkStatus();
 }
 
+void KvSequenceTable::DrawAhead(SequenceId sequence, int64_t bytes) {
+  if (bytes <= 0) return;
+  auto it = ahead_.find(sequence);
+  it->second -= bytes;
+  ahead_total_ -= bytes;
+  if (it->second == 0) ahead_.erase(it);
+}
+
 void KvSequenceTable::Rollback(absl::Span<const BatchSequence> batch) {
   for (const BatchSequence& seq : batch) {
     PageTable& table = *seq.table;
+    // The pages this call added are held by it alone (no fork ran in between): back to the
+    // allocator, and their bytes to the budget, less what they drew on the sequence's
+    // reservation, which goes back to the reservation still charged.
     std::vector<int32_t> added(table.pages.begin() + seq.pages_before, table.pages.end());
-    FreePages(added);
+    allocator_.Free(added);
+    const int64_t bytes = static_cast<int64_t>(added.size()) * page_bytes_;
+    if (budget_ != nullptr && bytes > seq.ahead_used) budget_->Release(bytes - seq.ahead_used);
+    if (seq.ahead_used > 0) {
+      ahead_[seq.sequence] += seq.ahead_used;
+      ahead_total_ += seq.ahead_used;
+    }
     table.pages.resize(static_cast<size_t>(seq.pages_before));
     table.num_tokens = seq.first_index;
   }

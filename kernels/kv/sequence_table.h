@@ -1,9 +1,10 @@
 // The KV ledger: a layer's sequences and their KV pages, independent of where the pages live —
 // each sequence's page table, the allocator of page ids, all-or-nothing page reservation against
-// that allocator and the shared byte budget (KvMemoryBudget, here too), rollback, and
-// sliding-window eviction. The CPU and CUDA layers share it, so both backends refuse, reserve and
-// evict identically; each supplies only a commit hook that backs page ids with memory. One file,
-// so a page and its bytes are counted in one place.
+// that allocator and the shared byte budget (KvMemoryBudget, here too), reservations held by a
+// sequence ahead of its growth (ReserveAhead), rollback, and sliding-window eviction. The CPU and
+// CUDA layers share it, so both backends refuse, reserve and evict identically; each supplies only
+// a commit hook that backs page ids with memory. One file, so a page and its bytes are counted in
+// one place.
 //
 // Not thread-safe: the owning layer serialises calls (it holds its own mutex around every call).
 #ifndef ATTNSERVE_KERNELS_KV_SEQUENCE_TABLE_H_
@@ -120,7 +121,9 @@ class PageAllocator {
 // owner's charges inside its parent: the server gives every session's layer one. Bytes its owner
 // reserved ahead (TryReserve) can be handed to the owner's next charges (Prepay): they draw on that
 // credit instead of being released and charged again, so a reservation turns into the layer's
-// charge without a moment in which another session could take the bytes.
+// charge without a moment in which another session could take the bytes. (An import reserves so,
+// before its sequence exists; a sequence's own growth is reserved in the ledger instead,
+// KvSequenceTable::ReserveAhead, on any budget.)
 class KvMemoryBudget {
  public:
   explicit KvMemoryBudget(int64_t capacity_bytes) : capacity_(capacity_bytes) {}
@@ -232,6 +235,8 @@ struct BatchSequence {
   int64_t num_new = 0;         // New tokens (rows).
   int64_t first_index = 0;     // Index within the sequence of its first new token.
   int64_t pages_before = 0;    // table->pages.size() before the reservation (for rollback).
+  int64_t ahead_used = 0;      // Bytes of its new pages drawn on its reservation (ReserveAhead).
+  SequenceId sequence = 0;
 };
 
 // Each row's RoPE position for a reserved batch of `rows` rows: positions[row] when `positions` is
@@ -269,11 +274,24 @@ class KvSequenceTable {
   absl::StatusOr<int64_t> Length(SequenceId sequence) const;
 
   // Checks ids (known, distinct) and counts (>= 1), then reserves pages for every sequence's new
-  // tokens, all or nothing: the shared budget first, then the allocator, then `commit`. On success
-  // each table's num_tokens counts the new tokens and `batch` describes the rows (in the order
-  // given, rows consecutive). On error nothing changed. RESOURCE_EXHAUSTED names the numbers.
+  // tokens, all or nothing: the shared budget first, then the allocator, then `commit`. A
+  // sequence's new pages draw on its reservation (ReserveAhead) first, charging the budget only
+  // for the rest. On success each table's num_tokens counts the new tokens and `batch` describes
+  // the rows (in the order given, rows consecutive). On error nothing changed. RESOURCE_EXHAUSTED
+  // names the numbers.
   absl::Status Reserve(absl::Span<const SequenceId> ids, absl::Span<const int64_t> counts,
                        const CommitFn& commit, std::vector<BatchSequence>& batch);
+  // AttentionLayer::ReserveKv: sets each sequence's reservation to the bytes growing it by
+  // `num_tokens[i]` more tokens will hold (HeldBytesAtLength of the longer sequence less that of
+  // the present one; 0 tokens gives the reservation back). The bytes are charged to the budget
+  // here, once: later Reserve calls on the sequence draw on them instead of charging again, so no
+  // other charger on the budget can take them in between. The difference from the reservations
+  // held now is charged (or released) in one step, all or nothing: NOT_FOUND for an unknown id,
+  // INVALID_ARGUMENT for a repeated id or num_tokens < 0, RESOURCE_EXHAUSTED ("this Forward") when
+  // the budget cannot hold it. Release gives a sequence's reservation back with its pages.
+  absl::Status ReserveAhead(absl::Span<const SequenceId> ids, absl::Span<const int64_t> num_tokens);
+  // Bytes still reserved ahead for `sequence` (0 for none or an unknown id).
+  int64_t ReservedAhead(SequenceId sequence) const;
   // AttentionLayer::ForkSequence: `count` new sequences sharing `source`'s full pages (each gains
   // a reference) and each holding a copy of its partly filled last page, made with `copy` after
   // `commit`; budget, allocator and commit are charged for those copies only, all or nothing.
@@ -293,7 +311,8 @@ class KvSequenceTable {
   absl::StatusOr<SequenceId> Import(const SequenceExport& exported, const CommitFn& commit,
                                     const WritePagesFn& write);
   // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
-  // return to what they were and the new pages go back to the pool and the budget.
+  // return to what they were and the new pages go back to the pool and the budget (what they drew
+  // on a reservation goes back to the reservation).
   void Rollback(absl::Span<const BatchSequence> batch);
   // Returns pages that no future query can see (causal sliding window) to the pool.
   void EvictOutsideWindow(PageTable& table);
@@ -310,6 +329,8 @@ class KvSequenceTable {
   int64_t page_bytes() const { return page_bytes_; }
 
  private:
+  // Takes `bytes` off `sequence`'s reservation (they now pay for pages it holds).
+  void DrawAhead(SequenceId sequence, int64_t bytes);
   // Drops one reference to each page; a page goes back to the allocator and the budget when its
   // last holder lets it go.
   void FreePages(absl::Span<const int32_t> pages);
@@ -329,6 +350,10 @@ class KvSequenceTable {
   absl::node_hash_map<SequenceId, PageTable> sequences_;
   // References beyond the first, for pages that forks share (absent = one holder).
   absl::flat_hash_map<int32_t, int32_t> extra_references_;
+  // Bytes charged to the budget ahead of a sequence's growth (ReserveAhead), by sequence; absent
+  // = none. Counted in the budget besides the held pages.
+  absl::flat_hash_map<SequenceId, int64_t> ahead_;
+  int64_t ahead_total_ = 0;
   SequenceId next_id_ = 1;
 };
 

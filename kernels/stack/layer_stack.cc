@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/capabilities.h"
 #include "kernels/kv/sequence_table.h"
-#include "kernels/kv/sequence_table.h"
 
 namespace attnserve {
 
@@ -131,7 +130,14 @@ int64_t LayerStack::UsedBytes() const {
   for (size_t k = 0; k < layers_.size(); ++k) {
     bytes += reserved_pages_[k] * layers_[k]->PoolUsage().page_bytes;
   }
-  return bytes;
+  return bytes + ahead_total_;
+}
+
+void LayerStack::DropAhead(SequenceId sequence) {
+  if (auto ahead = ahead_.find(sequence); ahead != ahead_.end()) {
+    ahead_total_ -= ahead->second;
+    ahead_.erase(ahead);
+  }
 }
 
 void LayerStack::EndStep(SequenceId sequence) {
@@ -185,6 +191,7 @@ absl::Status LayerStack::ReleaseSequence(SequenceId sequence) {
   }
   sequences_.erase(it);
   EndStep(sequence);
+  DropAhead(sequence);
   Settle();
   return absl::OkStatus();
 }
@@ -371,6 +378,7 @@ void LayerStack::Drop(absl::Span<const SequenceId> ids, const std::string& reaso
     }
     sequences_.erase(it);
     EndStep(id);
+    DropAhead(id);
     dropped_.emplace(id, reason);
   }
 }
@@ -394,15 +402,18 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
   // The pages every layer will allocate (a layer allocates for the whole batch before it evicts
   // what its window no longer sees): refused up front, nothing changed, if any pool or the budget
   // cannot hold them.
-  int64_t bytes = 0;
+  std::vector<int64_t> seq_bytes(ids.size(), 0);  // Per sequence, over every layer.
   for (size_t k = 0; k < layers_.size(); ++k) {
     const KvPoolUsage usage = layers_[k]->PoolUsage();
     int64_t pages = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       const int64_t length = layers_[k]->SequenceLength((*found[i])[k]).value_or(0);
-      pages += std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0),
-                                                   static_cast<int>(usage.page_size)) -
-                                        PagesForTokens(length, static_cast<int>(usage.page_size)));
+      const int64_t seq_pages =
+          std::max<int64_t>(0, PagesForTokens(length + std::max<int64_t>(rows[i], 0),
+                                              static_cast<int>(usage.page_size)) -
+                                   PagesForTokens(length, static_cast<int>(usage.page_size)));
+      pages += seq_pages;
+      seq_bytes[i] += seq_pages * usage.page_bytes;
     }
     if (pages > usage.capacity_pages - usage.used_pages) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -410,7 +421,14 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
           " tokens in stack layer ", k, ", ", usage.capacity_pages - usage.used_pages, " of ",
           usage.capacity_pages, " pages of that layer are free"));
     }
-    bytes += pages * usage.page_bytes;
+  }
+  // A sequence's reservation (ReserveKv) is charged already: its pages draw on that first.
+  std::vector<int64_t> drawn(ids.size(), 0);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto ahead = ahead_.find(ids[i]);
+    if (ahead != ahead_.end()) drawn[i] = std::min(ahead->second, seq_bytes[i]);
+    bytes += seq_bytes[i] - drawn[i];
   }
   KvMemoryBudget* budget = kv_config_.budget.get();
   if (budget != nullptr && bytes > 0) {
@@ -422,6 +440,17 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
     }
     charged_ += bytes;
   }
+  // Moves `sign` x drawn[i] from the reservations (1: drawn for the batch's pages; -1: back).
+  const auto move_drawn = [&](int64_t sign) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (drawn[i] == 0) continue;
+      int64_t& ahead = ahead_[ids[i]];
+      ahead -= sign * drawn[i];
+      ahead_total_ -= sign * drawn[i];
+      if (ahead == 0) ahead_.erase(ids[i]);
+    }
+  };
+  move_drawn(1);
 
   // The residual stream in f32; layer k reads h and its output is added to h.
   Tensor h = hidden.CastTo(DType::kF32);
@@ -433,6 +462,7 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
       if (k > 0) {
         return FailAfterAppend("stack layer", static_cast<int>(k), "batch", ids, out.status());
       }
+      move_drawn(-1);  // Nothing changed: the reservations stand as they were.
       Settle();
       return out.status();
     }
@@ -645,6 +675,51 @@ int64_t LayerStack::KvBytesAtLength(int64_t num_tokens) const {
   int64_t bytes = 0;
   for (const auto& layer : layers_) bytes += layer->KvBytesAtLength(num_tokens);
   return bytes;
+}
+
+absl::Status LayerStack::ReserveKv(absl::Span<const SequenceId> sequences,
+                                   absl::Span<const int64_t> num_tokens) {
+  absl::flat_hash_set<SequenceId> seen;
+  std::vector<int64_t> wanted(sequences.size(), 0);
+  int64_t delta = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    absl::StatusOr<const std::vector<SequenceId>*> found = Find(sequences[i]);
+    if (!found.ok()) return found.status();
+    if (!seen.insert(sequences[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", sequences[i], " appears more than once in one reservation"));
+    }
+    if (num_tokens[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", sequences[i], ": num_tokens = ", num_tokens[i], ", must be >= 0"));
+    }
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      const int64_t length = layers_[k]->SequenceLength((**found)[k]).value_or(0);
+      wanted[i] += std::max<int64_t>(0, layers_[k]->KvBytesAtLength(length + num_tokens[i]) -
+                                            layers_[k]->KvBytesAtLength(length));
+    }
+    auto held = ahead_.find(sequences[i]);
+    delta += wanted[i] - (held == ahead_.end() ? 0 : held->second);
+  }
+  KvMemoryBudget* budget = kv_config_.budget.get();
+  if (budget != nullptr && delta > 0) {
+    if (!budget->TryCharge(delta)) {
+      const KvPoolUsage usage = layers_[0]->PoolUsage();
+      return KvBudgetExhaustedError(*budget, delta, delta / usage.page_bytes, usage.page_size,
+                                    "this Forward");
+    }
+    charged_ += delta;
+  }
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (wanted[i] > 0) {
+      ahead_[sequences[i]] = wanted[i];
+    } else {
+      ahead_.erase(sequences[i]);
+    }
+  }
+  ahead_total_ += delta;
+  Settle();  // A smaller reservation gives the difference back.
+  return absl::OkStatus();
 }
 
 int64_t LayerStack::ParameterBytes() const {

@@ -131,6 +131,10 @@ class LayerStack final : public AttentionLayer {
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
+  // The stack's own reservation (its layers hold no budget): charged to the stack's budget, kept
+  // per sequence, drawn on by the batch charge of the sequence's later calls.
+  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
+                         absl::Span<const int64_t> num_tokens) override;
   int64_t ParameterBytes() const override;
 
  protected:
@@ -172,6 +176,8 @@ class LayerStack final : public AttentionLayer {
                                    absl::Span<const int64_t> rows, size_t first_layer) const;
   // Forgets the step in flight of `sequence` (if any) and its reserved pages.
   void EndStep(SequenceId sequence);
+  // Forgets `sequence`'s reservation (ReserveKv); Settle then gives its bytes back.
+  void DropAhead(SequenceId sequence);
   // Layer `layer` > 0 of a batch (`unit`: "batch" or "step") failed with `failure` after the
   // layers before it appended the tokens, which cannot be undone: drops `ids`, settles the budget
   // and returns `failure`'s code with a message naming `what` `layer` and saying so.
@@ -181,7 +187,7 @@ class LayerStack final : public AttentionLayer {
   void Drop(absl::Span<const SequenceId> ids, const std::string& reason);
   // Hands the budget back what the layers no longer hold, and refreshes kv_usage_.
   void Settle();
-  // Pages held by the layers, plus those reserved for steps in flight.
+  // Pages held by the layers, plus those reserved for steps in flight and by ReserveKv.
   int64_t UsedBytes() const;
 
   std::vector<std::unique_ptr<AttentionLayer>> layers_;
@@ -197,6 +203,8 @@ class LayerStack final : public AttentionLayer {
   absl::flat_hash_map<SequenceId, std::string> dropped_;                // Why each was dropped.
   absl::flat_hash_map<SequenceId, Step> steps_;  // Per-layer mode: steps in flight.
   std::vector<int64_t> reserved_pages_;          // Per layer: the sum over steps_.
+  absl::flat_hash_map<SequenceId, int64_t> ahead_;  // ReserveKv's bytes by sequence; absent: 0.
+  int64_t ahead_total_ = 0;
   SequenceId next_id_ = 1;
 };
 

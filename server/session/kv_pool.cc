@@ -39,8 +39,9 @@ absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(
     config.budget = std::move(tenant_budget);
   }
   // The layer's own account inside the pool or its tenant's quota: what the session reserves
-  // ahead of a chunked Forward or an import is handed to the layer's charges there
-  // (KvMemoryBudget::Prepay), never released and charged again.
+  // ahead of an import is handed to the layer's charges there (KvMemoryBudget::Prepay), never
+  // released and charged again. (A chunked Forward's reservation is held by its sequences in the
+  // layer's ledger, AttentionLayer::ReserveKv.)
   config.budget = KvMemoryBudget::Account(std::move(config.budget));
   return config;
 }

@@ -51,14 +51,6 @@ Session::~Session() {
   for (auto& [request_id, state] : requests_) DropRetained(state);
 }
 
-PrefillRun::~PrefillRun() { ReleaseReservation(); }
-
-void PrefillRun::ReleaseReservation() {
-  if (budget_ != nullptr && reserved_ > 0) budget_->Release(reserved_);
-  reserved_ = 0;
-  std::fill(reserve_per_input_.begin(), reserve_per_input_.end(), 0);
-}
-
 void Session::SetRetainedOutputs(std::shared_ptr<RetainedOutputs> store, std::string tenant,
                                  bool tenant_bounded) {
   retained_ = std::move(store);
@@ -254,7 +246,8 @@ absl::StatusOr<StepPlan> Session::PlanRows(std::vector<StepInput> inputs, bool d
       ++new_requests;
     } else {
       plan.requests[i].sequence = it->second.sequence;
-      length = it->second.length;
+      // The layer's count, its one owner (on the queue the layer is idle: a short call).
+      length = layer_->SequenceLength(it->second.sequence).value_or(it->second.length);
       last_position = it->second.last_position;
       if (it->second.step_layer != 0) {
         return absl::FailedPreconditionError(
@@ -519,29 +512,9 @@ absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefillRun(StepPlan pl
     run->row_start_[i + 1] =
         run->row_start_[i] + static_cast<int64_t>(plan.inputs[i].positions.size());
   }
-  run->reserve_per_input_.assign(plan.inputs.size(), 0);
 
-  // A chunked Forward reserves its KV bytes first (see the header); each chunk hands its share
-  // to the layer's charge just before the engine call. A streamed one always does: a prompt that
-  // cannot fit is refused before the client uploads it.
-  run->budget_ = kv_budget_;
-  if ((streamed || chunk_tokens < run->total_rows_) && run->budget_ != nullptr) {
-    int64_t reserved = 0;
-    for (size_t i = 0; i < plan.inputs.size(); ++i) {
-      const int64_t before = plan.requests[i].length;
-      const int64_t rows = run->row_start_[i + 1] - run->row_start_[i];
-      run->reserve_per_input_[i] = std::max<int64_t>(
-          0, layer_->KvBytesAtLength(before + rows) - layer_->KvBytesAtLength(before));
-      reserved += run->reserve_per_input_[i];
-    }
-    if (!run->budget_->TryReserve(reserved)) {
-      return KvBudgetExhaustedError(*run->budget_, reserved, reserved / page_bytes_, page_size_,
-                                    "this Forward");
-    }
-    run->reserved_ = reserved;
-  }
   // Nothing below allocates but the layer's sequence entries and the set of requests in a
-  // prefill; should either throw, the reservation goes back with the run.
+  // prefill.
   {
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < plan.inputs.size(); ++i) {
@@ -553,6 +526,19 @@ absl::StatusOr<std::unique_ptr<PrefillRun>> Session::StartPrefillRun(StepPlan pl
     if (r.is_new) r.sequence = layer_->CreateSequence();
   }
   run->started_ = true;
+  // A chunked Forward has the layer reserve its KV bytes first (see the header): each chunk's
+  // pages draw on the reservation, never released and charged again. A streamed one always
+  // does: a prompt that cannot fit is refused before the client uploads it.
+  if (streamed || chunk_tokens < run->total_rows_) {
+    std::vector<SequenceId> ids;
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < run->plan_.inputs.size(); ++i) {
+      ids.push_back(run->plan_.requests[i].sequence);
+      rows.push_back(run->row_start_[i + 1] - run->row_start_[i]);
+    }
+    if (absl::Status s = layer_->ReserveKv(ids, rows); !s.ok()) return UndoPrefill(*run, s);
+    run->reserved_ = true;
+  }
   return run;
 }
 
@@ -567,12 +553,12 @@ absl::Status Session::UndoPrefill(PrefillRun& run, const absl::Status& status) {
   }
   run.over_ = true;
   run.next_row_ = run.total_rows_;
-  run.ReleaseReservation();
   if (layer_ != nullptr && run.started_) {
     for (const StepPlan::Request& r : run.plan_.requests) {
       if (r.is_new && r.sequence != 0) layer_->ReleaseSequence(r.sequence).IgnoreError();
     }
   }
+  GiveBackReservation(run);
   RefreshKvBytes();
   return status;
 }
@@ -624,7 +610,12 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
       // get here (the reservation covers the rest): earlier chunks stand, so record them first.
       for (size_t i = 0; i < plan.inputs.size(); ++i) {
         if (plan.requests[i].is_new || run.row_start_[i] >= begin) continue;
-        const int64_t kv_bytes = layer_->SequenceKvBytes(plan.requests[i].sequence).value_or(0);
+        const SequenceId sequence = plan.requests[i].sequence;
+        const int64_t kv_bytes = layer_->SequenceKvBytes(sequence).value_or(0);
+        // The length as the layer's ledger counts it (its one owner); the rows of the chunks run
+        // are what it must be.
+        const int64_t length = layer_->SequenceLength(sequence).value_or(
+            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]));
         absl::MutexLock lock(&mu_);
         RequestState& state = requests_[plan.inputs[i].request_id];
         // Partly applied: a retry under the same call_id must not look like a replay.
@@ -632,8 +623,7 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
         state.last_input_digest.clear();
         DropRetained(state);
         state.kv_bytes = kv_bytes;
-        state.length =
-            plan.requests[i].length + (std::min(begin, run.row_start_[i + 1]) - run.row_start_[i]);
+        state.length = length;
         state.last_position = plan.inputs[i].positions[state.length - 1 - plan.requests[i].length];
       }
     }
@@ -646,9 +636,7 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
     return fail(sealed);
   }
   std::vector<PrefillChunk> pieces;
-  int64_t chunk_bytes = 0;
   absl::StatusOr<Tensor> chunk_out = absl::UnknownError("not run");
-  bool transfer = false;
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.dtype_);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -657,30 +645,10 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
       const int64_t hi = std::min(end, run.row_start_[i + 1]);
       if (lo >= hi) continue;
       pieces.push_back({plan.requests[i].sequence, hi - lo});
-      if (run.reserved_ > 0) {
-        // This chunk's share of the reservation: the pages its rows newly need.
-        const int64_t done = plan.requests[i].length + (lo - run.row_start_[i]);
-        const int64_t share = std::clamp<int64_t>(
-            layer_->KvBytesAtLength(done + hi - lo) - layer_->KvBytesAtLength(done), 0,
-            run.reserve_per_input_[i]);
-        run.reserve_per_input_[i] -= share;
-        chunk_bytes += share;
-      }
     }
     Tensor rows(run.dtype_, {end - begin, spec_.d_model});
     std::memcpy(rows.data(), src, static_cast<size_t>(end - begin) * row_bytes);
-    // The chunk's share goes to the layer's charge: handed over as credit on the layer's own
-    // account (nothing released, so no other session can take the bytes in between), or, on a
-    // budget shared with others, released just before the layer charges it again.
-    transfer = chunk_bytes > 0 && run.budget_->is_account();
-    if (chunk_bytes > 0) {
-      run.reserved_ -= chunk_bytes;
-      if (transfer) {
-        run.budget_->Prepay(chunk_bytes);
-      } else {
-        run.budget_->Release(chunk_bytes);
-      }
-    }
+    // The chunk's pages draw on the sequences' reservation in the layer (StartPrefillRun).
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));
     chunk_out = model_ != nullptr ? model_->PrefillLayer(plan.layer, pieces, rows, chunk_positions)
@@ -689,7 +657,6 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
     // Handled as any failed chunk: earlier chunks are recorded, this one's sequences undone.
     chunk_out = OutOfMemoryError("this Forward");
   }
-  if (transfer) run.reserved_ += run.budget_->TakeCredit();  // What the layer did not take.
   run.compute_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                          std::chrono::steady_clock::now() - start)
                          .count();
@@ -700,8 +667,18 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
   return chunk_out;
 }
 
+void Session::GiveBackReservation(PrefillRun& run) {
+  if (!run.reserved_ || layer_ == nullptr) return;
+  run.reserved_ = false;
+  const int64_t none = 0;
+  for (const StepPlan::Request& r : run.plan_.requests) {
+    // One by one: a sequence released or dropped since cannot keep the others' back.
+    layer_->ReserveKv({&r.sequence, 1}, {&none, 1}).IgnoreError();
+  }
+}
+
 std::vector<StepOutput> Session::FinishPrefill(PrefillRun& run) {
-  run.ReleaseReservation();  // Whatever a window's eviction left unused.
+  GiveBackReservation(run);  // Whatever a window's eviction left unused.
   {
     absl::MutexLock lock(&mu_);
     EndPrefillLocked(run);
@@ -776,16 +753,19 @@ absl::StatusOr<ForkOutcome> Session::Fork(const std::string& source,
   RefreshKvBytes();
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
+  // The forks' length as the layer counts it (the source's).
+  const int64_t length = layer_->SequenceLength(forks->front()).value_or(original.length);
   for (size_t i = 0; i < new_ids.size(); ++i) {
     RequestState state = original;
     state.sequence = (*forks)[i];
+    state.length = length;
     state.last_used = now;
     state.last_call_id.clear();  // A retry of the source's last call is not a call on a fork.
     state.last_input_digest.clear();
     state.last_output = RetainedOutputs::kNone;  // The source's, not the fork's.
     requests_.emplace(new_ids[i], std::move(state));
   }
-  return ForkOutcome{original.length, kv_bytes_used() - before};
+  return ForkOutcome{length, kv_bytes_used() - before};
 }
 
 absl::StatusOr<int64_t> Session::ReleaseRequest(const std::string& request_id) {

@@ -155,11 +155,11 @@ struct StepPlan {
 
 // A Forward plan split into engine Prefill calls of at most `chunk_tokens` rows
 // (Session::StartPrefill), run one chunk per Session::RunPrefillChunk and recorded by
-// Session::FinishPrefill. The scheduler owns it between chunks. While it holds a reservation
-// (a chunked Forward reserves its KV bytes up front) destroying it unfinished gives the bytes back.
+// Session::FinishPrefill. The scheduler owns it between chunks; it always ends the run with
+// FinishPrefill or AbortPrefill. A chunked Forward's KV bytes are reserved up front by the layer
+// (AttentionLayer::ReserveKv), held there by the plan's sequences, not by the run.
 class PrefillRun {
  public:
-  ~PrefillRun();
   PrefillRun(const PrefillRun&) = delete;
   PrefillRun& operator=(const PrefillRun&) = delete;
 
@@ -173,8 +173,6 @@ class PrefillRun {
  private:
   friend class Session;
   PrefillRun() = default;
-  // Gives back what is still reserved (idempotent).
-  void ReleaseReservation();
 
   StepPlan plan_;
   DType dtype_ = DType::kF32;  // Of every input and output row.
@@ -191,10 +189,7 @@ class PrefillRun {
   int64_t next_row_ = 0;  // First row of the next chunk.
   int chunks_run_ = 0;
   int64_t compute_ns_ = 0;
-  // The KV bytes still reserved for the rows not yet run, in all and per input.
-  std::shared_ptr<KvMemoryBudget> budget_;
-  int64_t reserved_ = 0;
-  std::vector<int64_t> reserve_per_input_;
+  bool reserved_ = false;  // Its sequences hold a reservation for its rows (ReserveKv).
   bool started_ = false;   // Its new requests' sequences exist.
   bool over_ = false;      // Undone (a chunk failed) or recorded (FinishPrefill).
 };
@@ -257,11 +252,12 @@ class Session : public std::enable_shared_from_this<Session> {
   //   StartPrefill splits a Forward plan into engine Prefill calls of at most `chunk_tokens` rows
   //     (0 = one call; non-causal layers always run in one call, since a chunk could not see the
   //     rows after it), allocates what recording it needs, creates its new requests' sequences
-  //     and, when it is chunked, reserves the KV bytes of the whole plan from the pool, so a
+  //     and, when it is chunked, has the layer reserve the KV bytes of the whole plan for its
+  //     sequences (AttentionLayer::ReserveKv), which each chunk's pages then draw on, so a
   //     chunked Forward stays all-or-nothing against the pool even while other work runs between
   //     its chunks. On error nothing changed. May throw std::bad_alloc before changing anything.
   //   RunPrefillChunk runs the next chunk. On error (an allocation failure included) the run is
-  //     undone (its new requests released, the reservation returned) and over.
+  //     undone (its new requests released, the reservation given back) and over.
   //   FinishPrefill, once all chunks ran, records the call on its requests and slices the outputs.
   //   AbortPrefill undoes a run that is neither over nor recorded (the caller gave up on it).
   // Between two chunks the plan's requests must not be touched by anything else (the scheduler
@@ -282,7 +278,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Whether `request_id` exists now. Any thread.
   bool HasRequest(const std::string& request_id) const;
-  // Tokens cached by `request_id` now; 0 if unknown. Any thread.
+  // Tokens cached by `request_id` now; 0 if unknown. Any thread: the request state's copy of the
+  // layer's count (AttentionLayer::SequenceLength, the one owner), refreshed after every call, so
+  // readers off the queue neither enter the layer nor wait for its compute.
   int64_t RequestLength(const std::string& request_id) const;
 
   // Creates `new_ids` as forks of `source` (AttentionLayer::ForkSequence: its cached tokens shared
@@ -372,7 +370,10 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   struct RequestState {
     SequenceId sequence = 0;
-    int64_t length = 0;  // Tokens cached: a copy of the layer's count, refreshed by every call.
+    // Tokens cached: a copy of the layer's count (AttentionLayer::SequenceLength, the one owner),
+    // written from it after every call that changes it, for readers off the queue; decisions on
+    // the queue (Plan) ask the layer.
+    int64_t length = 0;
     int64_t last_position = -1;  // RoPE position of the last cached token.
     int64_t kv_bytes = 0;        // Its pages' bytes, as the layer reported after its last call.
     absl::Time last_used;
@@ -411,6 +412,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // Undoes a prefill run whose chunk failed or whose session closed: new sequences released,
   // reservation returned; returns `status`.
   absl::Status UndoPrefill(PrefillRun& run, const absl::Status& status);
+  // Gives back what the run's sequences still hold reserved in the layer (ReserveKv).
+  void GiveBackReservation(PrefillRun& run);
   // Plan with row counts given apart from the inputs' tensors (`row_counts` empty: the tensors'
   // rows).
   absl::StatusOr<StepPlan> PlanRows(std::vector<StepInput> inputs, bool decode,

@@ -87,7 +87,7 @@ absl::StatusOr<ImportOutcome> Session::ImportRequest(const std::string& request_
   RefreshKvBytes();
   RequestState state;
   state.sequence = *sequence;
-  state.length = length;
+  state.length = layer_->SequenceLength(*sequence).value_or(length);  // The layer's count.
   state.last_position = exported.last_position;
   state.kv_bytes = layer_->SequenceKvBytes(*sequence).value_or(0);
   state.last_used = absl::Now();

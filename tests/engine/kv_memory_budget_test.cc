@@ -124,6 +124,96 @@ TEST(KvMemoryBudgetTest, AccountHandsAReservationToTheLayersCharge) {
   EXPECT_EQ(account_a->used_bytes(), 0);
 }
 
+// A sequence's reservation (AttentionLayer::ReserveKv) is charged once and held by the sequence in
+// the layer's ledger: its later Prefill calls (a chunked Forward's chunks) draw on it without
+// releasing it first, so another layer on the same budget cannot take the bytes between two
+// chunks or inside one. A plain shared budget (no account) on purpose: before ReserveKv, the
+// session released each chunk's share of its reservation there just before the layer charged it
+// again.
+TEST(KvMemoryBudgetTest, ASequencesReservationIsDrawnOnByItsChunksAndByNobodyElse) {
+  auto backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  const LayerSpec spec = SmallGqa();
+  const LayerWeights weights = *RandomLayerWeights(spec, 7);
+  const int64_t page_bytes = 2 * 8 * 2 * 4 * 4;  // As above: pages of 4 tokens.
+  auto pool = std::make_shared<KvMemoryBudget>(4 * page_bytes);
+  KvCacheConfig kv{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = pool};
+  auto a = (*backend)->CreateLayer(spec, weights, kv);
+  auto b = (*backend)->CreateLayer(spec, weights, kv);
+  ASSERT_TRUE(a.ok() && b.ok());
+
+  // A reserves a 12-token prompt (3 pages) for its sequence; the pool has 4.
+  const SequenceId sa = (*a)->CreateSequence();
+  const int64_t prompt = 12;
+  ASSERT_TRUE((*a)->ReserveKv({&sa, 1}, {&prompt, 1}).ok());
+  EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
+  const SequenceId sb = (*b)->CreateSequence();
+  const PrefillChunk two_pages{sb, 5};
+  const auto b_prefill = [&](const PrefillChunk& chunk) {
+    return (*b)->Prefill({&chunk, 1}, Ones(chunk.num_tokens, spec.d_model), {});
+  };
+  EXPECT_EQ(b_prefill(two_pages).status().code(), absl::StatusCode::kResourceExhausted);
+
+  // A's three chunks of 4 tokens take their pages from the reservation: the pool's use never
+  // moves, and between the chunks B's allocation is still refused.
+  const PrefillChunk chunk{sa, 4};
+  for (int c = 0; c < 3; ++c) {
+    ASSERT_TRUE((*a)->Prefill({&chunk, 1}, Ones(4, spec.d_model), {}).ok()) << "chunk " << c;
+    EXPECT_EQ(pool->used_bytes(), 3 * page_bytes) << "chunk " << c;
+    EXPECT_EQ(b_prefill(two_pages).status().code(), absl::StatusCode::kResourceExhausted)
+        << "after chunk " << c;
+  }
+  // Spent: A's next page is a new charge, and the one page left is B's to take first.
+  const PrefillChunk one_page{sb, 4};
+  ASSERT_TRUE(b_prefill(one_page).ok());
+  EXPECT_EQ(pool->used_bytes(), 4 * page_bytes);
+  const PrefillChunk one_more{sa, 1};
+  EXPECT_EQ((*a)->Prefill({&one_more, 1}, Ones(1, spec.d_model), {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*b)->ReleaseSequence(sb).ok());
+
+  // A failed call gives back to the reservation what it drew, not to the pool: an output that
+  // overflows rolls the call back, and the reservation holds as before.
+  const int64_t four = 4;
+  ASSERT_TRUE((*a)->ReserveKv({&sa, 1}, {&four, 1}).ok());  // One page (the 13th..16th tokens).
+  EXPECT_EQ(pool->used_bytes(), 4 * page_bytes);
+  const Tensor huge =
+      Tensor::FromFloats({4, spec.d_model}, std::vector<float>(4 * spec.d_model, 3e38f));
+  EXPECT_EQ((*a)->Prefill({&chunk, 1}, huge, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->used_bytes(), 4 * page_bytes);
+  EXPECT_EQ(*(*a)->SequenceLength(sa), 12);
+  const SequenceId sb2 = (*b)->CreateSequence();
+  const PrefillChunk b_one{sb2, 1};
+  EXPECT_EQ(b_prefill(b_one).status().code(), absl::StatusCode::kResourceExhausted)
+      << "the rolled-back page went to the pool instead of back to A's reservation";
+  ASSERT_TRUE((*a)->Prefill({&chunk, 1}, Ones(4, spec.d_model), {}).ok());
+  EXPECT_EQ(pool->used_bytes(), 4 * page_bytes);
+
+  // A reservation not drawn on is given back by 0 tokens, by ReleaseSequence, or with the layer.
+  const int64_t none = 0;
+  ASSERT_TRUE((*a)->ReleaseSequence(sa).ok());
+  EXPECT_EQ(pool->used_bytes(), 0);
+  const SequenceId sc = (*a)->CreateSequence();
+  ASSERT_TRUE((*a)->ReserveKv({&sc, 1}, {&prompt, 1}).ok());
+  EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
+  ASSERT_TRUE((*a)->ReserveKv({&sc, 1}, {&none, 1}).ok());
+  EXPECT_EQ(pool->used_bytes(), 0);
+  ASSERT_TRUE((*a)->ReserveKv({&sc, 1}, {&prompt, 1}).ok());
+  // Too much for the pool: refused whole, naming the bytes; the reservation held stays.
+  const int64_t too_many = 20;
+  absl::Status refused = (*a)->ReserveKv({&sc, 1}, {&too_many, 1});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("this Forward needs"));
+  EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
+  ASSERT_TRUE((*a)->ReleaseSequence(sc).ok());
+  EXPECT_EQ(pool->used_bytes(), 0);
+  const SequenceId sd = (*a)->CreateSequence();
+  ASSERT_TRUE((*a)->ReserveKv({&sd, 1}, {&prompt, 1}).ok());
+  a->reset();
+  EXPECT_EQ(pool->used_bytes(), 0);
+}
+
 TEST(KvMemoryBudgetTest, SlidingWindowEvictionCreditsTheBudget) {
   auto backend = CreateCpuBackend({.num_threads = 1});
   ASSERT_TRUE(backend.ok());

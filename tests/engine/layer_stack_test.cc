@@ -215,6 +215,55 @@ TEST(LayerStackTest, BudgetExhaustionIsRefusedBeforeAnyLayerChanges) {
   EXPECT_EQ(budget->used_bytes(), 6 * page_bytes);
 }
 
+// ReserveKv on a stack: the bytes every layer's pages will take for the planned tokens, charged
+// once to the stack's budget and drawn on by the sequence's chunks, so another charger cannot take
+// them between two chunks; what is left goes back with 0 tokens or the sequence.
+TEST(LayerStackTest, AReservationIsDrawnOnByTheSequencesChunks) {
+  const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> backend = CreateCpuBackend({.num_threads = 2});
+  ASSERT_TRUE(backend.ok());
+  absl::StatusOr<std::unique_ptr<LayerStack>> probe =
+      LayerStack::Create(**backend, specs, WeightsFor(specs), Pool(256));
+  ASSERT_TRUE(probe.ok());
+  const int64_t page_bytes = (*probe)->PoolUsage().page_bytes;
+  // 32 tokens: 2 pages in each of 3 layers (the windows evict nothing yet), the whole budget.
+  auto budget = std::make_shared<KvMemoryBudget>(6 * page_bytes);
+  absl::StatusOr<std::unique_ptr<LayerStack>> stack =
+      LayerStack::Create(**backend, specs, WeightsFor(specs), Pool(256, budget));
+  ASSERT_TRUE(stack.ok());
+  std::mt19937_64 rng(9);
+  const int d = specs[0].d_model;
+  const SequenceId id = (*stack)->CreateSequence();
+  const int64_t planned = 32;
+  ASSERT_TRUE((*stack)->ReserveKv({&id, 1}, {&planned, 1}).ok());
+  EXPECT_EQ(budget->used_bytes(), 6 * page_bytes);
+  EXPECT_FALSE(budget->TryCharge(page_bytes)) << "another charger took the reserved bytes";
+  const PrefillChunk chunk{id, 16};
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_TRUE(
+        (*stack)
+            ->Prefill({&chunk, 1}, ToTensor(RandomHidden(16, d, rng), {16, d}, DType::kF32), {})
+            .ok())
+        << "chunk " << c;
+    EXPECT_EQ(budget->used_bytes(), 6 * page_bytes) << "chunk " << c;
+    EXPECT_FALSE(budget->TryCharge(page_bytes)) << "after chunk " << c;
+  }
+  EXPECT_EQ((*stack)->PoolUsage().used_pages, 6);
+  // A second reservation, given back unused with 0 tokens.
+  const int64_t more = 16;
+  const int64_t none = 0;
+  ASSERT_TRUE((*stack)->ReleaseSequence(id).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+  const SequenceId other = (*stack)->CreateSequence();
+  ASSERT_TRUE((*stack)->ReserveKv({&other, 1}, {&more, 1}).ok());
+  EXPECT_EQ(budget->used_bytes(), 3 * page_bytes);
+  ASSERT_TRUE((*stack)->ReserveKv({&other, 1}, {&none, 1}).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+  ASSERT_TRUE((*stack)->ReserveKv({&other, 1}, {&more, 1}).ok());
+  stack->reset();
+  EXPECT_EQ(budget->used_bytes(), 0);
+}
+
 TEST(LayerStackTest, FailureAboveTheFirstLayerDropsTheBatchWithoutLeaking) {
   const std::vector<LayerSpec> specs = FiveToOneLikeSpecs();
   std::vector<LayerWeights> weights = WeightsFor(specs);

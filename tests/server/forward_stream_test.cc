@@ -5,7 +5,7 @@
 // and the request decodes on bit for bit as its unary twin. Every refusal has its precise status;
 // a stream that fails, ends early, is cancelled or stalls (--forward_stream_idle_timeout) leaves no
 // request and no KV bytes behind; a decode step of another request runs while the stream waits
-// for rows.
+// for rows, and another session cannot take the stream's reserved KV bytes meanwhile.
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -436,6 +436,66 @@ TEST_F(ForwardStreamPoolTest, PromptThatCannotFitIsRefusedBeforeItsRows) {
   EXPECT_EQ(answer.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << Describe(answer.status);
   EXPECT_TRUE(AwaitEmpty(session));
+}
+
+// A stream's reservation is its own between two chunks: while the stream waits for rows, another
+// session's Forward that needs the reserved bytes is refused and one that fits beside them runs;
+// then the stream finishes with every row. (The reservation is charged once, held by the stream's
+// sequence in the layer's KV ledger, and each chunk's pages draw on it: nothing is released for
+// another charge to take.)
+TEST_F(ForwardStreamPoolTest, AnotherSessionCannotTakeTheReservedBytesBetweenChunks) {
+  const std::string streamed = Session();
+  const std::string other = Session(8);
+  constexpr int64_t kPageTokens = 16;  // 4 KiB pages of the small GQA layer.
+  constexpr int64_t kTokens = 448;     // 28 of the pool's 32 pages.
+  const Tensor prompt = RandomHidden(kTokens, spec_.d_model, rng_);
+
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<Stream> stream = stub().ForwardStream(&context);
+  ASSERT_TRUE(stream->Write(Header(streamed, "long", kTokens, spec_.d_model)));
+  ASSERT_TRUE(stream->Write(Rows(Bytes(SliceRows(prompt, 0, 100)))));
+  // The first chunk's output is back: the whole prompt is reserved (on the stream's first turn),
+  // and the stream waits for the rest of its rows.
+  v1::ForwardStreamResponse message;
+  ASSERT_TRUE(stream->Read(&message));
+  ASSERT_TRUE(message.has_rows());
+  std::string outputs = message.rows().data();
+
+  const auto forward_other = [&](const std::string& request_id, int64_t tokens) {
+    v1::ForwardRequest request;
+    request.set_session_id(other);
+    *request.add_items() = MakeForwardItem(request_id, RandomHidden(tokens, spec_.d_model, rng_));
+    v1::ForwardResponse response;
+    return Forward(stub(), request, &response);
+  };
+  // 5 pages do not fit beside the 28 reserved; 4 do.
+  const grpc::Status refused = forward_other("too_big", 5 * kPageTokens);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(refused);
+  EXPECT_THAT(refused.error_message(), HasSubstr("KV memory budget exhausted"));
+  const grpc::Status fits = forward_other("fits", 4 * kPageTokens);
+  EXPECT_TRUE(fits.ok()) << Describe(fits);
+
+  for (v1::ForwardStreamRequest& m : RowMessages(SliceRows(prompt, 100, kTokens), 100)) {
+    ASSERT_TRUE(stream->Write(m));
+  }
+  ASSERT_TRUE(stream->WritesDone());
+  bool have_summary = false;
+  v1::ForwardStreamSummary summary;
+  while (stream->Read(&message)) {
+    if (message.has_rows()) outputs += message.rows().data();
+    if (message.has_summary()) {
+      summary = message.summary();
+      have_summary = true;
+    }
+  }
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  ASSERT_TRUE(have_summary);
+  EXPECT_EQ(static_cast<int64_t>(outputs.size()), kTokens * spec_.d_model * 4);
+  ASSERT_EQ(summary.results_size(), 1);
+  EXPECT_EQ(summary.results(0).sequence_length(), kTokens);
+  EXPECT_EQ(Info(streamed).kv_bytes_used(), kTokens / kPageTokens * 4096);
 }
 
 }  // namespace

@@ -109,6 +109,12 @@ int64_t CudaLayerBase::KvBytesAtLength(int64_t num_tokens) const {
   return pages_.table().HeldBytesAtLength(num_tokens);
 }
 
+absl::Status CudaLayerBase::ReserveKv(absl::Span<const SequenceId> sequences,
+                                      absl::Span<const int64_t> num_tokens) {
+  absl::MutexLock lock(&mu_);
+  return pages_.table().ReserveAhead(sequences, num_tokens);
+}
+
 absl::StatusOr<Tensor> CudaLayerBase::PrefillChecked(absl::Span<const PrefillChunk> chunks,
                                                      const Tensor& hidden,
                                                      absl::Span<const int64_t> positions) {

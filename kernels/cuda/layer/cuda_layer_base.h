@@ -63,6 +63,8 @@ class CudaLayerBase : public AttentionLayer {
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
+  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
+                         absl::Span<const int64_t> num_tokens) final;
 
   // Per-stage times of each call from now on (attnserve_cuda_bench); last_call_stages() reads the
   // last call's.
