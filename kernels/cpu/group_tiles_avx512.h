@@ -27,18 +27,21 @@
 namespace attnserve::avx512 {
 
 // Both take rows of keys/values stored as float or as bf16 bits (Element = float or uint16_t,
-// the two instantiated in group_tiles_avx512.cc).
+// the two instantiated in group_tiles_avx512.cc). Declared with the AVX-512 target (as
+// ATTNSERVE_AVX512 in simd_kernels.h): GCC takes a function template's target from its first
+// declaration, and without it a portable build (ATTNSERVE_NATIVE=OFF) compiled the
+// instantiations without AVX-512 and could not inline their always-inline tiles.
 
 // scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count.
 // dim % 16 == 0; only on CPUs with AVX-512F.
 template <typename Element>
-void GroupScores(const float* q, int rows, int64_t dim, const Element* const* key_rows, int count,
+__attribute__((target("avx512f,avx2,fma"))) void GroupScores(const float* q, int rows, int64_t dim, const Element* const* key_rows, int count,
                  float* scores, int64_t ld);
 
 // acc[g * dim, +dim) += sum_s weights[g * ld + s] * value_rows[s][0, dim) for g < rows.
 // dim % 16 == 0; only on CPUs with AVX-512F.
 template <typename Element>
-void GroupAccumulate(const float* weights, int64_t ld, int rows, const Element* const* value_rows,
+__attribute__((target("avx512f,avx2,fma"))) void GroupAccumulate(const float* weights, int64_t ld, int rows, const Element* const* value_rows,
                      int count, int64_t dim, float* acc);
 
 }  // namespace attnserve::avx512
