@@ -143,8 +143,8 @@ absl::Status CheckHeldPages(const v1::ExportedRequest& request, const Session& s
 
 // ---- ExportRequest -----------------------------------------------------------------------------
 
-// A server-streaming method served as a bidi stream (server/rpc/streamed_unary_call.h says why):
-// the caller is authenticated from its metadata before its request is read.
+// A server-streaming method served as a bidi stream (StreamedUnaryCall in server/rpc/wire_call.h
+// says why): the caller is authenticated from its metadata before its request is read.
 class ExportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call)
