@@ -59,6 +59,15 @@ absl::StatusOr<Tensor> AttentionLayer::Decode(absl::Span<const SequenceId> seque
   return DecodeChecked(sequences, hidden, positions);
 }
 
+absl::StatusOr<SequenceId> AttentionLayer::ImportSequence(const SequenceExport& exported) {
+  const SequenceId sequence = CreateSequence();
+  if (absl::Status s = ImportSequenceInto(exported, sequence); !s.ok()) {
+    ReleaseSequence(sequence).IgnoreError();
+    return s;
+  }
+  return sequence;
+}
+
 ChunkSequences SplitChunks(absl::Span<const PrefillChunk> chunks) {
   ChunkSequences split;
   split.ids.reserve(chunks.size());

@@ -62,11 +62,19 @@ class AttentionLayer {
     return UnservedOperation(LayerOperation::kExportImport);
   }
   // A new sequence holding `exported`'s tokens, which must come from a layer of the same spec, KV
-  // storage format and page size. INVALID_ARGUMENT when page_bytes, the byte count or
-  // first_held_page do not fit this layer (a window evicts at most the pages no query can see);
-  // RESOURCE_EXHAUSTED when the pool cannot hold the pages. All or nothing.
-  virtual absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) {
+  // storage format and page size: CreateSequence, then ImportSequenceInto (released again when
+  // that fails). All or nothing.
+  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported);
+  // Gives `into` (from CreateSequence, no tokens yet) `exported`'s tokens. Its pages draw on its
+  // reservation (ReserveImport) first and are charged for the rest; the reservation ends with the
+  // import. INVALID_ARGUMENT when page_bytes, the byte count or first_held_page do not fit this
+  // layer (a window evicts at most the pages no query can see); FAILED_PRECONDITION when `into`
+  // holds tokens; RESOURCE_EXHAUSTED when the pool cannot hold the pages. All or nothing: on error
+  // `into` and its reservation are unchanged. Backends without it (BackendCapabilities::
+  // export_import false) keep this default.
+  virtual absl::Status ImportSequenceInto(const SequenceExport& exported, SequenceId into) {
     (void)exported;
+    (void)into;
     return UnservedOperation(LayerOperation::kExportImport);
   }
 
@@ -108,8 +116,17 @@ class AttentionLayer {
   // earlier reservations; 0 tokens gives one back, as ReleaseSequence does. All or nothing:
   // NOT_FOUND for an unknown id, INVALID_ARGUMENT for a repeated one or a negative count,
   // RESOURCE_EXHAUSTED (naming the bytes, as for "this Forward") when the budget cannot hold them.
-  virtual absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
-                                 absl::Span<const int64_t> num_tokens) = 0;
+  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
+                         absl::Span<const int64_t> num_tokens) {
+    return ReserveKvFor(sequences, num_tokens, "this Forward");
+  }
+  // Moving a request in: `sequence` (from CreateSequence, no tokens yet) reserves what
+  // `num_tokens` imported tokens will hold, as ReserveKv does (RESOURCE_EXHAUSTED naming "this
+  // import"), while the pages are on their way; ImportSequenceInto then draws on it, and
+  // ReleaseSequence gives it back when the import does not happen.
+  absl::Status ReserveImport(SequenceId sequence, int64_t num_tokens) {
+    return ReserveKvFor({&sequence, 1}, {&num_tokens, 1}, "this import");
+  }
   // Bytes of the weights as the layer holds them, in its compute dtype on its device (the CPU
   // keeps fp32, or bf16 projection weights under CpuBackendOptions::projection_weights; the CUDA
   // backend keeps 16-bit projection weights for f16/bf16 layers).
@@ -125,6 +142,10 @@ class AttentionLayer {
   virtual absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
                                                const Tensor& hidden,
                                                absl::Span<const int64_t> positions) = 0;
+  // ReserveKv and ReserveImport: `what` names the charge in a refusal ("this Forward").
+  virtual absl::Status ReserveKvFor(absl::Span<const SequenceId> sequences,
+                                    absl::Span<const int64_t> num_tokens,
+                                    absl::string_view what) = 0;
 };
 
 // OK when every element of a call's output is finite. Otherwise INVALID_ARGUMENT: the inputs

@@ -343,7 +343,7 @@ absl::Status RunServer(const ServerOptions& options) {
   // Bounds what gRPC holds for every connection and call together, the messages being received
   // included: without it, callers that send most of a large message and go quiet grow the process
   // without limit (issue 21). Callers are authenticated before their request is read
-  // (server/rpc/streamed_unary_call.h), so this is spent on authenticated calls and on
+  // (StreamedUnaryCall, server/rpc/wire_call.h), so this is spent on authenticated calls and on
   // connections' own buffers. Past it gRPC resets streams (its destructive reclaimer), of the
   // connection it picks, not necessarily the one holding the most (AuthBeforeBodyTest).
   const int64_t inflight_bytes = InflightMessageBytes(options.limits);

@@ -62,11 +62,11 @@ absl::StatusOr<SequenceExport> CpuLayer::ExportSequence(SequenceId sequence) con
   });
 }
 
-absl::StatusOr<SequenceId> CpuLayer::ImportSequence(const SequenceExport& exported) {
+absl::Status CpuLayer::ImportSequenceInto(const SequenceExport& exported, SequenceId into) {
   absl::MutexLock lock(&mu_);
   const size_t page_bytes = static_cast<size_t>(store_.page_bytes());
   return sequences_.Import(
-      exported, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
+      exported, into, [this](absl::Span<const int32_t> pages) { return store_.Commit(pages); },
       [this, page_bytes](absl::Span<const int32_t> pages, const char* src) {
         for (size_t i = 0; i < pages.size(); ++i) {
           std::memcpy(store_.page(pages[i]), src + i * page_bytes, page_bytes);
@@ -90,10 +90,10 @@ int64_t CpuLayer::KvBytesAtLength(int64_t num_tokens) const {
   return sequences_.HeldBytesAtLength(num_tokens);
 }
 
-absl::Status CpuLayer::ReserveKv(absl::Span<const SequenceId> sequences,
-                                 absl::Span<const int64_t> num_tokens) {
+absl::Status CpuLayer::ReserveKvFor(absl::Span<const SequenceId> sequences,
+                                    absl::Span<const int64_t> num_tokens, absl::string_view what) {
   absl::MutexLock lock(&mu_);
-  return sequences_.ReserveAhead(sequences, num_tokens);
+  return sequences_.ReserveAhead(sequences, num_tokens, what);
 }
 
 int64_t CpuLayer::ParameterBytes() const {

@@ -41,12 +41,10 @@ class CpuLayer : public AttentionLayer {
   absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const final;
   absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) final;
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const final;
-  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) final;
+  absl::Status ImportSequenceInto(const SequenceExport& exported, SequenceId into) final;
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
-  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
-                         absl::Span<const int64_t> num_tokens) final;
   // Every parameter of the spec, converted once to fp32 at creation (a layer keeping some in
   // another dtype overrides this).
   int64_t ParameterBytes() const override;
@@ -58,6 +56,8 @@ class CpuLayer : public AttentionLayer {
   absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
                                        const Tensor& hidden,
                                        absl::Span<const int64_t> positions) final;
+  absl::Status ReserveKvFor(absl::Span<const SequenceId> sequences,
+                            absl::Span<const int64_t> num_tokens, absl::string_view what) final;
 
   // Prefill: each sequence gets `num_new` rows (>= 1). Decode: exactly one row per sequence.
   virtual void RunPrefill(const CpuBatch& batch) = 0;

@@ -91,7 +91,7 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
   const int page_size = p.layout.page_size;
   // Many query rows on large float pages (absorbed MLA): a page's rows are already a strided
   // matrix, so sgemm's register tiling beats the vector loops; blocks are then single pages.
-  // With AVX-512 the group tiles (group_tiles_avx512.h) serve them instead: measured on absorbed
+  // With AVX-512 the group tiles (simd_kernels.cc) serve them instead: measured on absorbed
   // MLA f32 (8 heads, 64-token pages), 13.6-16.0 ms against sgemm's 15.6-16.2 per step.
   const bool use_gemm = std::is_same_v<Element, float> && rows >= kMinRowsForGemm &&
                         page_size >= kMinKeysForGemm && !SimdKernelsUseAvx512();

@@ -19,7 +19,7 @@
 //   GroupAccumulate   acc[g] += sum_s P[g][s] v_s, the accumulator held in registers over the run:
 //                     2 rows x 32 columns for a group (each value chunk loaded once per row pair),
 //                     1 row x 64 columns otherwise.
-//   Both take the AVX-512 tiles of group_tiles_avx512.h (8 rows x 2 keys and 8 rows x 48 columns
+//   Both take AVX-512 tiles instead (simd_kernels.cc: 8 rows x 2 keys and 8 rows x 48 columns
 //   for groups of 8 or more rows, then 4 rows x 4 keys and 4 rows x 64 columns) when
 //   SimdKernelsUseAvx512() and the dimension is a multiple of 16.
 #ifndef ATTNSERVE_KERNELS_CPU_SIMD_KERNELS_H_

@@ -36,7 +36,7 @@ absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes,
                                     int64_t page_size, absl::string_view what) {
   // The budget that refused: a named quota inside the pool (a tenant's), or the pool itself.
   const KvMemoryBudget* full = budget.Refuser(bytes);
-  if (full == nullptr) full = &budget.Limiting();  // Freed concurrently since.
+  if (full == nullptr) full = &budget;  // Freed concurrently since.
   return absl::ResourceExhaustedError(absl::StrCat(
       "KV memory budget exhausted: ", what, " needs ", bytes, " bytes (", pages, " pages of ",
       page_size, " tokens), ", full->capacity_bytes() - full->used_bytes(), " of ",
@@ -56,6 +56,53 @@ std::vector<int64_t> ResolvePositions(absl::Span<const BatchSequence> batch,
   return resolved;
 }
 
+absl::Status KvReservations::Set(absl::Span<const SequenceId> ids, absl::Span<const int64_t> bytes,
+                                 KvMemoryBudget* budget, RefusedFn refused) {
+  int64_t delta = 0;  // Bytes to charge (> 0) or release (< 0) in all.
+  for (size_t i = 0; i < ids.size(); ++i) delta += std::max<int64_t>(0, bytes[i]) - Held(ids[i]);
+  if (budget != nullptr && delta > 0 && !budget->TryCharge(delta)) return refused(*budget, delta);
+  if (budget != nullptr && delta < 0) budget->Release(-delta);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (bytes[i] > 0) {
+      held_[ids[i]] = bytes[i];
+    } else {
+      held_.erase(ids[i]);
+    }
+  }
+  total_ += delta;
+  return absl::OkStatus();
+}
+
+int64_t KvReservations::Held(SequenceId sequence) const {
+  auto it = held_.find(sequence);
+  return it == held_.end() ? 0 : it->second;
+}
+
+int64_t KvReservations::Draw(SequenceId sequence, int64_t bytes) {
+  auto it = held_.find(sequence);
+  if (it == held_.end() || bytes <= 0) return 0;
+  const int64_t taken = std::min(bytes, it->second);
+  it->second -= taken;
+  total_ -= taken;
+  if (it->second == 0) held_.erase(it);
+  return taken;
+}
+
+void KvReservations::Restore(SequenceId sequence, int64_t bytes) {
+  if (bytes <= 0) return;
+  held_[sequence] += bytes;
+  total_ += bytes;
+}
+
+int64_t KvReservations::Release(SequenceId sequence) {
+  auto it = held_.find(sequence);
+  if (it == held_.end()) return 0;
+  const int64_t bytes = it->second;
+  held_.erase(it);
+  total_ -= bytes;
+  return bytes;
+}
+
 KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_pages,
                                  std::shared_ptr<KvMemoryBudget> budget, bool causal,
                                  int sliding_window)
@@ -68,7 +115,7 @@ KvSequenceTable::KvSequenceTable(int page_size, int64_t page_bytes, int64_t max_
 
 KvSequenceTable::~KvSequenceTable() {
   // Sessions end by destroying their layer: give everything still held back to the shared budget.
-  if (budget_ != nullptr) budget_->Release(allocator_.used() * page_bytes_ + ahead_total_);
+  if (budget_ != nullptr) budget_->Release(allocator_.used() * page_bytes_ + ahead_.total());
 }
 
 SequenceId KvSequenceTable::Create() {
@@ -88,19 +135,16 @@ absl::Status KvSequenceTable::Release(SequenceId sequence) {
   }
   FreePages(held);
   sequences_.erase(it);
-  if (auto ahead = ahead_.find(sequence); ahead != ahead_.end()) {
-    if (budget_ != nullptr) budget_->Release(ahead->second);
-    ahead_total_ -= ahead->second;
-    ahead_.erase(ahead);
-  }
+  const int64_t reserved = ahead_.Release(sequence);
+  if (budget_ != nullptr && reserved > 0) budget_->Release(reserved);
   return absl::OkStatus();
 }
 
 absl::Status KvSequenceTable::ReserveAhead(absl::Span<const SequenceId> ids,
-                                           absl::Span<const int64_t> num_tokens) {
+                                           absl::Span<const int64_t> num_tokens,
+                                           absl::string_view what) {
   absl::flat_hash_set<SequenceId> seen;
   std::vector<int64_t> wanted(ids.size(), 0);
-  int64_t delta = 0;  // Bytes to charge (> 0) or release (< 0) in all.
   int64_t pages = 0;  // The new reservations' pages, for the message.
   for (size_t i = 0; i < ids.size(); ++i) {
     auto it = sequences_.find(ids[i]);
@@ -119,28 +163,13 @@ absl::Status KvSequenceTable::ReserveAhead(absl::Span<const SequenceId> ids,
     wanted[i] =
         std::max<int64_t>(0, HeldBytesAtLength(length + num_tokens[i]) - HeldBytesAtLength(length));
     pages += wanted[i] / page_bytes_;
-    auto held = ahead_.find(ids[i]);
-    delta += wanted[i] - (held == ahead_.end() ? 0 : held->second);
   }
-  if (budget_ != nullptr && delta > 0 && !budget_->TryCharge(delta)) {
-    return KvBudgetExhaustedError(*budget_, delta, pages, page_size_, "this Forward");
-  }
-  if (budget_ != nullptr && delta < 0) budget_->Release(-delta);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (wanted[i] > 0) {
-      ahead_[ids[i]] = wanted[i];
-    } else {
-      ahead_.erase(ids[i]);
-    }
-  }
-  ahead_total_ += delta;
-  return absl::OkStatus();
+  return ahead_.Set(ids, wanted, budget_.get(), [&](const KvMemoryBudget& budget, int64_t bytes) {
+    return KvBudgetExhaustedError(budget, bytes, pages, page_size_, what);
+  });
 }
 
-int64_t KvSequenceTable::ReservedAhead(SequenceId sequence) const {
-  auto it = ahead_.find(sequence);
-  return it == ahead_.end() ? 0 : it->second;
-}
+int64_t KvSequenceTable::ReservedAhead(SequenceId sequence) const { return ahead_.Held(sequence); }
 
 absl::StatusOr<int64_t> KvSequenceTable::Length(SequenceId sequence) const {
   auto it = sequences_.find(sequence);
@@ -252,9 +281,17 @@ absl::StatusOr<SequenceExport> KvSequenceTable::Export(SequenceId sequence,
   return exported;
 }
 
-absl::StatusOr<SequenceId> KvSequenceTable::Import(const SequenceExport& exported,
-                                                   const CommitFn& commit,
-                                                   const WritePagesFn& write) {
+absl::Status KvSequenceTable::Import(const SequenceExport& exported, SequenceId into,
+                                     const CommitFn& commit, const WritePagesFn& write) {
+  auto target = sequences_.find(into);
+  if (target == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("sequence ", into, " does not exist"));
+  }
+  if (target->second.num_tokens != 0 || !target->second.pages.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", into, " holds ",
+                                                      target->second.num_tokens,
+                                                      " tokens; an import fills a new sequence"));
+  }
   if (exported.page_bytes != page_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat("page_bytes = ", exported.page_bytes,
                                                    ", this layer's pages have ", page_bytes_));
@@ -285,12 +322,20 @@ absl::StatusOr<SequenceId> KvSequenceTable::Import(const SequenceExport& exporte
   }
   const int64_t held = num_pages - first_held_page;
   const int64_t bytes = held * page_bytes_;
-  if (budget_ != nullptr && !budget_->TryCharge(bytes)) {
-    return KvBudgetExhaustedError(*budget_, bytes, held, page_size_, "this import");
+  // The reservation is charged already: the pages draw on it first.
+  const int64_t drawn = std::min(ahead_.Held(into), bytes);
+  const int64_t charged = bytes - drawn;
+  if (budget_ != nullptr && charged > 0 && !budget_->TryCharge(charged)) {
+    return KvBudgetExhaustedError(*budget_, charged, charged / page_bytes_, page_size_,
+                                  "this import");
   }
+  // Undoes the charge; the reservation was not drawn yet.
+  const auto uncharge = [&] {
+    if (budget_ != nullptr && charged > 0) budget_->Release(charged);
+  };
   absl::StatusOr<std::vector<int32_t>> pages = allocator_.Allocate(held);
   if (!pages.ok()) {
-    if (budget_ != nullptr) budget_->Release(bytes);
+    uncharge();
     return absl::ResourceExhaustedError(
         absl::StrCat("KV cache pool exhausted: this import needs ", held, " pages of ", page_size_,
                      " tokens (", bytes, " bytes), ", allocator_.free(), " of ",
@@ -298,23 +343,27 @@ absl::StatusOr<SequenceId> KvSequenceTable::Import(const SequenceExport& exporte
   }
   if (absl::Status s = commit(*pages); !s.ok()) {
     allocator_.Free(*pages);
-    if (budget_ != nullptr) budget_->Release(bytes);
+    uncharge();
     return s;
   }
   if (!pages->empty()) {
     if (absl::Status s = write(*pages, exported.pages.data()); !s.ok()) {
-      ReturnNewPages(*pages);
+      allocator_.Free(*pages);
+      uncharge();
       return s;
     }
   }
-  PageTable table;
+  ahead_.Draw(into, drawn);
+  // The import is the reservation's one use: what it held beyond the pages goes back.
+  if (const int64_t left = ahead_.Release(into); budget_ != nullptr && left > 0) {
+    budget_->Release(left);
+  }
+  PageTable& table = target->second;
   table.num_tokens = num_tokens;
   table.pages.assign(static_cast<size_t>(first_held_page), kEvictedPage);
   table.pages.insert(table.pages.end(), pages->begin(), pages->end());
   EvictOutsideWindow(table);
-  const SequenceId id = next_id_++;
-  sequences_.emplace(id, std::move(table));
-  return id;
+  return absl::OkStatus();
 }
 
 void KvSequenceTable::ReturnNewPages(absl::Span<const int32_t> pages) {
@@ -390,7 +439,7 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
     batch.clear();
     return s;
   }
-  for (const BatchSequence& seq : batch) DrawAhead(seq.sequence, seq.ahead_used);
+  for (const BatchSequence& seq : batch) ahead_.Draw(seq.sequence, seq.ahead_used);
   auto next_page = pages->begin();
   for (BatchSequence& seq : batch) {
     seq.table->num_tokens += seq.num_new;
@@ -400,14 +449,6 @@ absl::Status KvSequenceTable::Reserve(absl::Span<const SequenceId> ids,
     }
   }
   return absl::OkStatus();
-}
-
-void KvSequenceTable::DrawAhead(SequenceId sequence, int64_t bytes) {
-  if (bytes <= 0) return;
-  auto it = ahead_.find(sequence);
-  it->second -= bytes;
-  ahead_total_ -= bytes;
-  if (it->second == 0) ahead_.erase(it);
 }
 
 void KvSequenceTable::Rollback(absl::Span<const BatchSequence> batch) {
@@ -420,10 +461,7 @@ void KvSequenceTable::Rollback(absl::Span<const BatchSequence> batch) {
     allocator_.Free(added);
     const int64_t bytes = static_cast<int64_t>(added.size()) * page_bytes_;
     if (budget_ != nullptr && bytes > seq.ahead_used) budget_->Release(bytes - seq.ahead_used);
-    if (seq.ahead_used > 0) {
-      ahead_[seq.sequence] += seq.ahead_used;
-      ahead_total_ += seq.ahead_used;
-    }
+    ahead_.Restore(seq.sequence, seq.ahead_used);
     table.pages.resize(static_cast<size_t>(seq.pages_before));
     table.num_tokens = seq.first_index;
   }

@@ -21,6 +21,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -117,13 +118,8 @@ class PageAllocator {
 // A budget may have a parent (a tenant's quota inside the device pool): a charge then succeeds
 // only when both have room, and is made to both or to neither; a release credits both.
 //
-// An account (KvMemoryBudget::Account) is a budget with no limit of its own that counts one
-// owner's charges inside its parent: the server gives every session's layer one. Bytes its owner
-// reserved ahead (TryReserve) can be handed to the owner's next charges (Prepay): they draw on that
-// credit instead of being released and charged again, so a reservation turns into the layer's
-// charge without a moment in which another session could take the bytes. (An import reserves so,
-// before its sequence exists; a sequence's own growth is reserved in the ledger instead,
-// KvSequenceTable::ReserveAhead, on any budget.)
+// Bytes held ahead of their pages (a chunked Forward's, an import's) are a reservation in the
+// ledger of the layer that will hold the pages (KvReservations, below), charged here once.
 class KvMemoryBudget {
  public:
   explicit KvMemoryBudget(int64_t capacity_bytes) : capacity_(capacity_bytes) {}
@@ -132,25 +128,9 @@ class KvMemoryBudget {
   KvMemoryBudget(int64_t capacity_bytes, std::shared_ptr<KvMemoryBudget> parent, std::string name)
       : capacity_(capacity_bytes), parent_(std::move(parent)), name_(std::move(name)) {}
 
-  // An account inside `parent` (not null): no limit of its own, the parent's name.
-  static std::shared_ptr<KvMemoryBudget> Account(std::shared_ptr<KvMemoryBudget> parent) {
-    std::shared_ptr<KvMemoryBudget> account(new KvMemoryBudget(kUnlimited, parent, parent->name()));
-    account->limited_ = false;
-    return account;
-  }
-  bool is_account() const { return !limited_; }
-
   // Charges `bytes` if they fit here and in every ancestor; false (and nothing charged anywhere)
-  // otherwise. Draws on the credit (Prepay) first: credited bytes are charged already. Thread-safe.
+  // otherwise. Thread-safe.
   bool TryCharge(int64_t bytes) {
-    const int64_t credited = DrawCredit(bytes);
-    if (credited == bytes || TryReserve(bytes - credited)) return true;
-    if (credited > 0) credit_.fetch_add(credited, std::memory_order_relaxed);
-    return false;
-  }
-  // TryCharge that never draws on the credit: a reservation made ahead of the owner's charges
-  // (they may be handed the bytes with Prepay, or the bytes are given back with Release).
-  bool TryReserve(int64_t bytes) {
     if (!TryChargeOwn(bytes)) return false;
     if (parent_ != nullptr && !parent_->TryCharge(bytes)) {
       used_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -158,11 +138,6 @@ class KvMemoryBudget {
     }
     return true;
   }
-  // Hands `bytes` reserved here (TryReserve) to the next charges here. Only on an account, whose
-  // one owner charges it one call at a time: Prepay, the owner's call, then TakeCredit.
-  void Prepay(int64_t bytes) { credit_.fetch_add(bytes, std::memory_order_relaxed); }
-  // The credit the charges since Prepay left; still charged (release it, or keep it reserved).
-  int64_t TakeCredit() { return credit_.exchange(0, std::memory_order_relaxed); }
   void Release(int64_t bytes) {
     used_.fetch_sub(bytes, std::memory_order_relaxed);
     if (parent_ != nullptr) parent_->Release(bytes);
@@ -181,32 +156,12 @@ class KvMemoryBudget {
   // The budget (this or an ancestor) that a charge of `bytes` would not fit now, nullptr if it
   // would fit; for error messages after TryCharge failed (the nearest one is named first).
   const KvMemoryBudget* Refuser(int64_t bytes) const {
-    if (limited_ && used_bytes() + bytes > capacity_) return this;
+    if (used_bytes() + bytes > capacity_) return this;
     return parent_ == nullptr ? nullptr : parent_->Refuser(bytes);
-  }
-  // This budget, or for an account the nearest ancestor with a limit: the one to name.
-  const KvMemoryBudget& Limiting() const {
-    return limited_ || parent_ == nullptr ? *this : parent_->Limiting();
   }
 
  private:
-  static constexpr int64_t kUnlimited = int64_t{1} << 62;
-
-  // Takes up to `bytes` of the credit; returns how much.
-  int64_t DrawCredit(int64_t bytes) {
-    int64_t credit = credit_.load(std::memory_order_relaxed);
-    int64_t take = 0;
-    do {
-      take = std::min(credit, bytes);
-      if (take <= 0) return 0;
-    } while (!credit_.compare_exchange_weak(credit, credit - take, std::memory_order_relaxed));
-    return take;
-  }
   bool TryChargeOwn(int64_t bytes) {
-    if (!limited_) {
-      used_.fetch_add(bytes, std::memory_order_relaxed);
-      return true;
-    }
     int64_t used = used_.load(std::memory_order_relaxed);
     do {
       if (used + bytes > capacity_) return false;
@@ -217,9 +172,7 @@ class KvMemoryBudget {
   const int64_t capacity_;
   const std::shared_ptr<KvMemoryBudget> parent_;
   const std::string name_;
-  bool limited_ = true;
   std::atomic<int64_t> used_{0};
-  std::atomic<int64_t> credit_{0};  // Reserved bytes handed to the next charges (Prepay).
 };
 
 // RESOURCE_EXHAUSTED for a charge of `bytes` (`pages` pages of `page_size` tokens) that
@@ -227,6 +180,51 @@ class KvMemoryBudget {
 // refused it, a named tenant quota or the device pool itself.
 absl::Status KvBudgetExhaustedError(const KvMemoryBudget& budget, int64_t bytes, int64_t pages,
                                     int64_t page_size, absl::string_view what);
+
+// Bytes charged to a KV byte budget ahead of sequences' growth, by sequence, drawn on as their
+// pages are taken: the ledger below (KvSequenceTable::ReserveAhead) and a stack of layers
+// (LayerStack::ReserveKv) hold a chunked Forward's bytes so (AttentionLayer::ReserveKv), and an
+// import its sequence's, so the pages the chunks take are paid for by the reservation instead of
+// being charged again, and no other charger on the budget can take the bytes in between. One type
+// for every owner (they kept near-copies of this bookkeeping before); here, beside the budget,
+// because a reservation is bytes of that budget counted ahead of their pages.
+//
+// Charges the budget only when a reservation is set. A draw moves bytes from a reservation to the
+// pages its owner holds (still charged, now as pages); what Release forgets is still charged, and
+// its owner gives it back (or counts on it, as LayerStack's Settle does). Not thread-safe: its
+// owner's lock guards it.
+class KvReservations {
+ public:
+  // Makes the error for a growth of `bytes` that `budget` refused.
+  using RefusedFn = absl::FunctionRef<absl::Status(const KvMemoryBudget& budget, int64_t bytes)>;
+
+  // Sets each ids[i]'s reservation to bytes[i] (0 or less: none) and settles the difference from
+  // what they hold now with `budget` (none when null) in one step: a growth is charged all or
+  // nothing (TryCharge), a shrink released. The ids must be distinct (the owners check them, with
+  // their own messages). When the budget refuses, nothing changed and the result is
+  // refused(budget, growth).
+  absl::Status Set(absl::Span<const SequenceId> ids, absl::Span<const int64_t> bytes,
+                   KvMemoryBudget* budget, RefusedFn refused);
+
+  // Bytes reserved for `sequence` now (0 for none or an unknown id).
+  int64_t Held(SequenceId sequence) const;
+  // Takes up to `bytes` off `sequence`'s reservation (they now pay for pages it holds) and returns
+  // what it took: never more than is held, 0 for none.
+  int64_t Draw(SequenceId sequence, int64_t bytes);
+  // Puts `bytes` drawn from `sequence`'s reservation back, still charged (the pages they paid for
+  // were given back unused: a failed call's rollback).
+  void Restore(SequenceId sequence, int64_t bytes);
+  // Forgets `sequence`'s reservation and returns its bytes, still charged: the owner gives them
+  // back. 0 for none or an unknown id.
+  int64_t Release(SequenceId sequence);
+
+  // Bytes reserved over all sequences (charged to the budget besides the pages held).
+  int64_t total() const { return total_; }
+
+ private:
+  absl::flat_hash_map<SequenceId, int64_t> held_;  // Absent: none.
+  int64_t total_ = 0;
+};
 
 // One sequence's share of a batch, after validation and page reservation.
 struct BatchSequence {
@@ -287,9 +285,11 @@ class KvSequenceTable {
   // here, once: later Reserve calls on the sequence draw on them instead of charging again, so no
   // other charger on the budget can take them in between. The difference from the reservations
   // held now is charged (or released) in one step, all or nothing: NOT_FOUND for an unknown id,
-  // INVALID_ARGUMENT for a repeated id or num_tokens < 0, RESOURCE_EXHAUSTED ("this Forward") when
-  // the budget cannot hold it. Release gives a sequence's reservation back with its pages.
-  absl::Status ReserveAhead(absl::Span<const SequenceId> ids, absl::Span<const int64_t> num_tokens);
+  // INVALID_ARGUMENT for a repeated id or num_tokens < 0, RESOURCE_EXHAUSTED (naming `what`, as
+  // "this Forward") when the budget cannot hold it. Release gives a sequence's reservation back
+  // with its pages.
+  absl::Status ReserveAhead(absl::Span<const SequenceId> ids, absl::Span<const int64_t> num_tokens,
+                            absl::string_view what);
   // Bytes still reserved ahead for `sequence` (0 for none or an unknown id).
   int64_t ReservedAhead(SequenceId sequence) const;
   // AttentionLayer::ForkSequence: `count` new sequences sharing `source`'s full pages (each gains
@@ -304,12 +304,16 @@ class KvSequenceTable {
   // (the pages verbatim, kernels/kv/page_layout.h), so CPU and CUDA layers of one spec, storage
   // format and page size exchange sequences.
   absl::StatusOr<SequenceExport> Export(SequenceId sequence, const ReadPagesFn& read) const;
-  // AttentionLayer::ImportSequence: checks `exported` against this table (page_bytes, the byte
-  // count, first_held_page against the eviction rule), then makes a new sequence whose first
-  // `first_held_page` pages are evicted and whose other pages are new, backed by `commit` and
-  // filled by `write`; budget, allocator, commit and write are all or nothing.
-  absl::StatusOr<SequenceId> Import(const SequenceExport& exported, const CommitFn& commit,
-                                    const WritePagesFn& write);
+  // AttentionLayer::ImportSequenceInto: checks `exported` against this table (page_bytes, the
+  // byte count, first_held_page against the eviction rule) and `into` (known, no tokens yet), then
+  // gives `into` the exported tokens: its first `first_held_page` pages evicted, its other pages
+  // new, backed by `commit` and filled by `write`. The pages draw on `into`'s reservation
+  // (ReserveAhead, as AttentionLayer::ReserveImport makes it) first and charge the budget for the
+  // rest; what the reservation holds beyond them is given back, so an imported sequence holds no
+  // reservation. Budget, allocator, commit and write are all or nothing: on error `into` and its
+  // reservation are unchanged.
+  absl::Status Import(const SequenceExport& exported, SequenceId into, const CommitFn& commit,
+                      const WritePagesFn& write);
   // Undoes a successful Reserve (when the compute after it failed): num_tokens and the page lists
   // return to what they were and the new pages go back to the pool and the budget (what they drew
   // on a reservation goes back to the reservation).
@@ -329,13 +333,11 @@ class KvSequenceTable {
   int64_t page_bytes() const { return page_bytes_; }
 
  private:
-  // Takes `bytes` off `sequence`'s reservation (they now pay for pages it holds).
-  void DrawAhead(SequenceId sequence, int64_t bytes);
   // Drops one reference to each page; a page goes back to the allocator and the budget when its
   // last holder lets it go.
   void FreePages(absl::Span<const int32_t> pages);
-  // Gives pages just taken for a fork or an import (held by nobody else) back to the allocator
-  // and the budget, when filling them failed.
+  // Gives pages just taken for a fork (held by nobody else) back to the allocator and the budget,
+  // when filling them failed.
   void ReturnNewPages(absl::Span<const int32_t> pages);
   // The eviction rule: how many leading pages of a sequence of `num_tokens` tokens no future
   // query can see (0 without a causal sliding window).
@@ -350,10 +352,9 @@ class KvSequenceTable {
   absl::node_hash_map<SequenceId, PageTable> sequences_;
   // References beyond the first, for pages that forks share (absent = one holder).
   absl::flat_hash_map<int32_t, int32_t> extra_references_;
-  // Bytes charged to the budget ahead of a sequence's growth (ReserveAhead), by sequence; absent
-  // = none. Counted in the budget besides the held pages.
-  absl::flat_hash_map<SequenceId, int64_t> ahead_;
-  int64_t ahead_total_ = 0;
+  // Bytes charged to the budget ahead of a sequence's growth (ReserveAhead). Counted in the budget
+  // besides the held pages.
+  KvReservations ahead_;
   SequenceId next_id_ = 1;
 };
 

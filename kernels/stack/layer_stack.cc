@@ -130,15 +130,10 @@ int64_t LayerStack::UsedBytes() const {
   for (size_t k = 0; k < layers_.size(); ++k) {
     bytes += reserved_pages_[k] * layers_[k]->PoolUsage().page_bytes;
   }
-  return bytes + ahead_total_;
+  return bytes + ahead_.total();
 }
 
-void LayerStack::DropAhead(SequenceId sequence) {
-  if (auto ahead = ahead_.find(sequence); ahead != ahead_.end()) {
-    ahead_total_ -= ahead->second;
-    ahead_.erase(ahead);
-  }
-}
+void LayerStack::DropAhead(SequenceId sequence) { ahead_.Release(sequence); }
 
 void LayerStack::EndStep(SequenceId sequence) {
   auto it = steps_.find(sequence);
@@ -280,7 +275,16 @@ absl::StatusOr<SequenceExport> LayerStack::ExportSequence(SequenceId sequence) c
   return stack;
 }
 
-absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& exported) {
+absl::Status LayerStack::ImportSequenceInto(const SequenceExport& exported, SequenceId into) {
+  absl::StatusOr<const std::vector<SequenceId>*> found = Find(into);
+  if (!found.ok()) return found.status();
+  std::vector<SequenceId> ids = **found;  // Per layer; a failed layer's are replaced below.
+  for (size_t k = 0; k < layers_.size(); ++k) {
+    if (layers_[k]->SequenceLength(ids[k]).value_or(0) != 0 || steps_.contains(into)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", into, " holds tokens; an import fills a new sequence"));
+    }
+  }
   // Every layer is checked before any imports: a refusal changes nothing.
   if (exported.layers.size() != layers_.size()) {
     return absl::InvalidArgumentError(
@@ -320,17 +324,19 @@ absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& expo
                                                    " bytes, the layers' held_pages sum to ",
                                                    held_pages, " pages of ", page_bytes, " bytes"));
   }
-  // Charged once for every layer, as a step is at layer 0.
-  const int64_t bytes = held_pages * page_bytes;
+  // Charged once for every layer, as a step is at layer 0; the reservation (ReserveImport) is
+  // charged already, and the pages draw on it first.
+  const int64_t drawn = std::min(ahead_.Held(into), held_pages * page_bytes);
+  const int64_t bytes = held_pages * page_bytes - drawn;
   KvMemoryBudget* budget = kv_config_.budget.get();
   if (budget != nullptr && bytes > 0) {
     if (!budget->TryCharge(bytes)) {
-      return KvBudgetExhaustedError(*budget, bytes, held_pages, layers_[0]->PoolUsage().page_size,
+      return KvBudgetExhaustedError(*budget, bytes, bytes / page_bytes,
+                                    layers_[0]->PoolUsage().page_size,
                                     absl::StrCat("this import (", layers_.size(), " layers)"));
     }
     charged_ += bytes;
   }
-  std::vector<SequenceId> ids;
   size_t offset = 0;
   for (size_t k = 0; k < layers_.size(); ++k) {
     const LayerExtent& part = exported.layers[k];
@@ -341,20 +347,23 @@ absl::StatusOr<SequenceId> LayerStack::ImportSequence(const SequenceExport& expo
     const size_t n = static_cast<size_t>(part.held_pages * page_bytes);
     layer_part.pages = exported.pages.substr(offset, n);
     offset += n;
-    absl::StatusOr<SequenceId> id = layers_[k]->ImportSequence(layer_part);
-    if (!id.ok()) {
-      // Undone: the layers before k release what they took, and Settle returns the charge.
-      for (size_t j = 0; j < ids.size(); ++j) layers_[j]->ReleaseSequence(ids[j]).IgnoreError();
+    if (absl::Status s = layers_[k]->ImportSequenceInto(layer_part, ids[k]); !s.ok()) {
+      // Undone: the layers before k give back what they took (their sequences empty again, under
+      // new ids), Settle returns the charge, and the reservation stands undrawn.
+      for (size_t j = 0; j < k; ++j) {
+        layers_[j]->ReleaseSequence(ids[j]).IgnoreError();
+        ids[j] = layers_[j]->CreateSequence();
+      }
+      sequences_[into] = std::move(ids);
       Settle();
-      return absl::Status(id.status().code(),
-                          absl::StrCat("layers[", k, "]: ", id.status().message()));
+      return absl::Status(s.code(), absl::StrCat("layers[", k, "]: ", s.message()));
     }
-    ids.push_back(*id);
   }
-  const SequenceId id = next_id_++;
-  sequences_.emplace(id, std::move(ids));
+  // The import is the reservation's one use: Settle gives back what it held beyond the pages.
+  ahead_.Draw(into, drawn);
+  ahead_.Release(into);
   Settle();
-  return id;
+  return absl::OkStatus();
 }
 
 absl::Status LayerStack::FailAfterAppend(absl::string_view what, int layer, absl::string_view unit,
@@ -426,8 +435,7 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
   std::vector<int64_t> drawn(ids.size(), 0);
   int64_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    auto ahead = ahead_.find(ids[i]);
-    if (ahead != ahead_.end()) drawn[i] = std::min(ahead->second, seq_bytes[i]);
+    drawn[i] = std::min(ahead_.Held(ids[i]), seq_bytes[i]);
     bytes += seq_bytes[i] - drawn[i];
   }
   KvMemoryBudget* budget = kv_config_.budget.get();
@@ -440,17 +448,7 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
     }
     charged_ += bytes;
   }
-  // Moves `sign` x drawn[i] from the reservations (1: drawn for the batch's pages; -1: back).
-  const auto move_drawn = [&](int64_t sign) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (drawn[i] == 0) continue;
-      int64_t& ahead = ahead_[ids[i]];
-      ahead -= sign * drawn[i];
-      ahead_total_ -= sign * drawn[i];
-      if (ahead == 0) ahead_.erase(ids[i]);
-    }
-  };
-  move_drawn(1);
+  for (size_t i = 0; i < ids.size(); ++i) ahead_.Draw(ids[i], drawn[i]);
 
   // The residual stream in f32; layer k reads h and its output is added to h.
   Tensor h = hidden.CastTo(DType::kF32);
@@ -462,7 +460,8 @@ absl::StatusOr<Tensor> LayerStack::Run(absl::Span<const SequenceId> ids,
       if (k > 0) {
         return FailAfterAppend("stack layer", static_cast<int>(k), "batch", ids, out.status());
       }
-      move_drawn(-1);  // Nothing changed: the reservations stand as they were.
+      // Nothing changed: the reservations stand as they were.
+      for (size_t i = 0; i < ids.size(); ++i) ahead_.Restore(ids[i], drawn[i]);
       Settle();
       return out.status();
     }
@@ -677,11 +676,11 @@ int64_t LayerStack::KvBytesAtLength(int64_t num_tokens) const {
   return bytes;
 }
 
-absl::Status LayerStack::ReserveKv(absl::Span<const SequenceId> sequences,
-                                   absl::Span<const int64_t> num_tokens) {
+absl::Status LayerStack::ReserveKvFor(absl::Span<const SequenceId> sequences,
+                                      absl::Span<const int64_t> num_tokens,
+                                      absl::string_view what) {
   absl::flat_hash_set<SequenceId> seen;
   std::vector<int64_t> wanted(sequences.size(), 0);
-  int64_t delta = 0;
   for (size_t i = 0; i < sequences.size(); ++i) {
     absl::StatusOr<const std::vector<SequenceId>*> found = Find(sequences[i]);
     if (!found.ok()) return found.status();
@@ -698,27 +697,19 @@ absl::Status LayerStack::ReserveKv(absl::Span<const SequenceId> sequences,
       wanted[i] += std::max<int64_t>(0, layers_[k]->KvBytesAtLength(length + num_tokens[i]) -
                                             layers_[k]->KvBytesAtLength(length));
     }
-    auto held = ahead_.find(sequences[i]);
-    delta += wanted[i] - (held == ahead_.end() ? 0 : held->second);
   }
-  KvMemoryBudget* budget = kv_config_.budget.get();
-  if (budget != nullptr && delta > 0) {
-    if (!budget->TryCharge(delta)) {
-      const KvPoolUsage usage = layers_[0]->PoolUsage();
-      return KvBudgetExhaustedError(*budget, delta, delta / usage.page_bytes, usage.page_size,
-                                    "this Forward");
-    }
-    charged_ += delta;
-  }
-  for (size_t i = 0; i < sequences.size(); ++i) {
-    if (wanted[i] > 0) {
-      ahead_[sequences[i]] = wanted[i];
-    } else {
-      ahead_.erase(sequences[i]);
-    }
-  }
-  ahead_total_ += delta;
-  Settle();  // A smaller reservation gives the difference back.
+  // The reservations settle their difference with the budget (a smaller one gives it back), which
+  // charged_ follows.
+  const int64_t before = ahead_.total();
+  absl::Status set = ahead_.Set(
+      sequences, wanted, kv_config_.budget.get(), [&](const KvMemoryBudget& budget, int64_t bytes) {
+        const KvPoolUsage usage = layers_[0]->PoolUsage();
+        return KvBudgetExhaustedError(budget, bytes, bytes / usage.page_bytes, usage.page_size,
+                                      what);
+      });
+  if (!set.ok()) return set;
+  charged_ += ahead_.total() - before;
+  Settle();
   return absl::OkStatus();
 }
 

@@ -29,8 +29,9 @@
 // Moving a sequence (ExportSequence / ImportSequence): the export holds every layer's held pages
 // in layer order with one LayerExtent each (SequenceExport::layers). A sequence mid-step is
 // refused FAILED_PRECONDITION naming the layer that runs next. An import checks every layer (its
-// extent, its pool) and charges the budget once for all of them before any layer imports; a layer
-// that still refuses undoes the layers before it, so an import is all or nothing.
+// extent, its pool) and charges the budget once for all of them (less the sequence's reservation,
+// ReserveImport) before any layer imports; a layer that still refuses undoes the layers before
+// it, so an import is all or nothing.
 // Threading: as AttentionLayer; kv_usage() may be read from any thread.
 #ifndef ATTNSERVE_KERNELS_STACK_LAYER_STACK_H_
 #define ATTNSERVE_KERNELS_STACK_LAYER_STACK_H_
@@ -115,7 +116,7 @@ class LayerStack final : public AttentionLayer {
   absl::StatusOr<int64_t> SequenceLength(SequenceId sequence) const override;
   absl::StatusOr<std::vector<SequenceId>> ForkSequence(SequenceId source, int count) override;
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const override;
-  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) override;
+  absl::Status ImportSequenceInto(const SequenceExport& exported, SequenceId into) override;
 
   // Per-layer mode only (else FAILED_PRECONDITION): layer `layer` alone, as one step of the
   // sequences (see the header). INVALID_ARGUMENT for a layer outside [0, num_layers()).
@@ -131,10 +132,6 @@ class LayerStack final : public AttentionLayer {
   KvPoolUsage PoolUsage() const override;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const override;
   int64_t KvBytesAtLength(int64_t num_tokens) const override;
-  // The stack's own reservation (its layers hold no budget): charged to the stack's budget, kept
-  // per sequence, drawn on by the batch charge of the sequence's later calls.
-  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
-                         absl::Span<const int64_t> num_tokens) override;
   int64_t ParameterBytes() const override;
 
  protected:
@@ -145,6 +142,10 @@ class LayerStack final : public AttentionLayer {
   absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
                                        const Tensor& hidden,
                                        absl::Span<const int64_t> positions) override;
+  // The stack's own reservation (its layers hold no budget): charged to the stack's budget, kept
+  // per sequence, drawn on by the batch charge of the sequence's later calls and by its import.
+  absl::Status ReserveKvFor(absl::Span<const SequenceId> sequences,
+                            absl::Span<const int64_t> num_tokens, absl::string_view what) override;
 
  private:
   // A sequence's step in flight (per-layer mode): the layer it runs next, its rows, and the pages
@@ -203,8 +204,7 @@ class LayerStack final : public AttentionLayer {
   absl::flat_hash_map<SequenceId, std::string> dropped_;                // Why each was dropped.
   absl::flat_hash_map<SequenceId, Step> steps_;  // Per-layer mode: steps in flight.
   std::vector<int64_t> reserved_pages_;          // Per layer: the sum over steps_.
-  absl::flat_hash_map<SequenceId, int64_t> ahead_;  // ReserveKv's bytes by sequence; absent: 0.
-  int64_t ahead_total_ = 0;
+  KvReservations ahead_;  // ReserveKv's bytes by sequence, charged (in charged_).
   SequenceId next_id_ = 1;
 };
 

@@ -26,7 +26,6 @@
 #include "server/rpc/reply_buffer.h"
 #include "server/rpc/session_info_codec.h"
 #include "server/rpc/step_codec.h"
-#include "server/rpc/streamed_unary_call.h"
 #include "server/rpc/wire_call.h"
 #include "server/session/checkpoint_spec.h"
 #include "server/session/layer_fingerprint.h"

@@ -44,9 +44,9 @@ struct StackMethods<First, Rest...> {
 
 // Every method is a raw one: the wire layer (server/rpc/wire_call.h) parses each request itself, so
 // malformed bytes get INVALID_ARGUMENT, and serializes each response. The client-streaming
-// methods (DecodeStream, ImportRequest, ForwardStream) use gRPC's generated mixins; the others are registered in the constructor as streams of
-// one request, so that the caller is authenticated before its request is read
-// (server/rpc/streamed_unary_call.h).
+// methods (DecodeStream, ImportRequest, ForwardStream) use gRPC's generated mixins; the others are
+// registered in the constructor as streams of one request, so that the caller is authenticated
+// before its request is read (StreamedUnaryCall, server/rpc/wire_call.h).
 using RawAttentionService =
     StackMethods<v1::AttentionService::WithRawCallbackMethod_DecodeStream,
                  v1::AttentionService::WithRawCallbackMethod_ImportRequest,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -142,8 +143,8 @@ absl::Status CheckHeldPages(const v1::ExportedRequest& request, const Session& s
 
 // ---- ExportRequest -----------------------------------------------------------------------------
 
-// A server-streaming method served as a bidi stream (server/rpc/streamed_unary_call.h says why):
-// the caller is authenticated from its metadata before its request is read.
+// A server-streaming method served as a bidi stream (StreamedUnaryCall in server/rpc/wire_call.h
+// says why): the caller is authenticated from its metadata before its request is read.
 class ExportReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExportReactor(const TransferContext& context, grpc::CallbackServerContext* call)
@@ -273,6 +274,9 @@ struct ImportWatch {
   absl::Mutex mu;
   class ImportReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   absl::Time last_message ABSL_GUARDED_BY(mu) = absl::Now();
+  // Not reading while the session's queue reserves the header's bytes: the wait is the server's,
+  // not the client's silence, and the reservation's op still holds the reactor.
+  bool paused ABSL_GUARDED_BY(mu) = false;
 };
 
 class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
@@ -336,6 +340,8 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             "the first ImportRequestRequest must carry the header, not page bytes")));
       }
       if (absl::Status s = TakeHeader(message.header()); !s.ok()) return Done(ToGrpc(s));
+      // The next read waits for the layer's reservation of the pages' bytes.
+      return Reserve();
     } else {
       if (!message.has_pages()) {
         return Done(ToGrpc(absl::InvalidArgumentError(
@@ -369,6 +375,10 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     context.timer->Schedule(at, [watch, &context] {
       absl::MutexLock lock(&watch->mu);
       if (watch->reactor == nullptr) return;
+      if (watch->paused) {
+        ScheduleWatch(watch, context, absl::Now() + context.import_idle_timeout);
+        return;
+      }
       const absl::Time due = watch->last_message + context.import_idle_timeout;
       if (absl::Now() < due) {
         ScheduleWatch(watch, context, due);
@@ -378,16 +388,16 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       watch->reactor = nullptr;
       // A read is pending (every message's handling holds `mu`), so OnDone waits for it: the
       // reactor outlives this call.
-      reactor->Done(grpc::Status(
-          grpc::StatusCode::DEADLINE_EXCEEDED,
-          absl::StrCat("ImportRequest: no message for ",
-                       absl::FormatDuration(context.import_idle_timeout),
-                       " (--import_idle_timeout); the import is abandoned and its ",
-                       reactor->reserved_bytes_, " reserved KV pool bytes released")));
+      reactor->Done(
+          grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                       absl::StrCat("ImportRequest: no message for ",
+                                    absl::FormatDuration(context.import_idle_timeout),
+                                    " (--import_idle_timeout); the import is abandoned and its ",
+                                    reactor->expected_bytes_, " reserved KV pool bytes released")));
     });
   }
 
-  // Checks the header against the target session and reserves the pool bytes of its pages.
+  // Checks the header against the target session (its bytes are reserved next, by Reserve).
   absl::Status TakeHeader(const v1::ImportRequestHeader& header) {
     if (absl::Status s = CheckId(header.session_id(), "header.session_id", kMaxSessionIdBytes);
         !s.ok()) {
@@ -419,14 +429,6 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                        "' already exists in session '", (*session)->id(), "'"));
     }
     const int64_t bytes = request.held_pages() * request.page_bytes();
-    KvMemoryBudget* budget = (*session)->kv_budget().get();
-    if (budget != nullptr && bytes > 0) {
-      if (!budget->TryReserve(bytes)) {
-        return KvBudgetExhaustedError(*budget, bytes, request.held_pages(), request.page_size(),
-                                      "this import");
-      }
-      reserved_bytes_ = bytes;
-    }
     session_ = *std::move(session);
     variant_ = session_->variant_label();
     request_id_ = header.request_id();
@@ -443,24 +445,33 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     return absl::OkStatus();
   }
 
+  // The header is taken: the layer reserves its pages' bytes on a new sequence, in its turn on
+  // the session's queue (Session::ReserveImport), and owns them from then on; the pages are read
+  // once it has. Refused, the call ends before a page is read.
+  void Reserve() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_->mu) {
+    watch_->paused = true;
+    const bool queued = session_->scheduler().PostOp({request_id_}, [this] {
+      absl::StatusOr<SequenceId> reserved = session_->ReserveImport(exported_.kv.num_tokens);
+      absl::MutexLock lock(&watch_->mu);
+      watch_->paused = false;
+      watch_->last_message = absl::Now();
+      if (!reserved.ok()) return Done(ToGrpc(reserved.status()));
+      reserved_ = *reserved;
+      StartRead(&wire_);
+    });
+    if (!queued) Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
+  }
+
   // Every byte is here: create the request in its turn on the session's queue.
   void Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_->mu) {
     watch_->reactor = nullptr;  // No longer reading: the idle watch is done with this call.
     const bool queued = session_->scheduler().PostOp({request_id_}, [this] {
       const Clock::time_point start = Clock::now();
-      // Handed from the reservation to the layer, which charges the same bytes for its pages: as
-      // credit on the layer's own account (the bytes stay charged throughout), else released
-      // just before the layer charges them.
-      KvMemoryBudget* budget = session_->kv_budget().get();
-      const bool transfer = budget != nullptr && budget->is_account() && reserved_bytes_ > 0;
-      if (transfer) {
-        budget->Prepay(reserved_bytes_);
-        reserved_bytes_ = 0;
-      } else {
-        ReleaseReservation();
-      }
-      absl::StatusOr<ImportOutcome> imported = session_->ImportRequest(request_id_, exported_);
-      if (transfer) reserved_bytes_ = budget->TakeCredit();  // Released by Done.
+      // The pages go into the reserved sequence and draw on its reservation; the session releases
+      // it when the import fails.
+      const SequenceId reserved = *std::exchange(reserved_, std::nullopt);
+      absl::StatusOr<ImportOutcome> imported =
+          session_->ImportRequest(request_id_, exported_, reserved);
       compute_ns_ =
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
       if (!imported.ok()) return Done(ToGrpc(imported.status()));
@@ -482,9 +493,15 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     if (!queued) Done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down"));
   }
 
+  // An import that ended before its pages went in: the reserved sequence, and with it the
+  // bytes, go back, in their turn on the session's queue (the layer is called there only).
   void ReleaseReservation() {
-    if (reserved_bytes_ > 0) session_->kv_budget()->Release(reserved_bytes_);
-    reserved_bytes_ = 0;
+    if (!reserved_.has_value()) return;
+    const SequenceId reserved = *std::exchange(reserved_, std::nullopt);
+    std::shared_ptr<Session> session = session_;
+    // Not queued only once the server is shutting down: the session's layer goes with it.
+    session->scheduler().PostOp({request_id_},
+                                [session, reserved] { session->AbandonImport(reserved); });
   }
 
   void Done(grpc::Status status) {
@@ -510,7 +527,9 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   std::shared_ptr<Session> session_;  // Set by the header.
   std::string request_id_;
   int64_t expected_bytes_ = 0;
-  int64_t reserved_bytes_ = 0;  // Pool bytes held for the pages while they arrive.
+  // The layer's sequence whose reservation holds the pages' bytes while they arrive
+  // (Session::ReserveImport), until the import fills it or the call ends.
+  std::optional<SequenceId> reserved_;
   RequestExport exported_;      // The header's numbers, and the page bytes as they arrive.
   std::shared_ptr<ImportWatch> watch_;
   bool done_ = false;  // Done ran (under watch_->mu while reading; on the queue after).

@@ -59,7 +59,7 @@ v1::ExportedRequest ExportedRequestHeader(const Session& session, const RequestE
 
 // The reactors of one ExportRequest / ImportRequest call; each deletes itself when done.
 // ExportRequest is served as a bidi stream that reads its one request only once the caller is
-// authenticated (server/rpc/streamed_unary_call.h).
+// authenticated (StreamedUnaryCall, server/rpc/wire_call.h).
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartExportRequest(
     const TransferContext& context, grpc::CallbackServerContext* call);
 grpc::ServerReadReactor<grpc::ByteBuffer>* StartImportRequest(const TransferContext& context,

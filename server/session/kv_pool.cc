@@ -38,11 +38,8 @@ absl::StatusOr<KvCacheConfig> KvPool::ConfigFor(
     }
     config.budget = std::move(tenant_budget);
   }
-  // The layer's own account inside the pool or its tenant's quota: what the session reserves
-  // ahead of an import is handed to the layer's charges there (KvMemoryBudget::Prepay), never
-  // released and charged again. (A chunked Forward's reservation is held by its sequences in the
-  // layer's ledger, AttentionLayer::ReserveKv.)
-  config.budget = KvMemoryBudget::Account(std::move(config.budget));
+  // Bytes held ahead of their pages (a chunked Forward's, an import's) are reserved by the layer's
+  // ledger on this budget (AttentionLayer::ReserveKv / ReserveImport), not by the session.
   return config;
 }
 

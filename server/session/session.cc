@@ -39,7 +39,6 @@ Session::Session(std::string id, std::string label, const LayerSpec& spec, DType
       page_size_(layer->PoolUsage().page_size),
       page_bytes_(layer->PoolUsage().page_bytes),
       kv_storage_(layer->kv_config().storage),
-      kv_budget_(layer->kv_config().budget),
       queue_(Strand::Create(executor)),
       layer_(std::move(layer)),
       scheduler_(std::make_unique<SessionScheduler>(this, std::move(scheduler))),

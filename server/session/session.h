@@ -294,12 +294,22 @@ class Session : public std::enable_shared_from_this<Session> {
   // pages and positions (AttentionLayer::ExportSequence) and, when `release`, frees it in the same
   // step. NOT_FOUND for an unknown request.
   absl::StatusOr<RequestExport> ExportRequest(const std::string& request_id, bool release);
-  // Creates `request_id` from an export of a session with this one's fingerprint. ALREADY_EXISTS
-  // for an existing id; RESOURCE_EXHAUSTED past max_requests or when the pool cannot hold the
-  // pages; OUT_OF_RANGE past max_sequence_length; INVALID_ARGUMENT when the bytes do not fit the
-  // layer. All or nothing.
+  // An import's first step, when its header arrives: a new, empty layer sequence that reserves
+  // the KV bytes `num_tokens` imported tokens will hold (AttentionLayer::ReserveImport), so the
+  // layer owns them from the start, as it owns a chunked Forward's. RESOURCE_EXHAUSTED ("this
+  // import") when the budget cannot hold them, nothing left behind. The sequence is ImportRequest's
+  // to fill, or AbandonImport's to release.
+  absl::StatusOr<SequenceId> ReserveImport(int64_t num_tokens);
+  // Creates `request_id` from an export of a session with this one's fingerprint, its pages in
+  // `reserved` (from ReserveImport; drawing on its reservation). ALREADY_EXISTS for an existing
+  // id; RESOURCE_EXHAUSTED past max_requests or when the pool cannot hold the pages; OUT_OF_RANGE
+  // past max_sequence_length; INVALID_ARGUMENT when the bytes do not fit the layer. All or
+  // nothing: on error `reserved` is released (the import is over), leaving no bytes behind.
   absl::StatusOr<ImportOutcome> ImportRequest(const std::string& request_id,
-                                              const RequestExport& exported);
+                                              const RequestExport& exported, SequenceId reserved);
+  // Releases `reserved` (from ReserveImport) and its reservation: an import that ended before its
+  // pages were all here.
+  void AbandonImport(SequenceId reserved);
 
   // Frees one request's pages; returns the bytes freed. NOT_FOUND for an unknown request.
   absl::StatusOr<int64_t> ReleaseRequest(const std::string& request_id);
@@ -325,9 +335,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const SessionCost& cost() const { return cost_; }
   const SessionLimits& limits() const { return limits_; }
   int64_t page_size() const { return page_size_; }  // Tokens per KV page.
-  // How the layer stores KV pages, and the budget its pages are charged to (null: none).
+  // How the layer stores KV pages.
   const KvStorageFormat& kv_storage() const { return kv_storage_; }
-  const std::shared_ptr<KvMemoryBudget>& kv_budget() const { return kv_budget_; }
   // server/session/layer_fingerprint.h. Set once by Configure, before the session is shared.
   void SetFingerprint(std::string fingerprint) { fingerprint_ = std::move(fingerprint); }
   const std::string& fingerprint() const { return fingerprint_; }
@@ -368,6 +377,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void MarkClosing() { closed_.store(true, std::memory_order_relaxed); }
 
  private:
+  // ImportRequest's work; it releases `reserved` when this fails.
+  absl::StatusOr<ImportOutcome> ImportReserved(const std::string& request_id,
+                                               const RequestExport& exported, SequenceId reserved);
+
   struct RequestState {
     SequenceId sequence = 0;
     // Tokens cached: a copy of the layer's count (AttentionLayer::SequenceLength, the one owner),
@@ -445,7 +458,6 @@ class Session : public std::enable_shared_from_this<Session> {
   const int64_t page_size_;
   const int64_t page_bytes_;
   const KvStorageFormat kv_storage_;
-  const std::shared_ptr<KvMemoryBudget> kv_budget_;
   std::string fingerprint_;
   std::string variant_label_;
   std::string configure_request_;

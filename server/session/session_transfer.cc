@@ -1,6 +1,8 @@
 // Session's side of moving a request between replicas (ExportRequest / ImportRequest): the
 // request's bookkeeping (length, positions) travels with its pages (AttentionLayer::ExportSequence
-// and ImportSequence). Both run on the session's queue, ordered with its steps like Fork.
+// and ImportSequenceInto). Both run on the session's queue, ordered with its steps like Fork; an
+// import's bytes are reserved by the layer, on the queue too, when its header arrives
+// (ReserveImport), and are the layer's from then on.
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/session/session.h"
@@ -51,8 +53,35 @@ absl::StatusOr<RequestExport> Session::ExportRequest(const std::string& request_
   return RequestExport{*std::move(kv), state.last_position};
 }
 
+absl::StatusOr<SequenceId> Session::ReserveImport(int64_t num_tokens) {
+  if (layer_ == nullptr || closed()) {
+    return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
+  }
+  const SequenceId sequence = layer_->CreateSequence();
+  if (absl::Status s = layer_->ReserveImport(sequence, num_tokens); !s.ok()) {
+    layer_->ReleaseSequence(sequence).IgnoreError();
+    return s;
+  }
+  return sequence;
+}
+
+void Session::AbandonImport(SequenceId reserved) {
+  // A closed session's layer went with its sequences and reservations.
+  if (layer_ == nullptr) return;
+  layer_->ReleaseSequence(reserved).IgnoreError();
+}
+
 absl::StatusOr<ImportOutcome> Session::ImportRequest(const std::string& request_id,
-                                                     const RequestExport& exported) {
+                                                     const RequestExport& exported,
+                                                     SequenceId reserved) {
+  absl::StatusOr<ImportOutcome> outcome = ImportReserved(request_id, exported, reserved);
+  if (!outcome.ok()) AbandonImport(reserved);
+  return outcome;
+}
+
+absl::StatusOr<ImportOutcome> Session::ImportReserved(const std::string& request_id,
+                                                      const RequestExport& exported,
+                                                      SequenceId reserved) {
   if (layer_ == nullptr || closed()) {
     return absl::NotFoundError(absl::StrCat("session '", id_, "' was released or expired"));
   }
@@ -82,14 +111,13 @@ absl::StatusOr<ImportOutcome> Session::ImportRequest(const std::string& request_
     }
   }
   const int64_t before = kv_bytes_used();
-  absl::StatusOr<SequenceId> sequence = layer_->ImportSequence(exported.kv);
-  if (!sequence.ok()) return sequence.status();
+  if (absl::Status s = layer_->ImportSequenceInto(exported.kv, reserved); !s.ok()) return s;
   RefreshKvBytes();
   RequestState state;
-  state.sequence = *sequence;
-  state.length = layer_->SequenceLength(*sequence).value_or(length);  // The layer's count.
+  state.sequence = reserved;
+  state.length = layer_->SequenceLength(reserved).value_or(length);  // The layer's count.
   state.last_position = exported.last_position;
-  state.kv_bytes = layer_->SequenceKvBytes(*sequence).value_or(0);
+  state.kv_bytes = layer_->SequenceKvBytes(reserved).value_or(0);
   state.last_used = absl::Now();
   absl::MutexLock lock(&mu_);
   requests_.emplace(request_id, std::move(state));

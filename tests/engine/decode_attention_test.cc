@@ -1,5 +1,5 @@
 // The paged decode attention kernel (kernels/cpu/decode_attention.cc, with the group loops of
-// simd_kernels.h and the AVX-512 tiles of group_tiles_avx512.h) alone, on random q and random KV
+// simd_kernels.h and their AVX-512 tiles in simd_kernels.cc) alone, on random q and random KV
 // pages, against a float64 attention written here from the hooks' definitions. ctest runs this
 // binary three times: as is (AVX-512 where the CPU has it), with ATTNSERVE_CPU_AVX512=0 (AVX2) and
 // with ATTNSERVE_CPU_PORTABLE=1 (the portable loops).

@@ -1,9 +1,11 @@
 // A KvMemoryBudget shared by several layers (as the server shares one per device): pages are
 // charged on reservation, credited on release, eviction and layer destruction, and a batch that
-// would pass the budget fails whole without touching any sequence.
+// would pass the budget fails whole without touching any sequence; the reservations held ahead of
+// a sequence's growth (KvReservations) are drawn on by its pages and by nothing else.
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -65,63 +67,57 @@ TEST(KvMemoryBudgetTest, ChargesAndCreditsAcrossLayers) {
   EXPECT_EQ(budget->used_bytes(), 0);
 }
 
-// A layer's own account (as the server gives each session one): bytes reserved ahead
-// (TryReserve) and handed over with Prepay become the layer's charge without being released
-// first, so another layer on the same pool cannot take them in between; what the layer does not
-// take comes back with TakeCredit, still charged.
-TEST(KvMemoryBudgetTest, AccountHandsAReservationToTheLayersCharge) {
+// An import's reservation (AttentionLayer::ReserveImport, made when its header arrives) is held by
+// its new sequence in the layer's ledger and becomes the import's pages without being released
+// first, so another layer on the same pool cannot take the bytes while the pages are on their way.
+TEST(KvMemoryBudgetTest, AnImportsReservationBecomesItsPagesAndNobodyElses) {
   auto backend = CreateCpuBackend({.num_threads = 2});
   ASSERT_TRUE(backend.ok());
   const LayerSpec spec = SmallGqa();
   const LayerWeights weights = *RandomLayerWeights(spec, 7);
   const int64_t page_bytes = 2 * 8 * 2 * 4 * 4;
+  // The sender: 12 tokens, 3 pages, on no budget.
+  auto sender = (*backend)->CreateLayer(spec, weights,
+                                        {.storage = DType::kF32, .page_size = 4, .max_pages = 100});
+  ASSERT_TRUE(sender.ok());
+  const SequenceId sent = (*sender)->CreateSequence();
+  const PrefillChunk prompt{sent, 12};
+  ASSERT_TRUE((*sender)->Prefill({&prompt, 1}, Ones(12, spec.d_model), {}).ok());
+  absl::StatusOr<SequenceExport> exported = (*sender)->ExportSequence(sent);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+
   auto pool = std::make_shared<KvMemoryBudget>(4 * page_bytes);
-  auto account_a = KvMemoryBudget::Account(pool);
-  auto account_b = KvMemoryBudget::Account(pool);
-  EXPECT_TRUE(account_a->is_account());
-  EXPECT_FALSE(pool->is_account());
-  KvCacheConfig kv_a{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = account_a};
-  KvCacheConfig kv_b{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = account_b};
-  auto a = (*backend)->CreateLayer(spec, weights, kv_a);
-  auto b = (*backend)->CreateLayer(spec, weights, kv_b);
+  KvCacheConfig kv{.storage = DType::kF32, .page_size = 4, .max_pages = 100, .budget = pool};
+  auto a = (*backend)->CreateLayer(spec, weights, kv);
+  auto b = (*backend)->CreateLayer(spec, weights, kv);
   ASSERT_TRUE(a.ok() && b.ok());
 
-  // A reserves 3 pages ahead; B's 2-page prefill no longer fits (the pool has 4).
-  ASSERT_TRUE(account_a->TryReserve(3 * page_bytes));
+  // A reserves the import's 3 pages; B's 2-page prefill no longer fits (the pool has 4).
+  const SequenceId into = (*a)->CreateSequence();
+  ASSERT_TRUE((*a)->ReserveImport(into, 12).ok());
   EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
   const SequenceId sb = (*b)->CreateSequence();
-  const PrefillChunk chunk_b{sb, 5};
-  absl::StatusOr<Tensor> refused = (*b)->Prefill({&chunk_b, 1}, Ones(5, spec.d_model), {});
+  const PrefillChunk two_pages{sb, 5};
+  absl::StatusOr<Tensor> refused = (*b)->Prefill({&two_pages, 1}, Ones(5, spec.d_model), {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
-  // The refusal names the pool, not the account (which has no limit of its own).
-  EXPECT_THAT(refused.status().message(), HasSubstr("of 2048 bytes are free"));
 
-  // Two of A's pages handed over: A's 2-page prefill takes them, charging nothing new.
-  account_a->Prepay(2 * page_bytes);
-  const SequenceId sa = (*a)->CreateSequence();
-  const PrefillChunk chunk_a{sa, 8};
-  ASSERT_TRUE((*a)->Prefill({&chunk_a, 1}, Ones(8, spec.d_model), {}).ok());
-  EXPECT_EQ(account_a->TakeCredit(), 0);
+  // The pages take the reservation's bytes: the pool's use does not move, and B is still refused.
+  ASSERT_TRUE((*a)->ImportSequenceInto(*exported, into).ok());
   EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
-  // The last reserved page handed over; a 1-token step needs a new page and takes it.
-  account_a->Prepay(page_bytes);
-  const PrefillChunk one{sa, 1};
-  ASSERT_TRUE((*a)->Prefill({&one, 1}, Ones(1, spec.d_model), {}).ok());
-  EXPECT_EQ(account_a->TakeCredit(), 0);
+  EXPECT_EQ(*(*a)->SequenceLength(into), 12);
+  refused = (*b)->Prefill({&two_pages, 1}, Ones(5, spec.d_model), {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+
+  // A second import the pool cannot hold is refused at its reservation, naming it, with nothing
+  // charged; its sequence is released by whoever made it.
+  const SequenceId second = (*a)->CreateSequence();
+  absl::Status no_room = (*a)->ReserveImport(second, 12);
+  EXPECT_EQ(no_room.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(no_room.message(), HasSubstr("this import needs"));
   EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
-  EXPECT_EQ(account_a->used_bytes(), 3 * page_bytes);
-  // Credit the layer does not use comes back, still charged.
-  ASSERT_TRUE(account_a->TryReserve(page_bytes));
-  account_a->Prepay(page_bytes);
-  const PrefillChunk fits{sa, 1};  // Fits the third page's free slots: no new page.
-  ASSERT_TRUE((*a)->Prefill({&fits, 1}, Ones(1, spec.d_model), {}).ok());
-  EXPECT_EQ(account_a->TakeCredit(), page_bytes);
-  EXPECT_EQ(pool->used_bytes(), 4 * page_bytes);
-  account_a->Release(page_bytes);
-  EXPECT_EQ(pool->used_bytes(), 3 * page_bytes);
+  ASSERT_TRUE((*a)->ReleaseSequence(second).ok());
   a->reset();
   EXPECT_EQ(pool->used_bytes(), 0);
-  EXPECT_EQ(account_a->used_bytes(), 0);
 }
 
 // A sequence's reservation (AttentionLayer::ReserveKv) is charged once and held by the sequence in
@@ -212,6 +208,95 @@ TEST(KvMemoryBudgetTest, ASequencesReservationIsDrawnOnByItsChunksAndByNobodyEls
   ASSERT_TRUE((*a)->ReserveKv({&sd, 1}, {&prompt, 1}).ok());
   a->reset();
   EXPECT_EQ(pool->used_bytes(), 0);
+}
+
+// The reservation ledger alone (KvReservations, which KvSequenceTable and LayerStack share).
+absl::Status Refused(const KvMemoryBudget& budget, int64_t bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat("refused ", bytes));
+}
+
+TEST(KvReservationsTest, ADrawTakesNoMoreThanIsReservedAndLeavesTheBudgetAlone) {
+  auto budget = std::make_shared<KvMemoryBudget>(1000);
+  KvReservations reservations;
+  const std::vector<SequenceId> ids = {1, 2};
+  ASSERT_TRUE(reservations.Set(ids, std::vector<int64_t>{300, 100}, budget.get(), Refused).ok());
+  EXPECT_EQ(budget->used_bytes(), 400);
+  EXPECT_EQ(reservations.total(), 400);
+
+  // Past the reservation: only what is held is taken, and the sequence then holds none.
+  EXPECT_EQ(reservations.Draw(1, 500), 300);
+  EXPECT_EQ(reservations.Held(1), 0);
+  EXPECT_EQ(reservations.Draw(1, 10), 0);
+  EXPECT_EQ(reservations.Draw(3, 10), 0);  // Never reserved.
+  EXPECT_EQ(reservations.Held(2), 100);
+  EXPECT_EQ(reservations.total(), 100);
+  // The drawn bytes pay for pages now: still charged.
+  EXPECT_EQ(budget->used_bytes(), 400);
+
+  // A rollback puts them back, still charged; a later Set counts them as held.
+  reservations.Restore(1, 300);
+  EXPECT_EQ(reservations.Held(1), 300);
+  EXPECT_EQ(reservations.total(), 400);
+  ASSERT_TRUE(
+      reservations.Set({&ids[0], 1}, std::vector<int64_t>{350}, budget.get(), Refused).ok());
+  EXPECT_EQ(budget->used_bytes(), 450);  // Only the growth is charged.
+  // A smaller one gives the difference back; 0 gives it all.
+  ASSERT_TRUE(reservations.Set(ids, std::vector<int64_t>{50, 0}, budget.get(), Refused).ok());
+  EXPECT_EQ(budget->used_bytes(), 50);
+  EXPECT_EQ(reservations.Held(2), 0);
+  EXPECT_EQ(reservations.total(), 50);
+}
+
+TEST(KvReservationsTest, ReleaseOfAnUnknownSequenceChangesNothing) {
+  auto budget = std::make_shared<KvMemoryBudget>(1000);
+  KvReservations reservations;
+  const SequenceId id = 7;
+  ASSERT_TRUE(reservations.Set({&id, 1}, std::vector<int64_t>{200}, budget.get(), Refused).ok());
+  EXPECT_EQ(reservations.Release(8), 0);
+  EXPECT_EQ(reservations.Held(7), 200);
+  EXPECT_EQ(reservations.total(), 200);
+  // A known one is forgotten and its bytes are the owner's to give back: still charged here.
+  EXPECT_EQ(reservations.Release(7), 200);
+  EXPECT_EQ(reservations.Held(7), 0);
+  EXPECT_EQ(reservations.total(), 0);
+  EXPECT_EQ(budget->used_bytes(), 200);
+  EXPECT_EQ(reservations.Release(7), 0);  // Twice: nothing left.
+}
+
+TEST(KvReservationsTest, ARefusedSetLeavesNoState) {
+  // A tenant's quota inside the pool: the pool refuses though the tenant has room.
+  auto pool = std::make_shared<KvMemoryBudget>(1000);
+  auto tenant = std::make_shared<KvMemoryBudget>(5000, pool, "tenant 't'");
+  ASSERT_TRUE(pool->TryCharge(600));  // Another session's pages.
+  KvReservations reservations;
+  const std::vector<SequenceId> ids = {1, 2};
+  ASSERT_TRUE(
+      reservations.Set({&ids[0], 1}, std::vector<int64_t>{200}, tenant.get(), Refused).ok());
+  EXPECT_EQ(pool->used_bytes(), 800);
+
+  // 300 + 300 is a growth of 400, 200 more than the pool has: refused whole, with the growth.
+  absl::Status refused =
+      reservations.Set(ids, std::vector<int64_t>{300, 300}, tenant.get(), Refused);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.message(), "refused 400");
+  EXPECT_EQ(reservations.Held(1), 200);
+  EXPECT_EQ(reservations.Held(2), 0);
+  EXPECT_EQ(reservations.total(), 200);
+  EXPECT_EQ(pool->used_bytes(), 800);
+  EXPECT_EQ(tenant->used_bytes(), 200);
+
+  // Without a budget nothing can refuse: the bytes are only counted.
+  bool asked = false;
+  ASSERT_TRUE(reservations
+                  .Set(ids, std::vector<int64_t>{300, 300}, nullptr,
+                       [&](const KvMemoryBudget&, int64_t) {
+                         asked = true;
+                         return absl::OkStatus();
+                       })
+                  .ok());
+  EXPECT_FALSE(asked);
+  EXPECT_EQ(reservations.total(), 600);
+  EXPECT_EQ(pool->used_bytes(), 800);
 }
 
 TEST(KvMemoryBudgetTest, SlidingWindowEvictionCreditsTheBudget) {

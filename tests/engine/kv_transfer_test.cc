@@ -2,7 +2,8 @@
 // kernels/kv/sequence_table.h): a sequence exported mid-decode from one layer and imported into a
 // second layer with the same weights decodes bit for bit as the unmoved original, for GQA, MLA and
 // a sliding window whose leading pages were evicted before the export (they are not sent; the
-// import holds only the pages a query can still see). Bad imports change nothing.
+// import holds only the pages a query can still see). Bad imports change nothing; an import's
+// reservation (ReserveImport) pays for its pages.
 #include <cstring>
 #include <ostream>
 #include <random>
@@ -187,6 +188,75 @@ TEST(KvTransferErrorsTest, BadImportsAreRefusedAndTakeNothing) {
   EXPECT_THAT(refused.status().message(), HasSubstr("this import needs"));
   EXPECT_EQ(small->used_bytes(), 0);
   EXPECT_EQ(tight->layer->PoolUsage().used_pages, 0);
+}
+
+// An import's bytes are its layer's from the header on (ReserveImport on a new, empty sequence),
+// and the pages draw on them. One whose pages need more than the reservation and the budget can
+// give (a sender that evicted fewer pages than its window allows) fails mid-way with nothing
+// charged beyond the reservation, which its release gives back, and no sequence left behind.
+TEST(KvTransferErrorsTest, AFailedImportLeavesNoBytesAndNoSequence) {
+  LayerSpec spec = StandardSpec(4, 4, 16, RopeLayout::kHalf);
+  spec.sliding_window = 20;
+  const LayerWeights weights = TestWeights(spec, 3);
+  absl::StatusOr<TestEngine> source_engine = MakeEngine(spec, weights, Pool(8));
+  ASSERT_TRUE(source_engine.ok());
+  AttentionLayer& a = *source_engine->layer;
+  std::mt19937_64 rng(4);
+  const SequenceId original = a.CreateSequence();
+  const PrefillChunk chunk{.sequence = original, .num_tokens = 42};
+  ASSERT_TRUE(
+      a.Prefill({&chunk, 1}, ToTensor(RandomHidden(42, 64, rng), {42, 64}, DType::kF32), {}).ok());
+  absl::StatusOr<SequenceExport> exported = a.ExportSequence(original);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  // 42 tokens with a window of 20: page 0 evicted, pages 1 and 2 held.
+  ASSERT_EQ(exported->first_held_page, 1);
+  const int64_t page_bytes = exported->page_bytes;
+  ASSERT_EQ(static_cast<int64_t>(exported->pages.size()), 2 * page_bytes);
+  // The same tokens with page 0 still held: valid, and one page more to take (evicted at once).
+  SequenceExport unevicted = *exported;
+  unevicted.first_held_page = 0;
+  unevicted.pages = exported->pages.substr(0, static_cast<size_t>(page_bytes)) + exported->pages;
+
+  // A budget of exactly what 42 tokens hold here: 2 pages.
+  auto budget = std::make_shared<KvMemoryBudget>(2 * page_bytes);
+  absl::StatusOr<TestEngine> target_engine = MakeEngine(spec, weights, Pool(8, budget));
+  ASSERT_TRUE(target_engine.ok());
+  AttentionLayer& b = *target_engine->layer;
+  const SequenceId reserved = b.CreateSequence();
+  ASSERT_TRUE(b.ReserveImport(reserved, 42).ok());
+  EXPECT_EQ(budget->used_bytes(), 2 * page_bytes) << "the header's bytes, reserved";
+  absl::Status failed = b.ImportSequenceInto(unevicted, reserved);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(failed.message(), HasSubstr("this import needs"));
+  EXPECT_EQ(budget->used_bytes(), 2 * page_bytes) << "only the reservation is still charged";
+  EXPECT_EQ(b.PoolUsage().used_pages, 0);
+  EXPECT_EQ(b.SequenceLength(reserved).value_or(-1), 0);
+  ASSERT_TRUE(b.ReleaseSequence(reserved).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+
+  // The same in one call (ImportSequence: its own sequence, no reservation): the sequence it made
+  // is gone (ids are handed out in order), and nothing is charged.
+  const SequenceId before = b.CreateSequence();
+  absl::StatusOr<SequenceId> refused = b.ImportSequence(unevicted);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(b.SequenceLength(before + 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(budget->used_bytes(), 0);
+  EXPECT_EQ(b.PoolUsage().used_pages, 0);
+  ASSERT_TRUE(b.ReleaseSequence(before).ok());
+
+  // The sender's own export fits its reservation exactly: the pages draw on it, nothing is
+  // charged again, and the imported sequence holds no reservation (its release frees all).
+  const SequenceId fits = b.CreateSequence();
+  ASSERT_TRUE(b.ReserveImport(fits, 42).ok());
+  ASSERT_TRUE(b.ImportSequenceInto(*exported, fits).ok());
+  EXPECT_EQ(budget->used_bytes(), 2 * page_bytes);
+  EXPECT_EQ(b.SequenceLength(fits).value_or(-1), 42);
+  EXPECT_EQ(b.SequenceKvBytes(fits).value_or(-1), 2 * page_bytes);
+  EXPECT_EQ(b.ImportSequenceInto(*exported, fits).code(), absl::StatusCode::kFailedPrecondition)
+      << "an import fills a new sequence only";
+  ASSERT_TRUE(b.ReleaseSequence(fits).ok());
+  EXPECT_EQ(budget->used_bytes(), 0);
+  EXPECT_EQ(b.PoolUsage().used_pages, 0);
 }
 
 }  // namespace

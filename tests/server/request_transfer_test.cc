@@ -293,6 +293,57 @@ TEST_F(RequestTransferRefusalTest, EveryRefusalHasItsStatusAndLeaksNothing) {
       Decode(stub(), DecodeOne(sa, "r", RandomHidden(1, spec.d_model, rng)), &decoded).ok());
 }
 
+// The target layer reserves an import's bytes when its header arrives (what its tokens will hold
+// there), and the pages draw on them. A header that keeps pages its window would have evicted
+// needs more than that: on a pool with no room for the difference the import fails at its commit,
+// after every page arrived, and leaves no byte charged and no request behind.
+TEST_F(RequestTransferRefusalTest, AnImportFailingMidWayLeavesNoBytesAndNoRequest) {
+  const LayerSpec spec = FindSpec("gqa2_half_window7").spec;
+  v1::ConfigureResponse source;
+  ASSERT_TRUE(Configure(stub(), SeedConfigure(spec, 7), &source).ok());
+  std::mt19937_64 rng(5);
+  v1::ForwardRequest forward;
+  forward.set_session_id(source.session_id());
+  *forward.add_items() = MakeForwardItem("r", RandomHidden(40, spec.d_model, rng));
+  v1::ForwardResponse forwarded;
+  ASSERT_TRUE(Forward(stub(), forward, &forwarded).ok());
+  Exported exported;
+  grpc::Status status = Export(stub(), source.session_id(), "r", /*release=*/false, &exported);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  const v1::ExportedRequest& header = exported.header;
+  const int64_t page_bytes = header.page_bytes();
+  // 40 tokens in pages of 16 with a window of 7: pages 0 and 1 evicted, page 2 held.
+  ASSERT_EQ(header.first_held_page(), 2);
+  ASSERT_EQ(header.held_pages(), 1);
+  // The same request with its evicted pages still held (any bytes: evicted at the import).
+  v1::ExportedRequest unevicted = header;
+  unevicted.set_first_held_page(0);
+  unevicted.set_held_pages(3);
+  const std::string unevicted_pages =
+      std::string(static_cast<size_t>(2 * page_bytes), '\0') + exported.pages;
+
+  // A pool of two pages: the reservation (one page) fits; the three pages do not.
+  SecondServer b({absl::StrCat("--kv_pool_bytes=", 2 * page_bytes)});
+  ASSERT_TRUE(b.ok());
+  v1::ConfigureResponse target;
+  ASSERT_TRUE(Configure(b.stub(), SeedConfigure(spec, 7), &target).ok());
+  ASSERT_EQ(target.fingerprint(), source.fingerprint());
+  const std::string sb = target.session_id();
+  v1::ImportRequestResponse response;
+  status = Import(b.stub(), sb, "r", unevicted, unevicted_pages, &response, kImportChunkBytes);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(status);
+  EXPECT_THAT(status.error_message(), HasSubstr("this import needs"));
+  EXPECT_EQ(AwaitPoolUsed(b.stub(), 0), 0) << "the reservation went back with the failed import";
+  EXPECT_EQ(SessionInfoOf(b.stub(), sb).requests_size(), 0);
+
+  // The request as its sender holds it fits the reservation exactly, and imports.
+  status = Import(b.stub(), sb, "r", header, exported.pages, &response, kImportChunkBytes);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(response.kv_bytes_added(), page_bytes);
+  EXPECT_EQ(AwaitPoolUsed(b.stub(), page_bytes), page_bytes);
+  EXPECT_EQ(SessionInfoOf(b.stub(), sb).requests_size(), 1);
+}
+
 // --drain_to straight to a peer replica: on SIGTERM, A re-creates its sessions on B under their
 // ids (one seeded, one with inline weights, which A kept to send) and moves every request; on B
 // they decode bit for bit as twins configured there with the same weights and inputs.

@@ -88,10 +88,10 @@ absl::StatusOr<SequenceExport> CudaLayerBase::ExportSequence(SequenceId sequence
   return pages_.Export(sequence);
 }
 
-absl::StatusOr<SequenceId> CudaLayerBase::ImportSequence(const SequenceExport& exported) {
+absl::Status CudaLayerBase::ImportSequenceInto(const SequenceExport& exported, SequenceId into) {
   absl::MutexLock lock(&mu_);
   ATTNSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(context_.device), "cudaSetDevice");
-  return pages_.Import(exported);
+  return pages_.Import(exported, into);
 }
 
 KvPoolUsage CudaLayerBase::PoolUsage() const {
@@ -109,10 +109,11 @@ int64_t CudaLayerBase::KvBytesAtLength(int64_t num_tokens) const {
   return pages_.table().HeldBytesAtLength(num_tokens);
 }
 
-absl::Status CudaLayerBase::ReserveKv(absl::Span<const SequenceId> sequences,
-                                      absl::Span<const int64_t> num_tokens) {
+absl::Status CudaLayerBase::ReserveKvFor(absl::Span<const SequenceId> sequences,
+                                         absl::Span<const int64_t> num_tokens,
+                                         absl::string_view what) {
   absl::MutexLock lock(&mu_);
-  return pages_.table().ReserveAhead(sequences, num_tokens);
+  return pages_.table().ReserveAhead(sequences, num_tokens, what);
 }
 
 absl::StatusOr<Tensor> CudaLayerBase::PrefillChecked(absl::Span<const PrefillChunk> chunks,

@@ -58,13 +58,11 @@ class CudaLayerBase : public AttentionLayer {
   // layout for both backends: kernels/kv/page_layout.h), so a sequence moves between CPU and CUDA
   // layers of the same spec, storage format and page size.
   absl::StatusOr<SequenceExport> ExportSequence(SequenceId sequence) const final;
-  // The exported pages, host to device, into new pages; checks as CpuLayer::ImportSequence.
-  absl::StatusOr<SequenceId> ImportSequence(const SequenceExport& exported) final;
+  // The exported pages, host to device, into new pages; checks as CpuLayer::ImportSequenceInto.
+  absl::Status ImportSequenceInto(const SequenceExport& exported, SequenceId into) final;
   KvPoolUsage PoolUsage() const final;
   absl::StatusOr<int64_t> SequenceKvBytes(SequenceId sequence) const final;
   int64_t KvBytesAtLength(int64_t num_tokens) const final;
-  absl::Status ReserveKv(absl::Span<const SequenceId> sequences,
-                         absl::Span<const int64_t> num_tokens) final;
 
   // Per-stage times of each call from now on (attnserve_cuda_bench); last_call_stages() reads the
   // last call's.
@@ -79,6 +77,8 @@ class CudaLayerBase : public AttentionLayer {
   absl::StatusOr<Tensor> DecodeChecked(absl::Span<const SequenceId> sequences,
                                        const Tensor& hidden,
                                        absl::Span<const int64_t> positions) final;
+  absl::Status ReserveKvFor(absl::Span<const SequenceId> sequences,
+                            absl::Span<const int64_t> num_tokens, absl::string_view what) final;
 
   // One page's bytes for `spec` (8-bit pages with their scales); INVALID_ARGUMENT when a page does
   // not fit the pool's slab.

@@ -46,9 +46,9 @@ absl::StatusOr<SequenceExport> DeviceSequences::Export(SequenceId sequence) cons
   });
 }
 
-absl::StatusOr<SequenceId> DeviceSequences::Import(const SequenceExport& exported) {
+absl::Status DeviceSequences::Import(const SequenceExport& exported, SequenceId into) {
   return table_.Import(
-      exported, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
+      exported, into, [this](absl::Span<const int32_t> pages) { return CommitPages(pages); },
       [this](absl::Span<const int32_t> pages, const char* src) {
         return AwaitPageCopies(store_.Upload(pages, src, stream_), "importing KV pages");
       });

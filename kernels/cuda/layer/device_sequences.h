@@ -52,8 +52,9 @@ class DeviceSequences {
   absl::StatusOr<std::vector<SequenceId>> Fork(SequenceId source, int count);
   // AttentionLayer::ExportSequence: the held pages, device to host, verbatim.
   absl::StatusOr<SequenceExport> Export(SequenceId sequence) const;
-  // AttentionLayer::ImportSequence: the exported pages, host to device, into new pages.
-  absl::StatusOr<SequenceId> Import(const SequenceExport& exported);
+  // AttentionLayer::ImportSequenceInto: the exported pages, host to device, into new pages of
+  // `into`.
+  absl::Status Import(const SequenceExport& exported, SequenceId into);
 
  private:
   // Waits for the copies `queued` (their launch status) put on the stream, so every copy's error
