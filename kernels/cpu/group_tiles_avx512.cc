@@ -361,9 +361,9 @@ ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
                                   int64_t ld) {
   // q in a 64-byte-aligned copy: the tiles read q chunks as memory operands of their FMAs (8-row
   // tiles: one per 2 FMAs), and a caller's q off a 64-byte boundary (a std::vector's is at 16)
-  // split every such load over two cache lines (measured with the copy: absorbed MLA bf16 kernel
-  // 1.35x, MQA bf16 1.1x, docs/benchmarks.md). bf16 keys: the 8-row groups' rows in
-  // EvenOddOrder. On the stack up to 16 rows of 512 columns (MQA 8 x 64, absorbed MLA 8-16 x 288),
+  // could split every such load over two cache lines (measured, one thread: MQA f32/bf16 and MLA
+  // f32 kernels 1.10-1.15x; MLA bf16 no longer 1.3x slower in some processes; docs/benchmarks.md).
+  // bf16 keys: the 8-row groups' rows in EvenOddOrder. On the stack up to 16 rows of 512 columns (MQA 8 x 64, absorbed MLA 8-16 x 288),
   // so a block of keys allocates nothing; beyond that f32 reads q as given, bf16 a heap copy.
   const int rows8 = rows / 8 * 8;
   constexpr bool kReorder = std::is_same_v<Element, uint16_t>;
