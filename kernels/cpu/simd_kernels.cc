@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -144,16 +145,20 @@ ATTNSERVE_AVX512 inline void LoadEvenOdd32(const uint16_t* p, __m512* even, __m5
 
 // out[r * dim, +dim) = q's row r with each whole 32-column block reordered as its 16 even columns
 // then its 16 odd ones (the order LoadEvenOdd32 gives); a last 16-column block stays as it is.
-inline void EvenOddOrder(const float* q, int rows, int64_t dim, float* out) {
+// Two permutes per 32 columns (it ran once per block of keys, as scalar moves: ~4 per key of MQA).
+ATTNSERVE_AVX512 inline void EvenOddOrder(const float* q, int rows, int64_t dim, float* out) {
+  const __m512i even_index =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_index =
+      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (int r = 0; r < rows; ++r) {
     const float* in = q + r * dim;
     float* o = out + r * dim;
     int64_t d = 0;
     for (; d + 32 <= dim; d += 32) {
-      for (int i = 0; i < 16; ++i) {
-        o[d + i] = in[d + 2 * i];
-        o[d + 16 + i] = in[d + 2 * i + 1];
-      }
+      const __m512 lo = _mm512_loadu_ps(in + d), hi = _mm512_loadu_ps(in + d + 16);
+      _mm512_storeu_ps(o + d, _mm512_permutex2var_ps(lo, even_index, hi));
+      _mm512_storeu_ps(o + d + 16, _mm512_permutex2var_ps(lo, odd_index, hi));
     }
     for (; d < dim; ++d) o[d] = in[d];
   }
@@ -383,19 +388,36 @@ template <typename Element>
 ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
                                   const Element* const* key_rows, int count, float* scores,
                                   int64_t ld) {
+  // q in a 64-byte-aligned copy: the tiles read q chunks as memory operands of their FMAs (8-row
+  // tiles: one per 2 FMAs), and a caller's q off a 64-byte boundary (a std::vector's is at 16)
+  // could split every such load over two cache lines (measured, one thread: MQA f32/bf16 and MLA
+  // f32 kernels 1.10-1.15x; MLA bf16 no longer 1.3x slower in some processes; docs/benchmarks.md).
+  // bf16 keys: the 8-row groups' rows in EvenOddOrder. On the stack up to 16 rows of 512 columns (MQA 8 x 64, absorbed MLA 8-16 x 288),
+  // so a block of keys allocates nothing; beyond that f32 reads q as given, bf16 a heap copy.
+  const int rows8 = rows / 8 * 8;
+  constexpr bool kReorder = std::is_same_v<Element, uint16_t>;
+  constexpr int64_t kStackFloats = 16 * 512;
+  alignas(64) float stack[kStackFloats];
+  std::vector<float> heap;
+  const float* q_tiles = q;
+  if (rows * dim <= kStackFloats || (kReorder && rows8 > 0)) {
+    float* copy = stack;
+    if (rows * dim > kStackFloats) {
+      heap.resize(static_cast<size_t>(rows) * dim);
+      copy = heap.data();
+    }
+    if (kReorder) {
+      EvenOddOrder(q, rows8, dim, copy);
+    } else {
+      std::memcpy(copy, q, sizeof(float) * rows8 * dim);
+    }
+    std::memcpy(copy + rows8 * dim, q + rows8 * dim, sizeof(float) * (rows - rows8) * dim);
+    q_tiles = copy;
+  }
   // Groups of 8 and more rows (MQA, absorbed MLA): 8 rows x 2 keys, each key row widened once per
   // 8 rows rather than per 4. What is left of the rows takes the quads below.
-  const int rows8 = rows / 8 * 8;
   if (rows8 > 0) {
-    // bf16 keys: the 8-row tiles read q in EvenOddOrder (a copy per call: rows x dim floats,
-    // against count x rows x dim multiply-adds).
-    const float* q8 = q;
-    std::vector<float> reordered;
-    if constexpr (std::is_same_v<Element, uint16_t>) {
-      reordered.resize(static_cast<size_t>(rows8) * dim);
-      EvenOddOrder(q, rows8, dim, reordered.data());
-      q8 = reordered.data();
-    }
+    const float* q8 = q_tiles;
     const int count2 = count / 2 * 2;
     for (int s = 0; s < count2; s += 2) {
       if (s + kPrefetchKeys + 2 <= count) {
@@ -416,10 +438,10 @@ ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
       }
     }
     if (rows8 == rows) return;
-    q += rows8 * dim;
     scores += rows8 * ld;
-    rows -= rows8;
   }
+  q = q_tiles + rows8 * dim;
+  rows -= rows8;
   int s = 0;
   if (rows == 1) {
     for (; s + 8 <= count; s += 8) ScoresTile<1, 8>(q, dim, key_rows + s, scores + s, ld);
