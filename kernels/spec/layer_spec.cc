@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/spec/spec_field.h"
 
 namespace attnserve {
 

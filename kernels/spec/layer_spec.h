@@ -11,9 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "kernels/core/tensor.h"
-#include "kernels/spec/spec_field.h"
 
 namespace attnserve {
 
@@ -156,10 +154,6 @@ struct LayerSpec {
   Alibi alibi = Alibi::kNone;
   float alibi_bias_max = 8.0f;  // kMpt's slope range (MPT's attn_config.alibi_bias_max), > 0.
 };
-
-// Every field of LayerSpec, in the JSON form's key order (layer_spec_json.h): a new field is its
-// member above, its row here (layer_spec.cc) and its proto field.
-absl::Span<const SpecField> LayerSpecFields();
 
 // OK, or INVALID_ARGUMENT naming the offending field and the rule it breaks.
 absl::Status ValidateLayerSpec(const LayerSpec& spec);

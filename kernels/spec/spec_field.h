@@ -1,8 +1,9 @@
 // One field of a LayerSpec as its spec files, the wire and the Python client see it. The JSON key,
-// the proto field and the LayerSpec member share one name, so LayerSpecFields() (layer_spec.h),
-// one row per field, is all the JSON form (layer_spec_json.cc) and the wire codec
-// (proto/codec/spec_codec.cc, by protobuf reflection) need: a new spec field is its member, its
-// row and its proto field. spec_codec_test checks the rows against the proto.
+// the proto field and the LayerSpec member share one name, so LayerSpecFields(), one row per
+// field, is all the JSON form (layer_spec_json.cc) and the wire codec (proto/codec/spec_codec.cc,
+// by protobuf reflection) need: a new spec field is its member (layer_spec.h), its row (beside
+// ValidateLayerSpec in layer_spec.cc) and its proto field. spec_codec_test checks the rows against
+// the proto.
 #ifndef ATTNSERVE_KERNELS_SPEC_SPEC_FIELD_H_
 #define ATTNSERVE_KERNELS_SPEC_SPEC_FIELD_H_
 
@@ -12,12 +13,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/spec/layer_spec.h"
 
 namespace attnserve {
-
-struct LayerSpec;
-struct MlaDims;
-struct RopeScaling;
 
 // An enum member, read and written by name ("rms_unit_offset"). On the wire it is the proto enum
 // value of that name in upper case after the enum's prefix, which is its zero value's name less
@@ -63,6 +62,10 @@ struct SpecField {
   // it); elsewhere it reads as LayerSpec{}'s default, so adding it changed no fingerprint.
   bool (*on_wire_when)(const LayerSpec&) = nullptr;
 };
+
+// Every field of LayerSpec, in the JSON form's key order (layer_spec_json.h). Defined in
+// layer_spec.cc.
+absl::Span<const SpecField> LayerSpecFields();
 
 }  // namespace attnserve
 
