@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/spec/spec_field.h"
 
 namespace attnserve {
 
@@ -324,6 +325,35 @@ absl::Status ValidateAttentionVariations(const LayerSpec& spec) {
 }
 
 }  // namespace
+
+absl::Span<const SpecField> LayerSpecFields() {
+  using S = LayerSpec;
+  static constexpr SpecField kFields[] = {
+      {"variant", 1, EnumByName<&S::variant, VariantName, ParseVariant>()},
+      {"d_model", 2, &S::d_model},
+      {"num_heads", 3, &S::num_heads},
+      {"num_kv_heads", 4, &S::num_kv_heads},
+      {"head_dim", 5, &S::head_dim},
+      {"qkv_bias", 6, &S::qkv_bias},
+      {"o_bias", 7, &S::o_bias},
+      {"rope", 8, EnumByName<&S::rope, RopeLayoutName, ParseRopeLayout>()},
+      {"rope_theta", 9, &S::rope_theta, /*wire_zero_is_default=*/true},
+      {"rope_scaling", 14, &S::rope_scaling},
+      {"causal", 10, &S::causal},
+      {"sliding_window", 11, &S::sliding_window},
+      {"softmax_scale", 12, &S::softmax_scale},
+      {"rotary_dim", 15, &S::rotary_dim},
+      {"qk_norm", 16, EnumByName<&S::qk_norm, QkNormName, ParseQkNorm>()},
+      {"qk_norm_eps", 17, &S::qk_norm_eps, /*wire_zero_is_default=*/true},
+      {"attn_logit_softcapping", 18, &S::attn_logit_softcapping},
+      {"attention_sinks", 19, &S::attention_sinks},
+      {"alibi", 20, EnumByName<&S::alibi, AlibiName, ParseAlibi>()},
+      {"alibi_bias_max", 21, &S::alibi_bias_max, /*wire_zero_is_default=*/true,
+       /*on_wire_when=*/[](const S& spec) { return spec.alibi != Alibi::kNone; }},
+      {"mla", 13, &S::mla},
+  };
+  return kFields;
+}
 
 absl::Status ValidateLayerSpec(const LayerSpec& spec) {
   if (absl::Status s = CheckRange("d_model", spec.d_model, 1, kMaxDim); !s.ok()) return s;

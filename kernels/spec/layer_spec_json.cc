@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <system_error>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/spec/spec_field.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve {
@@ -22,11 +24,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr absl::string_view kTopLevelKeys[] = {
-    "variant", "d_model",    "num_heads", "num_kv_heads",   "head_dim",      "qkv_bias", "o_bias",
-    "rope",    "rope_theta", "causal",    "sliding_window", "softmax_scale", "mla",
-    "rope_scaling", "rotary_dim", "qk_norm", "qk_norm_eps", "attn_logit_softcapping",
-    "attention_sinks", "alibi", "alibi_bias_max"};
 constexpr absl::string_view kMlaKeys[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
                                           "qk_rope_head_dim", "v_head_dim",   "rms_norm_eps"};
 
@@ -251,6 +248,132 @@ double FloatForJson(float value) {
   return static_cast<double>(value);  // Exact, only less pretty.
 }
 
+// The known keys as an unknown key's message lists them: in the proto's field order.
+std::vector<absl::string_view> TopLevelKeys() {
+  std::vector<const SpecField*> fields;
+  for (const SpecField& field : LayerSpecFields()) fields.push_back(&field);
+  std::sort(fields.begin(), fields.end(), [](const SpecField* a, const SpecField* b) {
+    return a->proto_number < b->proto_number;
+  });
+  std::vector<absl::string_view> keys;
+  for (const SpecField* field : fields) keys.push_back(field->name);
+  return keys;
+}
+
+// The keys a file must give: variant, d_model, num_heads, and num_kv_heads for gqa.
+bool Required(absl::string_view key, const LayerSpec& spec) {
+  return key == "variant" || key == "d_model" || key == "num_heads" ||
+         (key == "num_kv_heads" && spec.variant == AttentionVariant::kGQA);
+}
+
+// The defaults of attnctl's flags and the Python client's LayerSpec where they differ from
+// LayerSpec{}, set just before the key is read: num_kv_heads = num_heads (mha) or 1 (mqa),
+// head_dim = d_model / num_heads, RoPE "half".
+void SetFileDefault(absl::string_view key, LayerSpec& spec) {
+  const AttentionVariant variant = spec.variant;
+  if (key == "num_kv_heads" && variant == AttentionVariant::kMHA) {
+    spec.num_kv_heads = spec.num_heads;
+  }
+  if (key == "num_kv_heads" && variant == AttentionVariant::kMQA) spec.num_kv_heads = 1;
+  if (key == "head_dim" && variant != AttentionVariant::kMLA && spec.num_heads > 0) {
+    spec.head_dim = spec.d_model / spec.num_heads;
+  }
+  if (key == "rope") spec.rope = RopeLayout::kHalf;
+}
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+
+absl::Status ReadField(const Json& root, const FieldReader& r, const SpecField& field,
+                       LayerSpec& spec) {
+  const absl::string_view key = field.name;
+  const bool required = Required(key, spec);
+  return std::visit(
+      Overloaded{
+          [&](int LayerSpec::*member) { return r.Int(key, required, &(spec.*member)); },
+          [&](float LayerSpec::*member) { return r.Float(key, required, &(spec.*member)); },
+          [&](double LayerSpec::*member) { return r.Double(key, required, &(spec.*member)); },
+          [&](bool LayerSpec::*member) { return r.Bool(key, required, &(spec.*member)); },
+          [&](const EnumMember& member) {
+            std::string text;
+            bool present = false;
+            if (absl::Status s = r.String(key, required, &text, &present); !s.ok() || !present) {
+              return s;
+            }
+            absl::StatusOr<int> value = member.parse(text);
+            if (!value.ok()) return value.status();  // Already names the key.
+            member.set(spec, *value);
+            return absl::OkStatus();
+          },
+          [&](RopeScaling LayerSpec::*member) {
+            const auto scaling = root.find(std::string(key));
+            if (scaling == root.end()) return absl::OkStatus();
+            return ReadRopeScaling(*scaling, &(spec.*member));
+          },
+          [&](MlaDims LayerSpec::*member) {
+            const auto mla = root.find("mla");
+            if (spec.variant == AttentionVariant::kMLA) {
+              if (mla == root.end()) {
+                return absl::InvalidArgumentError("mla: missing required key for variant mla");
+              }
+              return ReadMla(*mla, &(spec.*member));
+            }
+            if (mla != root.end()) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "mla: only allowed with variant mla, not ", VariantName(spec.variant)));
+            }
+            return absl::OkStatus();
+          },
+      },
+      field.member);
+}
+
+void WriteField(const SpecField& field, const LayerSpec& spec, nlohmann::ordered_json& out) {
+  const std::string key(field.name);
+  std::visit(
+      Overloaded{
+          [&](int LayerSpec::*member) { out[key] = spec.*member; },
+          [&](float LayerSpec::*member) { out[key] = FloatForJson(spec.*member); },
+          [&](double LayerSpec::*member) { out[key] = spec.*member; },
+          [&](bool LayerSpec::*member) { out[key] = spec.*member; },
+          [&](const EnumMember& member) { out[key] = std::string(member.name(member.get(spec))); },
+          [&](RopeScaling LayerSpec::*member) {
+            const RopeScaling& r = spec.*member;
+            if (r.type == RopeScalingType::kNone) return;
+            nlohmann::ordered_json& scaling = out[key];
+            for (absl::string_view scaling_key : RopeScalingKeys(r.type)) {
+              const std::string name(scaling_key);
+              if (name == "type") scaling[name] = std::string(RopeScalingTypeName(r.type));
+              if (name == "factor") scaling[name] = r.factor;
+              if (name == "original_max_position_embeddings") {
+                scaling[name] = r.original_max_position_embeddings;
+              }
+              if (name == "low_freq_factor") scaling[name] = r.low_freq_factor;
+              if (name == "high_freq_factor") scaling[name] = r.high_freq_factor;
+              if (name == "beta_fast") scaling[name] = r.beta_fast;
+              if (name == "beta_slow") scaling[name] = r.beta_slow;
+              if (name == "mscale") scaling[name] = r.mscale;
+              if (name == "mscale_all_dim") scaling[name] = r.mscale_all_dim;
+              if (name == "truncate") scaling[name] = r.truncate;
+            }
+          },
+          [&](MlaDims LayerSpec::*member) {
+            if (spec.variant != AttentionVariant::kMLA) return;
+            const MlaDims& dims = spec.*member;
+            nlohmann::ordered_json& mla = out[key];
+            mla["q_lora_rank"] = dims.q_lora_rank;
+            mla["kv_lora_rank"] = dims.kv_lora_rank;
+            mla["qk_nope_head_dim"] = dims.qk_nope_head_dim;
+            mla["qk_rope_head_dim"] = dims.qk_rope_head_dim;
+            mla["v_head_dim"] = dims.v_head_dim;
+            mla["rms_norm_eps"] = FloatForJson(dims.rms_norm_eps);
+          },
+      },
+      field.member);
+}
+
 }  // namespace
 
 absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
@@ -265,74 +388,13 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
         "layer spec: not valid JSON: ", capture.message.empty() ? "parse error" : capture.message));
   }
   if (!root.is_object()) return WrongType("layer spec", "a JSON object", root);
-  if (absl::Status s = CheckKeys(root, kTopLevelKeys, ""); !s.ok()) return s;
+  if (absl::Status s = CheckKeys(root, TopLevelKeys(), ""); !s.ok()) return s;
 
   LayerSpec spec;
   const FieldReader r(root, "");
-  std::string text;
-  bool present = false;
-  if (absl::Status s = r.String("variant", true, &text, &present); !s.ok()) return s;
-  absl::StatusOr<AttentionVariant> variant = ParseVariant(text);
-  if (!variant.ok()) return variant.status();  // Already names "variant".
-  spec.variant = *variant;
-  const bool is_mla = spec.variant == AttentionVariant::kMLA;
-
-  if (absl::Status s = r.Int("d_model", true, &spec.d_model); !s.ok()) return s;
-  if (absl::Status s = r.Int("num_heads", true, &spec.num_heads); !s.ok()) return s;
-  // The defaults of attnctl's flags and the Python client's LayerSpec: num_kv_heads = num_heads
-  // (mha) or 1 (mqa), required for gqa; head_dim = d_model / num_heads; RoPE "half".
-  if (spec.variant == AttentionVariant::kMHA) spec.num_kv_heads = spec.num_heads;
-  if (spec.variant == AttentionVariant::kMQA) spec.num_kv_heads = 1;
-  const bool gqa = spec.variant == AttentionVariant::kGQA;
-  if (absl::Status s = r.Int("num_kv_heads", gqa, &spec.num_kv_heads); !s.ok()) return s;
-  if (!is_mla && spec.num_heads > 0) spec.head_dim = spec.d_model / spec.num_heads;
-  if (absl::Status s = r.Int("head_dim", false, &spec.head_dim); !s.ok()) return s;
-  if (absl::Status s = r.Bool("qkv_bias", false, &spec.qkv_bias); !s.ok()) return s;
-  if (absl::Status s = r.Bool("o_bias", false, &spec.o_bias); !s.ok()) return s;
-  spec.rope = RopeLayout::kHalf;
-  if (absl::Status s = r.String("rope", false, &text, &present); !s.ok()) return s;
-  if (present) {
-    absl::StatusOr<RopeLayout> rope = ParseRopeLayout(text);
-    if (!rope.ok()) return rope.status();  // Already names "rope".
-    spec.rope = *rope;
-  }
-  if (absl::Status s = r.Double("rope_theta", false, &spec.rope_theta); !s.ok()) return s;
-  if (const auto scaling = root.find("rope_scaling"); scaling != root.end()) {
-    if (absl::Status s = ReadRopeScaling(*scaling, &spec.rope_scaling); !s.ok()) return s;
-  }
-  if (absl::Status s = r.Bool("causal", false, &spec.causal); !s.ok()) return s;
-  if (absl::Status s = r.Int("sliding_window", false, &spec.sliding_window); !s.ok()) return s;
-  if (absl::Status s = r.Float("softmax_scale", false, &spec.softmax_scale); !s.ok()) return s;
-  if (absl::Status s = r.Int("rotary_dim", false, &spec.rotary_dim); !s.ok()) return s;
-  if (absl::Status s = r.String("qk_norm", false, &text, &present); !s.ok()) return s;
-  if (present) {
-    absl::StatusOr<QkNorm> qk_norm = ParseQkNorm(text);
-    if (!qk_norm.ok()) return qk_norm.status();  // Already names "qk_norm".
-    spec.qk_norm = *qk_norm;
-  }
-  if (absl::Status s = r.Float("qk_norm_eps", false, &spec.qk_norm_eps); !s.ok()) return s;
-  if (absl::Status s = r.Float("attn_logit_softcapping", false, &spec.attn_logit_softcapping);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = r.Bool("attention_sinks", false, &spec.attention_sinks); !s.ok()) return s;
-  if (absl::Status s = r.String("alibi", false, &text, &present); !s.ok()) return s;
-  if (present) {
-    absl::StatusOr<Alibi> alibi = ParseAlibi(text);
-    if (!alibi.ok()) return alibi.status();  // Already names "alibi".
-    spec.alibi = *alibi;
-  }
-  if (absl::Status s = r.Float("alibi_bias_max", false, &spec.alibi_bias_max); !s.ok()) return s;
-
-  const auto mla = root.find("mla");
-  if (is_mla) {
-    if (mla == root.end()) {
-      return absl::InvalidArgumentError("mla: missing required key for variant mla");
-    }
-    if (absl::Status s = ReadMla(*mla, &spec.mla); !s.ok()) return s;
-  } else if (mla != root.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mla: only allowed with variant mla, not ", VariantName(spec.variant)));
+  for (const SpecField& field : LayerSpecFields()) {
+    SetFileDefault(field.name, spec);
+    if (absl::Status s = ReadField(root, r, field, spec); !s.ok()) return s;
   }
 
   if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) return s;
@@ -341,53 +403,7 @@ absl::StatusOr<LayerSpec> LayerSpecFromJson(absl::string_view json_text) {
 
 std::string LayerSpecToJson(const LayerSpec& spec) {
   nlohmann::ordered_json out;
-  out["variant"] = std::string(VariantName(spec.variant));
-  out["d_model"] = spec.d_model;
-  out["num_heads"] = spec.num_heads;
-  out["num_kv_heads"] = spec.num_kv_heads;
-  out["head_dim"] = spec.head_dim;
-  out["qkv_bias"] = spec.qkv_bias;
-  out["o_bias"] = spec.o_bias;
-  out["rope"] = std::string(RopeLayoutName(spec.rope));
-  out["rope_theta"] = spec.rope_theta;
-  if (spec.rope_scaling.type != RopeScalingType::kNone) {
-    const RopeScaling& r = spec.rope_scaling;
-    nlohmann::ordered_json& scaling = out["rope_scaling"];
-    for (absl::string_view key : RopeScalingKeys(r.type)) {
-      const std::string name(key);
-      if (key == "type") scaling[name] = std::string(RopeScalingTypeName(r.type));
-      if (key == "factor") scaling[name] = r.factor;
-      if (key == "original_max_position_embeddings") {
-        scaling[name] = r.original_max_position_embeddings;
-      }
-      if (key == "low_freq_factor") scaling[name] = r.low_freq_factor;
-      if (key == "high_freq_factor") scaling[name] = r.high_freq_factor;
-      if (key == "beta_fast") scaling[name] = r.beta_fast;
-      if (key == "beta_slow") scaling[name] = r.beta_slow;
-      if (key == "mscale") scaling[name] = r.mscale;
-      if (key == "mscale_all_dim") scaling[name] = r.mscale_all_dim;
-      if (key == "truncate") scaling[name] = r.truncate;
-    }
-  }
-  out["causal"] = spec.causal;
-  out["sliding_window"] = spec.sliding_window;
-  out["softmax_scale"] = FloatForJson(spec.softmax_scale);
-  out["rotary_dim"] = spec.rotary_dim;
-  out["qk_norm"] = std::string(QkNormName(spec.qk_norm));
-  out["qk_norm_eps"] = FloatForJson(spec.qk_norm_eps);
-  out["attn_logit_softcapping"] = FloatForJson(spec.attn_logit_softcapping);
-  out["attention_sinks"] = spec.attention_sinks;
-  out["alibi"] = std::string(AlibiName(spec.alibi));
-  out["alibi_bias_max"] = FloatForJson(spec.alibi_bias_max);
-  if (spec.variant == AttentionVariant::kMLA) {
-    nlohmann::ordered_json& mla = out["mla"];
-    mla["q_lora_rank"] = spec.mla.q_lora_rank;
-    mla["kv_lora_rank"] = spec.mla.kv_lora_rank;
-    mla["qk_nope_head_dim"] = spec.mla.qk_nope_head_dim;
-    mla["qk_rope_head_dim"] = spec.mla.qk_rope_head_dim;
-    mla["v_head_dim"] = spec.mla.v_head_dim;
-    mla["rms_norm_eps"] = FloatForJson(spec.mla.rms_norm_eps);
-  }
+  for (const SpecField& field : LayerSpecFields()) WriteField(field, spec, out);
   return out.dump(2) + "\n";
 }
 

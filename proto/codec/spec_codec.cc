@@ -1,6 +1,19 @@
 #include "proto/codec/spec_codec.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "kernels/spec/spec_field.h"
 
 namespace attnserve {
 
@@ -34,142 +47,223 @@ v1::RopeScalingType RopeScalingTypeToProto(RopeScalingType type) {
   return v1::ROPE_SCALING_NONE;
 }
 
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumDescriptor;
+using google::protobuf::EnumValueDescriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Reflection;
+
+template <typename... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+
+const FieldDescriptor& ProtoField(const SpecField& field) {
+  const FieldDescriptor* proto = v1::LayerSpec::descriptor()->FindFieldByNumber(field.proto_number);
+  if (proto == nullptr) {  // spec_codec_test checks every row; this is a build that skipped it.
+    std::fprintf(stderr, "attnserve.v1.LayerSpec has no field %d (%s)\n", field.proto_number,
+                 std::string(field.name).c_str());
+    std::abort();
+  }
+  return *proto;
+}
+
+// RopeScaling's proto, its type's own fields only (as LayerSpecFromJson).
+absl::Status RopeScalingFromProto(const v1::RopeScaling& in, RopeScaling& r) {
+  switch (in.type()) {
+    case v1::ROPE_SCALING_NONE:
+      r.type = RopeScalingType::kNone;
+      break;
+    case v1::ROPE_SCALING_LINEAR:
+      r.type = RopeScalingType::kLinear;
+      break;
+    case v1::ROPE_SCALING_DYNAMIC:
+      r.type = RopeScalingType::kDynamic;
+      break;
+    case v1::ROPE_SCALING_LLAMA3:
+      r.type = RopeScalingType::kLlama3;
+      break;
+    case v1::ROPE_SCALING_YARN:
+      r.type = RopeScalingType::kYarn;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.rope_scaling.type: unknown value ", static_cast<int>(in.type())));
+  }
+  // 0 = absent, as transformers' `rope_scaling.get("beta_fast") or 32`.
+  auto or_default = [](double value, double fallback) { return value == 0.0 ? fallback : value; };
+  if (r.type != RopeScalingType::kNone) r.factor = or_default(in.factor(), 1.0);
+  if (r.type == RopeScalingType::kLlama3 || r.type == RopeScalingType::kYarn) {
+    r.original_max_position_embeddings = in.original_max_position_embeddings();
+  }
+  if (r.type == RopeScalingType::kLlama3) {
+    r.low_freq_factor = or_default(in.low_freq_factor(), 1.0);
+    r.high_freq_factor = or_default(in.high_freq_factor(), 4.0);
+  }
+  if (r.type == RopeScalingType::kYarn) {
+    r.beta_fast = or_default(in.beta_fast(), 32.0);
+    r.beta_slow = or_default(in.beta_slow(), 1.0);
+    r.mscale = in.mscale();
+    r.mscale_all_dim = in.mscale_all_dim();
+    r.truncate = !in.has_truncate() || in.truncate();
+  }
+  return absl::OkStatus();
+}
+
+void RopeScalingToProto(const RopeScaling& r, v1::RopeScaling& scaling) {
+  scaling.set_type(RopeScalingTypeToProto(r.type));
+  scaling.set_factor(r.factor);
+  scaling.set_original_max_position_embeddings(r.original_max_position_embeddings);
+  scaling.set_low_freq_factor(r.low_freq_factor);
+  scaling.set_high_freq_factor(r.high_freq_factor);
+  scaling.set_beta_fast(r.beta_fast);
+  scaling.set_beta_slow(r.beta_slow);
+  scaling.set_mscale(r.mscale);
+  scaling.set_mscale_all_dim(r.mscale_all_dim);
+  if (r.type == RopeScalingType::kYarn) scaling.set_truncate(r.truncate);
+}
+
+void MlaFromProto(const v1::MlaDims& in, MlaDims& mla) {
+  mla.q_lora_rank = in.q_lora_rank();
+  mla.kv_lora_rank = in.kv_lora_rank();
+  mla.qk_nope_head_dim = in.qk_nope_head_dim();
+  mla.qk_rope_head_dim = in.qk_rope_head_dim();
+  mla.v_head_dim = in.v_head_dim();
+  mla.rms_norm_eps = in.rms_norm_eps() == 0.0f ? 1e-6f : in.rms_norm_eps();
+}
+
+// A number read from the wire: 0 keeps LayerSpec{}'s default where the row says so.
+template <typename T>
+void SetNumber(const SpecField& field, T value, T& out) {
+  if (value != T{0} || !field.wire_zero_is_default) out = value;
+}
+
+absl::Status EnumFromProto(const SpecField& field, const EnumMember& member, int number,
+                           const EnumDescriptor& type, LayerSpec& spec) {
+  const EnumValueDescriptor* value = type.FindValueByNumber(number);
+  const std::string name =
+      value == nullptr
+          ? ""
+          : absl::AsciiStrToLower(absl::StripPrefix(value->name(), SpecEnumPrefix(type)));
+  if (name == "unspecified") {
+    std::vector<std::string> set;
+    for (int i = 0; i < type.value_count(); ++i) {
+      if (type.value(i)->number() != number) set.push_back(type.value(i)->name());
+    }
+    const std::string last = set.empty() ? "" : set.back();
+    if (!set.empty()) set.pop_back();
+    return absl::InvalidArgumentError(absl::StrCat("spec.", field.name, ": must be set (",
+                                                   absl::StrJoin(set, ", "), " or ", last, ")"));
+  }
+  absl::StatusOr<int> parsed =
+      value == nullptr ? absl::InvalidArgumentError("") : member.parse(name);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.", field.name, ": unknown value ", number));
+  }
+  member.set(spec, *parsed);
+  return absl::OkStatus();
+}
+
+absl::Status FieldFromProto(const v1::LayerSpec& proto, const SpecField& field, LayerSpec& spec) {
+  if (field.on_wire_when != nullptr && !field.on_wire_when(spec)) return absl::OkStatus();
+  const FieldDescriptor& wire = ProtoField(field);
+  const Reflection& reflection = *proto.GetReflection();
+  return std::visit(
+      Overloaded{
+          [&](int LayerSpec::*member) {
+            SetNumber(field, static_cast<int>(reflection.GetInt32(proto, &wire)),
+                      spec.*member);
+            return absl::OkStatus();
+          },
+          [&](float LayerSpec::*member) {
+            SetNumber(field, reflection.GetFloat(proto, &wire), spec.*member);
+            return absl::OkStatus();
+          },
+          [&](double LayerSpec::*member) {
+            SetNumber(field, reflection.GetDouble(proto, &wire), spec.*member);
+            return absl::OkStatus();
+          },
+          [&](bool LayerSpec::*member) {
+            spec.*member = reflection.GetBool(proto, &wire);
+            return absl::OkStatus();
+          },
+          [&](const EnumMember& member) {
+            return EnumFromProto(field, member, reflection.GetEnumValue(proto, &wire),
+                                 *wire.enum_type(), spec);
+          },
+          [&](RopeScaling LayerSpec::*member) {
+            if (!proto.has_rope_scaling()) return absl::OkStatus();
+            return RopeScalingFromProto(proto.rope_scaling(), spec.*member);
+          },
+          [&](MlaDims LayerSpec::*member) {
+            // Read only for MLA.
+            if (spec.variant == AttentionVariant::kMLA) MlaFromProto(proto.mla(), spec.*member);
+            return absl::OkStatus();
+          },
+      },
+      field.member);
+}
+
+void FieldToProto(const LayerSpec& spec, const SpecField& field, v1::LayerSpec& proto) {
+  if (field.on_wire_when != nullptr && !field.on_wire_when(spec)) return;
+  const FieldDescriptor& wire = ProtoField(field);
+  const Reflection& reflection = *proto.GetReflection();
+  std::visit(
+      Overloaded{
+          [&](int LayerSpec::*member) { reflection.SetInt32(&proto, &wire, spec.*member); },
+          [&](float LayerSpec::*member) { reflection.SetFloat(&proto, &wire, spec.*member); },
+          [&](double LayerSpec::*member) { reflection.SetDouble(&proto, &wire, spec.*member); },
+          [&](bool LayerSpec::*member) { reflection.SetBool(&proto, &wire, spec.*member); },
+          [&](const EnumMember& member) {
+            const EnumDescriptor& type = *wire.enum_type();
+            const std::string name = absl::StrCat(
+                SpecEnumPrefix(type), absl::AsciiStrToUpper(member.name(member.get(spec))));
+            const EnumValueDescriptor* value = type.FindValueByName(name);
+            if (value == nullptr) {  // spec_codec_test checks every name.
+              std::fprintf(stderr, "%s has no value %s\n", std::string(type.full_name()).c_str(),
+                           name.c_str());
+              std::abort();
+            }
+            reflection.SetEnumValue(&proto, &wire, value->number());
+          },
+          [&](RopeScaling LayerSpec::*member) {
+            const RopeScaling& r = spec.*member;
+            if (r.type != RopeScalingType::kNone) {
+              RopeScalingToProto(r, *proto.mutable_rope_scaling());
+            }
+          },
+          [&](MlaDims LayerSpec::*member) {
+            if (spec.variant != AttentionVariant::kMLA) return;
+            const MlaDims& in = spec.*member;
+            v1::MlaDims* mla = proto.mutable_mla();
+            mla->set_q_lora_rank(in.q_lora_rank);
+            mla->set_kv_lora_rank(in.kv_lora_rank);
+            mla->set_qk_nope_head_dim(in.qk_nope_head_dim);
+            mla->set_qk_rope_head_dim(in.qk_rope_head_dim);
+            mla->set_v_head_dim(in.v_head_dim);
+            mla->set_rms_norm_eps(in.rms_norm_eps);
+          },
+      },
+      field.member);
+}
+
+}  // namespace
+
+std::string SpecEnumPrefix(const EnumDescriptor& type) {
+  const EnumValueDescriptor* zero = type.FindValueByNumber(0);
+  if (zero == nullptr) return "";
+  const std::string& name = zero->name();
+  const size_t last_word = name.rfind('_');
+  return last_word == std::string::npos ? "" : name.substr(0, last_word + 1);
+}
+
 absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
   LayerSpec spec;
-  switch (proto.variant()) {
-    case v1::VARIANT_MHA:
-      spec.variant = AttentionVariant::kMHA;
-      break;
-    case v1::VARIANT_MQA:
-      spec.variant = AttentionVariant::kMQA;
-      break;
-    case v1::VARIANT_GQA:
-      spec.variant = AttentionVariant::kGQA;
-      break;
-    case v1::VARIANT_MLA:
-      spec.variant = AttentionVariant::kMLA;
-      break;
-    case v1::VARIANT_UNSPECIFIED:
-      return absl::InvalidArgumentError(
-          "spec.variant: must be set (VARIANT_MHA, VARIANT_MQA, VARIANT_GQA or VARIANT_MLA)");
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.variant: unknown value ", static_cast<int>(proto.variant())));
-  }
-  switch (proto.rope()) {
-    case v1::ROPE_NONE:
-      spec.rope = RopeLayout::kNone;
-      break;
-    case v1::ROPE_HALF:
-      spec.rope = RopeLayout::kHalf;
-      break;
-    case v1::ROPE_INTERLEAVED:
-      spec.rope = RopeLayout::kInterleaved;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.rope: unknown value ", static_cast<int>(proto.rope())));
-  }
-  spec.d_model = proto.d_model();
-  spec.num_heads = proto.num_heads();
-  spec.num_kv_heads = proto.num_kv_heads();
-  spec.head_dim = proto.head_dim();
-  spec.qkv_bias = proto.qkv_bias();
-  spec.o_bias = proto.o_bias();
-  spec.rope_theta = proto.rope_theta() == 0.0 ? 10000.0 : proto.rope_theta();
-  if (proto.has_rope_scaling()) {
-    const v1::RopeScaling& in = proto.rope_scaling();
-    RopeScaling& r = spec.rope_scaling;
-    switch (in.type()) {
-      case v1::ROPE_SCALING_NONE:
-        r.type = RopeScalingType::kNone;
-        break;
-      case v1::ROPE_SCALING_LINEAR:
-        r.type = RopeScalingType::kLinear;
-        break;
-      case v1::ROPE_SCALING_DYNAMIC:
-        r.type = RopeScalingType::kDynamic;
-        break;
-      case v1::ROPE_SCALING_LLAMA3:
-        r.type = RopeScalingType::kLlama3;
-        break;
-      case v1::ROPE_SCALING_YARN:
-        r.type = RopeScalingType::kYarn;
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat("spec.rope_scaling.type: unknown value ",
-                                                       static_cast<int>(in.type())));
-    }
-    // 0 = absent, as transformers' `rope_scaling.get("beta_fast") or 32`.
-    auto or_default = [](double value, double fallback) { return value == 0.0 ? fallback : value; };
-    // Only the type's own fields are read (as LayerSpecFromJson), the rest keep their defaults.
-    if (r.type != RopeScalingType::kNone) r.factor = or_default(in.factor(), 1.0);
-    if (r.type == RopeScalingType::kLlama3 || r.type == RopeScalingType::kYarn) {
-      r.original_max_position_embeddings = in.original_max_position_embeddings();
-    }
-    if (r.type == RopeScalingType::kLlama3) {
-      r.low_freq_factor = or_default(in.low_freq_factor(), 1.0);
-      r.high_freq_factor = or_default(in.high_freq_factor(), 4.0);
-    }
-    if (r.type == RopeScalingType::kYarn) {
-      r.beta_fast = or_default(in.beta_fast(), 32.0);
-      r.beta_slow = or_default(in.beta_slow(), 1.0);
-      r.mscale = in.mscale();
-      r.mscale_all_dim = in.mscale_all_dim();
-      r.truncate = !in.has_truncate() || in.truncate();
-    }
-  }
-  spec.causal = proto.causal();
-  spec.sliding_window = proto.sliding_window();
-  spec.softmax_scale = proto.softmax_scale();
-  spec.rotary_dim = proto.rotary_dim();
-  switch (proto.qk_norm()) {
-    case v1::QK_NORM_NONE:
-      spec.qk_norm = QkNorm::kNone;
-      break;
-    case v1::QK_NORM_RMS:
-      spec.qk_norm = QkNorm::kRms;
-      break;
-    case v1::QK_NORM_RMS_UNIT_OFFSET:
-      spec.qk_norm = QkNorm::kRmsUnitOffset;
-      break;
-    case v1::QK_NORM_RMS_ACROSS_HEADS:
-      spec.qk_norm = QkNorm::kRmsAcrossHeads;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.qk_norm: unknown value ", static_cast<int>(proto.qk_norm())));
-  }
-  spec.qk_norm_eps = proto.qk_norm_eps() == 0.0f ? 1e-6f : proto.qk_norm_eps();
-  spec.attn_logit_softcapping = proto.attn_logit_softcapping();
-  spec.attention_sinks = proto.attention_sinks();
-  switch (proto.alibi()) {
-    case v1::ALIBI_NONE:
-      spec.alibi = Alibi::kNone;
-      break;
-    case v1::ALIBI_BLOOM:
-      spec.alibi = Alibi::kBloom;
-      break;
-    case v1::ALIBI_MPT:
-      spec.alibi = Alibi::kMpt;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.alibi: unknown value ", static_cast<int>(proto.alibi())));
-  }
-  // The slope range only means something with ALiBi, and LayerSpecToProto writes it only then;
-  // without ALiBi it stays the default so a spec round-trips (and fingerprints) the same.
-  spec.alibi_bias_max = spec.alibi == Alibi::kNone || proto.alibi_bias_max() == 0.0f
-                            ? 8.0f
-                            : proto.alibi_bias_max();
-  if (spec.variant == AttentionVariant::kMLA) {
-    const v1::MlaDims& mla = proto.mla();
-    spec.mla.q_lora_rank = mla.q_lora_rank();
-    spec.mla.kv_lora_rank = mla.kv_lora_rank();
-    spec.mla.qk_nope_head_dim = mla.qk_nope_head_dim();
-    spec.mla.qk_rope_head_dim = mla.qk_rope_head_dim();
-    spec.mla.v_head_dim = mla.v_head_dim();
-    spec.mla.rms_norm_eps = mla.rms_norm_eps() == 0.0f ? 1e-6f : mla.rms_norm_eps();
+  for (const SpecField& field : LayerSpecFields()) {
+    if (absl::Status s = FieldFromProto(proto, field, spec); !s.ok()) return s;
   }
   if (absl::Status s = ValidateLayerSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("spec: ", s.message()));
@@ -179,74 +273,7 @@ absl::StatusOr<LayerSpec> LayerSpecFromProto(const v1::LayerSpec& proto) {
 
 v1::LayerSpec LayerSpecToProto(const LayerSpec& spec) {
   v1::LayerSpec out;
-  out.set_variant(VariantToProto(spec.variant));
-  out.set_d_model(spec.d_model);
-  out.set_num_heads(spec.num_heads);
-  out.set_num_kv_heads(spec.num_kv_heads);
-  out.set_head_dim(spec.head_dim);
-  out.set_qkv_bias(spec.qkv_bias);
-  out.set_o_bias(spec.o_bias);
-  switch (spec.rope) {
-    case RopeLayout::kNone:
-      out.set_rope(v1::ROPE_NONE);
-      break;
-    case RopeLayout::kHalf:
-      out.set_rope(v1::ROPE_HALF);
-      break;
-    case RopeLayout::kInterleaved:
-      out.set_rope(v1::ROPE_INTERLEAVED);
-      break;
-  }
-  out.set_rope_theta(spec.rope_theta);
-  if (spec.rope_scaling.type != RopeScalingType::kNone) {
-    const RopeScaling& r = spec.rope_scaling;
-    v1::RopeScaling* scaling = out.mutable_rope_scaling();
-    scaling->set_type(RopeScalingTypeToProto(r.type));
-    scaling->set_factor(r.factor);
-    scaling->set_original_max_position_embeddings(r.original_max_position_embeddings);
-    scaling->set_low_freq_factor(r.low_freq_factor);
-    scaling->set_high_freq_factor(r.high_freq_factor);
-    scaling->set_beta_fast(r.beta_fast);
-    scaling->set_beta_slow(r.beta_slow);
-    scaling->set_mscale(r.mscale);
-    scaling->set_mscale_all_dim(r.mscale_all_dim);
-    if (r.type == RopeScalingType::kYarn) scaling->set_truncate(r.truncate);
-  }
-  out.set_causal(spec.causal);
-  out.set_sliding_window(spec.sliding_window);
-  out.set_softmax_scale(spec.softmax_scale);
-  out.set_rotary_dim(spec.rotary_dim);
-  switch (spec.qk_norm) {
-    case QkNorm::kNone:
-      out.set_qk_norm(v1::QK_NORM_NONE);
-      break;
-    case QkNorm::kRms:
-      out.set_qk_norm(v1::QK_NORM_RMS);
-      break;
-    case QkNorm::kRmsUnitOffset:
-      out.set_qk_norm(v1::QK_NORM_RMS_UNIT_OFFSET);
-      break;
-    case QkNorm::kRmsAcrossHeads:
-      out.set_qk_norm(v1::QK_NORM_RMS_ACROSS_HEADS);
-      break;
-  }
-  out.set_qk_norm_eps(spec.qk_norm_eps);
-  out.set_attn_logit_softcapping(spec.attn_logit_softcapping);
-  out.set_attention_sinks(spec.attention_sinks);
-  out.set_alibi(spec.alibi == Alibi::kBloom ? v1::ALIBI_BLOOM
-                : spec.alibi == Alibi::kMpt ? v1::ALIBI_MPT
-                                            : v1::ALIBI_NONE);
-  // Only with ALiBi: a spec without it serializes as before, so its fingerprint is unchanged.
-  if (spec.alibi != Alibi::kNone) out.set_alibi_bias_max(spec.alibi_bias_max);
-  if (spec.variant == AttentionVariant::kMLA) {
-    v1::MlaDims* mla = out.mutable_mla();
-    mla->set_q_lora_rank(spec.mla.q_lora_rank);
-    mla->set_kv_lora_rank(spec.mla.kv_lora_rank);
-    mla->set_qk_nope_head_dim(spec.mla.qk_nope_head_dim);
-    mla->set_qk_rope_head_dim(spec.mla.qk_rope_head_dim);
-    mla->set_v_head_dim(spec.mla.v_head_dim);
-    mla->set_rms_norm_eps(spec.mla.rms_norm_eps);
-  }
+  for (const SpecField& field : LayerSpecFields()) FieldToProto(spec, field, out);
   return out;
 }
 

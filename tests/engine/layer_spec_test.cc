@@ -788,5 +788,203 @@ TEST(LayerSpecTest, YarnTruncateRoundTripsAndIsYarnOnly) {
   ExpectInvalid(ValidateLayerSpec(spec), "truncate");
 }
 
+// The JSON of specs using every key, pinned as the hand-written writer wrote it before the keys
+// came from LayerSpecFields(): spec files and the fingerprints of sessions configured from them
+// depend on these bytes.
+TEST(LayerSpecJsonTest, PinsTheDocumentOfEveryKey) {
+  const struct {
+    const char* name;
+    const char* in;
+    const char* out;
+  } kCases[] = {
+      {"every_field",
+       R"({"variant": "gqa", "d_model": 128, "num_heads": 8, "num_kv_heads": 2, "head_dim": 16,
+       "qkv_bias": true, "o_bias": true, "rope": "interleaved", "rope_theta": 500000,
+       "rope_scaling": {"type": "yarn", "factor": 4, "original_max_position_embeddings": 4096,
+       "beta_fast": 16, "beta_slow": 2, "mscale": 1, "mscale_all_dim": 0.5, "truncate": false},
+       "causal": true, "sliding_window": 64, "softmax_scale": 0.1, "rotary_dim": 8,
+       "qk_norm": "rms_unit_offset", "qk_norm_eps": 1e-5, "attn_logit_softcapping": 30,
+       "attention_sinks": true, "alibi": "mpt", "alibi_bias_max": 6})",
+       R"({
+  "variant": "gqa",
+  "d_model": 128,
+  "num_heads": 8,
+  "num_kv_heads": 2,
+  "head_dim": 16,
+  "qkv_bias": true,
+  "o_bias": true,
+  "rope": "interleaved",
+  "rope_theta": 500000.0,
+  "rope_scaling": {
+    "type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 16.0,
+    "beta_slow": 2.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.5,
+    "truncate": false
+  },
+  "causal": true,
+  "sliding_window": 64,
+  "softmax_scale": 0.1,
+  "rotary_dim": 8,
+  "qk_norm": "rms_unit_offset",
+  "qk_norm_eps": 1e-05,
+  "attn_logit_softcapping": 30.0,
+  "attention_sinks": true,
+  "alibi": "mpt",
+  "alibi_bias_max": 6.0
+}
+)"},
+      {"mla",
+       R"({"variant": "mla", "d_model": 64, "num_heads": 4, "rope": "interleaved",
+       "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+       "mscale": 1, "mscale_all_dim": 0.707}, "mla": {"q_lora_rank": 24, "kv_lora_rank": 32,
+       "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "rms_norm_eps": 1e-5}})",
+       R"({
+  "variant": "mla",
+  "d_model": 64,
+  "num_heads": 4,
+  "num_kv_heads": 0,
+  "head_dim": 0,
+  "qkv_bias": false,
+  "o_bias": false,
+  "rope": "interleaved",
+  "rope_theta": 10000.0,
+  "rope_scaling": {
+    "type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.707,
+    "truncate": true
+  },
+  "causal": true,
+  "sliding_window": 0,
+  "softmax_scale": 0.0,
+  "rotary_dim": 0,
+  "qk_norm": "none",
+  "qk_norm_eps": 1e-06,
+  "attn_logit_softcapping": 0.0,
+  "attention_sinks": false,
+  "alibi": "none",
+  "alibi_bias_max": 8.0,
+  "mla": {
+    "q_lora_rank": 24,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "rms_norm_eps": 1e-05
+  }
+}
+)"},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(c.in);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(LayerSpecToJson(*spec), c.out);
+  }
+}
+
+// Refusals keep their messages and their order (the first bad key in the keys' order), as the
+// hand-written reader gave them.
+TEST(LayerSpecJsonTest, RefusesWithTheSameMessages) {
+  const struct {
+    const char* doc;
+    const char* message;
+  } kCases[] = {
+      {R"({"variant": "gqa", "d_model": 64, "num_heads": 4})",
+       "num_kv_heads: missing required key"},
+      {R"({"variant": "gqa", "d_model": 64, "num_heads": 4, "head_dim": "x"})",
+       "num_kv_heads: missing required key"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "bogus": 1})",
+       "bogus: unknown key (known keys: variant, d_model, num_heads, num_kv_heads, head_dim, "
+       "qkv_bias, o_bias, rope, rope_theta, causal, sliding_window, softmax_scale, mla, "
+       "rope_scaling, rotary_dim, qk_norm, qk_norm_eps, attn_logit_softcapping, "
+       "attention_sinks, alibi, alibi_bias_max)"},
+      {R"({"d_model": 64, "num_heads": 4})",
+       "variant: missing required key"},
+      {R"({"variant": "mha", "num_heads": 4})",
+       "d_model: missing required key"},
+      {R"({"variant": "xqa", "d_model": 64, "num_heads": 4})",
+       "variant: unknown 'xqa', expected mha, mqa, gqa or mla"},
+      {R"({"variant": 1, "d_model": 64, "num_heads": 4})",
+       "variant: expected a string, got integer 1"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope": "spiral"})",
+       "rope: unknown layout 'spiral', expected none, half or interleaved"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "qk_norm": "layer"})",
+       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset or rms_across_heads"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "alibi": 3})",
+       "alibi: expected a string, got integer 3"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "alibi": "t5"})",
+       "alibi: unknown 't5', expected none, bloom or mpt"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "qk_norm_eps": "x"})",
+       "qk_norm_eps: expected a number, got string \"x\""},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope_theta": true})",
+       "rope_theta: expected a number, got boolean true"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "head_dim": 2.5})",
+       "head_dim: expected an integer, got number 2.5"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "sliding_window": 10000000000})",
+       "sliding_window: 10000000000 does not fit in a 32-bit int"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4,
+       "sliding_window": 18446744073709551615})",
+       "sliding_window: 18446744073709551615 does not fit in a 32-bit int"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "softmax_scale": 1e39})",
+       "softmax_scale: 1e+39 is out of float range"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "attention_sinks": 1})",
+       "attention_sinks: expected true or false, got integer 1"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "causal": "yes"})",
+       "causal: expected true or false, got string \"yes\""},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "alibi_bias_max": -1})",
+       "alibi_bias_max = -1: must be finite and > 0"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "attn_logit_softcapping": -1})",
+       "attn_logit_softcapping = -1: must be finite and >= 0 (0 = no soft-capping)"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rotary_dim": 3})",
+       "rotary_dim = 3: must be 0 (the whole head) or even and in [2, head_dim = 16]"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "mla": {}})",
+       "mla: only allowed with variant mla, not mha"},
+      {R"({"variant": "mla", "d_model": 64, "num_heads": 4})",
+       "mla: missing required key for variant mla"},
+      {R"({"variant": "mla", "d_model": 64, "num_heads": 4, "mla": {"kv_lora_rank": 1}})",
+       "mla.qk_nope_head_dim: missing required key"},
+      {R"({"variant": "mla", "d_model": 64, "num_heads": 4, "mla": 3})",
+       "mla: expected an object, got integer 3"},
+      {R"({"variant": "mla", "d_model": 64, "num_heads": 4, "qk_norm": "rms",
+       "mla": {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+       "v_head_dim": 16}})",
+       "qk_norm = rms: is not supported for MLA (DeepSeek-V2/V3 attention has no such feature)"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope_scaling": {"type": "linear",
+       "beta_fast": 1}})",
+       "rope_scaling.beta_fast: unknown key (known keys: type, factor) for type linear"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope_scaling": 2})",
+       "rope_scaling: expected an object, got integer 2"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope_scaling": {"type": "longrope"}})",
+       "rope_scaling.type = longrope is not implemented (LongRoPE switches between long and "
+       "short factors by sequence length, so cached keys would keep frequencies the next call "
+       "no longer uses)"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "qk_norm": "layer", "alibi": "t5"})",
+       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset or rms_across_heads"},
+      {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "causal": false, "sliding_window": 4})",
+       "sliding_window = 4: requires causal = true (Mistral semantics)"},
+      {R"([1, 2])",
+       "layer spec: expected a JSON object, got array [1,2]"},
+      {R"({"variant": )",
+       "layer spec: not valid JSON: [json.exception.parse_error.101] parse error at line 1, "
+       "column 13: syntax error while parsing value - unexpected end of input; expected '[', "
+       "'{', or a literal"},
+  };
+  for (const auto& c : kCases) {
+    absl::StatusOr<LayerSpec> spec = LayerSpecFromJson(c.doc);
+    ASSERT_FALSE(spec.ok()) << c.doc;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << c.doc;
+    EXPECT_EQ(spec.status().message(), c.message) << c.doc;
+  }
+}
+
 }  // namespace
 }  // namespace attnserve

@@ -25,6 +25,7 @@ from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequ
 import grpc
 import grpc.aio
 import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
 
 from attnserve.v1 import attention_service_pb2 as pb
 from attnserve.v1 import attention_service_pb2_grpc as pb_grpc
@@ -35,9 +36,6 @@ _MAX_MESSAGE_BYTES = 1 << 30
 _ALWAYS_UNARY_FORWARD_BYTES = 16 << 10
 _STREAM_HEADROOM_BYTES = 1024
 
-_VARIANTS = {"mha": pb.VARIANT_MHA, "mqa": pb.VARIANT_MQA, "gqa": pb.VARIANT_GQA,
-             "mla": pb.VARIANT_MLA}
-_ROPES = {"none": pb.ROPE_NONE, "half": pb.ROPE_HALF, "interleaved": pb.ROPE_INTERLEAVED}
 _DTYPES = {"f32": pb.DTYPE_F32, "float32": pb.DTYPE_F32, "f16": pb.DTYPE_F16,
            "float16": pb.DTYPE_F16, "bf16": pb.DTYPE_BF16, "bfloat16": pb.DTYPE_BF16}
 # 8-bit KV pages with per-page scales (docs/kv_quantization.md); CPU backend.
@@ -113,13 +111,22 @@ def tensor_to_numpy(tensor: pb.Tensor, bf16_as: str = "float32") -> np.ndarray:
 
 # ---- Specs and results --------------------------------------------------------------------------
 
-_QK_NORMS = {"none": pb.QK_NORM_NONE, "rms": pb.QK_NORM_RMS,
-             "rms_unit_offset": pb.QK_NORM_RMS_UNIT_OFFSET,
-             "rms_across_heads": pb.QK_NORM_RMS_ACROSS_HEADS}
-_ALIBIS = {"none": pb.ALIBI_NONE, "bloom": pb.ALIBI_BLOOM, "mpt": pb.ALIBI_MPT}
-_ROPE_SCALINGS = {"none": pb.ROPE_SCALING_NONE, "linear": pb.ROPE_SCALING_LINEAR,
-                  "dynamic": pb.ROPE_SCALING_DYNAMIC, "llama3": pb.ROPE_SCALING_LLAMA3,
-                  "yarn": pb.ROPE_SCALING_YARN}
+def _spec_enum(enum: Any) -> Dict[str, int]:
+    """A spec enum's names, as the server reads them (proto/codec/spec_codec.h, SpecEnumPrefix):
+    each value's name in lower case without the prefix its zero value names (QK_NORM_NONE:
+    "QK_NORM_", so QK_NORM_RMS_UNIT_OFFSET is "rms_unit_offset"); an UNSPECIFIED zero is left out."""
+    zero = enum.values_by_number[0].name
+    prefix = zero[:zero.rfind("_") + 1]
+    return {v.name[len(prefix):].lower(): v.number for v in enum.values
+            if v.name != prefix + "UNSPECIFIED"}
+
+
+# The proto LayerSpec's scalar fields (the nested mla and rope_scaling have their own classes) and
+# the names of its enum fields.
+_SPEC_FIELDS = [f for f in pb.LayerSpec.DESCRIPTOR.fields if f.message_type is None]
+_SPEC_ENUMS = {f.name: _spec_enum(f.enum_type) for f in _SPEC_FIELDS if f.enum_type is not None}
+_VARIANTS = _SPEC_ENUMS["variant"]
+_ROPE_SCALINGS = _spec_enum(pb.RopeScaling.DESCRIPTOR.fields_by_name["type"].enum_type)
 
 
 def _name_of(table: Mapping[str, int], value: int) -> str:
@@ -184,12 +191,38 @@ class RopeScaling:
         return out
 
 
+def _with_new_proto_fields(cls: Any) -> Any:
+    """Adds each scalar field of the proto LayerSpec that `cls` does not declare, as a keyword
+    argument defaulting to the proto's zero (an enum: its zero value's name), which the server reads
+    as the field's default: a new spec field needs no change here."""
+    declared = {f.name for f in dataclasses.fields(cls)}
+    kinds = {FieldDescriptor.CPPTYPE_BOOL: (bool, False), FieldDescriptor.CPPTYPE_FLOAT: (float, 0.0),
+             FieldDescriptor.CPPTYPE_DOUBLE: (float, 0.0)}
+    added = []
+    for f in _SPEC_FIELDS:
+        if f.name in declared:
+            continue
+        if f.enum_type is not None:
+            kind, default = str, _name_of(_SPEC_ENUMS[f.name], 0)
+        else:
+            kind, default = kinds.get(f.cpp_type, (int, 0))
+        added.append((f.name, kind, field(default=default)))
+    if not added:
+        return cls
+    return dataclasses.make_dataclass(cls.__name__, added, bases=(cls,),
+                                      namespace={"__module__": cls.__module__,
+                                                 "__qualname__": cls.__qualname__,
+                                                 "__doc__": cls.__doc__})
+
+
+@_with_new_proto_fields
 @dataclass
 class LayerSpec:
     """One attention layer: the fields of the proto LayerSpec, with the keys and defaults of the
     JSON spec files and attnctl's spec flags (docs/api.md, "Layer spec JSON files"), so
     LayerSpec.from_dict(json.load(f)) reads a spec file. Defaults: num_kv_heads = num_heads (mha)
-    or 1 (mqa), head_dim = d_model // num_heads, RoPE "half" with theta 10000, causal."""
+    or 1 (mqa), head_dim = d_model // num_heads, RoPE "half" with theta 10000, causal. A proto
+    field not declared here is a keyword argument too (_with_new_proto_fields)."""
 
     variant: str  # "mha" | "mqa" | "gqa" | "mla"
     d_model: int
@@ -237,6 +270,12 @@ class LayerSpec:
         variant = self.variant.lower()
         if variant not in _VARIANTS:
             raise ValueError(f"variant '{self.variant}': expected mha, mqa, gqa or mla")
+        fields = {}
+        for f in _SPEC_FIELDS:
+            value = getattr(self, f.name)
+            if f.enum_type is not None:
+                value = _enum(_SPEC_ENUMS[f.name], f.name, value)
+            fields[f.name] = value
         num_kv_heads = self.num_kv_heads
         if num_kv_heads == 0 and variant == "mha":
             num_kv_heads = self.num_heads
@@ -245,17 +284,11 @@ class LayerSpec:
         head_dim = self.head_dim
         if head_dim == 0 and variant != "mla" and self.num_heads > 0:
             head_dim = self.d_model // self.num_heads
-        out = pb.LayerSpec(
-            variant=_VARIANTS[variant], d_model=self.d_model, num_heads=self.num_heads,
-            num_kv_heads=num_kv_heads if variant != "mla" else 0,
-            head_dim=head_dim if variant != "mla" else 0, qkv_bias=self.qkv_bias,
-            o_bias=self.o_bias, rope=_enum(_ROPES, "rope", self.rope), rope_theta=self.rope_theta,
-            causal=self.causal, sliding_window=self.sliding_window,
-            softmax_scale=self.softmax_scale, rotary_dim=self.rotary_dim,
-            qk_norm=_enum(_QK_NORMS, "qk_norm", self.qk_norm), qk_norm_eps=self.qk_norm_eps,
-            attn_logit_softcapping=self.attn_logit_softcapping,
-            attention_sinks=self.attention_sinks, alibi=_enum(_ALIBIS, "alibi", self.alibi),
-            alibi_bias_max=self.alibi_bias_max if self.alibi.lower() != "none" else 0.0)
+        fields.update(num_kv_heads=num_kv_heads if variant != "mla" else 0,
+                      head_dim=head_dim if variant != "mla" else 0)
+        if self.alibi.lower() == "none":  # the server reads the slope range only with ALiBi
+            fields["alibi_bias_max"] = 0.0
+        out = pb.LayerSpec(**fields)
         if self.mla is not None:
             out.mla.CopyFrom(pb.MlaDims(**dataclasses.asdict(self.mla)))
         if self.rope_scaling is not None:
@@ -265,25 +298,23 @@ class LayerSpec:
     @classmethod
     def from_proto(cls, spec: pb.LayerSpec) -> "LayerSpec":
         """The spec a server answered (ConfigureResponse.spec, SessionInfo.spec)."""
-        mla = None
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        fields: Dict[str, Any] = {}
+        for f in _SPEC_FIELDS:
+            value = getattr(spec, f.name)
+            if f.enum_type is not None:
+                value = _name_of(_SPEC_ENUMS[f.name], value)
+            elif f.cpp_type != FieldDescriptor.CPPTYPE_BOOL and not value and \
+                    defaults.get(f.name, dataclasses.MISSING) is not dataclasses.MISSING:
+                value = defaults[f.name]  # 0 on the wire: the default (rope_theta 10000)
+            fields[f.name] = value
         if spec.variant == pb.VARIANT_MLA:
-            mla = MlaDims(spec.mla.kv_lora_rank, spec.mla.qk_nope_head_dim,
-                          spec.mla.qk_rope_head_dim, spec.mla.v_head_dim, spec.mla.q_lora_rank,
-                          spec.mla.rms_norm_eps or 1e-6)
-        scaling = None
+            fields["mla"] = MlaDims(spec.mla.kv_lora_rank, spec.mla.qk_nope_head_dim,
+                                    spec.mla.qk_rope_head_dim, spec.mla.v_head_dim,
+                                    spec.mla.q_lora_rank, spec.mla.rms_norm_eps or 1e-6)
         if spec.HasField("rope_scaling") and spec.rope_scaling.type != pb.ROPE_SCALING_NONE:
-            scaling = RopeScaling.from_proto(spec.rope_scaling)
-        return cls(
-            variant=_name_of(_VARIANTS, spec.variant), d_model=spec.d_model,
-            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-            qkv_bias=spec.qkv_bias, o_bias=spec.o_bias, rope=_name_of(_ROPES, spec.rope),
-            rope_theta=spec.rope_theta or 10000.0, rope_scaling=scaling, causal=spec.causal,
-            sliding_window=spec.sliding_window, softmax_scale=spec.softmax_scale, mla=mla,
-            rotary_dim=spec.rotary_dim, qk_norm=_name_of(_QK_NORMS, spec.qk_norm),
-            qk_norm_eps=spec.qk_norm_eps or 1e-6,
-            attn_logit_softcapping=spec.attn_logit_softcapping,
-            attention_sinks=spec.attention_sinks, alibi=_name_of(_ALIBIS, spec.alibi),
-            alibi_bias_max=spec.alibi_bias_max or 8.0)
+            fields["rope_scaling"] = RopeScaling.from_proto(spec.rope_scaling)
+        return cls(**fields)
 
 
 @dataclass
