@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
@@ -49,7 +48,6 @@ v1::RopeScalingType RopeScalingTypeToProto(RopeScalingType type) {
 
 namespace {
 
-using google::protobuf::Descriptor;
 using google::protobuf::EnumDescriptor;
 using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
@@ -147,7 +145,7 @@ absl::Status EnumFromProto(const SpecField& field, const EnumMember& member, int
       value == nullptr
           ? ""
           : absl::AsciiStrToLower(absl::StripPrefix(value->name(), SpecEnumPrefix(type)));
-  if (name == "unspecified") {
+  if (name == "unspecified") {  // VARIANT_UNSPECIFIED: the wire must name one of the others.
     std::vector<std::string> set;
     for (int i = 0; i < type.value_count(); ++i) {
       if (type.value(i)->number() != number) set.push_back(type.value(i)->name());
