@@ -161,12 +161,6 @@ class AttentionBackend {
   // CheckCapabilities, and GetServerInfo reports it.
   virtual const BackendCapabilities& capabilities() const = 0;
 
-  // A layer call has arrived and will reach the engine shortly: the CPU backend wakes its
-  // sleeping threads now, so that they are polling when the call's first loop is posted rather
-  // than woken by it (a futex wake-up and a scheduling delay on every call after an idle gap).
-  // A hint only: nothing depends on it having been called.
-  virtual void Prewake() {}
-
   // Validates spec, weights and cache config (CheckCapabilities among them), then builds the layer.
   virtual absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) = 0;

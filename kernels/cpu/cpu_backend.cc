@@ -28,8 +28,6 @@ class CpuBackend : public AttentionBackend {
 
   const BackendCapabilities& capabilities() const override { return CpuCapabilities(); }
 
-  void Prewake() override { pool_.Prewake(); }
-
   absl::StatusOr<std::unique_ptr<AttentionLayer>> CreateLayer(
       const LayerSpec& spec, const LayerWeights& weights, const KvCacheConfig& kv_config) override {
     // KV formats: f32, bf16, or 8-bit codes with per-page scales (host_page_store.h).

@@ -13,8 +13,9 @@ namespace {
 // pauses (a few tens of cycles) and yields, so on a core other processes want the spin gives the
 // core up rather than holding it for the whole time.
 template <typename Done>
-bool SpinUntil(const Done& done, int64_t nanos = ThreadPool::kSpinNanos) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(nanos);
+bool SpinUntil(const Done& done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::nanoseconds(ThreadPool::kSpinNanos);
   while (true) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
@@ -58,42 +59,20 @@ void ThreadPool::RunShare() {
 
 void ThreadPool::WorkerLoop() {
   uint64_t seen_generation = 0;
-  uint64_t seen_prewakes = 0;
-  int64_t spin_nanos = kSpinNanos;
   while (true) {
     // The next loop usually comes within the spin; the mutex wait below then finds it at once.
-    SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen_generation; },
-              spin_nanos);
-    spin_nanos = kSpinNanos;
+    SpinUntil([&] { return posted_.load(std::memory_order_acquire) != seen_generation; });
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return generation_ != seen_generation && body_ != nullptr && next_ < count_;
+        return stopping_ || (generation_ != seen_generation && body_ != nullptr && next_ < count_);
       };
-      auto wake = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || has_work() || prewakes_ != seen_prewakes;
-      };
-      sleeping_.fetch_add(1, std::memory_order_relaxed);
-      mu_.Await(absl::Condition(&wake));
-      sleeping_.fetch_sub(1, std::memory_order_relaxed);
+      mu_.Await(absl::Condition(&has_work));
       if (stopping_) return;
-      seen_prewakes = prewakes_;
-      if (!has_work()) {  // Woken ahead of a loop: poll for it rather than sleep again.
-        spin_nanos = kPrewakeSpinNanos;
-        continue;
-      }
       seen_generation = generation_;
     }
     RunShare();
   }
-}
-
-void ThreadPool::Prewake() {
-  // A worker between its spin and the wait may be missed; it then sleeps until the loop itself
-  // wakes it, as without Prewake.
-  if (sleeping_.load(std::memory_order_relaxed) == 0) return;
-  absl::MutexLock lock(&mu_);
-  ++prewakes_;
 }
 
 void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& body) {

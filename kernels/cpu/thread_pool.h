@@ -28,13 +28,6 @@ class ThreadPool {
   // every thread. A body must not call ParallelFor on the same pool (it would wait for itself).
   void ParallelFor(int64_t count, const std::function<void(int64_t)>& body);
 
-  // Wakes the sleeping workers ahead of a loop that is about to come (a layer call that just
-  // arrived: its first loop starts after parsing and queueing, tens of microseconds later), so
-  // that they poll for it instead of waiting on a futex wake-up when it is posted. A worker woken
-  // so polls for up to kPrewakeSpinNanos, then sleeps again. Thread-safe; cheap when no worker
-  // sleeps.
-  void Prewake();
-
   // How long a worker that finished a loop, and a caller whose items are all taken, poll before
   // they block on the mutex. A decode step of a small batch is a few loops tens of microseconds
   // apart (q/k/v projection, attention, output projection, then the next layer's); a worker
@@ -42,7 +35,6 @@ class ThreadPool {
   // the loop itself at batch 1. Longer gaps (a network round trip between layer calls) still
   // end asleep.
   static constexpr int64_t kSpinNanos = 50'000;
-  static constexpr int64_t kPrewakeSpinNanos = 200'000;
 
  private:
   void WorkerLoop();
@@ -60,8 +52,6 @@ class ThreadPool {
   // again, so they only decide when to look, never what is there.
   std::atomic<int64_t> pending_{0};  // Items not yet finished.
   std::atomic<uint64_t> posted_{0};  // generation_, or bumped once more when stopping.
-  uint64_t prewakes_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by Prewake.
-  std::atomic<int> sleeping_{0};                // Workers blocked on mu_ (or about to be).
 };
 
 }  // namespace attnserve

@@ -538,7 +538,6 @@ void AttentionServiceImpl::HandleDecode(grpc::CallbackServerContext* context,
                                         const Principal& caller, const v1::DecodeRequest& request,
                                         v1::DecodeResponse& response, UnaryCall* call) {
   CallTimer timer;
-  backend_->Prewake();  // Its threads poll while the call is checked and queued.
   Metrics& metrics = *metrics_;
   if (absl::Status s = CheckIdLength(request.session_id(), "session_id", kMaxSessionIdBytes);
       !s.ok()) {
@@ -610,9 +609,6 @@ class AttentionServiceImpl::DecodeStreamReactor
       return;
     }
     timer_ = CallTimer();
-    // The engine's threads poll while the message is parsed, checked and queued (tens of µs),
-    // instead of sleeping until its first loop wakes them.
-    service_->backend_->Prewake();
     variant_ = kNoVariant;
     if (!ParseMessage(wire_request_, &request_)) {
       FinishMessage(UnparseableMessage(request_, wire_request_.Length()));

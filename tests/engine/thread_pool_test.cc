@@ -3,7 +3,6 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -19,34 +18,6 @@ TEST(ThreadPoolTest, RunsEveryIndexOnce) {
     pool.ParallelFor(count, [&](int64_t i) { hits[i].fetch_add(1); });
     for (int64_t i = 0; i < count; ++i) EXPECT_EQ(hits[i].load(), 1) << "count " << count;
   }
-}
-
-// Prewake (a layer call's arrival) comes at any time: before a loop, during one, with no loop
-// after it, and while the pool is destroyed. Loops still run every index once, and the pool
-// stops.
-TEST(ThreadPoolTest, PrewakeAtAnyTimeLeavesLoopsExact) {
-  auto pool = std::make_unique<ThreadPool>(3);
-  std::thread waker([&] {  // Concurrent with the loops below, however they interleave.
-    for (int i = 0; i < 5000; ++i) {
-      pool->Prewake();
-      std::this_thread::yield();
-    }
-  });
-  for (int round = 0; round < 300; ++round) {
-    if (round % 3 == 0) pool->Prewake();
-    const int64_t count = 1 + round % 17;
-    std::vector<std::atomic<int>> hits(static_cast<size_t>(count));
-    pool->ParallelFor(count, [&](int64_t i) { hits[i].fetch_add(1); });
-    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(hits[i].load(), 1) << "round " << round;
-  }
-  waker.join();
-  pool->Prewake();  // With no loop after it.
-  pool.reset();     // Joins the workers, whether polling after the prewake or asleep.
-  ThreadPool single(1);  // No workers: Prewake does nothing.
-  single.Prewake();
-  int64_t sum = 0;
-  single.ParallelFor(4, [&](int64_t i) { sum += i; });
-  EXPECT_EQ(sum, 6);
 }
 
 TEST(ThreadPoolTest, ConcurrentCallersEachGetTheirOwnLoop) {
