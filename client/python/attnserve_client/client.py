@@ -1102,10 +1102,10 @@ class LoopDecodeStream:
             await sent.wait()
         if call.done():
             return await call.read()
-        # The write and the read in flight together: awaiting the write's completion first costs
-        # a wake-up of grpc.aio's poller thread and of this loop before the read is even posted
-        # (0.65 ms of a 0.9 ms batch-1 exchange, docs/benchmarks.md); the read then found the
-        # answer all but there. Now both complete in one wake-up.
+        # The write and the read in flight together: the write's completion reaches this loop
+        # (through grpc.aio's poller thread) about when the answer does, so awaiting it before
+        # posting the read cost one more poller -> loop wake-up per message (about 0.1 ms,
+        # docs/benchmarks.md, "A layer call's round trip, broken down").
         send = asyncio.ensure_future(core.send_serialized_message(serialized))
         try:
             response = await call.read()
