@@ -19,7 +19,9 @@ mode must equal those of the first (checked). Local: generate() with PyTorch on 
 threads (a list: each is one column). The remote rows' client runs PyTorch on --client_threads
 threads (1 by default; on an otherwise idle machine, give both processes every core: the client
 and the server take turns at batch 1 and 8, so `--client_threads=2` with the server's
-`--compute_threads=2` is transformers on 2 threads' like for like).
+`--threads=2` is transformers on 2 threads' like for like; the server's `--threads` are the
+engine's threads, one layer call's loops, while `--compute_threads` are how many sessions' calls
+run at once, which for the one model session here changes nothing).
 
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
 call of the batch; its server part is Timing.total_ns, arrival to answer, and of that the

@@ -12,6 +12,7 @@ Errors: every RPC failure is raised as AttnServeError carrying the gRPC status c
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import queue
@@ -653,7 +654,6 @@ class AttnServeClient:
     def _aio(self):
         """The client's event loop and grpc.aio channel (see LoopDecodeStream), made once."""
         if self._aio_loop is None:
-            import asyncio  # noqa: PLC0415 - only the loop-driven streams need it
             loop = asyncio.new_event_loop()
             target, credentials, options = self._aio_channel_args
 
@@ -1131,14 +1131,25 @@ class LoopDecodeStream:
         serialized = request.SerializeToString()
         if not sent.is_set():
             await sent.wait()
-        if not call.done():
+        if call.done():
+            return await call.read()
+        # The write and the read in flight together: the write's completion reaches this loop
+        # (through grpc.aio's poller thread) about when the answer does, so awaiting it before
+        # posting the read cost one more poller -> loop wake-up per message (about 0.1 ms,
+        # docs/benchmarks.md, "A layer call's round trip, broken down").
+        send = asyncio.ensure_future(core.send_serialized_message(serialized))
+        try:
+            response = await call.read()
+        finally:
+            # Always awaited (never cancelled: that would cancel the call). A failed write is
+            # left to the read, which raises or returns EOF with the server's status.
             try:
-                await core.send_serialized_message(serialized)
+                await send
             except grpc.RpcError:
                 raise
             except Exception:  # noqa: BLE001 - cygrpc's InternalError: the stream has ended.
                 pass
-        return await call.read()
+        return response
 
     def exchange(self, request: pb.DecodeRequest) -> pb.DecodeResponse:
         """Sends one DecodeRequest as it is and returns the raw DecodeResponse (step() without
