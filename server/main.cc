@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/base/command_line_usage.h"
+#include "kernels/cpu/blas_core.h"
 #include "server/observability/call_log.h"
 #include "server/observability/logging.h"
 #include "server/server.h"
@@ -160,6 +161,9 @@ ABSL_FLAG(int64_t, tenant_max_parameter_bytes, kDefaults.tenant_quotas.max_param
           "0 = unlimited.");
 
 int main(int argc, char** argv) {
+  // First: OpenBLAS chose its kernels when it loaded; on a CPU too new for it, run again with
+  // better ones named (kernels/cpu/blas_core.h).
+  attnserve::ReexecForBetterBlasCore(argv);
   // Under an address-space limit (RLIMIT_AS), glibc's per-thread malloc arenas each reserve 64 MiB
   // of it up front (up to 8 per core): with the backend's and gRPC's threads, most of a GiB of the
   // limit gone before any weight is loaded. Two arenas keep that reservation small; the default

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/capabilities.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "kernels/cpu/gqa_layer.h"
 #include "kernels/cpu/linear.h"
@@ -23,7 +24,10 @@ class CpuBackend : public AttentionBackend {
   absl::string_view name() const override { return "cpu"; }
 
   std::string device_description() const override {
-    return absl::StrCat(pool_.num_threads(), " CPU threads, ", blas_config_);
+    // The config string lists the core among its build options; the core is named on its own
+    // as well, so that neither a reader nor a test has to parse those (blas_core.h).
+    return absl::StrCat(pool_.num_threads(), " CPU threads, ", blas_config_, " (", BlasCoreName(),
+                        " kernels)");
   }
 
   const BackendCapabilities& capabilities() const override { return CpuCapabilities(); }

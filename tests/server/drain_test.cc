@@ -79,8 +79,10 @@ TEST(DrainCutTest, ForwardsRunningOrQueuedAtSigtermAreMovedOrRefused) {
   SecondServer b({"--replica_id=B"});
   ASSERT_TRUE(b.ok());
   // One compute thread and small chunks: the long Forward runs for a while, chunk after chunk.
+  // It must finish before the drain's deadline, so the deadline is generous (200 ms, as this was,
+  // lost the Forward on a loaded machine); the drain ends as soon as the queued calls are done.
   SecondServer a({"--replica_id=A", absl::StrCat("--drain_to=", b.address()),
-                  "--drain_timeout=200ms", "--compute_threads=1", "--prefill_chunk_tokens=32"});
+                  "--drain_timeout=30s", "--compute_threads=1", "--prefill_chunk_tokens=32"});
   ASSERT_TRUE(a.ok());
   v1::ConfigureResponse configured;
   ASSERT_TRUE(Configure(a.stub(), SeedConfigure(Spec(), 7), &configured).ok());

@@ -9,22 +9,33 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <chrono>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_capabilities.h"
 #include "proto/codec/capabilities_codec.h"
 #include "server/session/parameter_budget.h"
 #include "tests/reference/test_cases.h"
 #include "tests/support/await_until.h"
+#include "tests/support/child_process.h"
 #include "tests/support/server_fixture.h"
+#include "tests/support/server_process.h"
+
+extern char** environ;
 
 namespace attnserve::server_test {
 namespace {
@@ -84,6 +95,41 @@ TEST_F(ServerTest, GetServerInfoReportsTheBackendsCapabilities) {
       << info->capabilities().DebugString();
   EXPECT_THAT(info->capabilities().kv_formats(), Contains("fp8_e4m3"));
   EXPECT_TRUE(info->capabilities().fork() && info->capabilities().export_import());
+}
+
+// The CPU backend's OpenBLAS kernels use the CPU's vector units: on a CPU too new for the library,
+// which falls back to Prescott's SSE3 kernels (4x slower sgemm), the server re-executes itself
+// with a core named (kernels/cpu/blas_core.h). Started here with this process's environment as it
+// is (the fixtures pin the test's own core, for bit-for-bit comparisons); an operator's
+// OPENBLAS_CORETYPE is kept as given.
+TEST(BlasKernelsTest, TheServerRunsBlasKernelsForItsCpu) {
+  absl::StatusOr<std::string> dir = MakeTempDir("attnserve_blas");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string log_path = *dir + "/server.log";
+  absl::StatusOr<pid_t> pid =
+      SpawnLogged({ServerBinaryPath(), "--listen=127.0.0.1:0", "--port_file=" + *dir + "/port"},
+                  log_path, environ);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  auto read_log = [&] {
+    std::ifstream in(log_path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::regex kernels(R"(backend cpu: .*\((\w+) kernels\))");
+  std::smatch match;
+  std::string log;
+  const bool logged = AwaitUntil(
+      [&] { return std::regex_search(log = read_log(), match, kernels); }, std::chrono::seconds(30));
+  kill(*pid, SIGKILL);
+  waitpid(*pid, nullptr, 0);
+  RemoveTempDir(*dir);
+  ASSERT_TRUE(logged) << "no 'backend cpu: ... (<core> kernels)' line in the server's log:\n" << log;
+  const std::string core = absl::AsciiStrToLower(match[1].str());
+  if (const char* named = std::getenv("OPENBLAS_CORETYPE"); named != nullptr) {
+    EXPECT_EQ(core, absl::AsciiStrToLower(named)) << log;
+  } else {
+    EXPECT_EQ(BetterBlasCore(core, DetectCpuVectorFeatures()), "")
+        << "the server runs OpenBLAS's " << core << " kernels on a CPU with better:\n" << log;
+  }
 }
 
 // SIGTERM with an idle client connection open (the common case: clients keep channels) exits 0

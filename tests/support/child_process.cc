@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/blas_core.h"
 
 extern char** environ;
 
@@ -40,7 +41,20 @@ absl::StatusOr<pid_t> SpawnLogged(std::vector<std::string> args, const std::stri
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  if (envp == nullptr) envp = environ;
+  // This process's environment, with OpenBLAS's core pinned to the one this process runs: a
+  // server re-executes itself with better kernels than an unrecognised CPU gets (blas_core.h),
+  // and the tests compare its answers bit for bit with the engine run in the test's own process.
+  std::vector<std::string> inherited;
+  std::vector<char*> pinned;
+  if (envp == nullptr) {
+    for (char** e = environ; *e != nullptr; ++e) inherited.emplace_back(*e);
+    if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+      inherited.push_back(absl::StrCat("OPENBLAS_CORETYPE=", BlasCoreName()));
+    }
+    for (std::string& e : inherited) pinned.push_back(e.data());
+    pinned.push_back(nullptr);
+    envp = pinned.data();
+  }
   if (limits.address_space_bytes.has_value() || limits.open_files.has_value()) {
     // fork + exec, with setrlimit between them (posix_spawn cannot set limits). Only
     // async-signal-safe calls in the child.

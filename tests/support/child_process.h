@@ -30,7 +30,8 @@ struct ProcessLimits {
 };
 
 // Starts `args` (args[0] is the executable's path) with `envp` (null: this process's
-// environment), stdout and stderr to `log_path` (truncated), stdin from /dev/null: posix_spawn, or
+// environment, with OPENBLAS_CORETYPE set to the core this process runs unless it is set, so a
+// server computes as the engine in the test's own process does; kernels/cpu/blas_core.h), stdout and stderr to `log_path` (truncated), stdin from /dev/null: posix_spawn, or
 // fork + exec when `limits` sets any (the child then holds no other descriptor). INTERNAL
 // "posix_spawn <path>: <error>" (or "fork: <error>") when it cannot be started.
 absl::StatusOr<pid_t> SpawnLogged(std::vector<std::string> args, const std::string& log_path,
