@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/base/overloaded.h"
 #include "kernels/spec/spec_field.h"
 #include "nlohmann/json.hpp"
 
@@ -281,10 +282,6 @@ void SetFileDefault(absl::string_view key, LayerSpec& spec) {
   if (key == "rope") spec.rope = RopeLayout::kHalf;
 }
 
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
 
 absl::Status ReadField(const Json& root, const FieldReader& r, const SpecField& field,
                        LayerSpec& spec) {

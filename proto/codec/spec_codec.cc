@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "kernels/base/overloaded.h"
 #include "kernels/spec/spec_field.h"
 
 namespace attnserve {
@@ -53,10 +54,6 @@ using google::protobuf::EnumValueDescriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::Reflection;
 
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
 
 const FieldDescriptor& ProtoField(const SpecField& field) {
   const FieldDescriptor* proto = v1::LayerSpec::descriptor()->FindFieldByNumber(field.proto_number);

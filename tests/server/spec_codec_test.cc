@@ -15,6 +15,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
+#include "kernels/base/overloaded.h"
 #include "kernels/spec/layer_spec.h"
 #include "kernels/spec/spec_field.h"
 #include "kernels/spec/layer_spec_json.h"
@@ -186,10 +187,6 @@ TEST(SpecCodecTest, RefusesWithTheSameMessages) {
 using google::protobuf::EnumDescriptor;
 using google::protobuf::FieldDescriptor;
 
-template <typename... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
 
 FieldDescriptor::CppType CppTypeOf(const SpecMember& member) {
   return std::visit(
