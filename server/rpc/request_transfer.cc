@@ -507,11 +507,24 @@ class ImportReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Done(grpc::Status status) {
     if (done_) return;
     done_ = true;
-    ReleaseReservation();
     Observe(*context_.metrics, Rpc::kImportRequest, variant_, status, arrival_, compute_ns_);
     if (!status.ok()) {
       LogFailedCall(RpcLabel(Rpc::kImportRequest), call_->peer(),
                     static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    }
+    // A held reservation goes back before the call is answered, so a client that sees the
+    // failure finds the bytes free (no change of state behind a failed call). The reactor lives
+    // until Finish, which the op calls.
+    if (reserved_.has_value()) {
+      const SequenceId reserved = *std::exchange(reserved_, std::nullopt);
+      std::shared_ptr<Session> session = session_;
+      if (session->scheduler().PostOp({request_id_}, [this, session, reserved, status] {
+            session->AbandonImport(reserved);
+            Finish(status);
+          })) {
+        return;
+      }
+      // Not queued only once the server is shutting down: the session's layer goes with it.
     }
     Finish(std::move(status));
   }
