@@ -10,9 +10,11 @@ Usage: tests/benchmarks/run_cpu_benchmarks.py
            [--save_json RAW.json] [--threads_table]
 
 --threads_table runs SmolLM2-135M's attention shapes (prefill 512; decode batch 1, 8, 64 at
-context 512) on 1 thread and on all CPUs, attnserve (ATTNSERVE_BENCH_THREADS) and transformers'
-LlamaAttention with its DynamicCache (torch.set_num_threads), and prints the speed-up of all
-threads over one, per thread, and each side against the other.
+context 512; with --filter, the rows it names, e.g. 'BM_Prefill/./2048/|BM_Decode/./4096/./8'
+for the main table's) on 1 thread and on all CPUs, attnserve (ATTNSERVE_BENCH_THREADS) and its
+peer (torch.set_num_threads: transformers' LlamaAttention with its DynamicCache for SmolLM2, the
+peer's own rows otherwise), and prints the speed-up of all threads over one, per thread, and each
+side against the other.
 
 The peer runs with OMP_WAIT_POLICY=PASSIVE unless --peer_spin (see run_peer).
 
@@ -71,11 +73,26 @@ def load_average():
 SMOL_FILTER = r"BM_Smol(Prefill|Decode)/"
 
 
-def smol_shape(name):
+def row_shape(name, label):
+    """A row's name in the threads table: SmolLM2's rows by their shape, the others by their
+    variant and KV dtype (the benchmark's label) and their shape."""
     parts = name.split("/")
     if parts[0] == "BM_SmolPrefill":
-        return f"prefill {parts[1]}"
-    return f"decode ctx {parts[1]} x batch {parts[2]}"
+        return f"SmolLM2 prefill {parts[1]}"
+    if parts[0] == "BM_SmolDecode":
+        return f"SmolLM2 decode ctx {parts[1]} x batch {parts[2]}"
+    if parts[0] == "BM_Prefill":
+        return f"{label}, prefill {parts[2]}"
+    if parts[0] == "BM_Decode":
+        return f"{label}, decode ctx {parts[2]} x batch {parts[4]}"
+    return f"{label}, {name}"
+
+
+def peer_key(name):
+    """The peer's row name for an engine row (the peer names rows by the engine's first fields)."""
+    parts = name.split("/")
+    fields = {"BM_SmolPrefill": 2, "BM_SmolDecode": 3, "BM_Prefill": 4, "BM_Decode": 5}
+    return "/".join(parts[:fields.get(parts[0], len(parts))])
 
 
 def threads_table(args):
@@ -86,22 +103,25 @@ def threads_table(args):
     engine = {t: [] for t in counts}
     peer = {t: [] for t in counts}
     loads = []
+    labels = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             for t in counts:
                 loads.append(load_average())
                 report = run_engine(args.binary, args.filter, tmp, threads=t)
                 engine[t].append({b["name"]: b["real_time"] for b in report["benchmarks"]})
+                labels.update({b["name"]: b.get("label", "") for b in report["benchmarks"]})
                 if not args.no_peer:
                     peer[t].append(run_peer(args.python, args.filter, t, tmp,
                                             args.peer_spin)["rows"])
             loads.append(load_average())
     print(f"{all_threads} CPUs; {args.rounds} round(s), 1-minute load average "
           f"{min(loads):.1f}-{max(loads):.1f}; engine times in ms (Google Benchmark real time), "
-          f"PyTorch = transformers' LlamaAttention with a DynamicCache, medians over rounds")
+          f"PyTorch = the peer's row (SmolLM2: transformers' LlamaAttention with a DynamicCache), "
+          f"medians over rounds")
     print()
     n = all_threads
-    print(f"| SmolLM2-135M layer | attnserve 1 thr ms | {n} thr ms | speed-up | per thread "
+    print(f"| row | attnserve 1 thr ms | {n} thr ms | speed-up | per thread "
           f"| PyTorch 1 thr ms | {n} thr ms | speed-up | per thread | vs PyTorch 1 thr "
           f"| vs PyTorch {n} thr |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -114,13 +134,12 @@ def threads_table(args):
         return "n/a" if value is None else format(value, spec)
 
     for name in engine[1][0]:
-        key = "/".join(name.split("/")[:3] if name.startswith("BM_SmolDecode") else
-                       name.split("/")[:2])
+        key = peer_key(name)
         e1, en = med(engine[1], name), med(engine[n], name)
         p1, pn = med(peer[1], key, 1e3), med(peer[n], key, 1e3)
         e_up = e1 / en
         p_up = p1 / pn if p1 and pn else None
-        print(f"| {smol_shape(name)} | {e1:.2f} | {en:.2f} | {e_up:.2f}x | {e_up / n:.2f} | "
+        print(f"| {row_shape(name, labels.get(name, ''))} | {e1:.2f} | {en:.2f} | {e_up:.2f}x | {e_up / n:.2f} | "
               f"{fmt(p1, '.2f')} | {fmt(pn, '.2f')} | {fmt(p_up, '.2f')}x | "
               f"{fmt(p_up / n if p_up else None, '.2f')} | "
               f"{fmt(p1 / e1 if p1 else None, '.2f')}x | {fmt(pn / en if pn else None, '.2f')}x |")
