@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/common/demo_variants.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef ATTNSERVE_HAVE_CUDA
 #include "kernels/cuda/runtime/cuda_device.h"
@@ -153,6 +154,9 @@ int Run() {
 }  // namespace attnserve
 
 int main(int argc, char** argv) {
+  // The demo times the engine in this process: on a CPU its OpenBLAS does not know, with the
+  // kernels the server would run (kernels/cpu/blas_core.h).
+  attnserve::ReexecForBetterBlasCore(argv);
   absl::ParseCommandLine(argc, argv);
   return attnserve::Run();
 }
