@@ -433,8 +433,11 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string last_input_digest;
     uint64_t last_output = RetainedOutputs::kNone;
   };
-  // Forgets `state`'s retained output and gives its bytes back.
+  // Forgets `state`'s retained output and gives its bytes back. A request holds one only after a
+  // call with a call_id, so a call without one leaves the store alone, as it leaves the digest
+  // (call_digest.h) uncomputed: nothing of call_id retries runs for a call that names none.
   void DropRetained(RequestState& state) {
+    if (state.last_output == RetainedOutputs::kNone) return;
     retained_->Release(state.last_output);
     state.last_output = RetainedOutputs::kNone;
   }
