@@ -28,7 +28,7 @@
 #include "server/observability/logging.h"
 #include "server/observability/metrics.h"
 #include "server/rpc/attention_service.h"
-#include "server/rpc/call_tracker.h"
+#include "server/rpc/wire_call.h"
 #include "server/runtime/executor.h"
 #include "server/security/caller.h"
 #include "server/security/transport_security.h"
@@ -453,7 +453,7 @@ absl::Status RunServer(const ServerOptions& options) {
   }
   // New calls are refused, and the calls in flight finish, before gRPC's Shutdown sends GOAWAY:
   // its final GOAWAY and the close then wait for each client to have read its answers
-  // (server/rpc/call_tracker.h says why); Shutdown cancels what is still running at the deadline.
+  // (server/rpc/wire_call.h says why); Shutdown cancels what is still running at the deadline.
   const absl::Time grace_end = absl::Now() + options.shutdown_grace;
   service.StopAccepting();
   const int64_t in_flight = calls.live();

@@ -17,7 +17,6 @@
 #include "server/observability/logging.h"
 #include "server/rpc/request_transfer.h"
 #include "server/security/caller.h"
-#include "server/session/drain_seal.h"
 #include "server/session/layer_fingerprint.h"
 #include "server/session/scheduler.h"
 #include "server/session/session.h"

@@ -12,7 +12,7 @@
 // weights included), retried on UNAVAILABLE until the answer comes from a replica other than this
 // one — the peer may be the balancer, which keeps routing the id here until its health checks see
 // NOT_SERVING; check that the re-created session's fingerprint is this one's; make the cut
-// (server/session/drain_seal.h): in its turn on the session's queue, after every call queued
+// (DrainSeal, server/session/session.h): in its turn on the session's queue, after every call queued
 // before it, the session is sealed and its requests listed, so calls in flight at SIGTERM finish
 // and are moved, and calls that reach the session later (an ImportRequest whose pages came after
 // the signal, a step that passed the service's check just before it) are refused UNAVAILABLE;

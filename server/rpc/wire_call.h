@@ -1,3 +1,7 @@
+// A call at the server's gRPC edge, from the moment gRPC creates it to the moment it is destroyed:
+// how many are alive (for the shutdown), how its bytes become a request and its response bytes,
+// and how it ends (its status, its report to metrics).
+//
 // The bytes edge of every RPC: requests arrive as raw gRPC ByteBuffers and responses leave as
 // ones, so that the service, not gRPC's generated code, decides what a malformed message means.
 //
@@ -23,24 +27,76 @@
 // registered as BIDI_STREAMING is surfaced at its initial metadata, and its first message is read
 // only when the handler asks (StartRead); on the wire a unary call and a one-message stream are the
 // same HTTP/2 exchange, so clients and their generated stubs do not change.
+//
+// The calls in flight (CallTracker), so that a shutdown can wait for them before it tells the
+// clients to go away. Why the shutdown needs this (ShutdownTest.SigtermDrainsAnInFlightCall):
+// gRPC's Server::Shutdown(deadline) sends GOAWAY at once and waits for the calls, but a call is
+// over for gRPC when its answer is in the connection's socket, not when the client has read it;
+// the last stream closing then closes the connection, and a socket closed with unread bytes in
+// (the client's WINDOW_UPDATEs and pings) is reset, which drops the part of the answer the client
+// had not received yet ("Connection reset by peer": reproduced by freezing the client at
+// SIGTERM). Waiting for the calls first, then shutting down, puts gRPC's graceful GOAWAY and its
+// ping behind every answer on each connection: the final GOAWAY (and the close) waits for the
+// client's ping ack, which it sends only once it has read what came before. A call counts from
+// the moment gRPC creates it until it is destroyed, after its reactor's OnDone (its answer handed
+// to the transport), whatever its service (health and reflection too).
 #ifndef ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
 #define ATTNSERVE_SERVER_RPC_WIRE_CALL_H_
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "google/protobuf/message.h"
 #include "server/observability/metrics.h"
 
 namespace attnserve::server {
+
+// Counts every call of the server it is installed in, from its creation to its destruction.
+class CallTracker {
+ public:
+  CallTracker() = default;
+  CallTracker(const CallTracker&) = delete;
+  CallTracker& operator=(const CallTracker&) = delete;
+
+  // For grpc::ServerBuilder::experimental().SetInterceptorCreators: counts every call of the
+  // server it is given to. The tracker must outlive that server.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> NewInterceptorFactory();
+
+  // Calls in flight now.
+  int64_t live() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Waits until every call that started before this call has ended, or until `deadline`. True
+  // when they all ended. Calls that start meanwhile are not waited for (the service refuses them
+  // while the server stops, so they end at once).
+  bool AwaitCallsStartedBefore(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class Interceptor;
+  class Factory;
+
+  // Numbers a starting call; Ended takes its number back.
+  uint64_t Started() ABSL_LOCKS_EXCLUDED(mu_);
+  void Ended(uint64_t number) ABSL_LOCKS_EXCLUDED(mu_);
+
+  mutable absl::Mutex mu_;
+  uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;
+  // Calls numbered below `cut_` still live (the ones AwaitCallsStartedBefore waits for).
+  uint64_t cut_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t live_before_cut_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // Session ids are 32 hex digits; anything much longer is refused before it is looked up or
 // echoed, so a huge id cannot bloat the status message.

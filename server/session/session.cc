@@ -27,6 +27,28 @@ absl::Status SessionClosedError(const std::string& id) {
 
 }  // namespace
 
+void DrainSeal::Seal(std::string message, RefusalObserver on_refused) {
+  absl::MutexLock lock(&mu_);
+  if (sealed_.load(std::memory_order_relaxed)) return;
+  message_ = std::move(message);
+  on_refused_ = std::move(on_refused);
+  sealed_.store(true, std::memory_order_release);
+}
+
+absl::Status DrainSeal::Check(int64_t requests) {
+  if (!sealed()) return absl::OkStatus();
+  refused_.fetch_add(requests, std::memory_order_relaxed);
+  RefusalObserver observer;
+  std::string message;
+  {
+    absl::MutexLock lock(&mu_);
+    observer = on_refused_;
+    message = message_;
+  }
+  if (observer) observer(requests);
+  return absl::UnavailableError(std::move(message));
+}
+
 Session::Session(std::string id, std::string label, const LayerSpec& spec, DType kv_dtype,
                  SessionLimits limits, std::unique_ptr<AttentionLayer> layer, SessionCost cost,
                  Executor* executor, SchedulerContext scheduler)

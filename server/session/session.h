@@ -37,7 +37,6 @@
 #include "kernels/spec/layer_spec.h"
 #include "kernels/stack/layer_stack.h"
 #include "server/runtime/executor.h"
-#include "server/session/drain_seal.h"
 #include "server/session/parameter_budget.h"
 #include "server/session/retained_outputs.h"
 
@@ -192,6 +191,37 @@ class PrefillRun {
   bool reserved_ = false;  // Its sequences hold a reservation for its rows (ReserveKv).
   bool started_ = false;   // Its new requests' sequences exist.
   bool over_ = false;      // Undone (a chunk failed) or recorded (FinishPrefill).
+};
+
+// A session's cut for a drain (server/fleet/drain.h): once sealed, every call that would change
+// its requests is refused UNAVAILABLE instead of applied, because the drain has listed the requests
+// it moves and a change made here afterwards would never reach the peer (issue 21, items 5 and 6:
+// a Forward queued at SIGTERM, or an ImportRequest whose pages came after it, answered OK for a
+// request the peer never received). The drain seals a session in its turn on the session's queue,
+// so the calls queued before it finish first and are moved with it. Part of the session's state,
+// as `closed` is: every plan, Fork and import of the session checks it.
+class DrainSeal {
+ public:
+  // Called with the number of requests a refused call named (for the drain's log and metric).
+  using RefusalObserver = std::function<void(int64_t requests)>;
+
+  // From now on Check fails with UNAVAILABLE `message`. Any thread; the first seal wins.
+  void Seal(std::string message, RefusalObserver on_refused) ABSL_LOCKS_EXCLUDED(mu_);
+  bool sealed() const { return sealed_.load(std::memory_order_acquire); }
+
+  // OK while unsealed; once sealed, UNAVAILABLE with the seal's message, counting the call's
+  // `requests` as refused.
+  absl::Status Check(int64_t requests) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Requests of the calls refused since the seal.
+  int64_t refused_requests() const { return refused_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> sealed_{false};
+  std::atomic<int64_t> refused_{0};
+  mutable absl::Mutex mu_;
+  std::string message_ ABSL_GUARDED_BY(mu_);
+  RefusalObserver on_refused_ ABSL_GUARDED_BY(mu_);
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -368,7 +398,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool per_layer() const { return per_layer_; }
   int num_layers() const { return num_layers_; }
   int num_requests() const;
-  // The drain's cut (server/session/drain_seal.h): once sealed, Plan, Fork, ImportRequest,
+  // The drain's cut (DrainSeal above): once sealed, Plan, Fork, ImportRequest,
   // ReleaseRequest, ExportRequest with release and RunPrefillChunk refuse UNAVAILABLE and
   // ExpireRequests keeps every request. Any thread.
   DrainSeal& drain_seal() { return drain_seal_; }
@@ -403,8 +433,11 @@ class Session : public std::enable_shared_from_this<Session> {
     std::string last_input_digest;
     uint64_t last_output = RetainedOutputs::kNone;
   };
-  // Forgets `state`'s retained output and gives its bytes back.
+  // Forgets `state`'s retained output and gives its bytes back. A request holds one only after a
+  // call with a call_id, so a call without one leaves the store alone, as it leaves the digest
+  // (call_digest.h) uncomputed: nothing of call_id retries runs for a call that names none.
   void DropRetained(RequestState& state) {
+    if (state.last_output == RetainedOutputs::kNone) return;
     retained_->Release(state.last_output);
     state.last_output = RetainedOutputs::kNone;
   }

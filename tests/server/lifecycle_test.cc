@@ -215,7 +215,7 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
                                  << " s after SIGTERM";
   EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
   // The server's own account: it waited for the call before shutting gRPC down, which is what
-  // keeps the answer from being reset with the connection (server/rpc/call_tracker.h).
+  // keeps the answer from being reset with the connection (CallTracker, server/rpc/wire_call.h).
   const std::string log = server().LogTail(1 << 16);
   EXPECT_THAT(log, ::testing::ContainsRegex("shutdown: [1-9][0-9]* calls in flight at the stop; "
                                             "all ended"))
