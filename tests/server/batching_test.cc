@@ -173,7 +173,14 @@ TEST_F(BatchingTest, ThirtyTwoStreamsShareDecodeBatchesAndMatchUnbatchedEngine) 
   }
   for (std::thread& t : threads) t.join();
 
-  absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub(), session);
+  // A batch is counted after its answers go out: the last one's count may come after them.
+  absl::StatusOr<v1::SessionInfo> info;
+  AwaitUntil(
+      [&] {
+        info = GetSessionInfo(stub(), session);
+        return !info.ok() || info->batching().decode_steps() >= kStreams * kSteps;
+      },
+      std::chrono::seconds(10));
   ASSERT_TRUE(info.ok()) << info.status();
   const v1::BatchingStats& batching = info->batching();
   const double mean = static_cast<double>(batching.decode_steps()) /
@@ -453,6 +460,17 @@ class ReprefillTest : public ServerTest {
     return absl::DeadlineExceededError(absl::StrCat(steps, " steps never waited together"));
   }
 
+  // The counters once at least `steps` decode steps are counted: a batch is counted after its
+  // answers go out, so a client that has its answers may read the counters before the count.
+  absl::StatusOr<v1::BatchingStats> AwaitCounted(int64_t steps) {
+    const auto give_up = Clock::now() + kRpcTimeout;
+    absl::StatusOr<v1::BatchingStats> batching;
+    do {
+      batching = Batching();
+    } while (batching.ok() && batching->decode_steps() < steps && Clock::now() < give_up);
+    return batching;
+  }
+
   // The re-prefill of stream d: Release its request, Forward its next one (d2).
   void Reprefill() {
     grpc::Status status = Release(stub(), session_, "d");
@@ -486,7 +504,7 @@ TEST_F(ReprefillTest, ReleaseAndForwardLeaveTheBatchBeingFormed) {
   ASSERT_TRUE(a.status.ok()) << Describe(a.status);
   ASSERT_TRUE(b.status.ok()) << Describe(b.status);
   ASSERT_TRUE(after_ops.ok()) << after_ops.status();
-  absl::StatusOr<v1::BatchingStats> end = Batching();
+  absl::StatusOr<v1::BatchingStats> end = AwaitCounted(before->decode_steps() + 2);
   ASSERT_TRUE(end.ok()) << end.status();
   if (!conclusive) GTEST_SKIP() << "the RPCs took longer than --max_queue_delay";
   // Both ops were answered while a still waited: they did not launch it alone.
@@ -521,7 +539,7 @@ TEST_F(ReprefillTest, AForwardWithoutItemsFailsWithoutCuttingTheBatch) {
   ASSERT_TRUE(b.status.ok()) << Describe(b.status);
   ASSERT_TRUE(d.status.ok()) << Describe(d.status);
   ASSERT_TRUE(after_call.ok()) << after_call.status();
-  absl::StatusOr<v1::BatchingStats> end = Batching();
+  absl::StatusOr<v1::BatchingStats> end = AwaitCounted(before->decode_steps() + 3);
   ASSERT_TRUE(end.ok()) << end.status();
   if (!conclusive) GTEST_SKIP() << "the RPCs took longer than --max_queue_delay";
   EXPECT_EQ(after_call->decode_batches(), before->decode_batches())
@@ -544,7 +562,7 @@ TEST_F(ReprefillTest, ReleaseOfTheLastAwaitedStreamLaunchesTheBatch) {
   JoinSteps();
   ASSERT_TRUE(a.status.ok()) << Describe(a.status);
   ASSERT_TRUE(b.status.ok()) << Describe(b.status);
-  absl::StatusOr<v1::BatchingStats> end = Batching();
+  absl::StatusOr<v1::BatchingStats> end = AwaitCounted(before->decode_steps() + 2);
   ASSERT_TRUE(end.ok()) << end.status();
   if (released >= kGiveUp) GTEST_SKIP() << "the RPCs took longer than --max_queue_delay";
   EXPECT_EQ(end->decode_batches() - before->decode_batches(), 1);
