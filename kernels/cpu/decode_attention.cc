@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -48,10 +49,12 @@ constexpr int kBlockKeys = 128;
 // their softmax state. `page_rows` > 0: the rows are one float page's slots, consecutive at
 // p.layout.row_stride, which sgemm takes as a strided matrix.
 // `site`: the block's first query row's head, the query index and the block's first key.
+// `q_tiles`: q as GroupScoresQuery laid it out (GroupScores reads it; sgemm reads `q`).
 template <typename Element>
-void AttendBlock(const DecodeAttentionParams& p, const float* q, int count, float* scores,
-                 int padded_block, const Element* const* key_rows, const Element* const* value_rows,
-                 bool use_gemm, LogitSite site, PartialState state) {
+void AttendBlock(const DecodeAttentionParams& p, const float* q, const float* q_tiles, int count,
+                 float* scores, int padded_block, const Element* const* key_rows,
+                 const Element* const* value_rows, bool use_gemm, LogitSite site,
+                 PartialState state) {
   const int rows = p.rows_per_kv_head;
   // S = Q · K^T for this block; the block's keys stay in cache across rows.
   if (use_gemm) {
@@ -60,7 +63,7 @@ void AttendBlock(const DecodeAttentionParams& p, const float* q, int count, floa
                 0.0f, scores, padded_block);
   } else {
     // Every query row of the group from each register tile of keys (simd_kernels.h).
-    GroupScores(q, rows, p.key_dim, key_rows, count, scores, padded_block);
+    GroupScores(q_tiles, rows, p.key_dim, key_rows, count, scores, padded_block);
   }
   // Online softmax: rescale what was accumulated when a row's running max grows.
   for (int r = 0; r < rows; ++r) {
@@ -104,6 +107,18 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
   std::fill(state.sum, state.sum + total_rows, 0.0f);
   std::fill(state.acc, state.acc + total_rows * p.value_dim, 0.0f);
   std::vector<const Element*> key_rows(padded_block), value_rows(padded_block);
+  // q as GroupScores reads it (aligned; bf16 keys: in their column order), laid out once for all
+  // the item's blocks rather than per block.
+  const int64_t q_floats = total_rows * p.key_dim;
+  std::vector<float> q_buffer(q_floats + 16);
+  void* q_start = q_buffer.data();
+  size_t q_space = q_buffer.size() * sizeof(float);
+  float* const q_tiles =
+      static_cast<float*>(std::align(64, q_floats * sizeof(float), q_start, q_space));
+  for (int h = 0; h < p.num_kv_heads; ++h) {
+    GroupScoresQuery(q + int64_t{h} * rows * p.key_dim, rows, p.key_dim,
+                     std::is_same_v<Element, uint16_t>, q_tiles + int64_t{h} * rows * p.key_dim);
+  }
   std::vector<float> dequantized(kDequantize ? p.layout.page_elements * pages_per_block : 0);
   // The block's pages: base pointer, first slot and key count of each.
   struct BlockPage {
@@ -170,9 +185,9 @@ void AttendKeys(const DecodeAttentionParams& p, const float* q, const PageTable&
       const int64_t first_row = int64_t{h} * rows;
       PartialState head_state{state.max + first_row, state.sum + first_row,
                               state.acc + first_row * p.value_dim};
-      AttendBlock(p, q + first_row * p.key_dim, count, scores.data(), padded_block, key_rows.data(),
-                  value_rows.data(), use_gemm && count >= kMinKeysForGemm,
-                  {h * rows, query, first_key}, head_state);
+      AttendBlock(p, q + first_row * p.key_dim, q_tiles + first_row * p.key_dim, count,
+                  scores.data(), padded_block, key_rows.data(), value_rows.data(),
+                  use_gemm && count >= kMinKeysForGemm, {h * rows, query, first_key}, head_state);
     }
   }
 }

@@ -380,44 +380,29 @@ ATTNSERVE_AVX512 inline void AccumulateColumns(const float* weights, int64_t ld,
 
 }  // namespace
 
+// q's rows as the tiles below read them: bf16 keys: each whole 8-row group in EvenOddOrder, the
+// rows left over as they are; f32 keys: as they are.
+ATTNSERVE_AVX512 void GroupScoresQuery(const float* q, int rows, int64_t dim, bool bf16_keys,
+                                       float* out) {
+  const int reordered = bf16_keys ? rows / 8 * 8 : 0;
+  EvenOddOrder(q, reordered, dim, out);
+  std::memcpy(out + reordered * dim, q + reordered * dim, sizeof(float) * (rows - reordered) * dim);
+}
+
 // scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count, keys
-// stored as float or as bf16 bits (Element float or uint16_t); dim % 16 == 0. The AVX-512 target
-// is on the template's first declaration: GCC takes a function template's target from there, and
-// without it a portable build (ATTNSERVE_NATIVE=OFF) could not inline the always-inline tiles.
+// stored as float or as bf16 bits (Element float or uint16_t); dim % 16 == 0; q laid out by
+// GroupScoresQuery. The AVX-512 target is on the template's first declaration: GCC takes a
+// function template's target from there, and without it a portable build (ATTNSERVE_NATIVE=OFF)
+// could not inline the always-inline tiles.
 template <typename Element>
 ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
                                   const Element* const* key_rows, int count, float* scores,
                                   int64_t ld) {
-  // q in a 64-byte-aligned copy: the tiles read q chunks as memory operands of their FMAs (8-row
-  // tiles: one per 2 FMAs), and a caller's q off a 64-byte boundary (a std::vector's is at 16)
-  // could split every such load over two cache lines (measured, one thread: MQA f32/bf16 and MLA
-  // f32 kernels 1.10-1.15x; MLA bf16 no longer 1.3x slower in some processes; docs/benchmarks.md).
-  // bf16 keys: the 8-row groups' rows in EvenOddOrder. On the stack up to 16 rows of 512 columns (MQA 8 x 64, absorbed MLA 8-16 x 288),
-  // so a block of keys allocates nothing; beyond that f32 reads q as given, bf16 a heap copy.
   const int rows8 = rows / 8 * 8;
-  constexpr bool kReorder = std::is_same_v<Element, uint16_t>;
-  constexpr int64_t kStackFloats = 16 * 512;
-  alignas(64) float stack[kStackFloats];
-  std::vector<float> heap;
-  const float* q_tiles = q;
-  if (rows * dim <= kStackFloats || (kReorder && rows8 > 0)) {
-    float* copy = stack;
-    if (rows * dim > kStackFloats) {
-      heap.resize(static_cast<size_t>(rows) * dim);
-      copy = heap.data();
-    }
-    if (kReorder) {
-      EvenOddOrder(q, rows8, dim, copy);
-    } else {
-      std::memcpy(copy, q, sizeof(float) * rows8 * dim);
-    }
-    std::memcpy(copy + rows8 * dim, q + rows8 * dim, sizeof(float) * (rows - rows8) * dim);
-    q_tiles = copy;
-  }
   // Groups of 8 and more rows (MQA, absorbed MLA): 8 rows x 2 keys, each key row widened once per
   // 8 rows rather than per 4. What is left of the rows takes the quads below.
   if (rows8 > 0) {
-    const float* q8 = q_tiles;
+    const float* q8 = q;
     const int count2 = count / 2 * 2;
     for (int s = 0; s < count2; s += 2) {
       if (s + kPrefetchKeys + 2 <= count) {
@@ -434,13 +419,21 @@ ATTNSERVE_AVX512 void GroupScores(const float* q, int rows, int64_t dim,
     }
     if (count2 < count) {
       for (int r = 0; r < rows8; r += 8) {
-        ScoresColumn<1>(q + r * dim, 8, dim, key_rows + count2, scores + r * ld + count2, ld);
+        if constexpr (std::is_same_v<Element, uint16_t>) {
+          // q is in EvenOddOrder, which only the 8 x 2 tile reads: the last key as both keys.
+          const Element* const last[2] = {key_rows[count2], key_rows[count2]};
+          float pair[16];
+          ScoresTile8x2(q8 + r * dim, dim, last, pair, 2);
+          for (int g = 0; g < 8; ++g) scores[(r + g) * ld + count2] = pair[2 * g];
+        } else {
+          ScoresColumn<1>(q8 + r * dim, 8, dim, key_rows + count2, scores + r * ld + count2, ld);
+        }
       }
     }
     if (rows8 == rows) return;
     scores += rows8 * ld;
   }
-  q = q_tiles + rows8 * dim;
+  q += rows8 * dim;
   rows -= rows8;
   int s = 0;
   if (rows == 1) {
@@ -990,6 +983,16 @@ void GroupScoresDispatch(const float* q, int rows, int64_t dim, const Element* c
   GroupScoresPortable(q, rows, dim, key_rows, count, scores, ld);
 }
 
+void GroupScoresQueryDispatch(const float* q, int rows, int64_t dim, bool bf16_keys, float* out) {
+#ifdef ATTNSERVE_X86_AVX512
+  if (dim % 16 == 0 && SimdKernelsUseAvx512()) {
+    avx512::GroupScoresQuery(q, rows, dim, bf16_keys, out);
+    return;
+  }
+#endif
+  std::memcpy(out, q, sizeof(float) * rows * dim);  // The AVX2 and portable loops read q as is.
+}
+
 template <typename Element>
 void GroupAccumulateDispatch(const float* weights, int64_t ld, int rows,
                              const Element* const* value_rows, int count, int64_t dim, float* acc) {
@@ -1035,6 +1038,9 @@ void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float sca
   OnlineSoftmaxRowPortable(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);
 }
 
+void GroupScoresQuery(const float* q, int rows, int64_t dim, bool bf16_keys, float* out) {
+  GroupScoresQueryDispatch(q, rows, dim, bf16_keys, out);
+}
 void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,
                  float* scores, int64_t ld) {
   GroupScoresDispatch(q, rows, dim, key_rows, count, scores, ld);

@@ -13,7 +13,8 @@
 //                     the accumulator,
 //                     scores -> weights (zero outside [lo, hi)), vectorised exp.
 //   GroupScores       S[g][s] = q_g . k_s for all query rows of a KV group and a run of key rows
-//                     (float or bf16 bits, widened in registers): register tiles of 1 row x 8
+//                     (float or bf16 bits, widened in registers), q laid out once per call by
+//                     GroupScoresQuery: register tiles of 1 row x 8
 //                     keys for one row, 2 rows x 4 keys for a group (each key chunk loaded once
 //                     per row pair).
 //   GroupAccumulate   acc[g] += sum_s P[g][s] v_s, the accumulator held in registers over the run:
@@ -127,7 +128,17 @@ void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float sca
                       const AttentionVariation& variation, const LogitSite& site, float* max,
                       float* sum, float* acc, int64_t value_dim);
 
-// scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count.
+// Writes q's `rows` rows of `dim` floats into `out` (rows * dim floats, 64-byte aligned) laid out
+// as GroupScores reads them for float or bf16 (`bf16_keys`) keys: the same values, with bf16 keys
+// on the AVX-512 path each whole 8-row group's columns in the even/odd order its tile loads keys
+// in. Aligned because the tiles read q as memory operands of their FMAs, and a row off a 64-byte
+// boundary (a std::vector's is at 16) could split every such load over two cache lines (measured,
+// one thread: MQA f32/bf16 and MLA f32 kernels 1.10-1.15x; docs/benchmarks.md). A decode call
+// lays out its q once for all its blocks of keys.
+void GroupScoresQuery(const float* q, int rows, int64_t dim, bool bf16_keys, float* out);
+
+// scores[g * ld + s] = q[g * dim, +dim) . key_rows[s][0, dim) for g < rows, s < count, q laid out
+// by GroupScoresQuery for this key type.
 void GroupScores(const float* q, int rows, int64_t dim, const float* const* key_rows, int count,
                  float* scores, int64_t ld);
 void GroupScores(const float* q, int rows, int64_t dim, const uint16_t* const* key_rows, int count,

@@ -12,7 +12,10 @@
 //   - none of those streams came back for a while: the gap since the answers went out, or since
 //     the last of them came back, reached the longer of max_queue_delay and the engine time of
 //     the batch that answered them (a stream that slow has stopped, or would have waited about
-//     that long for the next batch anyway); max_queue_delay 0 never waits.
+//     that long for the next batch anyway), and the streams have had, since the answers, the
+//     time they took to come back before (the return wait: the last whole round's return time,
+//     kept a while as the maximum, which a stream given up on raises by coming back later, at
+//     most to kLateRounds rounds); max_queue_delay 0 never waits.
 // Waiting for the streams the previous batch answered, rather than launching with the steps that
 // arrived while it ran, is what keeps C ready streams in one batch of C: launching early splits
 // them into two cohorts that take turns, each batch about C/2. So a step may wait for the others
@@ -265,6 +268,17 @@ class SessionScheduler {
   // The longest engine time of the batches that answered them.
   int64_t answered_batch_ns_ ABSL_GUARDED_BY(mu_) = 0;
   SchedulerClock::time_point last_return_ ABSL_GUARDED_BY(mu_);  // The last of them to arrive.
+  // How long the last round took: the answers until every stream they answered was back.
+  int64_t round_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // How long after the answers a batch waits for the streams still out (see the header): the
+  // maximum of round_ns_ decaying by a quarter per round, raised by late streams.
+  int64_t return_wait_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  // The streams a batch gave up on (launched without) and when they were answered: one that comes
+  // back before the next give-up tells how late a stream may be.
+  absl::flat_hash_set<std::string> late_ ABSL_GUARDED_BY(mu_);
+  SchedulerClock::time_point late_since_ ABSL_GUARDED_BY(mu_);
+  // A late stream raises the return wait to at most this many whole rounds.
+  static constexpr int64_t kLateRounds = 4;
 
   std::atomic<int64_t> decode_batches_{0};
   std::atomic<int64_t> decode_steps_{0};

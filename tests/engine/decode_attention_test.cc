@@ -231,8 +231,8 @@ std::vector<DecodeCase> Cases() {
   // Groups past 8 rows: the AVX-512 8-row tiles, then what is left in a quad (12) or a pair (10).
   cases.push_back({"mqa12_d48", false, 1, 12, 48, 48, DType::kBF16});
   cases.push_back({"gqa10_d112_softcap", false, 2, 10, 112, 112, DType::kF32, true, 0, 1.5f});
-  // 32 heads x 288 columns: past the tiles' 16 x 512 aligned q copy on the stack (bf16: a heap
-  // copy in even/odd order; f32: q read where it is).
+  // 32 heads x 288 columns: four 8-row groups of a wide q (GroupScoresQuery's layout, bf16 in
+  // even/odd order; until it was laid out once per call, past the per-block copy on the stack).
   cases.push_back({"mla32_k288_v256_bf16", true, 1, 32, 288, 256, DType::kBF16});
   cases.push_back({"mla32_k288_v256_f32", true, 1, 32, 288, 256, DType::kF32});
   return cases;
