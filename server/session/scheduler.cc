@@ -361,11 +361,18 @@ void SessionScheduler::BatchTask() {
       // answers reach many client threads in bursts, with pauses longer than a batch between
       // them (64 MQA streams on 2 loaded cores: 3-14 ms to return, pauses of 1.4-8 ms between
       // bursts, batches of 1.5 ms).
-      const SchedulerClock::time_point give_up = std::max(
-          std::max(answered_at_, last_return_) +
-              std::max<SchedulerClock::duration>(absl::ToChronoNanoseconds(o.max_queue_delay),
-                                                 std::chrono::nanoseconds(answered_batch_ns_)),
-          answered_at_ + std::chrono::nanoseconds(return_wait_ns_));
+      // The return wait is capped (kReturnWaitBatches batch times, at least max_queue_delay
+      // each, or kReturnWaitFloor if longer): a round's return time also counts a client's think
+      // time between two steps, which would otherwise hold every other stream's step that long.
+      const SchedulerClock::duration gap =
+          std::max<SchedulerClock::duration>(absl::ToChronoNanoseconds(o.max_queue_delay),
+                                             std::chrono::nanoseconds(answered_batch_ns_));
+      const SchedulerClock::duration return_wait =
+          std::min<SchedulerClock::duration>(
+              std::chrono::nanoseconds(return_wait_ns_),
+              std::max<SchedulerClock::duration>(kReturnWaitBatches * gap, kReturnWaitFloor));
+      const SchedulerClock::time_point give_up =
+          std::max(std::max(answered_at_, last_return_) + gap, answered_at_ + return_wait);
       const bool ready = s.full || s.steps >= o.max_batch_size ||
                          s.context_tokens >= o.max_batch_tokens || returning_.empty() ||
                          now >= give_up || o.max_queue_delay == absl::ZeroDuration() ||

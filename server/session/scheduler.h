@@ -15,7 +15,8 @@
 //     that long for the next batch anyway), and the streams have had, since the answers, the
 //     time they took to come back before (the return wait: the last whole round's return time,
 //     kept a while as the maximum, which a stream given up on raises by coming back later, at
-//     most to kLateRounds rounds); max_queue_delay 0 never waits.
+//     most to kLateRounds rounds, and never more than kReturnWaitBatches of the gap rule's unit or 10 ms);
+//     max_queue_delay 0 never waits.
 // Waiting for the streams the previous batch answered, rather than launching with the steps that
 // arrived while it ran, is what keeps C ready streams in one batch of C: launching early splits
 // them into two cohorts that take turns, each batch about C/2. So a step may wait for the others
@@ -279,6 +280,11 @@ class SessionScheduler {
   SchedulerClock::time_point late_since_ ABSL_GUARDED_BY(mu_);
   // A late stream raises the return wait to at most this many whole rounds.
   static constexpr int64_t kLateRounds = 4;
+  // The return wait never exceeds this many batch times (the gap rule's unit) or the floor if
+  // longer: enough for answers that reach 64 client threads in bursts (3-14 ms against 1.5 ms MQA
+  // batches), while a stream whose client thinks between steps delays the others by at most that.
+  static constexpr int kReturnWaitBatches = 8;
+  static constexpr std::chrono::milliseconds kReturnWaitFloor{10};
 
   std::atomic<int64_t> decode_batches_{0};
   std::atomic<int64_t> decode_steps_{0};
