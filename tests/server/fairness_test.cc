@@ -7,12 +7,12 @@
 //
 // The order is asserted in chunks, from the server's own counter, not in milliseconds (issue 18
 // item 4; was: B's largest step latency against 6 mean chunk times, which a loaded machine's
-// scheduling could break): A's GetSession counts its prefill chunks as each runs, and a poller
-// reads it all along, so for every step of B the test knows how many of A's chunks certainly ran
-// between the step's send and its answer (those between a read sent after the send and a read
-// answered before the answer). At most kMaxChunksPerStep: the chunk running when the step arrived,
-// one more in the time a step takes to reach the executor, and room for a loaded machine. Before
-// the change a step that arrived as A's Forward started waited for all of its 16 chunks.
+// scheduling could break): A's GetSession counts its prefill chunks as each runs, and the test
+// reads it all along (tests/support/counter_reads.h), so for every step of B it knows how many
+// of A's chunks certainly ran between the step's send and its answer. At most kMaxChunksPerStep:
+// the chunk running when the step arrived, one more while the step reaches the executor, and
+// room for a loaded machine. Before the change a step that arrived as A's Forward started waited
+// for all of its 16 chunks (checked again: 16 with the chunk loop made to run in one turn).
 //
 // B's p50/p99/max step latency without A's load and during it are printed (docs/reliability.md,
 // "Fairness between sessions" records them). Events only: the phases wait for B's answered steps
@@ -20,7 +20,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <random>
@@ -30,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/support/counter_reads.h"
 #include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
@@ -131,33 +131,20 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
     absl::MutexLock lock(&mu);
     load_begin_ns = now_ns();
   }
-  // A's chunk count, read all along from phase 2 on: each read's send and answer times and value.
-  struct Read {
-    int64_t sent_ns, answered_ns, chunks;
-  };
-  std::vector<Read> reads;  // The poller's until it is joined.
-  std::atomic<bool> stop_reading{false};
-  std::string read_failure;  // The poller's until it is joined.
-  std::thread poller([&] {
-    auto client = v1::AttentionService::NewStub(server().NewChannel());
-    while (!stop_reading.load()) {
-      grpc::ClientContext context;
-      SetDeadline(context);
-      v1::GetSessionRequest get;
-      get.set_session_id(session_a);
-      v1::GetSessionResponse info;
-      const int64_t sent = now_ns();
-      const grpc::Status status = client->GetSession(&context, get, &info);
-      if (!status.ok()) {
-        read_failure = Describe(status);
-        return;
-      }
-      reads.push_back({sent, now_ns(), info.session().batching().prefill_chunks()});
-      // Pacing only: a read every ~1 ms is fine-grained against a chunk (tens of ms) and leaves
-      // the two cores to the server.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  });
+  // A's chunk count, read all along from phase 2 on.
+  auto reader = v1::AttentionService::NewStub(server().NewChannel());
+  CounterReads a_chunks(
+      [&]() -> absl::StatusOr<int64_t> {
+        grpc::ClientContext context;
+        SetDeadline(context);
+        v1::GetSessionRequest get;
+        get.set_session_id(session_a);
+        v1::GetSessionResponse info;
+        const grpc::Status status = reader->GetSession(&context, get, &info);
+        if (!status.ok()) return absl::InternalError(Describe(status));
+        return info.session().batching().prefill_chunks();
+      },
+      t0);
   // Phase 2: A's long Forwards, one after the other, while B keeps decoding.
   int64_t compute_ns = 0;
   grpc::Status forward_status;
@@ -185,11 +172,10 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
     stop = true;
   }
   decoder.join();
-  stop_reading = true;
-  poller.join();
+  a_chunks.Stop();
   ASSERT_TRUE(forward_status.ok()) << Describe(forward_status);
   ASSERT_EQ(failure, "");
-  ASSERT_EQ(read_failure, "");
+  ASSERT_EQ(a_chunks.failure(), "");
 
   grpc::ClientContext context;
   SetDeadline(context);
@@ -213,20 +199,9 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
 
   // For each of B's steps during the load, the chunks of A that certainly ran while it waited.
   int64_t most_chunks = 0;
-  int64_t values_seen = 0;  // Distinct counts read: the poller saw the Forwards progress.
-  for (size_t r = 0; r < reads.size(); ++r) {
-    values_seen += r == 0 || reads[r].chunks != reads[r - 1].chunks ? 1 : 0;
-  }
   for (const Step& step : steps) {
-    if (!(step.end_ns > load_begin_ns && step.begin_ns < load_end_ns)) continue;
-    const Read* first = nullptr;  // The first read sent after the step was.
-    const Read* last = nullptr;   // The last read answered before the step was.
-    for (const Read& read : reads) {
-      if (first == nullptr && read.sent_ns >= step.begin_ns) first = &read;
-      if (read.answered_ns <= step.end_ns) last = &read;
-    }
-    if (first != nullptr && last != nullptr) {
-      most_chunks = std::max(most_chunks, last->chunks - first->chunks);
+    if (step.end_ns > load_begin_ns && step.begin_ns < load_end_ns) {
+      most_chunks = std::max(most_chunks, a_chunks.CertainlyBetween(step.begin_ns, step.end_ns));
     }
   }
   std::cout << "A: " << kForwards << " Forwards of " << kPromptTokens << " tokens in " << chunks
@@ -239,7 +214,8 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
             << Percentile(loaded, 0.5) << " ms, p99 " << Percentile(loaded, 0.99) << " ms, max "
             << max_loaded << " ms\n"
             << "A's chunks run during one step of B: at most " << most_chunks << " (bound "
-            << kMaxChunksPerStep << "; " << reads.size() << " reads of A's count, " << values_seen
+            << kMaxChunksPerStep << "; " << a_chunks.size() << " reads of A's count, "
+            << a_chunks.DistinctValues()
             << " distinct)\n";
   RecordProperty("chunk_ms", std::to_string(chunk_ms));
   RecordProperty("max_step_ms", std::to_string(max_loaded));
@@ -247,7 +223,7 @@ TEST_F(FairnessTest, DecodeWaitsAboutOneChunkBehindAnotherSessionsLongForward) {
   // B kept being served during the load: more than one step per chunk of A.
   EXPECT_GT(loaded.size(), static_cast<size_t>(chunks));
   // The reads saw A's Forwards chunk by chunk (else the count below would see nothing).
-  EXPECT_GE(values_seen, chunks / 2);
+  EXPECT_GE(a_chunks.DistinctValues(), chunks / 2);
   EXPECT_LE(most_chunks, kMaxChunksPerStep);
 }
 
