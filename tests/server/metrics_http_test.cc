@@ -163,10 +163,11 @@ TEST_F(MetricsHttpTest, HalfOpenConnectionsDoNotHoldUpScrapes) {
   ASSERT_GE(silent, 0);
   ASSERT_GE(half_line, 0);
   ASSERT_EQ(send(half_line, "GET /metr", 9, MSG_NOSIGNAL), 9);
-  for (int i = 0; i < 3; ++i) ExpectAliveAndScraping();
-  // The scrapes did not wait for the slow clients: those are still unanswered.
+  ExpectAliveAndScraping();
+  // The scrape did not wait for the slow clients: those are still unanswered.
   EXPECT_TRUE(Unanswered(silent));
   EXPECT_TRUE(Unanswered(half_line));
+  for (int i = 0; i < 2; ++i) ExpectAliveAndScraping();
   // The slow clients are answered 408 once the 1 s request timeout has passed.
   EXPECT_EQ(StatusOf(ReadAll(silent, std::chrono::seconds(3))), 408);
   EXPECT_EQ(StatusOf(ReadAll(half_line, std::chrono::seconds(3))), 408);
