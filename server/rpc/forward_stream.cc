@@ -367,6 +367,7 @@ class ForwardStreamReactor final
     if (!valid.ok()) return EndOp(ToGrpc(valid));
     absl::StatusOr<Tensor> out = session_->RunStreamedChunk(*run_, rows);
     if (!out.ok()) return EndOp(ToGrpc(out.status()));  // The session undid the run.
+    session_->scheduler().CountPrefillChunk();
     absl::MutexLock lock(&mu_);
     QueueRowsLocked(*out);
     // The next chunk (or the end) in a later turn: the session's decode steps run in between.

@@ -639,18 +639,21 @@ bool SessionScheduler::ComputeForwardTurn(ForwardRun& forward) {
     forward.Answer(status);
     return true;
   }
+  CountPrefillChunk();
   if (!prefill.all_chunks_ran()) return false;
   std::vector<StepOutput> outputs = session_->FinishPrefill(prefill);
   forward.stats.chunks = prefill.chunks_run();
   forward.stats.compute_ns = prefill.compute_ns();
-  prefill_chunks_.fetch_add(forward.stats.chunks, std::memory_order_relaxed);
   if (context_.observer) context_.observer(*session_, forward.stats);
   forward.Answer(std::move(outputs));
   return true;
 }
 
+void SessionScheduler::CountPrefillChunk() {
+  prefill_chunks_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void SessionScheduler::ObserveForward(const BatchStats& stats) {
-  prefill_chunks_.fetch_add(stats.chunks, std::memory_order_relaxed);
   if (context_.observer) context_.observer(*session_, stats);
 }
 

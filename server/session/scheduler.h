@@ -174,8 +174,13 @@ class SessionScheduler {
   // when the executor refused the turn (shutting down: the op is over, its turn dropped).
   bool ResumeOp(uint64_t ticket);
 
-  // On the session's queue. A Forward run by its own op (a ForwardStream): counted in
-  // prefill_chunks and reported to the BatchObserver as SubmitForward's are.
+  // On the session's queue. A chunk of a Forward run by its own op (a ForwardStream) ran:
+  // counted in prefill_chunks as SubmitForward's chunks are, as each runs (so GetSession shows a
+  // long Forward's progress, which tests order events by).
+  void CountPrefillChunk();
+
+  // On the session's queue. A Forward run by its own op (a ForwardStream) is over: reported to
+  // the BatchObserver as SubmitForward's are.
   void ObserveForward(const BatchStats& stats);
 
   SchedulerCounters counters() const;

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "tests/support/await_until.h"
 #include "tests/support/scale_fixture.h"
 
 namespace attnserve::scale_test {
@@ -78,8 +80,24 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   ASSERT_NO_FATAL_FAILURE(StartReplicas(kReplicas, drain_flags));
   const std::vector<std::string> addresses = ReplicaAddresses();
   ASSERT_NO_FATAL_FAILURE(StartBalancer(addresses, *balancer_port));
-  // Every replica UP (a fresh balancer counts them UP at once; the first checks confirm it).
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Every replica UP and confirmed by a health check (a fresh balancer counts them UP at once):
+  // the balancer's own stats, not a sleep of 1.5 s as this was.
+  std::string seen;
+  ASSERT_TRUE(AwaitUntil(
+      [&] {
+        absl::StatusOr<std::map<std::string, BalancerProcess::ServerState>> states =
+            balancer_->ServerStates();
+        if (!states.ok()) return false;
+        seen.clear();
+        int confirmed = 0;
+        for (const auto& [name, state] : *states) {
+          absl::StrAppend(&seen, name, "=", state.status, "/", state.check_status, " ");
+          confirmed += state.status == "UP" && state.check_status == "L7OK" ? 1 : 0;
+        }
+        return confirmed == kReplicas;
+      },
+      std::chrono::seconds(15), std::chrono::milliseconds(100)))
+      << "replicas not all UP behind the balancer: " << seen;
   auto via_balancer = v1::AttentionService::NewStub(ClientChannel(balancer_address));
 
   // Sessions through the balancer; the victim is the replica of session 0.
@@ -193,10 +211,8 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   std::vector<std::thread> threads = traffic(0, kSteps);
 
   // SIGTERM the victim once every thread has decoded a few steps; it must drain and exit 0.
-  const Clock::time_point wait_until = Clock::now() + std::chrono::seconds(60);
-  while (steps_done.load() < kThreads * kStepsBeforeDrain && Clock::now() < wait_until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  AwaitUntil([&] { return steps_done.load() >= kThreads * kStepsBeforeDrain; },
+             std::chrono::seconds(60));
   absl::StatusOr<server_test::ExitState> ended =
       replicas_[victim_index]->Terminate(std::chrono::seconds(45));
   for (std::thread& thread : threads) thread.join();
@@ -244,24 +260,25 @@ TEST_F(DrainTest, DrainedReplicasSessionsContinueBitExactElsewhere) {
   EXPECT_TRUE(failures.empty()) << absl::StrJoin(failures, "\n");
   EXPECT_EQ(steps_done.load(), 2 * kThreads * kSteps);
   auto on_victim = v1::AttentionService::NewStub(ClientChannel(addresses[victim_index]));
-  const Clock::time_point home_by = Clock::now() + std::chrono::seconds(30);
   int home = 0;
-  while (true) {
-    home = 0;
-    for (const Pair& p : pairs) {
-      if (p.replica != victim) continue;
-      v1::GetSessionRequest get;
-      get.set_session_id(p.id);
-      v1::GetSessionResponse got;
-      grpc::ClientContext context;
-      server_test::SetDeadline(context);
-      if (on_victim->GetSession(&context, get, &got).ok() && got.session().requests_size() == 2) {
-        ++home;
-      }
-    }
-    if (home == moved_sessions || Clock::now() > home_by) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  AwaitUntil(
+      [&] {
+        home = 0;
+        for (const Pair& p : pairs) {
+          if (p.replica != victim) continue;
+          v1::GetSessionRequest get;
+          get.set_session_id(p.id);
+          v1::GetSessionResponse got;
+          grpc::ClientContext context;
+          server_test::SetDeadline(context);
+          if (on_victim->GetSession(&context, get, &got).ok() &&
+              got.session().requests_size() == 2) {
+            ++home;
+          }
+        }
+        return home == moved_sessions;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(200));
   EXPECT_EQ(home, moved_sessions) << "the sessions went back to the restarted replica";
 
   std::cerr << "drain_test: " << moved_sessions << " of " << kSessions << " sessions moved off "

@@ -34,6 +34,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/common/session_routing.h"
+#include "tests/support/await_until.h"
 #include "tests/support/scale_fixture.h"
 
 namespace attnserve::scale_test {
@@ -237,22 +238,22 @@ bool WaitForStates(
     const BalancerProcess& balancer, std::chrono::seconds timeout,
     const std::function<bool(const std::map<std::string, BalancerProcess::ServerState>&)>& ready,
     std::string* last_seen) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    absl::StatusOr<std::map<std::string, BalancerProcess::ServerState>> states =
-        balancer.ServerStates();
-    if (states.ok()) {
-      last_seen->clear();
-      for (const auto& [name, state] : *states) {
-        absl::StrAppend(last_seen, name, "=", state.status, "/", state.check_status, " ");
-      }
-      if (ready(*states)) return true;
-    } else {
-      *last_seen = states.status().ToString();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return false;
+  return AwaitUntil(
+      [&] {
+        absl::StatusOr<std::map<std::string, BalancerProcess::ServerState>> states =
+            balancer.ServerStates();
+        if (!states.ok()) {
+          *last_seen = states.status().ToString();
+          return false;
+        }
+        last_seen->clear();
+        for (const auto& [name, state] : *states) {
+          absl::StrAppend(last_seen, name, "=", state.status, "/", state.check_status, " ");
+        }
+        return ready(*states);
+      },
+      std::chrono::duration_cast<std::chrono::milliseconds>(timeout),
+      std::chrono::milliseconds(100));
 }
 
 bool AllUp(const std::map<std::string, BalancerProcess::ServerState>& states, int count) {

@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/model/layer_weights.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/server_fixture.h"
 
 namespace attnserve::server_test {
@@ -159,10 +160,8 @@ class BadInputTest : public ServerTest {
   void TearDown() override {
     // Let the good client finish at least one more cycle after the bad calls.
     const int before = good_.cycles();
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (good_.cycles() <= before && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    AwaitUntil([&] { return good_.cycles() > before; }, std::chrono::seconds(10),
+               std::chrono::milliseconds(5));
     auto [failure, cycles] = good_.Stop();
     EXPECT_EQ(failure, "") << "the well-behaved client failed";
     EXPECT_GT(cycles, before) << "the well-behaved client made no progress after the bad calls";

@@ -68,23 +68,17 @@ class CheckpointHardeningTest : public ServerTest {
     return {absl::StrCat("--checkpoint_root=", dirs_.root())};
   }
 
-  // Configure with `path` as checkpoint (layer 0) within a 10 s deadline; `elapsed` is how long
-  // the answer took.
-  grpc::Status ConfigureCheckpoint(const std::string& path,
-                                   std::chrono::milliseconds* elapsed = nullptr) {
+  // Configure with `path` as checkpoint (layer 0) within a 10 s deadline: a server blocked on
+  // the path answers DEADLINE_EXCEEDED, which the callers' status checks catch (no bound in
+  // milliseconds, which a loaded machine could break).
+  grpc::Status ConfigureCheckpoint(const std::string& path) {
     v1::ConfigureRequest request = SeedConfigure(TestSpec(), 0);
     request.mutable_weights()->mutable_checkpoint()->set_path(path);
     request.mutable_weights()->mutable_checkpoint()->set_layer_index(0);
     grpc::ClientContext context;
     SetDeadline(context, std::chrono::seconds(10));
     v1::ConfigureResponse response;
-    const auto start = std::chrono::steady_clock::now();
-    const grpc::Status status = stub().Configure(&context, request, &response);
-    if (elapsed != nullptr) {
-      *elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::steady_clock::now() - start);
-    }
-    return status;
+    return stub().Configure(&context, request, &response);
   }
 
   // A valid checkpoint of TestSpec() at `path`, optionally with one NaN.
@@ -125,22 +119,18 @@ TEST_F(CheckpointHardeningTest, FifoIsRefusedPromptlyAndTheServerKeepsServing) {
   // More calls than the server has compute threads (2): blocked threads would stall the rest.
   for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE(round);
-    std::chrono::milliseconds elapsed{};
-    grpc::Status status = ConfigureCheckpoint(fifo, &elapsed);
+    grpc::Status status = ConfigureCheckpoint(fifo);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
     EXPECT_EQ(status.error_message(), Unusable(fifo));
-    EXPECT_LT(elapsed.count(), 2000);
 
-    status = ConfigureCheckpoint(dir_with_fifo, &elapsed);
+    status = ConfigureCheckpoint(dir_with_fifo);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
     EXPECT_THAT(status.error_message(), HasSubstr("a FIFO"));
-    EXPECT_LT(elapsed.count(), 2000);
 
     const std::string zero = dirs_.root() + "/zero.safetensors";
-    status = ConfigureCheckpoint(zero, &elapsed);
+    status = ConfigureCheckpoint(zero);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(status);
     EXPECT_EQ(status.error_message(), Unusable(zero));
-    EXPECT_LT(elapsed.count(), 2000);
   }
   ExpectServing();
 }

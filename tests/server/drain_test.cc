@@ -136,12 +136,16 @@ TEST(DrainCutTest, ForwardsRunningOrQueuedAtSigtermAreMovedOrRefused) {
 
 // A Forward still running when the drain's deadline passes: the session is sealed at once and
 // the Forward is undone at its next chunk, answered UNAVAILABLE (not OK for a request that was
-// never moved); the session's requests are counted lost, the refused one refused.
+// never moved); the session's requests are counted lost, the refused one refused. The Forward is
+// a ForwardStream whose rows the test withholds after the first chunk: it holds the session's
+// turn (the drain's cut queues behind it) for as long as the test wants, so the deadline passes
+// while it runs on any machine (was: a 32000-token unary Forward that had to outlast 200 ms).
 TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
   SecondServer b({"--replica_id=B"});
   ASSERT_TRUE(b.ok());
+  constexpr int64_t kChunk = 32;
   SecondServer a({"--replica_id=A", absl::StrCat("--drain_to=", b.address()),
-                  "--drain_timeout=200ms", "--compute_threads=1", "--prefill_chunk_tokens=32"});
+                  "--drain_timeout=200ms", absl::StrCat("--prefill_chunk_tokens=", kChunk)});
   ASSERT_TRUE(a.ok());
   v1::ConfigureResponse configured;
   ASSERT_TRUE(Configure(a.stub(), SeedConfigure(Spec(), 7), &configured).ok());
@@ -149,28 +153,57 @@ TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
   std::mt19937_64 rng(6);
   v1::ForwardResponse unused;
   ASSERT_TRUE(Forward(a.stub(), ForwardOf(session, "before", 5, rng), &unused).ok());
-  const int64_t used_before = PoolUsed(a.stub());
-  // 1000 chunks on one thread, whose attention grows with every chunk: about 2.5 s on a quiet
-  // 2-core machine, over 10x the 200 ms deadline. (16000 tokens against a 1 s deadline, as this
-  // was, finished in 0.7 s once the prefill kernels got faster; a hold the test controls, such as
-  // a ForwardStream whose rows it withholds, would not depend on the kernels' speed at all.)
-  const v1::ForwardRequest long_forward = ForwardOf(session, "long", 32000, rng);
-  v1::ForwardResponse long_response;
-  std::future<grpc::Status> long_status = std::async(std::launch::async, [&] {
-    return Forward(a.stub(), long_forward, &long_response);
-  });
-  ASSERT_TRUE(AwaitPoolAbove(a.stub(), used_before)) << "the long Forward never started";
-  a.process().Signal(SIGTERM);
-  const grpc::Status status = long_status.get();
+
+  // Three chunks announced; the first is sent, its output read back (the event that the Forward
+  // runs), and the other two withheld until the drain has given up on it.
+  const Tensor hidden = RandomHidden(3 * kChunk, Spec().d_model, rng);
+  const auto rows_of = [&](int64_t from, int64_t to) {
+    const Tensor slice = SliceRows(hidden, from, to);
+    v1::ForwardStreamRequest message;
+    message.mutable_rows()->set_data(
+        std::string(reinterpret_cast<const char*>(slice.data()), slice.num_bytes()));
+    return message;
+  };
+  // In a scope of its own: the call's context left alive would keep A's connection open, and
+  // A's gRPC shutdown would wait for it (about 5 s).
+  grpc::Status status;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardStreamRequest, v1::ForwardStreamResponse>>
+        stream = a.stub().ForwardStream(&context);
+    v1::ForwardStreamRequest header;
+    header.mutable_header()->set_session_id(session);
+    header.mutable_header()->set_dtype(v1::DTYPE_F32);
+    header.mutable_header()->set_d_model(Spec().d_model);
+    v1::ForwardStreamItem* item = header.mutable_header()->add_items();
+    item->set_request_id("long");
+    item->set_num_tokens(hidden.dim(0));
+    ASSERT_TRUE(stream->Write(header));
+    ASSERT_TRUE(stream->Write(rows_of(0, kChunk)));
+    v1::ForwardStreamResponse answer;
+    ASSERT_TRUE(stream->Read(&answer) && answer.has_rows()) << "the first chunk never ran";
+
+    a.process().Signal(SIGTERM);
+    ASSERT_TRUE(a.AwaitLog("did not finish before --drain_timeout")) << a.LogTail();
+    // The drain is over (its last line comes after the session's); the Forward's next chunk now
+    // finds the session sealed.
+    ASSERT_TRUE(a.AwaitLog("drain: done:")) << a.LogTail();
+    stream->Write(rows_of(kChunk, 3 * kChunk));
+    stream->WritesDone();
+    while (stream->Read(&answer)) {
+      EXPECT_FALSE(answer.has_summary()) << "the Forward was answered OK";
+    }
+    status = stream->Finish();
+  }
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("replica 'A' is draining"));
   absl::StatusOr<ExitState> ended = a.Terminate();
   ASSERT_TRUE(ended.ok()) << ended.status();
   EXPECT_TRUE(ended->exited && ended->exit_code == 0) << ended->ToString();
-  EXPECT_THAT(a.final_log(), HasSubstr("did not finish before --drain_timeout"));
   EXPECT_THAT(a.final_log(), HasSubstr("drain: done: 0 sessions moved, 1 lost; 0 requests moved, "
                                        "1 lost"));
-  // Counted once the call is over (the drain's own line may come before the Forward's next chunk).
+  // Counted once the call is over (the drain's own line comes before the Forward's next chunk).
   EXPECT_THAT(a.final_log(),
               HasSubstr("drain: in all, 1 requests of calls after the cut were refused"));
   absl::StatusOr<std::map<std::string, int64_t>> on_b = Requests(b.stub(), session);

@@ -1,7 +1,9 @@
 // The /metrics HTTP endpoint of the real attnserve_server against requests a scraper never sends
 // (issue 14): unknown paths, other methods, bad framing, oversized heads, half-open and idle
 // connections. Each must get an HTTP error status, the process must stay up, and GET /metrics
-// must keep answering 200 within 1.5 s. Also: /metrics never shows a session id.
+// must keep answering 200, before the slow connections' own timeout (an order the tests check by
+// the slow connections being still unanswered, not by a bound in milliseconds). Also: /metrics
+// never shows a session id.
 #include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/metrics_fixture.h"
 
 namespace attnserve::server_test {
@@ -93,15 +96,21 @@ Scrape GetMetrics(int port) {
 
 class MetricsHttpTest : public MetricsServerTest {
  protected:
-  // The process runs and GET /metrics answers 200 within 1.5 s.
+  // The process runs and GET /metrics answers 200 (within HttpGet's bound).
   void ExpectAliveAndScraping() {
     EXPECT_FALSE(server().TryWait().has_value()) << "the server died";
     const Scrape scrape = GetMetrics(metrics_port_);
-    EXPECT_EQ(scrape.status, 200);
-    EXPECT_LT(scrape.elapsed.count(), 1500);
+    EXPECT_EQ(scrape.status, 200) << "after " << scrape.elapsed.count() << " ms";
     EXPECT_THAT(scrape.body, HasSubstr("attnserve_build_info"));
   }
 };
+
+// True when the server has sent nothing on `fd` and not closed it: a slow connection it has not
+// yet answered (408 comes once its request timeout has passed).
+bool Unanswered(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) == 0;
+}
 
 TEST_F(MetricsHttpTest, RequestsOtherThanAScrapeGetErrorStatuses) {
   std::string flood = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
@@ -154,7 +163,11 @@ TEST_F(MetricsHttpTest, HalfOpenConnectionsDoNotHoldUpScrapes) {
   ASSERT_GE(silent, 0);
   ASSERT_GE(half_line, 0);
   ASSERT_EQ(send(half_line, "GET /metr", 9, MSG_NOSIGNAL), 9);
-  for (int i = 0; i < 3; ++i) ExpectAliveAndScraping();
+  ExpectAliveAndScraping();
+  // The scrape did not wait for the slow clients: those are still unanswered.
+  EXPECT_TRUE(Unanswered(silent));
+  EXPECT_TRUE(Unanswered(half_line));
+  for (int i = 0; i < 2; ++i) ExpectAliveAndScraping();
   // The slow clients are answered 408 once the 1 s request timeout has passed.
   EXPECT_EQ(StatusOf(ReadAll(silent, std::chrono::seconds(3))), 408);
   EXPECT_EQ(StatusOf(ReadAll(half_line, std::chrono::seconds(3))), 408);
@@ -169,18 +182,27 @@ TEST_F(MetricsHttpTest, AConnectionFloodIsShedAndScrapesRecoverWithinTheRequestT
     const int fd = Connect(metrics_port_);
     if (fd >= 0) idle.push_back(fd);
   }
-  // While they hold every slot a scrape is refused at once (503), never left waiting; once their
-  // request timeout (1 s) has passed, scrapes succeed again.
-  const auto start = Clock::now();
-  Scrape scrape = GetMetrics(metrics_port_);
+  // While they hold every slot a scrape is refused at once (503), never left waiting: it is
+  // answered while the ones holding slots are still unanswered (those beyond the 64 slots get
+  // 503 at once). Once their request timeout (1 s) has passed (the event: each is answered 408),
+  // scrapes succeed again.
+  const Scrape scrape = GetMetrics(metrics_port_);
   EXPECT_TRUE(scrape.status == 503 || scrape.status == 200) << scrape.status;
-  EXPECT_LT(scrape.elapsed.count(), 1500);
-  while (scrape.status != 200 && Clock::now() - start < std::chrono::seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    scrape = GetMetrics(metrics_port_);
+  int unanswered = 0;
+  for (int fd : idle) unanswered += Unanswered(fd) ? 1 : 0;
+  EXPECT_GT(unanswered, 0) << "the scrape was answered only after the idle clients' timeout";
+  int timed_out = 0;
+  for (int fd : idle) {
+    const int status = StatusOf(ReadAll(fd, std::chrono::seconds(10)));
+    EXPECT_TRUE(status == 408 || status == 503) << status;
+    timed_out += status == 408 ? 1 : 0;
   }
-  EXPECT_EQ(scrape.status, 200);
-  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(2500));
+  EXPECT_GT(timed_out, 0);
+  // Their slots come back (the server ends its side after the 408) though the clients never close.
+  int status = -1;
+  EXPECT_TRUE(AwaitUntil([&] { return (status = GetMetrics(metrics_port_).status) == 200; },
+                         std::chrono::seconds(10), std::chrono::milliseconds(100)))
+      << status;
   for (int fd : idle) close(fd);
   ExpectAliveAndScraping();
 }

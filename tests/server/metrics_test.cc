@@ -28,6 +28,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tests/reference/test_cases.h"
+#include "tests/support/await_until.h"
 #include "tests/support/metrics_fixture.h"
 
 namespace attnserve::server_test {
@@ -466,15 +467,14 @@ TEST_F(MetricsTtlTest, ExpiriesAreCountedByKind) {
   ASSERT_TRUE(Prefill(configured.session_id(), "idle", 9, spec.d_model).ok());
 
   // Sweeps run every 125 ms: the request goes after ~0.5 s, the session after ~1.5 s.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
   Exposition e;
-  while (std::chrono::steady_clock::now() < until) {
-    e = Scrape();
-    if (e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "session"}}) >= 1) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  AwaitUntil(
+      [&] {
+        e = Scrape();
+        return e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "session"}}) >=
+               1;
+      },
+      std::chrono::seconds(15), std::chrono::milliseconds(100));
   EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "request"}}), 1);
   EXPECT_EQ(e.Value("attnserve_expired_total", {{"variant", "gqa_swa"}, {"kind", "session"}}), 1);
   EXPECT_EQ(e.Value("attnserve_sessions_active", {{"variant", "gqa_swa"}}), 0);

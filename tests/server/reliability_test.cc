@@ -393,11 +393,9 @@ TEST(ReliabilityTest, ExitsNonZeroOnceRunningOutOfDescriptorsStopsTheListener) {
   }
   // The server runs out of descriptors accepting them (it may already be stopping, and refusing
   // the last connections, by the time the loop ends).
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < until &&
-         server->process->LogTail(20000).find("Failed accept4") == std::string::npos) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  AwaitUntil(
+      [&] { return server->process->LogTail(20000).find("Failed accept4") != std::string::npos; },
+      std::chrono::seconds(20), std::chrono::milliseconds(50));
   EXPECT_THAT(server->process->LogTail(20000), HasSubstr("Too many open files"))
       << sockets.size() << " connections";
   for (int fd : sockets) close(fd);
@@ -406,12 +404,9 @@ TEST(ReliabilityTest, ExitsNonZeroOnceRunningOutOfDescriptorsStopsTheListener) {
   // gRPC 1.51 cannot resume accepting, so the server stops (as on SIGTERM: calls on the
   // connections it has may finish) and exits 1 with a line saying why, for its orchestrator to
   // restart it: never a process that looks up and serves no new client.
-  const auto exit_until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   std::optional<ExitState> ended;
-  while (!(ended = server->process->TryWait()).has_value() &&
-         std::chrono::steady_clock::now() < exit_until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  AwaitUntil([&] { return (ended = server->process->TryWait()).has_value(); },
+             std::chrono::seconds(60), std::chrono::milliseconds(50));
   ASSERT_TRUE(ended.has_value()) << "the server neither serves nor exits";
   EXPECT_TRUE(ended->exited && ended->exit_code == 1) << ended->ToString();
   const std::string log = server->process->LogTail(20000);

@@ -425,14 +425,15 @@ TEST(DrainToPeerTest, UnreachablePeerIsBoundedAndCallsMeanwhileAreUnavailable) {
 
   a.process().Signal(SIGTERM);
   grpc::Status status;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  do {  // Until the signal is seen (bounded).
-    v1::DecodeResponse decoded;
-    status = Decode(a.stub(),
-                    DecodeOne(configured.session_id(), "r", RandomHidden(1, spec.d_model, rng)),
-                    &decoded);
-    if (status.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } while (status.ok() && std::chrono::steady_clock::now() < give_up);
+  AwaitUntil(  // Until the signal is seen: the first call refused.
+      [&] {
+        v1::DecodeResponse decoded;
+        status = Decode(a.stub(),
+                        DecodeOne(configured.session_id(), "r", RandomHidden(1, spec.d_model, rng)),
+                        &decoded);
+        return !status.ok();
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(20));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << Describe(status);
   EXPECT_THAT(status.error_message(), HasSubstr("replica 'A' is draining"));
   EXPECT_THAT(status.error_message(), HasSubstr("127.0.0.1:1"));
