@@ -4,7 +4,8 @@
 //
 // Commands:
 //   configure  create a session: spec flags (--variant --d_model --num_heads --num_kv_heads
-//              --head_dim --rope --causal --window ...) or --spec_file=spec.json; weights from
+//              --head_dim --rope --causal --window ...) or --spec_file=spec.json, and over either
+//              (or alone) --spec=KEY=VALUE,... for any spec field (spec_settings.h); weights from
 //              --seed or --checkpoint=PATH --layer=N (a file on the server's side); --kv_dtype,
 //              --page_size, --max_requests, --max_seq_len, --label; a hybrid stack with
 //              --stack=sw:4096x5,global (over the spec flags) or --num_layers=N (--checkpoint);
@@ -65,6 +66,7 @@
 #include "client/attnctl/convert.h"
 #include "client/attnctl/move.h"
 #include "client/attnctl/npy.h"
+#include "client/attnctl/spec_settings.h"
 #include "client/common/session_routing.h"
 #include "client/attnctl/stack_pattern.h"
 #include "google/protobuf/util/json_util.h"
@@ -88,6 +90,11 @@ ABSL_FLAG(double, timeout_s, 60, "Deadline of each call, seconds (a whole stream
 ABSL_FLAG(std::string, spec_file, "",
           "configure: a JSON layer spec (kernels/spec/layer_spec_json.h); "
           "replaces the spec flags.");
+ABSL_FLAG(std::vector<std::string>, spec, {},
+          "configure: spec fields as KEY=VALUE, comma separated, by their JSON names (every field "
+          "of the spec; `attnctl --help` lists them), over the other spec flags or --spec_file, or "
+          "alone the whole spec: --spec=variant=gqa,d_model=512,num_heads=8,num_kv_heads=2,"
+          "alibi=bloom,rope_scaling.type=linear,rope_scaling.factor=2.");
 ABSL_FLAG(std::string, variant, "", "configure: mha, mqa, gqa or mla.");
 ABSL_FLAG(int, d_model, 0, "configure: hidden size (required); demo: default 512.");
 ABSL_FLAG(int, num_heads, 0, "configure: query heads (required); demo: default 8.");
@@ -107,9 +114,9 @@ ABSL_FLAG(int, qk_rope_head_dim, 0, "configure (mla): decoupled RoPE width.");
 ABSL_FLAG(int, v_head_dim, 0, "configure (mla): per-head value width.");
 ABSL_FLAG(int, rotary_dim, 0, "configure: rotated dims per q/k head (0 = the whole head).");
 ABSL_FLAG(std::string, qk_norm, "none",
-          "configure: q/k RMSNorm: none, rms (Qwen3) or rms_unit_offset (Gemma 3) per head, or "
-          "rms_across_heads (OLMo 2).");
-ABSL_FLAG(double, qk_norm_eps, 1e-6, "configure: epsilon of the q/k RMSNorm.");
+          "configure: q/k norm by name: none, rms (Qwen3), ... (`attnctl --help` lists every "
+          "name under the spec keys).");
+ABSL_FLAG(double, qk_norm_eps, 1e-6, "configure: epsilon of the q/k norm.");
 ABSL_FLAG(double, attn_logit_softcapping, 0.0,
           "configure: scores = cap * tanh(scores / cap) (Gemma 2: 50; 0 = none).");
 ABSL_FLAG(bool, attention_sinks, false, "configure: learned per-head sinks (gpt-oss).");
@@ -232,6 +239,7 @@ std::string KvFormatText(const v1::SessionInfo& session) {
 // ---- configure ----------------------------------------------------------------------------------
 
 absl::StatusOr<LayerSpec> SpecFromFlags() {
+  const std::vector<std::string> settings = absl::GetFlag(FLAGS_spec);
   const std::string spec_file = absl::GetFlag(FLAGS_spec_file);
   if (!spec_file.empty()) {
     std::ifstream file(spec_file);
@@ -242,12 +250,13 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
     if (!spec.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(spec_file, ": ", spec.status().message()));
     }
-    return spec;
+    return settings.empty() ? spec : ApplySpecSettings(*spec, settings);
   }
   if (absl::GetFlag(FLAGS_variant).empty()) {
+    if (!settings.empty()) return ApplySpecSettings(std::nullopt, settings);
     return absl::InvalidArgumentError(
-        "configure needs --variant (mha, mqa, gqa, mla), --spec_file, or --checkpoint alone (the "
-        "spec then comes from the checkpoint's config.json)");
+        "configure needs --variant (mha, mqa, gqa, mla), --spec_file, --spec, or --checkpoint "
+        "alone (the spec then comes from the checkpoint's config.json)");
   }
   LayerSpec spec;
   absl::StatusOr<AttentionVariant> variant = ParseVariant(absl::GetFlag(FLAGS_variant));
@@ -291,6 +300,8 @@ absl::StatusOr<LayerSpec> SpecFromFlags() {
   spec.qk_norm_eps = static_cast<float>(absl::GetFlag(FLAGS_qk_norm_eps));
   spec.attn_logit_softcapping = static_cast<float>(absl::GetFlag(FLAGS_attn_logit_softcapping));
   spec.attention_sinks = absl::GetFlag(FLAGS_attention_sinks);
+  // --spec may set what these flags leave invalid (num_kv_heads for gqa); its result is validated.
+  if (!settings.empty()) return ApplySpecSettings(spec, settings);
   // The server validates too; checking here gives the same message without a round trip.
   if (absl::Status status = ValidateLayerSpec(spec); !status.ok()) return status;
   return spec;
@@ -300,6 +311,7 @@ int Configure(const Client& client) {
   // --checkpoint without --variant or --spec_file: the server reads the spec from config.json.
   const bool spec_from_checkpoint = absl::GetFlag(FLAGS_variant).empty() &&
                                     absl::GetFlag(FLAGS_spec_file).empty() &&
+                                    absl::GetFlag(FLAGS_spec).empty() &&
                                     !absl::GetFlag(FLAGS_checkpoint).empty();
   absl::StatusOr<LayerSpec> spec = spec_from_checkpoint ? LayerSpec() : SpecFromFlags();
   if (!spec.ok()) return ReportError(spec.status().message());
@@ -312,7 +324,7 @@ int Configure(const Client& client) {
   if (const std::string pattern = absl::GetFlag(FLAGS_stack); !pattern.empty()) {
     if (spec_from_checkpoint) {
       return ReportError(
-          "--stack needs the spec flags (or --spec_file); with --checkpoint "
+          "--stack needs the spec flags (or --spec_file, --spec); with --checkpoint "
           "alone, use --num_layers");
     }
     absl::StatusOr<std::vector<LayerSpec>> layers = ExpandStackPattern(*spec, pattern);
@@ -911,6 +923,8 @@ constexpr char kUsage[] =
     "commands: configure, forward, decode, info, list, get, release, fork, move, health,\n"
     "          demo, compare, convert\n"
     "  attnctl configure --variant=gqa --d_model=512 --num_heads=8 --num_kv_heads=2 --seed=1\n"
+    "  attnctl configure --spec_file=gqa.json --spec=qk_norm=rms,rope_scaling.type=linear,"
+    "rope_scaling.factor=2\n"
     "  attnctl forward --session=ID --request=a,b --tokens=128\n"
     "  attnctl decode --session=ID --request=a,b --steps=8 [--stream]\n"
     "  attnctl release --session=ID [--request=a]\n"
@@ -932,7 +946,10 @@ constexpr char kUsage[] =
 int main(int argc, char** argv) {
   using namespace attnserve;
   // --help lists attnctl's flags and the TLS/token flags of client/common.
-  SetCommandLineUsage("attnctl", kUsage, {"client/attnctl/", "client/common/"});
+  // The spec keys --spec takes, from the spec's field table.
+  const std::string usage =
+      absl::StrCat(kUsage, "\n--spec keys (configure):\n", SpecSettingsHelp());
+  SetCommandLineUsage("attnctl", usage, {"client/attnctl/", "client/common/"});
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() != 2) {
     std::fprintf(stderr, "%s\n", kUsage);

@@ -135,6 +135,24 @@ std::vector<ModelFamily> Build() {
                       {{"OLMo-2-1124-7B", olmo2}},
                       ""});
 
+  LayerSpec command_r_plus = Gqa(12288, 96, 8, 128, 75000000.0);
+  command_r_plus.rope = RopeLayout::kInterleaved;
+  command_r_plus.qk_norm = QkNorm::kLayerNorm;
+  command_r_plus.qk_norm_eps = 1e-5f;
+  families.push_back({"Cohere Command R / R+ (`cohere`)",
+                      "q/k LayerNorm per head (`use_qk_norm`), interleaved RoPE",
+                      {{"c4ai-command-r-plus", command_r_plus}},
+                      ""});
+
+  LayerSpec stablelm2 = Gqa(5120, 32, 8, 160, 10000.0);
+  stablelm2.rotary_dim = 40;
+  stablelm2.qk_norm = QkNorm::kLayerNorm;
+  stablelm2.qk_norm_eps = 1e-5f;
+  families.push_back({"StableLM 2 (`stablelm`)",
+                      "q/k LayerNorm per head (`qk_layernorm`), `partial_rotary_factor`",
+                      {{"stablelm-2-12b", stablelm2}},
+                      ""});
+
   LayerSpec gpt_oss = Gqa(2880, 64, 8, 64, 150000.0);
   gpt_oss.qkv_bias = gpt_oss.o_bias = true;
   gpt_oss.attention_sinks = true;

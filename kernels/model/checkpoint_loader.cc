@@ -76,7 +76,9 @@ std::string GoverningField(const LayerSpec& spec, absl::string_view short_name) 
   if (short_name == "sinks") {
     return absl::StrCat("attention_sinks=", BoolName(spec.attention_sinks));
   }
-  if (short_name == "q_norm.weight" || short_name == "k_norm.weight") {
+  if (short_name == "q_norm.weight" || short_name == "k_norm.weight" ||
+      absl::StartsWith(short_name, "q_layernorm.") ||
+      absl::StartsWith(short_name, "k_layernorm.")) {
     return absl::StrCat("qk_norm=", QkNormName(spec.qk_norm));
   }
   if (spec.variant == AttentionVariant::kMLA &&
@@ -264,6 +266,65 @@ void SplitFusedQkv(const LayerSpec& spec, QkvRows order, LayerWeights* weights) 
       weights->emplace(absl::StrCat(kSplitQkv[part], suffix), std::move(slice));
     }
   }
+}
+
+// StableLM stores the per-head q/k LayerNorm scales as one tensor per head
+// (StableLmLayerNormPerHead: q_layernorm.norms.H.weight [head_dim]), where the generic names (and
+// Cohere's) hold one [heads, head_dim] tensor (q_norm.weight).
+constexpr std::pair<absl::string_view, absl::string_view> kPerHeadNorms[] = {
+    {"q_norm", "q_layernorm"}, {"k_norm", "k_layernorm"}};
+
+std::string PerHeadNormName(absl::string_view module, int64_t head) {
+  return absl::StrCat(module, ".norms.", head, ".weight");
+}
+
+// True when the checkpoint stores the layer's q/k LayerNorm scales per head; then `expected` has
+// q_norm.weight and k_norm.weight [heads, head_dim] replaced by one [head_dim] entry per head.
+bool UsePerHeadNorms(const LayerSpec& spec, const CheckpointLayout& layout,
+                     const std::string& prefix, std::vector<WeightShape>* expected) {
+  if (spec.variant == AttentionVariant::kMLA || spec.qk_norm != QkNorm::kLayerNorm ||
+      !layout.location.contains(prefix + PerHeadNormName(kPerHeadNorms[0].second, 0))) {
+    return false;
+  }
+  std::vector<WeightShape> per_head;
+  for (const WeightShape& shape : *expected) {
+    absl::string_view stored;
+    for (const auto& [generic, module] : kPerHeadNorms) {
+      if (shape.name == absl::StrCat(generic, ".weight")) stored = module;
+    }
+    if (stored.empty()) {
+      per_head.push_back(shape);
+      continue;
+    }
+    for (int64_t head = 0; head < shape.shape[0]; ++head) {
+      per_head.push_back({PerHeadNormName(stored, head), {shape.shape[1]}, true});
+    }
+  }
+  *expected = std::move(per_head);
+  return true;
+}
+
+// Stacks the per-head scales of `weights` into q_norm.weight and k_norm.weight [heads, head_dim]
+// (the dtype kept), removing them. INVALID_ARGUMENT when the heads' dtypes differ.
+absl::Status StackPerHeadNorms(const LayerSpec& spec, LayerWeights* weights) {
+  for (const auto& [generic, module] : kPerHeadNorms) {
+    const int64_t heads = generic == "q_norm" ? spec.num_heads : spec.num_kv_heads;
+    const DType dtype = weights->at(PerHeadNormName(module, 0)).dtype();
+    Tensor stacked(dtype, {heads, int64_t{spec.head_dim}});
+    const size_t head_bytes = static_cast<size_t>(spec.head_dim) * DTypeSize(dtype);
+    for (int64_t head = 0; head < heads; ++head) {
+      auto it = weights->find(PerHeadNormName(module, head));
+      if (it->second.dtype() != dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            it->first, " is ", DTypeName(it->second.dtype()), " but ", PerHeadNormName(module, 0),
+            " is ", DTypeName(dtype), "; the per-head scales of one norm must share a dtype"));
+      }
+      std::memcpy(stacked.data() + head * head_bytes, it->second.data(), head_bytes);
+      weights->erase(it);
+    }
+    weights->emplace(absl::StrCat(generic, ".weight"), std::move(stacked));
+  }
+  return absl::OkStatus();
 }
 
 // Where the loader may read files: anywhere (empty root), or only inside `root`.
@@ -476,6 +537,7 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
   std::vector<WeightShape> expected = ExpectedWeightShapes(spec);
   absl::StatusOr<bool> fused_qkv = UseFusedQkv(spec, naming, *layout, prefix, &expected);
   if (!fused_qkv.ok()) return fused_qkv.status();
+  const bool per_head_norms = UsePerHeadNorms(spec, *layout, prefix, &expected);
   std::set<std::string> expected_names;
   for (const WeightShape& weight : expected) {
     const std::string full_name = prefix + StoredName(naming, weight.name);
@@ -500,7 +562,9 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     }
     // Biases, sinks and q/k norms each have a spec field that turns them on.
     const bool is_bias = absl::EndsWith(short_name, ".bias") || short_name == "sinks" ||
-                         short_name == "q_norm.weight" || short_name == "k_norm.weight";
+                         short_name == "q_norm.weight" || short_name == "k_norm.weight" ||
+                         absl::StartsWith(short_name, "q_layernorm.") ||
+                         absl::StartsWith(short_name, "k_layernorm.");
     return absl::InvalidArgumentError(absl::StrCat(
         full_name, " is in ", ClipForMessage(file), " but the spec (", SpecShapeFields(spec),
         ") does not use it",
@@ -555,6 +619,9 @@ absl::StatusOr<LayerWeights> LoadLayerWeightsFromSafetensors(const std::string& 
     weights.emplace(weight->name, *std::move(tensor));
   }
   if (*fused_qkv) SplitFusedQkv(spec, naming.rows, &weights);
+  if (per_head_norms) {
+    if (absl::Status s = StackPerHeadNorms(spec, &weights); !s.ok()) return s;
+  }
   if (absl::Status s = ValidateLayerWeights(spec, weights); !s.ok()) return s;
   return weights;
 }

@@ -12,7 +12,9 @@
 //     stacked (chunk(3)), and attn.out_proj.weight (.bias with o_bias) as o_proj. MosaicML's
 //     attn_config.qk_ln tensors (attn.q_ln, attn.k_ln) are INVALID_ARGUMENT, named as such.
 // When the checkpoint has no tensors under those, the Llama names are read (an ALiBi layer written
-// by attnctl convert). Messages name the tensors as the checkpoint stores them; the weights come
+// by attnctl convert). A q/k LayerNorm (qk_norm layer_norm) reads q_norm.weight [H, D] (Cohere) or,
+// where the checkpoint has them, StableLM's per-head q_layernorm.norms.H.weight [D] (and k's),
+// stacked into it. Messages name the tensors as the checkpoint stores them; the weights come
 // back under the generic names. `path` is either a single .safetensors file, or a directory
 // as written by save_pretrained():
 //   - with model.safetensors.index.json: its "weight_map" says which shard file (relative to the

@@ -26,7 +26,7 @@ using Json = nlohmann::json;
 constexpr absl::string_view kSupportedModelTypes[] = {
     "llama",   "mistral",     "mixtral", "qwen2",       "qwen3",      "qwen3_moe",
     "phi3",    "gemma2",      "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
-    "bloom",   "mpt",         "olmo2"};
+    "bloom",   "mpt",         "olmo2",       "cohere",  "stablelm"};
 
 // THE LIST OF ACCEPTED KEYS: keys that cannot change what one attention layer computes, skipped
 // without a word wherever they appear at the top level of config.json, whatever their value. Any
@@ -182,6 +182,18 @@ Json ClassDefaults(const std::string& model_type) {
         "num_hidden_layers": 32, "num_key_value_heads": null, "max_position_embeddings": 2048,
         "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
         "rms_norm_eps": 1e-5})");
+  }
+  if (model_type == "cohere") {
+    return Json::parse(R"({"hidden_size": 8192, "num_attention_heads": 64,
+        "num_hidden_layers": 40, "num_key_value_heads": null, "max_position_embeddings": 8192,
+        "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null,
+        "attention_bias": false, "use_qk_norm": false})");
+  }
+  if (model_type == "stablelm") {
+    return Json::parse(R"({"hidden_size": 2560, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+        "layer_norm_eps": 1e-5, "rope_theta": 10000, "rope_scaling": null,
+        "use_qkv_bias": false, "qk_layernorm": false, "partial_rotary_factor": 0.25})");
   }
   if (model_type == "bloom") {
     return Json::parse(R"({"hidden_size": 64, "n_head": 8, "n_layer": 2,
@@ -504,7 +516,8 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   // num_key_value_heads: null means num_attention_heads ("for backward compatibility" in most
   // config classes); Qwen3-MoE and Gemma keep None, which their attention cannot use.
   const bool gemma = model_type == "gemma2" || model_type == "gemma3_text";
-  const bool kv_null_is_mha = !gemma && model_type != "qwen3_moe";
+  // StableLmConfig keeps None too.
+  const bool kv_null_is_mha = !gemma && model_type != "qwen3_moe" && model_type != "stablelm";
   absl::StatusOr<int> kv_heads = config.SmallInt(
       "num_key_value_heads", kv_null_is_mha ? std::optional<int64_t>(*heads) : std::nullopt);
   if (!kv_heads.ok()) return kv_heads.status();
@@ -517,16 +530,22 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
   // getattr(config, "head_dim", ...)). null: the derived width where the class or module maps
   // None to it (Llama, Mistral, Mixtral, gpt-oss); elsewhere None reaches the module, refused.
   const bool head_dim_null_derived = model_type == "llama" || model_type == "mistral" ||
-                                     model_type == "mixtral" || model_type == "gpt_oss";
+                                     model_type == "mixtral" || model_type == "gpt_oss" ||
+                                     model_type == "stablelm";
   absl::StatusOr<int> head_dim = config.SmallInt(
       "head_dim", head_dim_null_derived || !config.Contains("head_dim")
                       ? std::optional<int64_t>(derived_head_dim)
                       : std::nullopt);
   if (!head_dim.ok()) return head_dim.status();
-  if (model_type == "phi3" && *head_dim != derived_head_dim) {
-    return KeyError("head_dim", absl::StrCat("Phi-3 attention uses hidden_size / "
+  if ((model_type == "phi3" || model_type == "stablelm") && *head_dim != derived_head_dim) {
+    return KeyError("head_dim", absl::StrCat(model_type == "phi3" ? "Phi-3" : "StableLM",
+                                             " attention uses hidden_size / "
                                              "num_attention_heads = ",
                                              derived_head_dim, "; ", *head_dim, " contradicts it"));
+  }
+  if (model_type == "stablelm" && *d_model % *heads != 0) {
+    return KeyError("num_attention_heads", absl::StrCat(*heads, " does not divide hidden_size ",
+                                                        *d_model, " (StableLmAttention raises)"));
   }
   spec.head_dim = *head_dim;
   spec.variant = spec.num_kv_heads == spec.num_heads ? AttentionVariant::kMHA
@@ -541,17 +560,23 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
     if (!bias.ok()) return bias.status();
     if (*bias) return KeyError("attention_bias", "true, but Phi-3 attention has no biases");
+  } else if (model_type == "stablelm") {
+    absl::StatusOr<bool> bias = config.Bool("use_qkv_bias", false);
+    if (!bias.ok()) return bias.status();
+    spec.qkv_bias = *bias;  // o_proj has none.
   } else if (model_type == "gpt_oss") {
     spec.qkv_bias = spec.o_bias = true;
     config.Has("attention_bias");  // Forced to True by GptOssConfig whatever the file says.
   } else if (model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe" ||
-             model_type == "gemma2" || model_type == "gemma3_text" || model_type == "olmo2") {
+             model_type == "gemma2" || model_type == "gemma3_text" || model_type == "olmo2" ||
+             model_type == "cohere") {
     absl::StatusOr<bool> bias = config.Bool("attention_bias", false);
     if (!bias.ok()) return bias.status();
     spec.qkv_bias = spec.o_bias = *bias;
   }
 
-  spec.rope = RopeLayout::kHalf;
+  // Cohere rotates (x[2i], x[2i + 1]) pairs (its rotate_half takes x[..., ::2], x[..., 1::2]).
+  spec.rope = model_type == "cohere" ? RopeLayout::kInterleaved : RopeLayout::kHalf;
   absl::StatusOr<double> theta = config.Number("rope_theta", std::nullopt);
   if (!theta.ok()) return theta.status();
   spec.rope_theta = *theta;
@@ -566,13 +591,13 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
                                                               spec.rope_scaling.type),
                                                  ": Olmo2Config accepts only linear or dynamic"));
   }
-  if (model_type == "phi3") {
+  if (model_type == "phi3" || model_type == "stablelm") {
     absl::StatusOr<double> partial = config.Number("partial_rotary_factor", 1.0);
     if (!partial.ok()) return partial.status();
     const int rotary = static_cast<int>(spec.head_dim * *partial);
     spec.rotary_dim = rotary == spec.head_dim ? 0 : rotary;
     // Phi-3 keeps original_max_position_embeddings at the top level for LongRoPE, refused above.
-    config.Has("original_max_position_embeddings");
+    if (model_type == "phi3") config.Has("original_max_position_embeddings");
   }
   spec.causal = true;
 
@@ -692,6 +717,37 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     absl::StatusOr<double> eps = config.Number("rms_norm_eps", std::nullopt);
     if (!eps.ok()) return eps.status();
     spec.qk_norm_eps = static_cast<float>(*eps);
+  }
+  if (model_type == "cohere") {
+    // CohereAttention with use_qk_norm: CohereLayerNorm over [num_heads, head_dim] and
+    // [num_kv_heads, head_dim] (per head, each head its own scale, no bias), eps layer_norm_eps,
+    // before RoPE. Without it, layer_norm_eps is only the block's input norm's.
+    absl::StatusOr<bool> qk_norm = config.Bool("use_qk_norm", false);
+    if (!qk_norm.ok()) return qk_norm.status();
+    if (*qk_norm) {
+      absl::StatusOr<double> eps = config.Number("layer_norm_eps", std::nullopt);
+      if (!eps.ok()) return eps.status();
+      spec.qk_norm = QkNorm::kLayerNorm;
+      spec.qk_norm_eps = static_cast<float>(*eps);
+    }
+    config.Has("layer_norm_eps");
+    config.Has("logit_scale");  // CohereForCausalLM's scale of the output logits.
+  }
+  if (model_type == "stablelm") {
+    // StableLmAttention with qk_layernorm: StableLmLayerNormPerHead, one nn.LayerNorm without bias
+    // per head (each its own scale), eps layer_norm_eps, before RoPE. Without it, layer_norm_eps
+    // is only the block's norms'; use_parallel_residual and hidden_dropout are the block's too.
+    absl::StatusOr<bool> qk_norm = config.Bool("qk_layernorm", false);
+    if (!qk_norm.ok()) return qk_norm.status();
+    if (*qk_norm) {
+      absl::StatusOr<double> eps = config.Number("layer_norm_eps", std::nullopt);
+      if (!eps.ok()) return eps.status();
+      spec.qk_norm = QkNorm::kLayerNorm;
+      spec.qk_norm_eps = static_cast<float>(*eps);
+    }
+    for (const char* key : {"layer_norm_eps", "use_parallel_residual", "hidden_dropout"}) {
+      config.Has(key);
+    }
   }
   if (model_type == "gpt_oss") spec.attention_sinks = true;
   return spec;

@@ -3,9 +3,9 @@
 // The semantics are those of `transformers` (the version pinned in tests/peer/requirements.txt):
 // each supported model_type maps its config keys the way its attention module reads them,
 // including per-layer differences (which layers slide; Gemma 3's local RoPE base on sliding
-// layers). Supported model_type values:
-//   llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, phi3, gemma2, gemma3_text, gpt_oss,
-//   deepseek_v2, deepseek_v3, bloom, mpt, olmo2.
+// layers). The supported model_type values are one list, kSupportedModelTypes in hf_config.cc,
+// which the refusal of any other names in full (`attnserve_capabilities --families` and README's
+// table show the families).
 //
 // Nothing is ignored silently. Every key of config.json is one of
 //   - mapped into the spec (hidden_size, num_key_value_heads, rope_scaling, layer_types, ...);

@@ -58,6 +58,19 @@ absl::StatusOr<LayerSpec> PooledKvSpec(const LayerSpec& source, int num_kv_heads
   }
   LayerSpec pooled = source;
   pooled.num_kv_heads = num_kv_heads;
+  // A k norm whose scale spans the KV heads (OLMo 2's across heads, the per-head LayerNorm's one
+  // scale per head) norms each source head with its own scales: the mean of a group's heads has
+  // none. Pooling the scales too would be a guess, so it is refused rather than left to fail as
+  // weights that do not fit.
+  if (num_kv_heads != source.num_kv_heads &&
+      QkNormWidth(pooled, num_kv_heads) != QkNormWidth(source, source.num_kv_heads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "qk_norm = ", QkNormName(source.qk_norm), ": the k norm's scale spans the ",
+        source.num_kv_heads, " KV heads (k_norm.weight of ",
+        QkNormWidth(source, source.num_kv_heads),
+        " floats), which has no counterpart for pooled heads; pooling applies to layers without "
+        "a q/k norm or with one scale for all heads"));
+  }
   pooled.variant = num_kv_heads == source.num_heads ? AttentionVariant::kMHA
                    : num_kv_heads == 1              ? AttentionVariant::kMQA
                                                     : AttentionVariant::kGQA;

@@ -10,7 +10,8 @@
 //
 // The source may be any MHA/GQA layer whose KV head count the target count divides (pooling 8 ->
 // 4 -> 2 equals pooling 8 -> 2: the groups nest and have equal sizes). MLA caches a latent, not
-// heads, and is refused by name.
+// heads, and is refused by name; so is a k norm whose scale spans the KV heads (OLMo 2's across
+// heads, the per-head LayerNorm's scale per head), which has no scale for a pooled head.
 #ifndef ATTNSERVE_KERNELS_MODEL_KV_HEAD_POOLING_H_
 #define ATTNSERVE_KERNELS_MODEL_KV_HEAD_POOLING_H_
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -74,8 +75,13 @@ std::vector<WeightShape> ExpectedWeightShapes(const LayerSpec& spec) {
   if (spec.o_bias) shapes.push_back(Bias("o_proj", d));
   if (spec.qk_norm != QkNorm::kNone) {
     const float init = spec.qk_norm == QkNorm::kRmsUnitOffset ? 0.0f : 1.0f;
-    shapes.push_back(NormScale("q_norm", QkNormWidth(spec, spec.num_heads), init));
-    shapes.push_back(NormScale("k_norm", QkNormWidth(spec, spec.num_kv_heads), init));
+    for (const auto& [name, heads] :
+         {std::pair{"q_norm", spec.num_heads}, std::pair{"k_norm", spec.num_kv_heads}}) {
+      WeightShape scale = NormScale(name, QkNormWidth(spec, heads), init);
+      // A scale per head, stored as CohereLayerNorm's [heads, head_dim].
+      if (spec.qk_norm == QkNorm::kLayerNorm) scale.shape = {heads, spec.head_dim};
+      shapes.push_back(std::move(scale));
+    }
   }
   if (spec.attention_sinks) shapes.push_back({"sinks", {h}});
   return shapes;

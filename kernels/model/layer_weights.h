@@ -6,7 +6,8 @@
 //                v_proj.weight [KV*D, d_model], o_proj.weight [d_model, H*D]
 //                (+ q_proj.bias, k_proj.bias, v_proj.bias when qkv_bias; o_proj.bias when o_bias;
 //                q_norm.weight, k_norm.weight [D] when qk_norm, or [H*D] and [KV*D] for
-//                rms_across_heads; sinks [H] when attention_sinks)
+//                rms_across_heads, [H, D] and [KV, D] for layer_norm; sinks [H] when
+//                attention_sinks)
 //   MLA:         q_proj.weight [H*(nope+rope), d_model]            when q_lora_rank == 0, else
 //                q_a_proj.weight [q_lora, d_model], q_a_layernorm.weight [q_lora],
 //                q_b_proj.weight [H*(nope+rope), q_lora];

@@ -7,7 +7,7 @@
 //   AlibiBias      score bias: slope_h * (key - query) on each logit (BLOOM, MPT).
 //   SoftmaxSinks   softmax extra term: one learned logit per head in every row's softmax (gpt-oss).
 //   HeadRmsNorm    pre-RoPE transform: RMSNorm of q and k, per head (Qwen3, Gemma 3) or over all
-//                  heads of a row at once (OLMo 2).
+//                  heads of a row at once (OLMo 2); LayerNorm per head (StableLM 2, Cohere).
 //   RotaryPositions  position embedding: RoPE's rotation of q and k, half or interleaved pairs,
 //                  partial rotary dims (Phi, GPT-J), YaRN's cos/sin factor.
 //
@@ -150,13 +150,18 @@ struct SoftmaxSinks {
 // per head over head_dim with a scale of [head_dim] (w for Qwen3RMSNorm, 1 + w for Gemma3RMSNorm,
 // resolved by the layer), or, with `across_heads`, over a row's heads at once, as OLMo 2 norms
 // the whole projection before splitting it into heads, with a scale of [heads * head_dim].
+// With `centred` it is LayerNorm without bias, (x - mean) / sqrt(var + eps), var the mean of the
+// centred squares, per head with each head's own scale (`per_head_scales`, [heads * head_dim]):
+// StableLmLayerNormPerHead, CohereLayerNorm.
 struct HeadRmsNorm {
-  const float* q_scale = nullptr;  // [head_dim], or [num_heads * head_dim] across heads; owned by
-                                   // the layer; null = no q/k norm.
-  const float* k_scale = nullptr;  // [head_dim], or [num_kv_heads * head_dim] across heads.
+  const float* q_scale = nullptr;  // [head_dim], or [num_heads * head_dim] across heads or per
+                                   // head; owned by the layer; null = no q/k norm.
+  const float* k_scale = nullptr;  // [head_dim], or [num_kv_heads * head_dim].
   double eps = 1e-6;
-  int dim = 0;                // head_dim
-  bool across_heads = false;  // One norm over the `count` heads of Apply (OLMo 2).
+  int dim = 0;                    // head_dim
+  bool across_heads = false;      // One norm over the `count` heads of Apply (OLMo 2).
+  bool centred = false;           // Subtract the mean first: LayerNorm (StableLM 2, Cohere).
+  bool per_head_scales = false;   // Head h's scale at scale + h * dim.
 
   ATTNSERVE_HD bool active() const { return q_scale != nullptr; }
   // `count` consecutive head vectors of `dim` floats at x (one row's q or k heads), in place:
@@ -165,10 +170,17 @@ struct HeadRmsNorm {
     const int64_t width = across_heads ? count * dim : dim;
     for (int64_t v = 0; v < count * dim; v += width) {
       float* part = x + v;
+      const float* part_scale = per_head_scales ? scale + v : scale;
+      double sum = 0.0;
+      if (centred) {
+        for (int64_t i = 0; i < width; ++i) sum += part[i];
+      }
+      const double mean = sum / width;  // 0 for RMSNorm: x - 0 is x, bit for bit.
       double sum_sq = 0.0;
-      for (int64_t i = 0; i < width; ++i) sum_sq += double{part[i]} * part[i];
+      for (int64_t i = 0; i < width; ++i) sum_sq += (part[i] - mean) * (part[i] - mean);
       const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / width + eps));
-      for (int64_t i = 0; i < width; ++i) part[i] = part[i] * inv_rms * scale[i];
+      const float mean_f = static_cast<float>(mean);
+      for (int64_t i = 0; i < width; ++i) part[i] = (part[i] - mean_f) * inv_rms * part_scale[i];
     }
   }
 };
@@ -297,8 +309,9 @@ struct AttentionVariation {
     v.alibi = {static_cast<int>(spec.alibi), spec.num_heads, spec.alibi_bias_max};
     v.sinks.logits = spec.attention_sinks ? weights.sinks : nullptr;
     if (spec.qk_norm != QkNorm::kNone) {
+      const bool layer_norm = spec.qk_norm == QkNorm::kLayerNorm;
       v.qk_norm = {weights.q_scale, weights.k_scale, spec.qk_norm_eps, spec.head_dim,
-                   spec.qk_norm == QkNorm::kRmsAcrossHeads};
+                   spec.qk_norm == QkNorm::kRmsAcrossHeads, layer_norm, layer_norm};
     }
     if (RotaryDim(spec) > 0) {
       v.rope = {weights.rope_inv_freq, RotaryDim(spec), spec.rope == RopeLayout::kInterleaved,
@@ -338,6 +351,8 @@ inline const std::vector<NamedVariation>& NamedVariations() {
       {"qk_norm=rms_across_heads", "qk_norm", "q/k norm across heads",
        "q/k norm across heads (OLMo 2)",
        [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kRmsAcrossHeads); }},
+      {"qk_norm=layer_norm", "qk_norm", "q/k LayerNorm", "q/k LayerNorm (StableLM 2, Cohere)",
+       [](const LayerSpec& s) { return QkNormUsed(s, QkNorm::kLayerNorm); }},
       {"partial_rotary", "rotary_dim", "rotary_dim", "partial rotary",
        [](const LayerSpec& s) {
          return s.rotary_dim == 0 || s.rotary_dim == s.head_dim

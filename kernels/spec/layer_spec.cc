@@ -102,6 +102,8 @@ absl::string_view QkNormName(QkNorm norm) {
       return "rms_unit_offset";
     case QkNorm::kRmsAcrossHeads:
       return "rms_across_heads";
+    case QkNorm::kLayerNorm:
+      return "layer_norm";
   }
   return "unknown";
 }
@@ -112,8 +114,10 @@ absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name) {
   if (lower == "rms") return QkNorm::kRms;
   if (lower == "rms_unit_offset") return QkNorm::kRmsUnitOffset;
   if (lower == "rms_across_heads") return QkNorm::kRmsAcrossHeads;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "qk_norm: unknown '", name, "', expected none, rms, rms_unit_offset or rms_across_heads"));
+  if (lower == "layer_norm") return QkNorm::kLayerNorm;
+  return absl::InvalidArgumentError(
+      absl::StrCat("qk_norm: unknown '", name,
+                   "', expected none, rms, rms_unit_offset, rms_across_heads or layer_norm"));
 }
 
 absl::string_view AlibiName(Alibi alibi) {
@@ -424,7 +428,9 @@ int RotaryDim(const LayerSpec& spec) {
 
 int64_t QkNormWidth(const LayerSpec& spec, int heads) {
   if (spec.qk_norm == QkNorm::kNone) return 0;
-  return spec.qk_norm == QkNorm::kRmsAcrossHeads ? int64_t{heads} * spec.head_dim : spec.head_dim;
+  const bool scale_per_head =
+      spec.qk_norm == QkNorm::kRmsAcrossHeads || spec.qk_norm == QkNorm::kLayerNorm;
+  return scale_per_head ? int64_t{heads} * spec.head_dim : spec.head_dim;
 }
 
 float EffectiveSoftmaxScale(const LayerSpec& spec) {

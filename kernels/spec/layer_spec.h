@@ -78,9 +78,10 @@ struct MlaDims {
   float rms_norm_eps = 1e-6f;  // For q_a_layernorm and kv_a_layernorm.
 };
 
-// RMSNorm of q and k after the projections and before RoPE, computed in float32:
-// x / sqrt(mean(x^2) + qk_norm_eps) times a learned scale ("q_norm.weight", "k_norm.weight"), per
-// head over head_dim (scales of [head_dim]) or over the whole projection (scales of
+// A norm of q and k after the projections and before RoPE, computed in float32: RMSNorm
+// x / sqrt(mean(x^2) + qk_norm_eps), or LayerNorm (x - mean(x)) / sqrt(var(x) + qk_norm_eps), times
+// a learned scale ("q_norm.weight", "k_norm.weight"), per head over head_dim (scales of
+// [head_dim], one for all heads, or one per head) or over the whole projection (scales of
 // [num_heads * head_dim] for q and [num_kv_heads * head_dim] for k: QkNormWidth).
 enum class QkNorm : uint8_t {
   kNone,
@@ -90,9 +91,12 @@ enum class QkNorm : uint8_t {
   // Over all heads of a token at once, scale w (Olmo2RMSNorm on q_proj's and k_proj's whole
   // output).
   kRmsAcrossHeads,
+  // LayerNorm per head without bias, each head its own scale w: [num_heads, head_dim] and
+  // [num_kv_heads, head_dim] (StableLmLayerNormPerHead; CohereLayerNorm with use_qk_norm).
+  kLayerNorm,
 };
 
-// "none", "rms", "rms_unit_offset", "rms_across_heads".
+// "none", "rms", "rms_unit_offset", "rms_across_heads", "layer_norm".
 absl::string_view QkNormName(QkNorm norm);
 absl::StatusOr<QkNorm> ParseQkNorm(absl::string_view name);
 
@@ -141,7 +145,7 @@ struct LayerSpec {
   // int(head_dim * partial_rotary_factor) (Phi-3/Phi-4-mini, GPT-NeoX). Frequencies use
   // rotary_dim: theta^(-2i/rotary_dim).
   int rotary_dim = 0;
-  // Qwen3: kRms; Gemma 3: kRmsUnitOffset; OLMo 2: kRmsAcrossHeads.
+  // Qwen3: kRms; Gemma 3: kRmsUnitOffset; OLMo 2: kRmsAcrossHeads; StableLM 2, Cohere: kLayerNorm.
   QkNorm qk_norm = QkNorm::kNone;
   float qk_norm_eps = 1e-6f;
   // 0 = none; else the scaled scores s become cap * tanh(s / cap) before masking and softmax
@@ -169,7 +173,8 @@ int VHeadDim(const LayerSpec& spec);
 // for MLA; 0 without RoPE.
 int RotaryDim(const LayerSpec& spec);
 // Floats in the q/k norm's scale for `heads` heads (num_heads: q_norm.weight; num_kv_heads:
-// k_norm.weight): head_dim per head, heads * head_dim for kRmsAcrossHeads, 0 without qk_norm.
+// k_norm.weight): head_dim for a scale all heads share, heads * head_dim for kRmsAcrossHeads and
+// kLayerNorm's per-head scales, 0 without qk_norm.
 int64_t QkNormWidth(const LayerSpec& spec, int heads);
 // The scale actually applied to q.k (resolves the 0 default; for MLA with YaRN's mscale_all_dim,
 // 1/sqrt(qk head dim) * mscale(factor, mscale_all_dim)^2 as DeepseekV3Attention).

@@ -103,7 +103,7 @@ def main():
         "variant": ("xqa", "variant 'xqa': expected mha, mqa, gqa or mla"),
         "rope": ("spiral", "rope 'spiral': expected none, half, interleaved"),
         "qk_norm": ("layer", "qk_norm 'layer': expected none, rms, rms_unit_offset, "
-                             "rms_across_heads"),
+                             "rms_across_heads, layer_norm"),
         "alibi": ("t5", "alibi 't5': expected none, bloom, mpt"),
     }
     for key, (value, message) in refusals.items():

@@ -31,6 +31,10 @@ readonly CASES=(
   'gqa|--variant=gqa --d_model=128 --num_heads=8 --num_kv_heads=2 --rope_theta=500000 --window=16 --qkv_bias --o_bias --rotary_dim=8 --qk_norm=rms --qk_norm_eps=1e-5 --attn_logit_softcapping=30 --attention_sinks --softmax_scale=0.125|{"variant": "gqa", "d_model": 128, "num_heads": 8, "num_kv_heads": 2, "rope_theta": 500000, "sliding_window": 16, "qkv_bias": true, "o_bias": true, "rotary_dim": 8, "qk_norm": "rms", "qk_norm_eps": 1e-5, "attn_logit_softcapping": 30, "attention_sinks": true, "softmax_scale": 0.125}|dict(variant="gqa", d_model=128, num_heads=8, num_kv_heads=2, rope_theta=500000, sliding_window=16, qkv_bias=True, o_bias=True, rotary_dim=8, qk_norm="rms", qk_norm_eps=1e-5, attn_logit_softcapping=30, attention_sinks=True, softmax_scale=0.125)'
   'mla|--variant=mla --d_model=64 --num_heads=4 --kv_lora_rank=32 --qk_nope_head_dim=16 --qk_rope_head_dim=8 --v_head_dim=16|{"variant": "mla", "d_model": 64, "num_heads": 4, "mla": {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}}|dict(variant="mla", d_model=64, num_heads=4, mla=MlaDims(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))'
   'no_rope|--variant=mha --d_model=64 --num_heads=4 --rope=none|{"variant": "mha", "d_model": 64, "num_heads": 4, "rope": "none"}|dict(variant="mha", d_model=64, num_heads=4, rope="none")'
+  # --spec=KEY=VALUE alone (fields with no flag of their own: alibi, alibi_bias_max, rope_scaling).
+  'spec_settings|--spec=variant=gqa,d_model=128,num_heads=8,num_kv_heads=2,alibi=mpt,alibi_bias_max=4,qk_norm=rms_across_heads,rope_scaling.type=linear,rope_scaling.factor=2|{"variant": "gqa", "d_model": 128, "num_heads": 8, "num_kv_heads": 2, "alibi": "mpt", "alibi_bias_max": 4, "qk_norm": "rms_across_heads", "rope_scaling": {"type": "linear", "factor": 2}}|dict(variant="gqa", d_model=128, num_heads=8, num_kv_heads=2, alibi="mpt", alibi_bias_max=4.0, qk_norm="rms_across_heads", rope_scaling=RopeScaling(type="linear", factor=2.0))'
+  # --spec over the flags.
+  'spec_over_flags|--variant=gqa --d_model=128 --num_heads=8 --num_kv_heads=2 --window=16 --spec=sliding_window=32,attention_sinks=true|{"variant": "gqa", "d_model": 128, "num_heads": 8, "num_kv_heads": 2, "sliding_window": 32, "attention_sinks": true}|dict(variant="gqa", d_model=128, num_heads=8, num_kv_heads=2, sliding_window=32, attention_sinks=True)'
 )
 
 for entry in "${CASES[@]}"; do
@@ -44,7 +48,7 @@ for entry in "${CASES[@]}"; do
   PYTHONPATH="${ROOT}/client/python" "${PYTHON}" - "${SERVER_ADDRESS}" "${workdir}" "${name}" \
     "${python_spec}" <<'PY' || fail "${name}: the fingerprints differ"
 import base64, json, sys
-from attnserve_client import AttnServeClient, LayerSpec, MlaDims
+from attnserve_client import AttnServeClient, LayerSpec, MlaDims, RopeScaling
 address, work, name, python_spec = sys.argv[1:]
 with AttnServeClient(address) as client:
     prints = {}

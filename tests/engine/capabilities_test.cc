@@ -95,6 +95,11 @@ std::vector<Case> Cases() {
   cases.push_back({"qk_norm=rms_across_heads", Drop("qk_norm=rms_across_heads"), olmo2,
                    DType::kF32, absl::StatusCode::kInvalidArgument, "qk_norm = rms_across_heads",
                    "q/k norm across heads (OLMo 2)"});
+  LayerSpec cohere = Gqa();
+  cohere.qk_norm = QkNorm::kLayerNorm;
+  cases.push_back({"qk_norm=layer_norm", Drop("qk_norm=layer_norm"), cohere, DType::kF32,
+                   absl::StatusCode::kInvalidArgument, "qk_norm = layer_norm",
+                   "q/k LayerNorm (StableLM 2, Cohere)"});
   LayerSpec alibi = Gqa();
   alibi.alibi = Alibi::kMpt;
   cases.push_back({"alibi", Drop("alibi"), alibi, DType::kF32,
@@ -282,6 +287,15 @@ TEST(CapabilitiesTest, CudaRefusesWhatItsKernelsDoNotDo) {
   EXPECT_THAT(across.message(),
               AllOf(HasSubstr("qk_norm = rms_across_heads: the CUDA backend does not implement "
                               "q/k norm across heads (OLMo 2) yet"),
+                    HasSubstr("--backend=cpu")));
+  // Nor the per-head LayerNorm of StableLM 2 and Cohere: the kernel's norm is RMSNorm.
+  LayerSpec cohere = Gqa();
+  cohere.qk_norm = QkNorm::kLayerNorm;
+  const absl::Status layer_norm = CheckCapabilities(cuda, cohere, Kv(DType::kF32));
+  EXPECT_EQ(layer_norm.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(layer_norm.message(),
+              AllOf(HasSubstr("qk_norm = layer_norm: the CUDA backend does not implement q/k "
+                              "LayerNorm (StableLM 2, Cohere) yet"),
                     HasSubstr("--backend=cpu")));
   // Every gap at once, in the fixed order.
   LayerSpec phi3 = Gqa();

@@ -469,6 +469,125 @@ TEST(HfConfigTest, Olmo2NormsQAndKAcrossHeads) {
   ExpectRefused(head_dim, 0, "head_dim");
 }
 
+// A Command R+ config.json (CohereForAI/c4ai-command-r-plus's keys and sizes, written here from the
+// release's published sizes, not copied from the Hub file: this machine has no network).
+constexpr char kCommandRPlus[] = R"({
+  "architectures": ["CohereForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 5, "eos_token_id": 255001, "hidden_act": "silu", "hidden_size": 12288,
+  "initializer_range": 0.02, "intermediate_size": 33792, "layer_norm_eps": 1e-05,
+  "logit_scale": 0.8333333333333334, "max_position_embeddings": 8192, "model_type": "cohere",
+  "num_attention_heads": 96, "num_hidden_layers": 64, "num_key_value_heads": 8,
+  "pad_token_id": 0, "rope_theta": 75000000.0, "torch_dtype": "float16",
+  "transformers_version": "4.40.0.dev0", "use_cache": true, "use_qk_norm": true,
+  "vocab_size": 256000})";
+
+TEST(HfConfigTest, CohereNormsQAndKPerHeadWithLayerNorm) {
+  const LayerSpec spec = SpecOrDie(kCommandRPlus, 63);
+  EXPECT_EQ(spec.variant, AttentionVariant::kGQA);
+  EXPECT_EQ(spec.num_heads, 96);
+  EXPECT_EQ(spec.num_kv_heads, 8);
+  EXPECT_EQ(spec.head_dim, 128);  // hidden_size / num_attention_heads.
+  EXPECT_EQ(spec.qk_norm, QkNorm::kLayerNorm);
+  EXPECT_EQ(spec.qk_norm_eps, 1e-5f);  // layer_norm_eps: CohereAttention's q_norm and k_norm.
+  EXPECT_EQ(spec.rope, RopeLayout::kInterleaved);  // Cohere's rotate_half pairs (2i, 2i + 1).
+  EXPECT_EQ(spec.rope_theta, 75000000.0);
+  EXPECT_EQ(spec.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(spec.sliding_window, 0);
+  EXPECT_EQ(spec.softmax_scale, 0.0f);
+  EXPECT_FALSE(spec.qkv_bias || spec.o_bias);
+
+  // Command R (use_qk_norm false, or absent: CohereConfig's default): no q/k norm, and
+  // layer_norm_eps is only the block's.
+  std::string plain = kCommandRPlus;
+  plain.replace(plain.find("\"use_qk_norm\": true"), 19, "\"use_qk_norm\": false");
+  EXPECT_EQ(SpecOrDie(plain, 0).qk_norm, QkNorm::kNone);
+  std::string absent = kCommandRPlus;
+  absent.replace(absent.find(", \"use_qk_norm\": true"), 21, "");
+  EXPECT_EQ(SpecOrDie(absent, 0).qk_norm, QkNorm::kNone);
+  std::string null_eps_plain = plain;
+  null_eps_plain.replace(null_eps_plain.find("1e-05"), 5, "null");
+  EXPECT_EQ(SpecOrDie(null_eps_plain, 0).qk_norm, QkNorm::kNone);
+  // Absent layer_norm_eps: CohereConfig's 1e-5; null: CohereLayerNorm cannot use None.
+  std::string absent_eps = kCommandRPlus;
+  const std::string eps_key = "\"layer_norm_eps\": 1e-05,";
+  absent_eps.replace(absent_eps.find(eps_key), eps_key.size(), "");
+  EXPECT_EQ(SpecOrDie(absent_eps, 0).qk_norm_eps, 1e-5f);
+  std::string null_eps = kCommandRPlus;
+  null_eps.replace(null_eps.find("1e-05"), 5, "null");
+  ExpectRefused(null_eps, 0, "layer_norm_eps");
+  // attention_bias: every projection, o_proj included.
+  std::string bias = kCommandRPlus;
+  bias.replace(bias.find("\"attention_bias\": false"), 23, "\"attention_bias\": true");
+  EXPECT_TRUE(SpecOrDie(bias, 0).qkv_bias && SpecOrDie(bias, 0).o_bias);
+  // num_key_value_heads null: CohereConfig makes it num_attention_heads.
+  std::string mha = kCommandRPlus;
+  mha.replace(mha.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": null");
+  EXPECT_EQ(SpecOrDie(mha, 0).variant, AttentionVariant::kMHA);
+  // RoPE scaling goes through the shared rules; keys Cohere's attention does not read are refused
+  // by name (its RoPE rotates whole heads and it has no window).
+  std::string linear = kCommandRPlus;
+  linear.insert(linear.find("\"rope_theta\""),
+                R"("rope_scaling": {"rope_type": "linear", "factor": 2.0}, )");
+  EXPECT_EQ(SpecOrDie(linear, 0).rope_scaling.type, RopeScalingType::kLinear);
+  for (const std::string key : {"partial_rotary_factor", "sliding_window", "qk_layernorm"}) {
+    std::string extra = kCommandRPlus;
+    extra.insert(extra.find("\"torch_dtype\""), "\"" + key + "\": 1, ");
+    ExpectRefused(extra, 0, key);
+  }
+}
+
+// A StableLM 2 12B config.json (stabilityai/stablelm-2-12b's keys and sizes, written here from the
+// release's published sizes, not copied from the Hub file: this machine has no network).
+constexpr char kStableLm2[] = R"({
+  "architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 100257,
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_dropout": 0.0, "hidden_size": 5120,
+  "initializer_range": 0.01, "intermediate_size": 13824, "layer_norm_eps": 1e-05,
+  "max_position_embeddings": 4096, "model_type": "stablelm", "num_attention_heads": 32,
+  "num_hidden_layers": 40, "num_key_value_heads": 8, "partial_rotary_factor": 0.25,
+  "qk_layernorm": true, "rope_scaling": null, "rope_theta": 10000, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": true,
+  "use_parallel_residual": true, "use_qkv_bias": false, "vocab_size": 100352})";
+
+TEST(HfConfigTest, StableLm2NormsQAndKPerHeadWithLayerNorm) {
+  const LayerSpec spec = SpecOrDie(kStableLm2, 39);
+  EXPECT_EQ(spec.variant, AttentionVariant::kGQA);
+  EXPECT_EQ(spec.num_heads, 32);
+  EXPECT_EQ(spec.num_kv_heads, 8);
+  EXPECT_EQ(spec.head_dim, 160);   // hidden_size / num_attention_heads.
+  EXPECT_EQ(spec.rotary_dim, 40);  // partial_rotary_factor 0.25.
+  EXPECT_EQ(spec.qk_norm, QkNorm::kLayerNorm);
+  EXPECT_EQ(spec.qk_norm_eps, 1e-5f);  // layer_norm_eps: StableLmLayerNormPerHead's.
+  EXPECT_EQ(spec.rope, RopeLayout::kHalf);
+  EXPECT_EQ(spec.rope_theta, 10000.0);
+  EXPECT_EQ(spec.softmax_scale, 0.0f);
+  EXPECT_FALSE(spec.qkv_bias || spec.o_bias);
+
+  // stablelm-2-1_6b's attention: no q/k norm, q/k/v biases (never on o_proj).
+  std::string small = kStableLm2;
+  small.replace(small.find("\"qk_layernorm\": true"), 20, "\"qk_layernorm\": false");
+  small.replace(small.find("\"use_qkv_bias\": false"), 21, "\"use_qkv_bias\": true");
+  const LayerSpec plain = SpecOrDie(small, 0);
+  EXPECT_EQ(plain.qk_norm, QkNorm::kNone);
+  EXPECT_TRUE(plain.qkv_bias);
+  EXPECT_FALSE(plain.o_bias);
+  // Absent partial_rotary_factor: StableLmConfig's 0.25.
+  std::string absent_partial = kStableLm2;
+  const std::string partial_key = "\"partial_rotary_factor\": 0.25,";
+  absent_partial.replace(absent_partial.find(partial_key), partial_key.size(), "");
+  EXPECT_EQ(SpecOrDie(absent_partial, 0).rotary_dim, 40);
+  // num_key_value_heads null: StableLmConfig keeps None, which StableLmAttention cannot use.
+  std::string null_kv = kStableLm2;
+  null_kv.replace(null_kv.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": null");
+  ExpectRefused(null_kv, 0, "num_key_value_heads");
+  // head_dim: StableLmAttention uses hidden_size / num_attention_heads whatever it says.
+  std::string head_dim = kStableLm2;
+  head_dim.insert(head_dim.find("\"torch_dtype\""), "\"head_dim\": 128, ");
+  ExpectRefused(head_dim, 0, "head_dim");
+  std::string window = kStableLm2;
+  window.insert(window.find("\"torch_dtype\""), "\"sliding_window\": 4096, ");
+  ExpectRefused(window, 0, "sliding_window");
+}
+
 // HuggingFaceTB/SmolLM2-135M-Instruct: a nanotron export with keys transformers' LlamaConfig does
 // not declare (is_llama_config, rope_interleaved, transformers.js_config) next to its own.
 constexpr char kSmolLm2[] = R"({

@@ -166,6 +166,24 @@ TEST(KvHeadPoolingTest, RefusesMlaAndCountsThatDoNotDivideByName) {
   EXPECT_THAT(incomplete.status().message(), HasSubstr("v_proj.weight"));
 }
 
+// A k norm with a scale per KV head (per-head LayerNorm) or across them (OLMo 2) has no scale for
+// a pooled head: refused by name, where a shared per-head scale (Qwen3) pools as before.
+TEST(KvHeadPoolingTest, RefusesKNormsWhoseScaleSpansTheKvHeads) {
+  for (const QkNorm norm : {QkNorm::kLayerNorm, QkNorm::kRmsAcrossHeads}) {
+    LayerSpec source = StandardSpec(8, 8, 16, RopeLayout::kHalf);
+    source.qk_norm = norm;
+    absl::StatusOr<LayerSpec> pooled = PooledKvSpec(source, 2);
+    EXPECT_EQ(pooled.status().code(), absl::StatusCode::kInvalidArgument) << QkNormName(norm);
+    EXPECT_THAT(pooled.status().message(),
+                HasSubstr(absl::StrCat("qk_norm = ", QkNormName(norm),
+                                       ": the k norm's scale spans the 8 KV heads")));
+    EXPECT_TRUE(PooledKvSpec(source, 8).ok()) << QkNormName(norm);  // Nothing pooled.
+  }
+  LayerSpec qwen3 = StandardSpec(8, 8, 16, RopeLayout::kHalf);
+  qwen3.qk_norm = QkNorm::kRms;
+  EXPECT_TRUE(PooledKvSpec(qwen3, 2).ok());
+}
+
 TEST(KvHeadPoolingTest, MhaSourceSpecIsTheTargetWithEveryHeadItsOwnKvHead) {
   LayerSpec gqa = StandardSpec(8, 2, 16, RopeLayout::kHalf);
   gqa.sliding_window = 32;

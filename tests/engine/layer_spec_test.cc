@@ -918,7 +918,8 @@ TEST(LayerSpecJsonTest, RefusesWithTheSameMessages) {
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "rope": "spiral"})",
        "rope: unknown layout 'spiral', expected none, half or interleaved"},
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "qk_norm": "layer"})",
-       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset or rms_across_heads"},
+       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset, rms_across_heads or "
+       "layer_norm"},
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "alibi": 3})",
        "alibi: expected a string, got integer 3"},
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "alibi": "t5"})",
@@ -968,7 +969,8 @@ TEST(LayerSpecJsonTest, RefusesWithTheSameMessages) {
        "short factors by sequence length, so cached keys would keep frequencies the next call "
        "no longer uses)"},
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "qk_norm": "layer", "alibi": "t5"})",
-       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset or rms_across_heads"},
+       "qk_norm: unknown 'layer', expected none, rms, rms_unit_offset, rms_across_heads or "
+       "layer_norm"},
       {R"({"variant": "mha", "d_model": 64, "num_heads": 4, "causal": false, "sliding_window": 4})",
        "sliding_window = 4: requires causal = true (Mistral semantics)"},
       {R"([1, 2])",

@@ -10,10 +10,10 @@ for token against transformers' own generate() on the same float32 weights.
                    layer and an MoE layer); 4 prompts of random token ids, 7 to 23 tokens, greedy.
   --case families  one tiny random model per further family the client claims (FAMILIES: Llama 3,
                    Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Phi-3, gpt-oss, OLMo 2,
-                   DeepSeek-V2, DeepSeek-V3 with YaRN), each with its released config's attention
-                   keys (sizes and the Llama 3 context shrunk): each prompt alone and all batched,
-                   and Gemma 2 and gpt-oss moved mid-way; each layer's spec as the server read it
-                   is checked too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
+                   Cohere, StableLM 2, DeepSeek-V2, DeepSeek-V3 with YaRN), each with its
+                   released config's attention keys (sizes and the Llama 3 context shrunk): each
+                   prompt alone and all batched, and Gemma 2 and gpt-oss moved mid-way; each
+                   layer's spec as the server read it is checked too. DeepSeek-V2's reference has DeepSeek's softmax scale (see
                    deepseek_v2_softmax_scale).
 
 For every model of smollm2 and tiny: each prompt alone, all prompts in one batch, and continuous
@@ -52,6 +52,8 @@ import transformers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "client" / "python"))
+sys.path.insert(0, str(ROOT / "tests" / "peer"))
+from make_peer_cases import stablelm_for_causal_lm  # noqa: E402
 from attnserve_client import AttnServeClient  # noqa: E402
 from attnserve_client.client import LoopDecodeStream  # noqa: E402
 from attnserve_client.remote_model import (  # noqa: E402
@@ -411,6 +413,44 @@ def tiny_olmo2():
     return model
 
 
+def tiny_cohere():
+    """Command R+ (use_qk_norm): CohereLayerNorm of q and k per head before RoPE, mean-centred,
+    no bias, each head its own scale (rope_theta 7.5e7 and layer_norm_eps 1e-5 as released); RoPE
+    on interleaved pairs; GQA 4 : 2 here; the parallel attention and MLP block and the logit scale
+    (client-side). The q/k norm scales are redrawn U(0.5, 1.5): transformers initializes them to
+    ones, under which one scale per head and one for all heads cannot be told apart."""
+    model = transformers.CohereForCausalLM(transformers.CohereConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=75000000.0, use_qk_norm=True, layer_norm_eps=1e-5,
+        logit_scale=0.8333333333333334, attention_bias=False, tie_word_embeddings=True, **TINY))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+def tiny_stablelm():
+    """StableLM 2 12B (qk_layernorm): one LayerNorm without bias per head of q and k before RoPE,
+    each its own scale (stored per head: q_layernorm.norms.H.weight), partial RoPE over a quarter
+    of each head, q/k/v biases (use_qkv_bias); GQA 4 : 2 here; the block's LayerNorms and
+    parallel residual (client-side). Scales and biases are redrawn: transformers initializes the
+    scales to ones and the biases to zeros, which would leave both untested."""
+    model = stablelm_for_causal_lm(transformers.StableLmConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=10000.0, partial_rotary_factor=0.25, qk_layernorm=True,
+        use_qkv_bias=True, use_parallel_residual=True, layer_norm_eps=1e-5,
+        tie_word_embeddings=False, **TINY))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for norm in (*attn.q_layernorm.norms, *attn.k_layernorm.norms):
+                norm.weight.uniform_(0.5, 1.5)
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                proj.bias.uniform_(-0.5, 0.5)
+    return model
+
+
 def tiny_deepseek_v2():
     """DeepSeek-V2-Lite: MLA with a plain q_proj (q_lora_rank null), YaRN as released (factor
     40, mscale = mscale_all_dim = 0.707), a dense first layer then MoE (shared + routed,
@@ -499,6 +539,8 @@ FAMILIES = {
     "gpt-oss-tiny": (tiny_gpt_oss, ["gqa, window 8, bias qkv+o, sinks, rope yarn",
                                     "gqa, bias qkv+o, sinks, rope yarn"], ("move",)),
     "olmo2-tiny": (tiny_olmo2, ["gqa, qk_norm rms_across_heads"] * 2, ()),
+    "cohere-tiny": (tiny_cohere, ["gqa, qk_norm layer_norm"] * 2, ()),
+    "stablelm-tiny": (tiny_stablelm, ["gqa, bias qkv, qk_norm layer_norm, rotary_dim 8"] * 2, ()),
     "deepseek-v2-tiny": (tiny_deepseek_v2, ["mla, rope yarn"] * 2, ()),
     "deepseek-v3-yarn-tiny": (tiny_deepseek_v3_yarn, ["mla, rope yarn"] * 2, ()),
 }
@@ -562,6 +604,39 @@ def per_head_qk_norms(model):
         attn.k_norm = PerHeadRmsNorm(attn.k_norm, attn.head_dim)
 
 
+class UncentredNorm(torch.nn.Module):
+    """CohereLayerNorm without its mean subtraction: RMSNorm per head, each head's own scale."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        heads = x.float()
+        heads = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * heads).to(x.dtype)
+
+
+def uncentred_qk_norms(model):
+    """Cohere's q/k LayerNorms as RMSNorms (OLMo 2's and Qwen3's kind, with per-head scales)."""
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        attn.q_norm, attn.k_norm = UncentredNorm(attn.q_norm), UncentredNorm(attn.k_norm)
+
+
+def no_qk_layernorms(model):
+    for layer in model.model.layers:
+        layer.self_attn.qk_layernorm = False
+
+
+def one_scale_for_all_heads(model):
+    """Cohere's q/k norms with head 0's scale for every head."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(norm.weight[:1].expand_as(norm.weight))
+
+
 def without_mscale_squared(model):
     """DeepSeek-V3's softmax scale without YaRN's mscale(factor, mscale_all_dim)^2."""
     scaling = model.config.rope_scaling
@@ -587,6 +662,11 @@ ABLATIONS = {
     "qwen3-tiny": [("without q/k norms", None, no_qk_norms, True)],
     "olmo2-tiny": [("without q/k norms", None, no_qk_norms, True),
                    ("q/k norms per head", None, per_head_qk_norms, True)],
+    "cohere-tiny": [("without q/k norms", None, no_qk_norms, True),
+                    ("q/k norms not centred", None, uncentred_qk_norms, True),
+                    ("one q/k norm scale for all heads", None, one_scale_for_all_heads, True)],
+    "stablelm-tiny": [("without q/k norms", None, no_qk_layernorms, True),
+                      ("full rotary", {"partial_rotary_factor": 1.0}, None, True)],
     "gemma2-tiny": [
         ("without the attention soft-cap", {"attn_logit_softcapping": None}, None, True),
         ("query_pre_attn_scalar = head_dim", {"query_pre_attn_scalar": 32}, None, True),
@@ -615,7 +695,10 @@ def check_ablations(name, model, prompts, want):
             changes = changes(config)
         for key, value in (changes or {}).items():
             setattr(config, key, value)
-        ablated = type(model)(config).to(torch.float32).eval()
+        # StableLM's class cannot build itself with qk_layernorm (stablelm_for_causal_lm).
+        build = (stablelm_for_causal_lm if isinstance(model, transformers.StableLmForCausalLM)
+                 else type(model))
+        ablated = build(config).to(torch.float32).eval()
         ablated.load_state_dict(model.state_dict())
         if edit is not None:
             with torch.no_grad():

@@ -31,9 +31,10 @@ import make_peer_cases as peer  # noqa: E402  (sets the offline environment, imp
 
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
-    DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig, GptOssConfig,
-    LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen3Config,
-    Qwen3MoeConfig)
+    CohereConfig, DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig,
+    GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Olmo2Config, Phi3Config, Qwen2Config,
+    Qwen3Config, Qwen3MoeConfig, StableLmConfig)
+from transformers.models.cohere.modeling_cohere import CohereAttention  # noqa: E402
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Attention  # noqa: E402
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention  # noqa: E402
 from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention  # noqa: E402
@@ -47,6 +48,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3Attention  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention  # noqa: E402
 from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention  # noqa: E402
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeAttention  # noqa: E402
+from transformers.models.stablelm.modeling_stablelm import StableLmAttention  # noqa: E402
 
 COMMON = dict(vocab_size=64, intermediate_size=96)
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
@@ -104,6 +106,17 @@ FAMILIES = {
         hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
         rope_theta=500000.0, rms_norm_eps=1e-6, attention_bias=True,
         max_position_embeddings=1024, rope_scaling={"type": "linear", "factor": 2.0})),
+    # hidden_size 128: without num_attention_heads (64), a head of 2 keeps RoPE's pairs whole.
+    "cohere": (CohereConfig, CohereAttention, dict(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        rope_theta=75000.0, use_qk_norm=True, layer_norm_eps=1e-4, attention_bias=True,
+        max_position_embeddings=1024, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    # hidden_size 128: without num_attention_heads (32), a head of 4 keeps an even rotary width.
+    "stablelm": (StableLmConfig, StableLmAttention, dict(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        rope_theta=20000.0, qk_layernorm=True, layer_norm_eps=1e-4, use_qkv_bias=True,
+        partial_rotary_factor=0.5, max_position_embeddings=1024,
+        rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "deepseek_v2": (DeepseekV2Config, DeepseekV2Attention, dict(
         hidden_size=64, num_attention_heads=4, num_hidden_layers=2, q_lora_rank=24,
         kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
@@ -155,12 +168,21 @@ def gqa_spec(family, config, attn, layer_index):
         # Mistral, Mixtral, Phi-3: the model masks every layer with config.sliding_window.
         window = getattr(config, "sliding_window", None)
     qk_norm, qk_norm_eps = "none", 1e-6
+    if getattr(attn, "qk_layernorm", False):  # StableLM: one nn.LayerNorm per head.
+        norms = attn.q_layernorm.norms, attn.k_layernorm.norms
+        assert all(n.bias is None and n.weight.shape == (head_dim,) for n in (*norms[0], *norms[1]))
+        assert (len(norms[0]), len(norms[1])) == (heads, kv_heads), (family, norms)
+        eps = {n.eps for n in (*norms[0], *norms[1])}
+        assert len(eps) == 1, eps
+        qk_norm, qk_norm_eps = "layer_norm", float(eps.pop())
     if hasattr(attn, "q_norm"):
-        qk_norm = {"gemma3_text": "rms_unit_offset", "olmo2": "rms_across_heads"}.get(family, "rms")
-        # The scales' widths say per head or across heads.
-        widths = (attn.q_norm.weight.shape[0], attn.k_norm.weight.shape[0])
-        assert widths == ((heads * head_dim, kv_heads * head_dim) if qk_norm == "rms_across_heads"
-                          else (head_dim, head_dim)), (family, widths)
+        qk_norm = {"gemma3_text": "rms_unit_offset", "olmo2": "rms_across_heads",
+                   "cohere": "layer_norm"}.get(family, "rms")
+        # The scales' shapes say shared by the heads, across heads or one per head.
+        shapes = (tuple(attn.q_norm.weight.shape), tuple(attn.k_norm.weight.shape))
+        assert shapes == {"rms_across_heads": ((heads * head_dim,), (kv_heads * head_dim,)),
+                          "layer_norm": ((heads, head_dim), (kv_heads, head_dim))}.get(
+                              qk_norm, ((head_dim,), (head_dim,))), (family, shapes)
         eps = [getattr(n, "variance_epsilon", getattr(n, "eps", None))
                for n in (attn.q_norm, attn.k_norm)]
         assert eps[0] == eps[1], eps
@@ -177,11 +199,14 @@ def gqa_spec(family, config, attn, layer_index):
         "head_dim": head_dim,
         "qkv_bias": qkv_bias,
         "o_bias": attn.o_proj.bias is not None,
-        "rope": "half",
+        # Cohere's rotate_half rotates (x[2i], x[2i + 1]) pairs.
+        "rope": "interleaved" if family == "cohere" else "half",
         "rope_theta": float(theta),
         "causal": bool(attn.is_causal),
         "sliding_window": int(window or 0),
-        "softmax_scale": peer.scale_or_default(attn.scaling, head_dim),
+        # StableLmAttention has no attribute: it divides by sqrt(head_dim).
+        "softmax_scale": peer.scale_or_default(getattr(attn, "scaling", head_dim ** -0.5),
+                                               head_dim),
         "rotary_dim": 0 if rotary_dim == head_dim else rotary_dim,
         "qk_norm": qk_norm,
         "qk_norm_eps": qk_norm_eps,

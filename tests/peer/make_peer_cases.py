@@ -53,6 +53,8 @@ try:
     from transformers import (
         BloomConfig,
         BloomForCausalLM,
+        CohereConfig,
+        CohereForCausalLM,
         DeepseekV2Config,
         DeepseekV2ForCausalLM,
         DeepseekV3Config,
@@ -77,6 +79,8 @@ try:
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        StableLmConfig,
+        StableLmForCausalLM,
     )
 except ImportError as error:
     sys.exit(f"make_peer_cases.py: {error} (python {sys.executable}). Run deploy/setup.sh, or "
@@ -260,10 +264,12 @@ def llama_like_spec(config, attn, expected_window: int = 0, variant: str = None)
 
 
 def variation_spec(config, attn, *, window, rope_theta, rope_scaling_config=None,
-                   qk_norm="none", softcap=0.0, sinks=False, rotary_dim=0) -> dict:
+                   qk_norm="none", softcap=0.0, sinks=False, rotary_dim=0, rope="half",
+                   qk_norm_eps=None) -> dict:
     """Spec for one layer of the families with attention variations (Qwen3, Gemma 2/3, gpt-oss,
-    Phi-3): the caller states what the layer should have (its window, RoPE base, ...) and this
-    asserts the module agrees, so a spec cannot silently describe less than the module does."""
+    Phi-3, OLMo 2, Cohere): the caller states what the layer should have (its window, RoPE base,
+    ...) and this asserts the module agrees, so a spec cannot silently describe less than the
+    module does. qk_norm_eps: the norms' epsilon, config.rms_norm_eps unless given."""
     heads = config.num_attention_heads
     kv_heads = config.num_key_value_heads
     head_dim = attn.head_dim
@@ -271,10 +277,12 @@ def variation_spec(config, attn, *, window, rope_theta, rope_scaling_config=None
     assert (getattr(attn, "attn_logit_softcapping", None) or 0.0) == softcap
     assert hasattr(attn, "sinks") == sinks
     assert hasattr(attn, "q_norm") == (qk_norm != "none")
+    if qk_norm_eps is None:
+        qk_norm_eps = config.rms_norm_eps if qk_norm != "none" else 1e-6
     if qk_norm != "none":
         def eps(norm):  # Qwen3RMSNorm.variance_epsilon, Gemma3RMSNorm.eps
             return getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-        assert eps(attn.q_norm) == eps(attn.k_norm) == config.rms_norm_eps
+        assert eps(attn.q_norm) == eps(attn.k_norm) == qk_norm_eps
     fused = hasattr(attn, "qkv_proj")
     bias = (attn.qkv_proj if fused else attn.q_proj).bias is not None
     spec = {
@@ -285,14 +293,14 @@ def variation_spec(config, attn, *, window, rope_theta, rope_scaling_config=None
         "head_dim": head_dim,
         "qkv_bias": bias,
         "o_bias": attn.o_proj.bias is not None,
-        "rope": "half",
+        "rope": rope,
         "rope_theta": float(rope_theta),
         "causal": bool(attn.is_causal),
         "sliding_window": int(window),
         "softmax_scale": scale_or_default(attn.scaling, head_dim),
         "rotary_dim": int(rotary_dim),
         "qk_norm": qk_norm,
-        "qk_norm_eps": float(config.rms_norm_eps) if qk_norm != "none" else 1e-6,
+        "qk_norm_eps": float(qk_norm_eps),
         "attn_logit_softcapping": float(softcap),
         "attention_sinks": bool(sinks),
     }
@@ -518,6 +526,87 @@ def olmo2_case(layer_index, seq_len, kv_heads, rope_scaling=None):
     spec = variation_spec(config, attn, window=0, rope_theta=config.rope_theta,
                           rope_scaling_config=config, qk_norm="rms_across_heads")
     return model, spec, layer_index, seq_len, "transformers Olmo2ForCausalLM"
+
+
+def cohere_case(layer_index, seq_len, kv_heads, rope_scaling=None):
+    """Cohere (Command R, use_qk_norm): CohereLayerNorm of q and k per head before RoPE, mean-
+    centred, no bias, each head its own scale ([heads, head_dim], [kv_heads, head_dim]), eps
+    layer_norm_eps; RoPE on interleaved pairs (x[2i], x[2i + 1]); biases on q/k/v/o
+    (attention_bias)."""
+    config = CohereConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=kv_heads, use_qk_norm=True,
+        layer_norm_eps=1e-4, rope_theta=75000.0, rope_scaling=rope_scaling, attention_bias=True,
+        max_position_embeddings=512, attn_implementation="eager", torch_dtype=torch.float32)
+    model = CohereForCausalLM(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    assert attn.q_norm.weight.shape == (config.num_attention_heads, attn.head_dim)
+    assert attn.k_norm.weight.shape == (config.num_key_value_heads, attn.head_dim)
+    reinit_attention(attn, qk_gain=2.0)  # Every head's scale drawn apart.
+    spec = variation_spec(config, attn, window=0, rope_theta=config.rope_theta,
+                          rope_scaling_config=config, qk_norm="layer_norm", rope="interleaved",
+                          qk_norm_eps=config.layer_norm_eps)
+    return model, spec, layer_index, seq_len, "transformers CohereForCausalLM"
+
+
+def stablelm_for_causal_lm(config):
+    """StableLmForCausalLM(config). transformers 4.57's StableLmPreTrainedModel._init_weights zeroes
+    every nn.LayerNorm's bias, and the per-head q/k norms of qk_layernorm have none, so a fresh
+    model raises (from_pretrained does not: its loaded norms are skipped). Built here with that
+    one case mended: a LayerNorm without bias gets its scale set to ones, as the others."""
+    cls = transformers.models.stablelm.modeling_stablelm.StableLmPreTrainedModel
+    original = cls._init_weights
+
+    def init_weights(self, module):
+        if isinstance(module, torch.nn.LayerNorm) and module.bias is None:
+            module.weight.data.fill_(1.0)
+        else:
+            original(self, module)
+
+    cls._init_weights = init_weights
+    try:
+        return StableLmForCausalLM(config)
+    finally:
+        cls._init_weights = original
+
+
+def stablelm_case(layer_index, seq_len, kv_heads, bias):
+    """StableLM 2 (qk_layernorm, as stablelm-2-12b): StableLmLayerNormPerHead, one nn.LayerNorm
+    without bias per head (its own scale, eps layer_norm_eps), before partial RoPE (a quarter of
+    each head: partial_rotary_factor 0.25); q/k/v biases (use_qkv_bias), none on o_proj. The
+    checkpoint holds the scales per head (q_layernorm.norms.H.weight)."""
+    config = StableLmConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=kv_heads, qk_layernorm=True,
+        layer_norm_eps=1e-4, rope_theta=10000.0, partial_rotary_factor=0.25, use_qkv_bias=bias,
+        max_position_embeddings=512, attn_implementation="eager", torch_dtype=torch.float32)
+    model = stablelm_for_causal_lm(config).to(torch.float32)
+    attn = model.model.layers[layer_index].self_attn
+    assert len(attn.q_layernorm.norms) == 8 and len(attn.k_layernorm.norms) == kv_heads
+    assert all(norm.bias is None for norm in attn.q_layernorm.norms)
+    reinit_attention(attn, qk_gain=2.0)  # "layernorm" scales: every head its own, U(0.5, 1.5).
+    head_dim = attn.head_dim
+    assert attn.rotary_ndims == head_dim // 4
+    heads = config.num_attention_heads
+    spec = {
+        "variant": "mha" if kv_heads == heads else ("mqa" if kv_heads == 1 else "gqa"),
+        "d_model": config.hidden_size,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "qkv_bias": attn.q_proj.bias is not None,
+        "o_bias": attn.o_proj.bias is not None,
+        "rope": "half",
+        "rope_theta": float(config.rope_theta),
+        "causal": bool(attn.is_causal),
+        "sliding_window": 0,
+        "softmax_scale": 0.0,  # StableLmAttention divides by sqrt(head_dim).
+        "rotary_dim": int(attn.rotary_ndims),
+        "qk_norm": "layer_norm",
+        "qk_norm_eps": float(attn.q_layernorm.norms[0].eps),
+    }
+    assert spec["qk_norm_eps"] == config.layer_norm_eps
+    return model, spec, layer_index, seq_len, "transformers StableLmForCausalLM"
 
 
 def gpt_oss_case(layer_index, seq_len, truncate=True):
@@ -783,6 +872,12 @@ def _rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
+def _layer_norm(x, w, eps):
+    """LayerNorm over the last axis without bias: StableLM 2's and Cohere's per-head q/k norm."""
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt((centred * centred).mean(-1, keepdims=True) + eps) * w
+
+
 def _visible(spec, seq_len, split):
     """[L, L] bool: query i may see key j. split=None: one-shot prefill."""
     i = np.arange(seq_len)[:, None]
@@ -858,6 +953,9 @@ def reference_forward(spec, weights, hidden, positions, split=None):
             offset = 1.0 if qk_norm == "rms_unit_offset" else 0.0
             q = _rms(q, offset + w["q_norm.weight"], spec["qk_norm_eps"])
             k = _rms(k, offset + w["k_norm.weight"], spec["qk_norm_eps"])
+        if qk_norm == "layer_norm":  # A scale per head: [heads, hd] and [kv_heads, hd].
+            q = _layer_norm(q, w["q_norm.weight"].reshape(heads, hd), spec["qk_norm_eps"])
+            k = _layer_norm(k, w["k_norm.weight"].reshape(kvh, hd), spec["qk_norm_eps"])
         if spec["rope"] != "none":
             rd = spec.get("rotary_dim") or hd
             q = np.concatenate([_rope(q[..., :rd], positions, spec), q[..., rd:]], axis=-1)
@@ -906,6 +1004,13 @@ def layer_weights(case_dir, spec, layer_index):
         for key in f.keys():
             if key.startswith(prefix):
                 weights[key[len(prefix):]] = f.get_tensor(key)
+    # StableLM's per-head q/k norm scales, stacked into [heads, head_dim] as Cohere stores them.
+    for norm, module in (("q_norm", "q_layernorm"), ("k_norm", "k_layernorm")):
+        heads = sorted(int(k.split(".")[2]) for k in weights if k.startswith(module + ".norms."))
+        if heads:
+            assert heads == list(range(len(heads))), heads
+            weights[norm + ".weight"] = np.stack(
+                [weights.pop(f"{module}.norms.{h}.weight") for h in heads])
     if fused is None:
         return weights
     mapped = {}
@@ -1021,6 +1126,15 @@ HF_CASES = {
     "olmo2_qk_norm_across_heads": lambda: olmo2_case(0, 37, kv_heads=2),
     "olmo2_qk_norm_mha_linear_layer1": lambda: olmo2_case(
         1, 41, kv_heads=None, rope_scaling={"type": "linear", "factor": 2.0}),
+    # Cohere's per-head q/k LayerNorm: GQA at layer 0; MHA (num_key_value_heads None) with linear
+    # RoPE scaling at layer 1.
+    "cohere_qk_layer_norm": lambda: cohere_case(0, 37, kv_heads=2),
+    "cohere_qk_layer_norm_mha_linear_layer1": lambda: cohere_case(
+        1, 41, kv_heads=None, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # StableLM 2's per-head q/k LayerNorm with partial RoPE and q/k/v biases: GQA at layer 0; MHA
+    # without biases at layer 1.
+    "stablelm_qk_layer_norm": lambda: stablelm_case(0, 37, kv_heads=2, bias=True),
+    "stablelm_qk_layer_norm_mha_layer1": lambda: stablelm_case(1, 41, kv_heads=8, bias=False),
     "phi3_fused_qkv": lambda: phi3_case(0, 31),
     "phi3_partial_rotary_window_layer1": lambda: phi3_case(1, 29, partial_rotary_factor=0.75,
                                                            window=8),

@@ -30,9 +30,9 @@ layer's pages in one ExportRequest), one session per layer's one request per lay
 
 Families: anything whose decoder layers call `self.self_attn(hidden_states=..., ...)` and unpack
 `(output, weights)`, with a config.json the server maps (kernels/model/hf_config.cc). Tested
-token for token against transformers' generate() (tests/model/): Llama (SmolLM2-135M-Instruct,
-and a tiny Llama 3), and tiny random Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2,
-Gemma 3 (text), gpt-oss, OLMo 2, DeepSeek-V2 and DeepSeek-V3 (MLA). DeepSeek-V2 under YaRN with
+token for token against transformers' generate() (tests/model/): Llama (SmolLM2-135M-Instruct),
+and a tiny random model of each family in tests/model/remote_generate_test.py's FAMILIES (and
+Gemma 3 text and DeepSeek-V3 in its tiny case), the one list of them. DeepSeek-V2 under YaRN with
 mscale_all_dim (every released V2) gets DeepSeek's softmax scale, which transformers'
 DeepseekV2Attention omits: its text is DeepSeek's, and serve_attention warns
 (deepseek_v2_yarn_mscale).
