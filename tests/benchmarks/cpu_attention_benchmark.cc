@@ -604,10 +604,14 @@ BENCHMARK(BM_SmolDecode)
 }  // namespace
 }  // namespace attnserve
 
-// BENCHMARK_MAIN, after OpenBLAS's kernels are settled as the server settles them (blas_core.h):
-// the sgemm ceiling and every projection are measured with the kernels the server runs.
+// BENCHMARK_MAIN, after OpenBLAS's kernels and threads are settled as the server settles them
+// (blas_core.h; the backend runs OpenBLAS single-threaded inside its own pool): the sgemm ceiling
+// and every projection are measured with the kernels the server runs. The ceiling runs before any
+// backend exists; with OpenBLAS's own threads under each pool thread's sgemm, 0.3.34 (the wheel's)
+// ran it at 1-13 GFLOP/s on the shared 2 cores against 32-97 single-threaded.
 int main(int argc, char** argv) {
   attnserve::ReexecForBetterBlasCore(argv);
+  attnserve::ConfigureBlasForBackend();
   benchmark::AddCustomContext("blas_kernels", attnserve::BlasCoreName());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
