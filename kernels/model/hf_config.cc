@@ -505,6 +505,22 @@ float ScaleOrDefault(double scale, int qk_head_dim) {
   return std::abs(scale - fallback) <= 1e-12 * fallback ? 0.0f : static_cast<float>(scale);
 }
 
+// Cohere's use_qk_norm and StableLM's qk_layernorm: when `flag` is set, q and k are normed per
+// head by a LayerNorm of their own scales (no bias), eps layer_norm_eps, before RoPE. Without it,
+// layer_norm_eps is only the block's norms' (accepted either way).
+absl::Status ReadPerHeadLayerNorm(ConfigReader& config, const char* flag, LayerSpec& spec) {
+  absl::StatusOr<bool> qk_norm = config.Bool(flag, false);
+  if (!qk_norm.ok()) return qk_norm.status();
+  if (*qk_norm) {
+    absl::StatusOr<double> eps = config.Number("layer_norm_eps", std::nullopt);
+    if (!eps.ok()) return eps.status();
+    spec.qk_norm = QkNorm::kLayerNorm;
+    spec.qk_norm_eps = static_cast<float>(*eps);
+  }
+  config.Has("layer_norm_eps");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& config,
                                   int layer_index, int num_layers) {
   LayerSpec spec;
@@ -722,30 +738,17 @@ absl::StatusOr<LayerSpec> GqaSpec(const std::string& model_type, ConfigReader& c
     // CohereAttention with use_qk_norm: CohereLayerNorm over [num_heads, head_dim] and
     // [num_kv_heads, head_dim] (per head, each head its own scale, no bias), eps layer_norm_eps,
     // before RoPE. Without it, layer_norm_eps is only the block's input norm's.
-    absl::StatusOr<bool> qk_norm = config.Bool("use_qk_norm", false);
-    if (!qk_norm.ok()) return qk_norm.status();
-    if (*qk_norm) {
-      absl::StatusOr<double> eps = config.Number("layer_norm_eps", std::nullopt);
-      if (!eps.ok()) return eps.status();
-      spec.qk_norm = QkNorm::kLayerNorm;
-      spec.qk_norm_eps = static_cast<float>(*eps);
-    }
-    config.Has("layer_norm_eps");
+    absl::Status norm = ReadPerHeadLayerNorm(config, "use_qk_norm", spec);
+    if (!norm.ok()) return norm;
     config.Has("logit_scale");  // CohereForCausalLM's scale of the output logits.
   }
   if (model_type == "stablelm") {
     // StableLmAttention with qk_layernorm: StableLmLayerNormPerHead, one nn.LayerNorm without bias
     // per head (each its own scale), eps layer_norm_eps, before RoPE. Without it, layer_norm_eps
     // is only the block's norms'; use_parallel_residual and hidden_dropout are the block's too.
-    absl::StatusOr<bool> qk_norm = config.Bool("qk_layernorm", false);
-    if (!qk_norm.ok()) return qk_norm.status();
-    if (*qk_norm) {
-      absl::StatusOr<double> eps = config.Number("layer_norm_eps", std::nullopt);
-      if (!eps.ok()) return eps.status();
-      spec.qk_norm = QkNorm::kLayerNorm;
-      spec.qk_norm_eps = static_cast<float>(*eps);
-    }
-    for (const char* key : {"layer_norm_eps", "use_parallel_residual", "hidden_dropout"}) {
+    absl::Status norm = ReadPerHeadLayerNorm(config, "qk_layernorm", spec);
+    if (!norm.ok()) return norm;
+    for (const char* key : {"use_parallel_residual", "hidden_dropout"}) {
       config.Has(key);
     }
   }

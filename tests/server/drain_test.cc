@@ -157,13 +157,6 @@ TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
   // Three chunks announced; the first is sent, its output read back (the event that the Forward
   // runs), and the other two withheld until the drain has given up on it.
   const Tensor hidden = RandomHidden(3 * kChunk, Spec().d_model, rng);
-  const auto rows_of = [&](int64_t from, int64_t to) {
-    const Tensor slice = SliceRows(hidden, from, to);
-    v1::ForwardStreamRequest message;
-    message.mutable_rows()->set_data(
-        std::string(reinterpret_cast<const char*>(slice.data()), slice.num_bytes()));
-    return message;
-  };
   // In a scope of its own: the call's context left alive would keep A's connection open, and
   // A's gRPC shutdown would wait for it (about 5 s).
   grpc::Status status;
@@ -172,15 +165,8 @@ TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
     SetDeadline(context);
     std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardStreamRequest, v1::ForwardStreamResponse>>
         stream = a.stub().ForwardStream(&context);
-    v1::ForwardStreamRequest header;
-    header.mutable_header()->set_session_id(session);
-    header.mutable_header()->set_dtype(v1::DTYPE_F32);
-    header.mutable_header()->set_d_model(Spec().d_model);
-    v1::ForwardStreamItem* item = header.mutable_header()->add_items();
-    item->set_request_id("long");
-    item->set_num_tokens(hidden.dim(0));
-    ASSERT_TRUE(stream->Write(header));
-    ASSERT_TRUE(stream->Write(rows_of(0, kChunk)));
+    ASSERT_TRUE(stream->Write(ForwardStreamHeaderOf(session, "long", hidden)));
+    ASSERT_TRUE(stream->Write(ForwardStreamRowsOf(hidden, 0, kChunk)));
     v1::ForwardStreamResponse answer;
     ASSERT_TRUE(stream->Read(&answer) && answer.has_rows()) << "the first chunk never ran";
 
@@ -189,7 +175,7 @@ TEST(DrainCutTest, AForwardStillRunningAtTheDeadlineIsUndoneAndRefused) {
     // The drain is over (its last line comes after the session's); the Forward's next chunk now
     // finds the session sealed.
     ASSERT_TRUE(a.AwaitLog("drain: done:")) << a.LogTail();
-    stream->Write(rows_of(kChunk, 3 * kChunk));
+    stream->Write(ForwardStreamRowsOf(hidden, kChunk, 3 * kChunk));
     stream->WritesDone();
     while (stream->Read(&answer)) {
       EXPECT_FALSE(answer.has_summary()) << "the Forward was answered OK";

@@ -173,26 +173,12 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
   ASSERT_TRUE(status.ok()) << Describe(status);
   std::mt19937_64 rng(9);
   const Tensor hidden = RandomHidden(3 * kChunk, spec.d_model, rng);
-  const auto rows_of = [&](int64_t from, int64_t to) {
-    const Tensor slice = SliceRows(hidden, from, to);
-    v1::ForwardStreamRequest message;
-    message.mutable_rows()->set_data(
-        std::string(reinterpret_cast<const char*>(slice.data()), slice.num_bytes()));
-    return message;
-  };
   grpc::ClientContext context;
   SetDeadline(context, std::chrono::seconds(120));
   std::unique_ptr<grpc::ClientReaderWriter<v1::ForwardStreamRequest, v1::ForwardStreamResponse>>
       stream = stub().ForwardStream(&context);
-  v1::ForwardStreamRequest header;
-  header.mutable_header()->set_session_id(configured.session_id());
-  header.mutable_header()->set_dtype(v1::DTYPE_F32);
-  header.mutable_header()->set_d_model(spec.d_model);
-  v1::ForwardStreamItem* item = header.mutable_header()->add_items();
-  item->set_request_id("long");
-  item->set_num_tokens(hidden.dim(0));
-  ASSERT_TRUE(stream->Write(header));
-  ASSERT_TRUE(stream->Write(rows_of(0, kChunk)));
+  ASSERT_TRUE(stream->Write(ForwardStreamHeaderOf(configured.session_id(), "long", hidden)));
+  ASSERT_TRUE(stream->Write(ForwardStreamRowsOf(hidden, 0, kChunk)));
   v1::ForwardStreamResponse answer;
   std::string outputs;
   // The first chunk's output: the call has arrived and is computing.
@@ -203,7 +189,7 @@ TEST_F(ShutdownTest, SigtermDrainsAnInFlightCall) {
   // The event that the server stopped taking calls (a new one is refused), with this one open.
   ASSERT_TRUE(AwaitUntil([&] { return !ServerInfo(stub()).ok(); }, std::chrono::seconds(30)))
       << "the server still takes new calls after SIGTERM";
-  ASSERT_TRUE(stream->Write(rows_of(kChunk, 3 * kChunk)));
+  ASSERT_TRUE(stream->Write(ForwardStreamRowsOf(hidden, kChunk, 3 * kChunk)));
   stream->WritesDone();
   bool summarized = false;
   while (stream->Read(&answer)) {

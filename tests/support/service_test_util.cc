@@ -166,6 +166,28 @@ v1::DecodeItem MakeDecodeItem(const std::string& request_id, const Tensor& hidde
   return item;
 }
 
+v1::ForwardStreamRequest ForwardStreamHeaderOf(const std::string& session,
+                                               const std::string& request_id,
+                                               const Tensor& hidden) {
+  v1::ForwardStreamRequest message;
+  v1::ForwardStreamHeader* header = message.mutable_header();
+  header->set_session_id(session);
+  header->set_dtype(v1::DTYPE_F32);
+  header->set_d_model(hidden.dim(1));
+  v1::ForwardStreamItem* item = header->add_items();
+  item->set_request_id(request_id);
+  item->set_num_tokens(hidden.dim(0));
+  return message;
+}
+
+v1::ForwardStreamRequest ForwardStreamRowsOf(const Tensor& hidden, int64_t from, int64_t to) {
+  const Tensor slice = SliceRows(hidden, from, to);
+  v1::ForwardStreamRequest message;
+  message.mutable_rows()->set_data(
+      std::string(reinterpret_cast<const char*>(slice.data()), slice.num_bytes()));
+  return message;
+}
+
 std::string Describe(const grpc::Status& status) {
   // gRPC's codes are absl's, number for number.
   const int code = status.error_code();

@@ -80,6 +80,13 @@ v1::ForwardItem MakeForwardItem(const std::string& request_id, const Tensor& hid
 v1::DecodeItem MakeDecodeItem(const std::string& request_id, const Tensor& hidden,
                               std::optional<int64_t> position = std::nullopt);
 
+// A ForwardStream's first message: one new request of `hidden`'s rows (f32) in `session`.
+v1::ForwardStreamRequest ForwardStreamHeaderOf(const std::string& session,
+                                               const std::string& request_id,
+                                               const Tensor& hidden);
+// Rows [from, to) of `hidden` as one ForwardStream message.
+v1::ForwardStreamRequest ForwardStreamRowsOf(const Tensor& hidden, int64_t from, int64_t to);
+
 // "INVALID_ARGUMENT: message" for failure output.
 std::string Describe(const grpc::Status& status);
 
