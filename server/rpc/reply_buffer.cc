@@ -5,7 +5,7 @@
 #include <memory>
 #include <new>
 
-#include "absl/strings/str_cat.h"
+#include "server/rpc/wire_call.h"
 
 namespace attnserve::server {
 
@@ -29,11 +29,7 @@ ReplyBuffer::~ReplyBuffer() {
 grpc::Status ReplyBuffer::Serialize(const google::protobuf::Message& message, int64_t max_bytes,
                                     grpc::ByteBuffer* buffer) {
   const size_t size = message.ByteSizeLong();
-  if (static_cast<int64_t>(size) > max_bytes) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the response is ", size,
-                                     " bytes, over the server's max_message_bytes = ", max_bytes));
-  }
+  if (grpc::Status fits = CheckResponseSize(size, max_bytes); !fits.ok()) return fits;
   // Reusable when gRPC has let go of its slice (only this object's reference is left) and the
   // reply fits; the acquire pairs with Unref's release, so gRPC's reads are over.
   const bool reusable = block_ != nullptr &&
@@ -47,11 +43,7 @@ grpc::Status ReplyBuffer::Serialize(const google::protobuf::Message& message, in
       fresh->data.reset(new (std::nothrow) uint8_t[size == 0 ? 1 : size]);
       fresh->capacity = size == 0 ? 1 : size;
     }
-    if (fresh == nullptr || fresh->data == nullptr) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("out of memory: the response of ", size,
-                                       " bytes could not be allocated"));
-    }
+    if (fresh == nullptr || fresh->data == nullptr) return ResponseNotAllocated(size);
     if (block_ != nullptr) Unref(block_);
     block_ = fresh.release();
     ++blocks_made_;

@@ -132,23 +132,30 @@ grpc::Status MissingMessage(const google::protobuf::Message& message) {
                                    " request message"));
 }
 
+grpc::Status CheckResponseSize(size_t size, int64_t max_bytes) {
+  if (static_cast<int64_t>(size) <= max_bytes) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("the response is ", size,
+                                   " bytes, over the server's max_message_bytes = ", max_bytes));
+}
+
+grpc::Status ResponseNotAllocated(size_t size) {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat("out of memory: the response of ", size,
+                                   " bytes could not be allocated"));
+}
+
 grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t max_bytes,
                               grpc::ByteBuffer* buffer) {
   const size_t size = message.ByteSizeLong();
-  if (static_cast<int64_t>(size) > max_bytes) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the response is ", size,
-                                     " bytes, over the server's max_message_bytes = ", max_bytes));
-  }
+  if (grpc::Status fits = CheckResponseSize(size, max_bytes); !fits.ok()) return fits;
   // Allocated here rather than by gRPC (grpc::Slice(size) aborts the process when malloc fails):
   // a response the process cannot hold fails its call alone.
   uint8_t* data = nullptr;
   try {
     data = new uint8_t[size == 0 ? 1 : size];
   } catch (const std::bad_alloc&) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("out of memory: the response of ", size,
-                                     " bytes could not be allocated"));
+    return ResponseNotAllocated(size);
   }
   message.SerializeWithCachedSizesToArray(data);
   grpc::Slice slice(data, size, [](void* p) { delete[] static_cast<uint8_t*>(p); });

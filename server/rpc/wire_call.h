@@ -127,6 +127,13 @@ grpc::Status UnparseableMessage(const google::protobuf::Message& message, size_t
 // served as a stream, StreamedUnaryCall below, whose caller sent no message).
 grpc::Status MissingMessage(const google::protobuf::Message& message);
 
+// RESOURCE_EXHAUSTED naming both sizes when a response of `size` bytes is over `max_bytes`;
+// OK otherwise.
+grpc::Status CheckResponseSize(size_t size, int64_t max_bytes);
+
+// RESOURCE_EXHAUSTED: the response's `size` bytes could not be allocated (the call fails alone).
+grpc::Status ResponseNotAllocated(size_t size);
+
 // Serializes `message` into `buffer`. RESOURCE_EXHAUSTED (and `buffer` untouched) when it is
 // larger than `max_bytes`.
 grpc::Status SerializeMessage(const google::protobuf::Message& message, int64_t max_bytes,
