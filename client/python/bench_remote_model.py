@@ -26,7 +26,8 @@ run at once, which for the one model session here changes nothing).
 Also the round trips: the per-layer decode call as the client sees it (mean over every decode
 call of the batch; its server part is Timing.total_ns, arrival to answer, and of that the
 layer's compute, Timing.compute_ns, printed per run; the client's CPU time in it, thread_time)
-against a GetServerInfo round trip (median of --info_calls), the floor of one gRPC call. With --repeats, each batch's remote and local rows run back to back, the whole
+against a GetServerInfo round trip (median of --info_calls), the floor of one gRPC call, back to
+back and each right after one decoder layer's MLP (where a generation's calls come). With --repeats, each batch's remote and local rows run back to back, the whole
 set that many times, and the tables give medians (and the 1-minute load averages seen).
 Prints Markdown tables.
 """
@@ -78,10 +79,14 @@ def local_tokens_per_s(model, tokenizer, prompts, tokens, threads):
     return len(prompts) * tokens / seconds
 
 
-def info_round_trip_ms(client, calls):
-    """Median GetServerInfo round trip (the raw stub call: no result conversion)."""
+def info_round_trip_ms(client, calls, between=None):
+    """Median GetServerInfo round trip (the raw stub call: no result conversion). With `between`,
+    each call comes right after it (a decoder layer's MLP, as a generation's layer calls do: the
+    cores and caches are the client's then, not the RPC's)."""
     times = []
-    for _ in range(calls):
+    for i in range(calls):
+        if between is not None:
+            between(i)
         start = time.perf_counter()
         client.stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=client.timeout_s)
         times.append((time.perf_counter() - start) * 1e3)
@@ -137,6 +142,7 @@ def main() -> int:
     local = {}
     loads = []  # 1-minute load averages, sampled before every row
     info_ms = []
+    info_in_place_ms = []
     mismatches = []
     with AttnServeClient(args.server, timeout_s=300) as client:
         with serve_attention(model, client, args.checkpoint, label="bench") as remote:
@@ -145,9 +151,18 @@ def main() -> int:
                 run_remote(remote, prompts_for(tokenizer, 2), 4, mode)
             for t in threads:
                 local_tokens_per_s(local_model, tokenizer, prompts_for(tokenizer, 1), 4, t)
+            mlps = [layer.mlp for layer in model.model.layers]
+            row = torch.randn(1, 1, model.config.hidden_size)
+
+            def one_mlp(i):
+                with torch.no_grad():
+                    mlps[i % len(mlps)](row)
+
             for repeat in range(args.repeats):
                 info_ms.append(info_round_trip_ms(client, args.info_calls))
-                print(f"run {repeat + 1}: GetServerInfo round trip {info_ms[-1]:.3f} ms (median "
+                info_in_place_ms.append(info_round_trip_ms(client, args.info_calls, one_mlp))
+                print(f"run {repeat + 1}: GetServerInfo round trip {info_ms[-1]:.3f} ms back to "
+                      f"back, {info_in_place_ms[-1]:.3f} ms each after one layer's MLP (medians "
                       f"of {args.info_calls})", file=sys.stderr, flush=True)
                 for batch in batches:
                     # Remote and local back to back, so that both see about the same load.
@@ -181,7 +196,8 @@ def main() -> int:
     print(f"{args.repeats} run(s), the remote client on {args.client_threads} PyTorch "
           f"thread(s); 1-minute load average {min(loads):.1f} to {max(loads):.1f} "
           f"(median {med(loads):.1f}); GetServerInfo round trip (median of {args.info_calls}) "
-          f"{', '.join(f'{m:.3f}' for m in info_ms)} ms")
+          f"{', '.join(f'{m:.3f}' for m in info_ms)} ms back to back, "
+          f"{', '.join(f'{m:.3f}' for m in info_in_place_ms)} ms after one layer's MLP each")
     print()
     print("| " + " | ".join(["batch"] + [f"remote {m}, tokens/s (in calls)" for m in modes] +
                             [f"transformers, {t} thread{'s' if t > 1 else ''}, tokens/s"
