@@ -103,6 +103,14 @@ absl::StatusOr<v1::SessionInfo> GetSessionInfo(v1::AttentionService::Stub& stub,
   return response.session();
 }
 
+// The session's batching counters (GetSession), or the call's error.
+absl::StatusOr<v1::BatchingStats> GetBatchingStats(v1::AttentionService::Stub& stub,
+                                                   const std::string& id) {
+  absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub, id);
+  if (!info.ok()) return info.status();
+  return info->batching();
+}
+
 // ---- 1. Continuous batching ----------------------------------------------------------------
 
 class BatchingTest : public ServerTest {
@@ -252,11 +260,7 @@ TEST_F(FullBatchTest, SixtyFourReadyStreamsDecodeInOneBatchOfSixtyFour) {
   ASSERT_TRUE(status.ok()) << Describe(status);
   const std::string session = configured.session_id();
   std::mt19937_64 rng(7);
-  auto batching = [&]() -> absl::StatusOr<v1::BatchingStats> {
-    absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub(), session);
-    if (!info.ok()) return info.status();
-    return info->batching();
-  };
+  auto batching = [&] { return GetBatchingStats(stub(), session); };
 
   // Every stream prefilled, then one batch of all 64 (a Decode call's items run together): the
   // next batch waits for every one of them.
@@ -600,11 +604,7 @@ TEST_F(ReturnWaitTest, ABatchWaitsForAStreamAsLongAsStreamsTookToComeBack) {
   ASSERT_TRUE(status.ok()) << Describe(status);
   const std::string session = configured.session_id();
   std::mt19937_64 rng(13);
-  auto batching = [&]() -> absl::StatusOr<v1::BatchingStats> {
-    absl::StatusOr<v1::SessionInfo> info = GetSessionInfo(stub(), session);
-    if (!info.ok()) return info.status();
-    return info->batching();
-  };
+  auto batching = [&] { return GetBatchingStats(stub(), session); };
   v1::ForwardRequest forward;
   forward.set_session_id(session);
   v1::DecodeRequest all, ab, d;
