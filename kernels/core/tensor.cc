@@ -24,15 +24,40 @@ int64_t Product(absl::Span<const int64_t> shape) {
   return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
 }
 
-// Index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1.
+// Index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1. A block is
+// tested without an exit per element, so the compiler vectorises it: every Forward and decode
+// input and every layer output passes here (a 496-row prefill is 254k elements).
 template <typename Bits>
 int64_t FirstAllOnesExponent(const std::byte* data, int64_t count, Bits exponent_mask) {
-  for (int64_t i = 0; i < count; ++i) {
-    Bits bits;
-    std::memcpy(&bits, data + i * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
-    if ((bits & exponent_mask) == exponent_mask) return i;
+  constexpr int64_t kBlock = 256;
+  Bits block[kBlock];
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    std::memcpy(block, data + begin * static_cast<int64_t>(sizeof(Bits)),
+                static_cast<size_t>(n) * sizeof(Bits));
+    Bits any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= ((block[i] & exponent_mask) == exponent_mask) ? 1 : 0;
+    if (any == 0) continue;
+    for (int64_t i = 0; i < n; ++i) {
+      if ((block[i] & exponent_mask) == exponent_mask) return begin + i;
+    }
   }
   return -1;
+}
+
+// The largest |x|'s bit pattern over float32 elements: |x|'s bits order as |x| does, and an
+// integer maximum vectorises where a float one (NaN-ordered) does not. Above 0x7f800000 when a NaN
+// is present (the caller then takes the converting path, which skips NaN).
+uint32_t MaxAbsBitsF32(const std::byte* data, int64_t count) {
+  constexpr int64_t kBlock = 1024;
+  uint32_t block[kBlock];
+  uint32_t largest = 0;
+  for (int64_t begin = 0; begin < count; begin += kBlock) {
+    const int64_t n = std::min(kBlock, count - begin);
+    std::memcpy(block, data + begin * int64_t{4}, static_cast<size_t>(n) * 4);
+    for (int64_t i = 0; i < n; ++i) largest = std::max(largest, block[i] & 0x7fffffffu);
+  }
+  return largest;
 }
 }  // namespace
 
@@ -147,6 +172,12 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
       shape_(std::move(shape)),
       bytes_(static_cast<size_t>(Product(shape_)) * DTypeSize(dtype)) {}
 
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape, const std::byte* data)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  const size_t bytes = static_cast<size_t>(Product(shape_)) * DTypeSize(dtype);
+  if (bytes > 0) bytes_.assign(data, data + bytes);
+}
+
 Tensor Tensor::FromFloats(std::vector<int64_t> shape, absl::Span<const float> values) {
   Tensor tensor(DType::kF32, std::move(shape));
   const size_t bytes = std::min(tensor.num_bytes(), values.size() * sizeof(float));
@@ -199,6 +230,14 @@ int64_t FirstNonFiniteElement(const Tensor& tensor) {
 }
 
 float MaxAbsValue(const Tensor& tensor) {
+  if (tensor.dtype() == DType::kF32) {
+    const uint32_t bits = MaxAbsBitsF32(tensor.data(), tensor.num_elements());
+    if (bits <= 0x7f800000u) {
+      float value;
+      std::memcpy(&value, &bits, sizeof(value));
+      return value;
+    }
+  }
   constexpr int64_t kBlock = 4096;  // Converted a block at a time: no full fp32 copy.
   float values[kBlock];
   float max_abs = 0.0f;

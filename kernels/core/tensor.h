@@ -74,6 +74,9 @@ class Tensor {
   Tensor() = default;
   // Zero-filled tensor of the given dtype and shape.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  // A tensor of the given dtype and shape holding a copy of the bytes at `data` (as many as the
+  // shape takes), written once rather than zero-filled first.
+  Tensor(DType dtype, std::vector<int64_t> shape, const std::byte* data);
 
   // A float32 tensor holding a copy of `values`; `values.size()` must equal the shape's product.
   static Tensor FromFloats(std::vector<int64_t> shape, absl::Span<const float> values);

@@ -68,9 +68,7 @@ absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto, int expected_ran
         absl::StrCat(field, ": data has ", proto.data().size(), " bytes, expected ", expected_bytes,
                      " (", ShapeString(shape), " of ", DTypeName(*dtype), ")"));
   }
-  Tensor tensor(*dtype, std::move(shape));
-  std::memcpy(tensor.data(), proto.data().data(), proto.data().size());
-  return tensor;
+  return Tensor(*dtype, std::move(shape), reinterpret_cast<const std::byte*>(proto.data().data()));
 }
 
 void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {

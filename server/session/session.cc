@@ -595,11 +595,14 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   const int64_t begin = run.next_row_;
   const int64_t end = std::min(run.total_rows_, begin + run.chunk_tokens_);
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.dtype_);
-  absl::StatusOr<Tensor> out =
-      RunRows(run, end, run.hidden_.data() + static_cast<size_t>(begin) * row_bytes);
+  absl::StatusOr<Tensor> out = RunRows(run, end, run.hidden_, begin);
   if (!out.ok()) return out.status();
-  std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, out->data(),
-              static_cast<size_t>(end - begin) * row_bytes);
+  if (out->shape() == run.out_.shape() && out->dtype() == run.out_.dtype()) {
+    run.out_ = *std::move(out);  // One chunk ran the whole run: no copy of its output.
+  } else {
+    std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, out->data(),
+                static_cast<size_t>(end - begin) * row_bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -614,10 +617,11 @@ absl::StatusOr<Tensor> Session::RunStreamedChunk(PrefillRun& run, const Tensor& 
                                 " do not continue the run (", run.next_row_, " of ",
                                 run.total_rows_, " rows ran)")));
   }
-  return RunRows(run, run.next_row_ + rows.dim(0), rows.data());
+  return RunRows(run, run.next_row_ + rows.dim(0), rows, 0);
 }
 
-absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std::byte* src) {
+absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const Tensor& source,
+                                        int64_t source_row) {
   // The session may have closed between two chunks (Close is held back until the Forward is
   // over, but MarkClosing and a session-TTL close are not).
   if (layer_ == nullptr || closed()) return UndoPrefill(run, SessionClosedError(id_));
@@ -667,8 +671,14 @@ absl::StatusOr<Tensor> Session::RunRows(PrefillRun& run, int64_t end, const std:
       if (lo >= hi) continue;
       pieces.push_back({plan.requests[i].sequence, hi - lo});
     }
-    Tensor rows(run.dtype_, {end - begin, spec_.d_model});
-    std::memcpy(rows.data(), src, static_cast<size_t>(end - begin) * row_bytes);
+    // A chunk that is all of `source` (a whole unchunked Forward, a streamed chunk) runs from it;
+    // a part of it is copied out (1 MiB for 512 rows of d_model 512 in f32).
+    std::optional<Tensor> part;
+    if (source_row != 0 || source.dim(0) != end - begin) {
+      part.emplace(run.dtype_, std::vector<int64_t>{end - begin, spec_.d_model},
+                   source.data() + static_cast<size_t>(source_row) * row_bytes);
+    }
+    const Tensor& rows = part.has_value() ? *part : source;
     // The chunk's pages draw on the sequences' reservation in the layer (StartPrefillRun).
     const absl::Span<const int64_t> chunk_positions = absl::MakeConstSpan(run.positions_).subspan(
         static_cast<size_t>(begin), static_cast<size_t>(end - begin));

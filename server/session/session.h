@@ -467,9 +467,10 @@ class Session : public std::enable_shared_from_this<Session> {
                                     absl::Span<const int64_t> row_counts);
   absl::StatusOr<std::unique_ptr<PrefillRun>> StartPrefillRun(StepPlan plan, int64_t chunk_tokens,
                                                               bool streamed);
-  // Runs rows [run.next_row_, end) of the run, read from `src`; returns their output. On error the
-  // run is undone (see RunPrefillChunk).
-  absl::StatusOr<Tensor> RunRows(PrefillRun& run, int64_t end, const std::byte* src);
+  // Runs rows [run.next_row_, end) of the run, read from `source` starting at its row
+  // `source_row`; returns their output. On error the run is undone (see RunPrefillChunk).
+  absl::StatusOr<Tensor> RunRows(PrefillRun& run, int64_t end, const Tensor& source,
+                                 int64_t source_row);
   void EndPrefillLocked(const PrefillRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The rows and (resolved) positions of `plan` concatenated, as one engine call takes them.
   absl::Status GatherRows(const StepPlan& plan, Tensor* hidden, std::vector<int64_t>* positions);

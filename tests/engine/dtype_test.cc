@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -265,6 +266,77 @@ TEST(ConvertTest, TensorCastRoundsLikeScalars) {
   EXPECT_EQ(b[0], 0x3f80);  // 1 + 2^-8 is a bf16 tie: even.
   EXPECT_EQ(h[1], 0x7c00);  // 70000 overflows half.
   EXPECT_EQ(f16.CastTo(DType::kF32).f32()[0], 1.0f + std::ldexp(1.0f, -8));  // Exact in half.
+}
+
+TEST(TensorTest, ConstructedFromBytesHoldsACopyOfThem) {
+  const std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x8000, 0x3555};
+  const Tensor t(DType::kF16, {2, 3}, reinterpret_cast<const std::byte*>(halves.data()));
+  ASSERT_EQ(t.num_bytes(), 12u);
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(std::memcmp(t.data(), halves.data(), 12), 0);
+  EXPECT_NE(static_cast<const void*>(t.data()), static_cast<const void*>(halves.data()));
+  const Tensor empty(DType::kF32, {0, 4}, nullptr);
+  EXPECT_EQ(empty.num_bytes(), 0u);
+}
+
+// FirstNonFiniteElement tests whole blocks before it looks for the element: the first NaN or
+// infinity is found at every offset around the block edges, in every dtype, with a later one
+// present (the first must win) and with none.
+TEST(FiniteCheckTest, FindsTheFirstNonFiniteElementAtEveryOffset) {
+  constexpr int64_t kCount = 1100;  // Four blocks of 256 and a partial one.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<float> values(kCount);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 100.0f);
+    for (float& v : values) v = normal(rng);
+    const Tensor finite = Tensor::FromFloats({kCount}, values).CastTo(dtype);
+    EXPECT_EQ(FirstNonFiniteElement(finite), -1) << DTypeName(dtype);
+    for (int64_t bad : {0, 1, 254, 255, 256, 257, 511, 512, 1023, 1024, 1098, 1099}) {
+      for (float poison : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf}) {
+        std::vector<float> with_bad = values;
+        with_bad[bad] = poison;
+        if (bad + 300 < kCount) with_bad[bad + 300] = kInf;
+        const Tensor t = Tensor::FromFloats({kCount}, with_bad).CastTo(dtype);
+        EXPECT_EQ(FirstNonFiniteElement(t), bad) << DTypeName(dtype) << " poison " << poison;
+      }
+    }
+  }
+}
+
+// MaxAbsValue of f32 compares bit patterns: the same value as a float maximum, negative values and
+// infinity included, at sizes around its block.
+TEST(FiniteCheckTest, MaxAbsValueMatchesAFloatMaximum) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> exponent(-40.0f, 38.0f);
+  for (int64_t count : {0, 1, 7, 1023, 1024, 1025, 5000}) {
+    std::vector<float> values(static_cast<size_t>(count));
+    for (float& v : values) {
+      v = std::pow(10.0f, exponent(rng)) * ((rng() & 1) ? -1.0f : 1.0f);
+    }
+    float expected = 0.0f;
+    for (float v : values) expected = std::max(expected, std::fabs(v));
+    const Tensor t = Tensor::FromFloats({count}, values);
+    EXPECT_EQ(Bits(MaxAbsValue(t)), Bits(expected)) << count;
+    // The same values as bf16: the converting path.
+    const Tensor b = t.CastTo(DType::kBF16);
+    float expected_b = 0.0f;
+    for (float v : b.ToFloats()) expected_b = std::max(expected_b, std::fabs(v));
+    EXPECT_EQ(Bits(MaxAbsValue(b)), Bits(expected_b)) << count;
+    if (count > 0) {
+      // A NaN is skipped, as the converting path always did.
+      std::vector<float> with_nan = values;
+      with_nan[static_cast<size_t>(count) / 3] = std::numeric_limits<float>::quiet_NaN();
+      float expected_nan = 0.0f;
+      for (size_t i = 0; i < with_nan.size(); ++i) {
+        if (i == static_cast<size_t>(count) / 3) continue;
+        expected_nan = std::max(expected_nan, std::fabs(with_nan[i]));
+      }
+      EXPECT_EQ(Bits(MaxAbsValue(Tensor::FromFloats({count}, with_nan))), Bits(expected_nan))
+          << count;
+      values[static_cast<size_t>(count) / 2] = -kInf;
+      EXPECT_EQ(MaxAbsValue(Tensor::FromFloats({count}, values)), kInf) << count;
+    }
+  }
 }
 
 }  // namespace
