@@ -4,11 +4,11 @@ bound needs: the server's engine (OpenBLAS, the attention kernels), its gRPC/pro
 kernel time on its threads, libc copies and malloc, the input/output checks, its own scheduler and
 session code; attnbench; idle; other processes (docs/benchmarks.md, "Issue 23, fourth round").
 
-  perf record -a -g -F 2000 -o perf.data -- attnbench ... --concurrency=64 --steps=320
-  perf report -i perf.data --time 40%-100% --no-children --sort pid,dso,sym --stdio -g none \\
-      > report.txt     # the decode window: the cell's start and first prefills left out
-  perf_cpu_breakdown.py report.txt SERVER_TIDS CLIENT_TIDS
-      # each a file of thread ids, e.g. ls /proc/PID/task > SERVER_TIDS while the cell runs
+  # the server and attnbench started as usual, the cell running past its first prefills:
+  perf record -a -g -F 2000 -o perf.data -- sleep 3
+  ls /proc/SERVER_PID/task > server_tids; ls /proc/ATTNBENCH_PID/task > client_tids
+  perf report -i perf.data --no-children --sort pid,dso,sym --stdio -g none > report.txt
+  perf_cpu_breakdown.py report.txt server_tids client_tids
 """
 import collections
 import re
