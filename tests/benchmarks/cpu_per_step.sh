@@ -34,6 +34,7 @@ read -r s2 c2 < <(run "$steps2")
 awk -v s1="$s1" -v s2="$s2" -v c1="$c1" -v c2="$c2" -v tick="$tick" \
     -v n=$(( (steps2 - steps1) * concurrency )) 'BEGIN {
   server = (s2 - s1) / tick / n * 1e6; client = (c2 - c1) / n * 1e6
-  printf "per step: server %.0f us CPU, attnbench %.0f us CPU, together %.0f us", server, client, server + client
+  printf "per step: server %.0f us CPU, attnbench %.0f us CPU, together %.0f us",
+         server, client, server + client
   printf " (at most %.0f steps/s on 2 cores)\n", 2e6 / (server + client)
 }'

@@ -14,8 +14,8 @@ import collections
 import re
 import sys
 
-GRPC_LIBS = ("libgrpc", "libgpr", "libprotobuf", "libupb", "libssl", "libcrypto", "libz", "libcares",
-             "libre2", "libaddress_sorting")
+GRPC_LIBS = ("libgrpc", "libgpr", "libprotobuf", "libupb", "libssl", "libcrypto", "libz",
+             "libcares", "libre2", "libaddress_sorting")
 
 
 def category(tid, comm, dso, sym, server_tids, client_tids):
@@ -40,7 +40,8 @@ def category(tid, comm, dso, sym, server_tids, client_tids):
     if dso.startswith("[kernel"):
         return "server: kernel (syscalls, page faults, wake-ups)"
     if dso.startswith(("libc", "libstdc", "libm", "ld-linux")):
-        return "server: libc " + ("memcpy/memset" if sym.startswith("__mem") else "malloc and other")
+        kind = "memcpy/memset" if sym.startswith("__mem") else "malloc and other"
+        return "server: libc " + kind
     return "server: other (" + dso + ")"
 
 
@@ -57,7 +58,9 @@ def main():
                             server_tids, client_tids)] += float(m.group(1))
     server = sum(p for c, p in shares.items() if c.startswith("server:"))
     for c, p in shares.most_common():
-        of_server = " (%4.1f%% of the server's)" % (100 * p / server) if c.startswith("server:") else ""
+        of_server = ""
+        if c.startswith("server:"):
+            of_server = " (%4.1f%% of the server's)" % (100 * p / server)
         print("%6.2f%%  %s%s" % (p, c, of_server))
     print("%6.2f%%  server in all" % server)
 
