@@ -935,6 +935,48 @@ ATTNSERVE_AVX512 void OnlineSoftmaxRowAvx512(float* s, int64_t count, int64_t lo
   *max = new_max;
 }
 
+// OnlineSoftmaxRows on AVX-512: the row loop inside, the exp's constants hoisted by the compiler.
+ATTNSERVE_AVX512 void OnlineSoftmaxRowsAvx512(float* s, int64_t ld, int64_t rows, int64_t count,
+                                              float* max, float* sum, float* acc,
+                                              int64_t value_dim) {
+  const int64_t n16 = count / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (count - n16)) - 1u);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    float* const v = s + r * ld;
+    __m512 vmax = neg_inf;
+    for (int64_t k = 0; k < n16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(v + k));
+    if (tail != 0) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, v + n16));
+    const float new_max = std::max(max[r], _mm512_reduce_max_ps(vmax));
+    const float correction = ExpApprox(max[r] - new_max);
+    if (correction != 1.0f) {
+      sum[r] *= correction;
+      float* const a = acc + r * value_dim;
+      const __m512 c = _mm512_set1_ps(correction);
+      int64_t d = 0;
+      for (; d + 16 <= value_dim; d += 16) {
+        _mm512_storeu_ps(a + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), c));
+      }
+      for (; d < value_dim; ++d) a[d] *= correction;
+    }
+    const __m512 vnew_max = _mm512_set1_ps(new_max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n16; k += 16) {
+      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(v + k), vnew_max));
+      _mm512_storeu_ps(v + k, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    if (tail != 0) {
+      const __m512 e = _mm512_maskz_mov_ps(
+          tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, v + n16), vnew_max)));
+      _mm512_mask_storeu_ps(v + n16, tail, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    sum[r] += _mm512_reduce_add_ps(vsum);
+    max[r] = new_max;
+  }
+}
+
 #endif  // ATTNSERVE_X86_AVX512
 
 // ATTNSERVE_CPU_PORTABLE=1 in the environment forces the portable loops (to test them on an
@@ -1039,6 +1081,21 @@ void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float sca
   }
 #endif
   OnlineSoftmaxRowPortable(s, count, lo, hi, scale, variation, site, max, sum, acc, value_dim);
+}
+
+void OnlineSoftmaxRows(float* s, int64_t ld, int64_t rows, int64_t count, float* max, float* sum,
+                       float* acc, int64_t value_dim) {
+#ifdef ATTNSERVE_X86_AVX512
+  if (SimdKernelsUseAvx512()) {
+    OnlineSoftmaxRowsAvx512(s, ld, rows, count, max, sum, acc, value_dim);
+    return;
+  }
+#endif
+  static const AttentionVariation kPlain;
+  for (int64_t r = 0; r < rows; ++r) {
+    OnlineSoftmaxRow(s + r * ld, count, 0, count, /*scale=*/1.0f, kPlain, LogitSite{}, &max[r],
+                     &sum[r], acc + r * value_dim, value_dim);
+  }
 }
 
 void GroupScoresQuery(const float* q, int rows, int64_t dim, bool bf16_keys, float* out) {
