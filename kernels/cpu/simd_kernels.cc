@@ -851,7 +851,7 @@ ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int ro
 
 #ifdef ATTNSERVE_X86_AVX512
 
-// ---- AVX-512F version of the softmax row (prefill's blocks of 128 keys: 8 vectors a pass).
+// ---- AVX-512F versions of the softmax rows (prefill's blocks of 512 keys: 32 vectors a pass).
 
 // e^x on 16 lanes as 2^t, t = x log2(e): n = round(t), 2^(t - n) by a degree-6 polynomial on
 // [-1/2, 1/2] (relative error 1e-7, near-minimax, fitted for this), scaled by 2^n with scalef,
