@@ -862,8 +862,8 @@ ATTNSERVE_AVX2 void GroupAccumulateAvx2(const float* weights, int64_t ld, int ro
 // negligible against the row maximum's 1. t is clamped at -150 (2^-150 rounds to 0), so -inf
 // and NaN give 0, as ExpApprox's clamp gives ~0.
 ATTNSERVE_AVX512 inline __m512 Exp16(__m512 x) {
-  const __m512 t =
-      _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(-150.0f));
+  const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                 _mm512_set1_ps(-150.0f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(1.5345810970757157e-4f);
