@@ -16,16 +16,16 @@ namespace attnserve {
 
 namespace {
 
-// About 128 rows per query block and 256 keys per key block: Q, K, V, S (128 KiB) and O of one
+// About 128 rows per query block and 512 keys per key block: Q, K, V, S (256 KiB) and O of one
 // item stay in L2 (the tiles keep their short runs in L1), and the online softmax's per-row,
-// per-block work (max, rescale of the accumulator) is paid half as often as with 128 keys (the
-// prefill kernel alone, one thread: 5-7% less CPU time; the sgemm path measured within ±3% of 128
-// earlier). 128 rows rather than 64 halve how often an MHA item (one KV head, 128 tokens)
-// streams its head's keys and values from L3: BM_PrefillAttention, one thread, least CPU time of
-// 10 at load ~5 (so ±5%), MHA 69.8 against 81.3 ms, GQA-4 62.9 against 67.0, MQA 55.4 against
-// 57.9; 256 rows measured the same as 128.
+// per-block work (max, rescale of the accumulator, the reductions) is paid a quarter as often as
+// with 128 keys (the prefill kernel alone, one thread: 128 -> 256 keys 5-7% less CPU time, 256 ->
+// 512 another 2-4%; the sgemm path measured within ±3% of 128 earlier). 128 rows rather than 64
+// halve how often an MHA item (one KV head, 128 tokens) streams its head's keys and values from
+// L3: BM_PrefillAttention, one thread, least CPU time of 10 at load ~5 (so ±5%), MHA 69.8 against
+// 81.3 ms, GQA-4 62.9 against 67.0, MQA 55.4 against 57.9; 256 rows measured the same as 128.
 constexpr int64_t kTargetRowsPerBlock = 128;
-constexpr int64_t kKeysPerBlock = 256;
+constexpr int64_t kKeysPerBlock = 512;
 // A key block the causal diagonal crosses is computed in row chunks of this many rows (a multiple
 // of the tiles' 4), each only up to the last key its last row sees: with 128-token MHA query
 // blocks the tiles would otherwise spend about 6% of their work on masked scores.
@@ -83,6 +83,8 @@ void AttendQueryBlock(const PrefillAttentionParams& p, PrefillTileIsa isa,
   const int64_t tokens = item.query_end - item.query_begin;
   const int64_t rows = tokens * group;
   const float kNegInf = -std::numeric_limits<float>::infinity();
+  // No logit transform: a whole block's rows take OnlineSoftmaxRows in one call.
+  const bool plain = !p.variation.softcap.active() && !p.variation.alibi.active();
 
   // Per-thread buffers, reused by every item the thread runs (a fresh 128 KiB score block per
   // item was a zeroing memset, and at that size glibc may hand out fresh mmap'd pages).
@@ -203,7 +205,12 @@ void AttendQueryBlock(const PrefillAttentionParams& p, PrefillTileIsa isa,
                     static_cast<int>((chunk_count + kKeyPanel - 1) / kKeyPanel), scores + r0 * ld,
                     ld);
       }
-      softmax_rows(r0, r1);
+      if (plain && whole) {
+        OnlineSoftmaxRows(scores + r0 * ld, ld, r1 - r0, count, row_max + r0, row_sum + r0,
+                          acc + r0 * p.value_dim, p.value_dim);
+      } else {
+        softmax_rows(r0, r1);
+      }
       // O += P · V
       if (chunk_count > 0) {
         TileAccumulate(isa, scores + r0 * ld, ld, static_cast<int>(r1 - r0), values,

@@ -128,6 +128,13 @@ void OnlineSoftmaxRow(float* s, int64_t count, int64_t lo, int64_t hi, float sca
                       const AttentionVariation& variation, const LogitSite& site, float* max,
                       float* sum, float* acc, int64_t value_dim);
 
+// OnlineSoftmaxRow for `rows` rows of s (row stride ld) whose `count` scores are all visible and
+// already scaled, with no logit transform: max[r], sum[r] and acc[r * value_dim, +value_dim) are
+// row r's. One call for a block's rows: the AVX-512 version keeps the exp constants in registers
+// and pays no per-row call, and so a whole-block softmax of prefill costs less per row.
+void OnlineSoftmaxRows(float* s, int64_t ld, int64_t rows, int64_t count, float* max, float* sum,
+                       float* acc, int64_t value_dim);
+
 // Writes q's `rows` rows of `dim` floats into `out` (rows * dim floats, 64-byte aligned) laid out
 // as GroupScores reads them for float or bf16 (`bf16_keys`) keys: the same values, with bf16 keys
 // on the AVX-512 path each whole 8-row group's columns in the even/odd order its tile loads keys

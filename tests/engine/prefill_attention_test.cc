@@ -5,8 +5,9 @@
 // the catalogue of reference_test has mostly head dims the tiles do not take (8, 10, 24), so the
 // specs here have head dims that are multiples of 16 and every variation prefill supports.
 //
-// Sizes cross every boundary of the kernel: 16-key panels, 256-key blocks, 64-row query tiles
-// (tokens × group), pages of 5 and 16 tokens; a sequence is prefilled whole (303 tokens) and, if
+// Sizes cross every boundary of the kernel: 16-key panels, 512-key blocks (the kernel test's
+// 1330-token sequence), 128-row query tiles (tokens × group), pages of 5 and 16 tokens; a
+// sequence is prefilled whole (303 tokens) and, if
 // causal, in two chunks (173 + 130: the second over a cached prefix that ends mid-panel and
 // mid-page).
 //
@@ -270,8 +271,10 @@ std::vector<double> ReferenceRow(const KernelCase& c, const AttentionVariation& 
 
 class PrefillAttentionKernelTest : public ::testing::TestWithParam<KernelCase> {};
 
-// Two sequences in one call: 300 new tokens from index 0, and 150 new tokens after a cached
-// prefix of 77 (so query tiles and key panels do not start on a multiple of 16).
+// Three sequences in one call: 300 new tokens from index 0, 150 new tokens after a cached prefix
+// of 77 (so query tiles and key panels do not start on a multiple of 16), and 300 after a prefix of
+// 1030, so causal query tiles also see two 512-key blocks whole (the one-call softmax of
+// OnlineSoftmaxRows, the second rescaling what the first summed) before the diagonal.
 TEST_P(PrefillAttentionKernelTest, MatchesFloat64) {
   const KernelCase& c = GetParam();
   const uint64_t seed = TestSeed();
@@ -292,7 +295,7 @@ TEST_P(PrefillAttentionKernelTest, MatchesFloat64) {
   struct Seq {
     int64_t first_index, num_new;
   };
-  const Seq seqs[] = {{0, 300}, {77, 150}};
+  const Seq seqs[] = {{0, 300}, {77, 150}, {1030, 300}};
   std::vector<VectorKvSource> sources;
   std::vector<PrefillSequence> sequences;
   int64_t rows = 0;
