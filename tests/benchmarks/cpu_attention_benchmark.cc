@@ -127,8 +127,8 @@ void BM_CopyCeiling(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// The decode rows (BM_Decode; BM_DecodeAttention runs the 4096 x 8 ones): variant index, context
-// length, KV dtype (0 f32, 1 bf16), batch.
+// The decode rows (BM_Decode; BM_DecodeAttention runs the 4096 x 8 and 512 x 64 ones): variant
+// index, context length, KV dtype (0 f32, 1 bf16), batch.
 std::vector<std::vector<int64_t>> DecodeRows() {
   std::vector<std::vector<int64_t>> rows;
   for (int64_t variant : {0, 1, 2, 3}) {
@@ -144,6 +144,9 @@ std::vector<std::vector<int64_t>> DecodeRows() {
 }
 
 bool IsLongDecodeRow(const std::vector<int64_t>& row) { return row[1] == 4096 && row[3] == 8; }
+
+// The batching shape: many short sequences, where per-sequence costs weigh most.
+bool IsWideDecodeRow(const std::vector<int64_t>& row) { return row[1] == 512 && row[3] == 64; }
 
 // The KV bytes a decode row reads per step (at its first step's context): its footprint.
 int64_t DecodeKvBytes(int64_t variant, int64_t context, int64_t kv_dtype, int64_t batch) {
@@ -390,7 +393,7 @@ void BM_DecodeAttention(benchmark::State& state) {
 BENCHMARK(BM_DecodeAttention)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (const std::vector<int64_t>& row : DecodeRows()) {
-        if (IsLongDecodeRow(row)) b->Args(row);
+        if (IsLongDecodeRow(row) || IsWideDecodeRow(row)) b->Args(row);
       }
     })
     ->UseRealTime()
