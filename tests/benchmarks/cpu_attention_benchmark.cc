@@ -621,11 +621,13 @@ int64_t SmolDecodeAttentionKvBytes() {
   return kSmolKernelBatch * kSmolKernelContext * KvBytesPerToken(SmolSpec(), DType::kF32);
 }
 
+// Args: context, batch (the one shape above, whose footprint BM_ReadCeiling measures).
 void BM_SmolDecodeAttention(benchmark::State& state) {
-  RunDecodeAttention(state, SmolSpec(), "SmolLM2-135M", kSmolKernelContext, DType::kF32,
-                     kSmolKernelBatch);
+  RunDecodeAttention(state, SmolSpec(), "SmolLM2-135M", state.range(0), DType::kF32,
+                     static_cast<int>(state.range(1)));
 }
 BENCHMARK(BM_SmolDecodeAttention)
+    ->Args({kSmolKernelContext, kSmolKernelBatch})
     ->UseRealTime()
     ->Iterations(32)
     ->Unit(benchmark::kMillisecond);
