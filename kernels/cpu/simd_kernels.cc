@@ -17,12 +17,13 @@
 //   GroupScores      8 query rows x 2 keys (16 zmm accumulators) while 8 rows are left (MQA,
 //                    absorbed MLA: a whole group), each loaded key chunk widened once for all 8
 //                    rows and the 16 sums reduced by one transposing tree; then 4 query rows x 4
-//                    keys (each key chunk serving 4 rows, each query chunk 4 keys); one row: 1 x 8.
+//                    keys (each key chunk serving 4 rows, each query chunk 4 keys); three rows
+//                    left: 3 x 4; one row: 1 x 8.
 //   GroupAccumulate  8 rows x 48 columns (24 zmm) while 8 rows are left, then 4 rows x 64
-//                    columns (16 zmm), the accumulator tile in registers over the whole run of
-//                    value rows: each value chunk is loaded once per tile, the weights broadcast
-//                    from memory. Column chunks outside, rows inside, so a chunk of the run's
-//                    value rows stays in L1 across row tiles.
+//                    columns (16 zmm; three rows left: 3 x 64), the accumulator tile in registers
+//                    over the whole run of value rows: each value chunk is loaded once per tile,
+//                    the weights broadcast from memory. Column chunks outside, rows inside, so a
+//                    chunk of the run's value rows stays in L1 across row tiles.
 //   bf16 in the 8-row tiles: 32 values per load, split into even and odd floats (a shift and a
 //   mask, no zero-extension), q and the accumulator columns taken in that even/odd order.
 //
@@ -64,7 +65,8 @@ ATTNSERVE_AVX512 inline void ScoresTile(const float* q, int64_t dim, const Eleme
   if constexpr (R * K == 1) {
     out[0] = _mm512_reduce_add_ps(acc[0][0]);
   } else {
-    // Halves first: Reduce8 then sums 8 ymm at once (R * K is 4, 8 or 16 here; 4 is padded).
+    // Halves first: Reduce8 then sums 8 ymm at once (R * K is 3, 4, 8, 12 or 16 here: a group
+    // of 8 is padded with repeats, which are not stored).
     constexpr int kGroups = (R * K + 7) / 8;
     __m256 h[kGroups * 8];
 #pragma GCC unroll 16
@@ -93,12 +95,18 @@ ATTNSERVE_AVX512 inline void ScoresTile(const float* q, int64_t dim, const Eleme
   }
 }
 
-// Rows [0, rows) in quads, then a pair and a single, against keys[0, K).
+// Rows [0, rows) in quads, then a triple, or a pair and a single, against keys[0, K). Three rows
+// left (SmolLM2's 9 / 3 heads, GQA-3) take one 3-row tile: each key chunk loaded once for all
+// three rather than once for a pair and again for the single row.
 template <int K, typename Element>
 ATTNSERVE_AVX512 inline void ScoresColumn(const float* q, int rows, int64_t dim,
                                           const Element* const* keys, float* out, int64_t ld) {
   int r = 0;
   for (; r + 4 <= rows; r += 4) ScoresTile<4, K>(q + r * dim, dim, keys, out + r * ld, ld);
+  if (rows - r == 3) {
+    ScoresTile<3, K>(q + r * dim, dim, keys, out + r * ld, ld);
+    return;
+  }
   if (r + 2 <= rows) {
     ScoresTile<2, K>(q + r * dim, dim, keys, out + r * ld, ld);
     r += 2;
@@ -368,6 +376,11 @@ ATTNSERVE_AVX512 inline void AccumulateColumns(const float* weights, int64_t ld,
   int r = 0;
   for (; r + 4 <= rows; r += 4) {
     AccumulateTile<4, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);
+  }
+  // Three rows left: one 3-row tile, each value chunk loaded once for all three (as ScoresColumn).
+  if (rows - r == 3) {
+    AccumulateTile<3, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);
+    return;
   }
   if (r + 2 <= rows) {
     AccumulateTile<2, C>(weights + r * ld, ld, value_rows, count, d0, acc + r * dim, dim, r == 0);

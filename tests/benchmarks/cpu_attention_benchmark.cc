@@ -15,6 +15,7 @@
 //                      keys and values already gathered in memory; no projections): useful GFLOP/s
 //   BM_SmolStep      - one decode step of a SmolLM2-135M layer at a short context (the per-step
 //                      fixed cost): bytes of weights + KV read per second, against BM_ReadCeiling
+//   BM_SmolDecodeAttention - BM_SmolDecode's kernel alone at 512 x 64 (3 query rows per KV head)
 // tests/benchmarks/run_cpu_benchmarks.py turns the JSON output into the ratio table of
 // docs/benchmarks.md.
 #include <cblas.h>
@@ -127,8 +128,8 @@ void BM_CopyCeiling(benchmark::State& state) {
 }
 BENCHMARK(BM_CopyCeiling)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// The decode rows (BM_Decode; BM_DecodeAttention runs the 4096 x 8 ones): variant index, context
-// length, KV dtype (0 f32, 1 bf16), batch.
+// The decode rows (BM_Decode; BM_DecodeAttention runs the 4096 x 8 and 512 x 64 ones): variant
+// index, context length, KV dtype (0 f32, 1 bf16), batch.
 std::vector<std::vector<int64_t>> DecodeRows() {
   std::vector<std::vector<int64_t>> rows;
   for (int64_t variant : {0, 1, 2, 3}) {
@@ -145,11 +146,17 @@ std::vector<std::vector<int64_t>> DecodeRows() {
 
 bool IsLongDecodeRow(const std::vector<int64_t>& row) { return row[1] == 4096 && row[3] == 8; }
 
+// The batching shape: many short sequences, where per-sequence costs weigh most.
+bool IsWideDecodeRow(const std::vector<int64_t>& row) { return row[1] == 512 && row[3] == 64; }
+
 // The KV bytes a decode row reads per step (at its first step's context): its footprint.
 int64_t DecodeKvBytes(int64_t variant, int64_t context, int64_t kv_dtype, int64_t batch) {
   return batch * context *
          KvBytesPerToken(Variant(variant).spec, kv_dtype ? DType::kBF16 : DType::kF32);
 }
+
+// BM_SmolDecodeAttention's footprint (defined with SmolLM2's shapes below).
+int64_t SmolDecodeAttentionKvBytes();
 
 constexpr int64_t kMemoryReadBytes = int64_t{512} << 20;  // Far above any L3: from memory.
 
@@ -192,6 +199,7 @@ BENCHMARK(BM_ReadCeiling)
         const int64_t bytes = DecodeKvBytes(row[0], row[1], row[2], row[3]);
         if (std::find(sizes.begin(), sizes.end(), bytes) == sizes.end()) sizes.push_back(bytes);
       }
+      sizes.push_back(SmolDecodeAttentionKvBytes());
       for (int64_t bytes : sizes) b->Arg(bytes);
     })
     ->UseRealTime()
@@ -329,14 +337,12 @@ BENCHMARK(BM_Decode)
     ->Iterations(64)
     ->Unit(benchmark::kMillisecond);
 
-// Args: variant index, context length, KV dtype (0 f32, 1 bf16), batch. Random pages, each
-// sequence's pages allocated in order (as a prefill leaves them); the same step every iteration.
-void BM_DecodeAttention(benchmark::State& state) {
-  const LayerSpec& spec = Variant(state.range(0)).spec;
-  const int64_t context = state.range(1);
-  const int batch = static_cast<int>(state.range(3));
+// The paged decode kernel alone for `spec`: random pages, each sequence's pages allocated in order
+// (as a prefill leaves them); the same step every iteration.
+void RunDecodeAttention(benchmark::State& state, const LayerSpec& spec, const std::string& label,
+                        int64_t context, DType storage, int batch) {
   KvCacheConfig kv;
-  kv.storage = state.range(2) ? DType::kBF16 : DType::kF32;
+  kv.storage = storage;
   kv.page_size = DefaultPageSize(spec);
   const bool mla = spec.variant == AttentionVariant::kMLA;
   DecodeAttentionParams p;
@@ -379,18 +385,24 @@ void BM_DecodeAttention(benchmark::State& state) {
     PagedDecodeAttention(p, pool);
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetLabel(absl::StrCat(Variant(state.range(0)).label, " kv=", DTypeName(kv.storage.element)));
-  state.counters["KV_GBps"] = benchmark::Counter(
-      static_cast<double>(batch) * context * KvBytesPerToken(spec, kv.storage.element) *
-          state.iterations() / 1e9,
-      benchmark::Counter::kIsRate);
-  state.counters["kv_bytes"] =
-      static_cast<double>(DecodeKvBytes(state.range(0), context, state.range(2), batch));
+  state.SetLabel(absl::StrCat(label, " kv=", DTypeName(kv.storage.element)));
+  const double kv_bytes =
+      static_cast<double>(batch) * context * KvBytesPerToken(spec, kv.storage.element);
+  state.counters["KV_GBps"] =
+      benchmark::Counter(kv_bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["kv_bytes"] = kv_bytes;
+}
+
+// Args: variant index, context length, KV dtype (0 f32, 1 bf16), batch.
+void BM_DecodeAttention(benchmark::State& state) {
+  const NamedSpec& variant = Variant(state.range(0));
+  RunDecodeAttention(state, variant.spec, variant.label, state.range(1),
+                     state.range(2) ? DType::kBF16 : DType::kF32, static_cast<int>(state.range(3)));
 }
 BENCHMARK(BM_DecodeAttention)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (const std::vector<int64_t>& row : DecodeRows()) {
-        if (IsLongDecodeRow(row)) b->Args(row);
+        if (IsLongDecodeRow(row) || IsWideDecodeRow(row)) b->Args(row);
       }
     })
     ->UseRealTime()
@@ -597,6 +609,25 @@ void BM_SmolDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_SmolDecode)
     ->ArgsProduct({{512}, {1, 8, 64}})
+    ->UseRealTime()
+    ->Iterations(32)
+    ->Unit(benchmark::kMillisecond);
+
+// BM_SmolDecode's attention kernel alone (3 query rows per KV head), f32 KV, at 512 x 64.
+constexpr int64_t kSmolKernelContext = 512;
+constexpr int kSmolKernelBatch = 64;
+
+int64_t SmolDecodeAttentionKvBytes() {
+  return kSmolKernelBatch * kSmolKernelContext * KvBytesPerToken(SmolSpec(), DType::kF32);
+}
+
+// Args: context, batch (the one shape above, whose footprint BM_ReadCeiling measures).
+void BM_SmolDecodeAttention(benchmark::State& state) {
+  RunDecodeAttention(state, SmolSpec(), "SmolLM2-135M", state.range(0), DType::kF32,
+                     static_cast<int>(state.range(1)));
+}
+BENCHMARK(BM_SmolDecodeAttention)
+    ->Args({kSmolKernelContext, kSmolKernelBatch})
     ->UseRealTime()
     ->Iterations(32)
     ->Unit(benchmark::kMillisecond);

@@ -282,7 +282,8 @@ def main() -> int:
               f"{median(name, 'real_time'):.2f} | {gbps:.1f} | {fmt(there, '.1f')} | "
               f"{of(gbps, there)} | {gbps / read:.0%} | {gbps / copy:.0%} | "
               f"{fmt(peer_ms(key), '.2f')} | {fmt(peer_ratio(name, key), '.2f')}× |")
-    kernel_rows = [n for n in names if n.startswith("BM_DecodeAttention/")]
+    kernel_rows = [n for n in names
+                   if n.startswith(("BM_DecodeAttention/", "BM_SmolDecodeAttention/"))]
     if kernel_rows:
         # The decode attention kernel alone (no projections, no KV append): against the read
         # ceiling at its footprint, which is what it can approach.
@@ -293,10 +294,12 @@ def main() -> int:
         for name in kernel_rows:
             b = engine_rounds[0][name]
             parts = name.split("/")
+            # BM_DecodeAttention/variant/context/kv/batch; BM_SmolDecodeAttention/context/batch.
+            context, batch = (parts[1], parts[2]) if "Smol" in parts[0] else (parts[2], parts[4])
             label, kv = b["label"].split(" kv=")
             gbps = median(name, "KV_GBps")
             there = read_at(name)
-            print(f"| {label} | {parts[2]} x {parts[4]} | {kv} | {footprint(name)} | "
+            print(f"| {label} | {context} x {batch} | {kv} | {footprint(name)} | "
                   f"{median(name, 'real_time'):.2f} | {gbps:.1f} | {fmt(there, '.1f')} | "
                   f"{of(gbps, there)} | {of(gbps, read)} |")
     smol = [n for n in names if n.startswith("BM_SmolStep")]

@@ -7,11 +7,11 @@
 // Sizes cross every boundary of the kernel: sequences of 1, 3, 17, 130, 301 and 1031 keys (odd
 // counts: partial 4- and 8-key score tiles, partial pages of 16 and 64 tokens, 128-key softmax
 // blocks), one batch of all of them and one long sequence alone (split over the threads and
-// combined); groups 1-8 and 16 query rows per KV head; head dims 64, 48, 80 (the AVX-512 tiles'
-// 64- and 16-column accumulators), 24 (AVX2 only) and 20 (portable only); absorbed MLA rows (key
-// 288 = latent 256 + RoPE 32, value = the latent) on 64-token pages; sliding windows, soft-cap,
-// sinks, ALiBi and a non-causal mask. Page ids are shuffled and every page is poisoned with NaN
-// before its rows are written, so a read past a sequence's last token fails the test.
+// combined); groups 1-8, 10-12 and 16 query rows per KV head; head dims 64, 48, 80 (the AVX-512
+// tiles' 64- and 16-column accumulators), 24 (AVX2 only) and 20 (portable only); absorbed MLA rows
+// (key 288 = latent 256 + RoPE 32, value = the latent) on 64-token pages; sliding windows,
+// soft-cap, sinks, ALiBi and a non-causal mask. Page ids are shuffled and every page is poisoned
+// with NaN before its rows are written, so a read past a sequence's last token fails the test.
 //
 // Tolerance: relative 2-norm over the whole output, 2e-5 for f32 and bf16 pages alike. The
 // reference reads the rows back from the pages (bf16 rounding included), so both dtypes compare
@@ -225,11 +225,15 @@ std::vector<DecodeCase> Cases() {
   cases.push_back({"gqa2_d48_window100", false, 2, 2, 48, 48, DType::kF32, true, 100});
   cases.push_back({"gqa5_d32_noncausal", false, 1, 5, 32, 32, DType::kF32, false});
   cases.push_back({"gqa6_d64_window7", false, 1, 6, 64, 64, DType::kBF16, true, 7});
+  // SmolLM2-135M's shape: 3 KV heads of 3 query rows (the AVX-512 3-row tiles, 64 columns).
+  cases.push_back({"smol_gqa3_d64", false, 3, 3, 64, 64, DType::kF32});
   cases.push_back({"gqa7_d16_mpt", false, 2, 7, 16, 16, DType::kF32, true, 0, 0.0f, false, 2});
   cases.push_back({"gqa4_d24_avx2_only", false, 2, 4, 24, 24, DType::kF32});
   cases.push_back({"gqa2_d20_portable_only", false, 2, 2, 20, 20, DType::kBF16, true, 0, 1.5f});
-  // Groups past 8 rows: the AVX-512 8-row tiles, then what is left in a quad (12) or a pair (10).
+  // Groups past 8 rows: the AVX-512 8-row tiles, then what is left in a quad (12), a triple (11)
+  // or a pair (10).
   cases.push_back({"mqa12_d48", false, 1, 12, 48, 48, DType::kBF16});
+  cases.push_back({"gqa11_d64_bf16", false, 2, 11, 64, 64, DType::kBF16});
   cases.push_back({"gqa10_d112_softcap", false, 2, 10, 112, 112, DType::kF32, true, 0, 1.5f});
   // 32 heads x 288 columns: four 8-row groups of a wide q (GroupScoresQuery's layout, bf16 in
   // even/odd order; until it was laid out once per call, past the per-block copy on the stack).
