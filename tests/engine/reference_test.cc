@@ -341,5 +341,49 @@ TEST(PrefillTilesTest, WindowsAndChunksAcrossTilesMatchReference) {
   }
 }
 
+// A prefill of 256 rows or more applies the q/k norm and RoPE in 64-row runs over the pool (here
+// 300 rows: four runs and a partial one); fewer rows take the calling thread's loop. Both must give
+// the same layer: the same tokens in one 300-row call and in three 100-row chunks, for each q/k
+// norm kind with RoPE (a row normalised twice, rotated twice or left out would move its output far
+// past the bound; the reference has no q/k norm to compare with).
+TEST(PrefillTransformsTest, QkNormAndRopeInPoolRunsMatchChunks) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(SeedNote(seed));
+  std::mt19937_64 rng(seed);
+  for (const QkNorm norm : {QkNorm::kRms, QkNorm::kRmsUnitOffset, QkNorm::kRmsAcrossHeads,
+                            QkNorm::kLayerNorm}) {
+    SCOPED_TRACE(std::string(QkNormName(norm)));
+    LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+    spec.qk_norm = norm;
+    spec.qk_norm_eps = 1e-5f;
+    const LayerWeights weights = TestWeights(spec, seed);
+    absl::StatusOr<TestEngine> engine = MakeEngine(spec, weights, {.max_pages = 1024});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int d = spec.d_model;
+    constexpr int64_t kLength = 300, kChunk = 100;
+    const std::vector<double> hidden = RandomHidden(kLength, d, rng);
+
+    const SequenceId whole = engine->layer->CreateSequence();
+    const PrefillChunk chunk{.sequence = whole, .num_tokens = kLength};
+    absl::StatusOr<Tensor> out =
+        engine->layer->Prefill({&chunk, 1}, ToTensor(hidden, {kLength, d}, DType::kF32), {});
+    ASSERT_TRUE(out.ok()) << out.status();
+
+    const SequenceId chunked = engine->layer->CreateSequence();
+    std::vector<double> actual;
+    for (int64_t begin = 0; begin < kLength; begin += kChunk) {
+      const std::vector<double> part(hidden.begin() + begin * d,
+                                     hidden.begin() + (begin + kChunk) * d);
+      const PrefillChunk piece{.sequence = chunked, .num_tokens = kChunk};
+      absl::StatusOr<Tensor> part_out =
+          engine->layer->Prefill({&piece, 1}, ToTensor(part, {kChunk, d}, DType::kF32), {});
+      ASSERT_TRUE(part_out.ok()) << part_out.status();
+      const std::vector<double> rows = ToDoubles(*part_out);
+      actual.insert(actual.end(), rows.begin(), rows.end());
+    }
+    EXPECT_LE(RelativeError(ToDoubles(*out), actual), kF32Bound);
+  }
+}
+
 }  // namespace
 }  // namespace attnserve::reference
