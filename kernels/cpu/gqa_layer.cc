@@ -5,15 +5,12 @@
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/paged_kv_source.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
 
 namespace {
-// ProjectAndCache's q/k norm and RoPE: rows per pool task, and the fewest rows that use the pool.
-constexpr int64_t kTransformRowsPerTask = 64;
-constexpr int64_t kMinParallelTransformRows = 256;
-
 // The scale a q/k norm multiplies by: w (Qwen3RMSNorm), or 1 + w in float32 (Gemma3RMSNorm).
 std::vector<float> QkNormScale(const LayerSpec& spec, const LayerWeights& weights,
                                const std::string& name) {
@@ -115,35 +112,22 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
   // model's shared table (RotateRows' values, computed once per position) into `table`.
   const HeadRmsNorm& norm = variation_.qk_norm;
   const RotaryPositions& rope = variation_.rope;
-  if (!norm.active() && !rope.active()) {
-    StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);
-    return;
-  }
-  auto transform = [&](int64_t r0, int64_t r1, float* table) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (norm.active()) {
-        norm.Apply(q + r * qkv_width, s.num_heads, norm.q_scale);
-        norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
+  if (norm.active() || rope.active()) {
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      // Per thread, kept: a decode step allocates nothing.
+      thread_local ScratchFloats table_scratch;
+      float* const table = table_scratch.Resize(rope.active() ? rope.rotary_dim : 0);
+      for (int64_t r = r0; r < r1; ++r) {
+        if (norm.active()) {
+          norm.Apply(q + r * qkv_width, s.num_heads, norm.q_scale);
+          norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
+        }
+        if (rope.active()) {
+          rope_table_->Lookup(batch.positions[r], table);
+          rope.Rotate(q + r * qkv_width, s.num_heads + s.num_kv_heads, s.head_dim, table,
+                      table + rope.pairs());
+        }
       }
-      if (rope.active()) {
-        rope_table_->Lookup(batch.positions[r], table);
-        rope.Rotate(q + r * qkv_width, s.num_heads + s.num_kv_heads, s.head_dim, table,
-                    table + rope.pairs());
-      }
-    }
-  };
-  // A prefill's rows in runs over the pool: on the calling thread alone this loop was ~1.2% of a
-  // 2048-token MHA prefill's CPU time while the other threads waited. A decode step's few rows are
-  // not worth waking the pool.
-  float* table = p.rope_table.Resize(rope.active() ? rope.rotary_dim : 0);
-  if (rows < kMinParallelTransformRows || pool().num_threads() == 1) {
-    transform(0, rows, table);
-  } else {
-    const int64_t tasks = (rows + kTransformRowsPerTask - 1) / kTransformRowsPerTask;
-    pool().ParallelFor(tasks, [&](int64_t i) {
-      std::vector<float> task_table(rope.active() ? rope.rotary_dim : 0);
-      transform(i * kTransformRowsPerTask, std::min(rows, (i + 1) * kTransformRowsPerTask),
-                task_table.data());
     });
   }
   StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);

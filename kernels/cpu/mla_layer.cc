@@ -113,16 +113,20 @@ std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
     std::vector<float> q_latent(rows * dims_.q_lora_rank);
     LinearForward(batch.hidden, s.d_model, rows, wq_a_.data(), nullptr, s.d_model,
                   dims_.q_lora_rank, q_latent.data(), dims_.q_lora_rank, pool());
-    RmsNormRows(q_latent.data(), rows, dims_.q_lora_rank, dims_.q_lora_rank, q_a_norm_.data(),
-                dims_.rms_norm_eps);
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      RmsNormRows(q_latent.data() + r0 * dims_.q_lora_rank, r1 - r0, dims_.q_lora_rank,
+                  dims_.q_lora_rank, q_a_norm_.data(), dims_.rms_norm_eps);
+    });
     LinearForward(q_latent.data(), dims_.q_lora_rank, rows, wq_b_.data(), nullptr,
                   dims_.q_lora_rank, width, q.data(), width, pool());
   }
   // RoPE on each head's q_pe, the last qk_rope_head_dim elements of the head.
   if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    std::vector<float> table(rope.rotary_dim);
-    rope.RotateRows(q.data() + dims_.qk_nope_head_dim, rows, width, s.num_heads, qk_dim_,
-                    batch.positions.data(), table.data());
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> table(rope.rotary_dim);
+      rope.RotateRows(q.data() + r0 * width + dims_.qk_nope_head_dim, r1 - r0, width, s.num_heads,
+                      qk_dim_, batch.positions.data() + r0, table.data());
+    });
   }
   return q;
 }
@@ -132,20 +136,20 @@ void MlaLayer::ComputeAndCacheLatents(const CpuBatch& batch) {
   std::vector<float> latent(batch.rows * latent_dim_);
   LinearForward(batch.hidden, s.d_model, batch.rows, wkv_a_.data(), nullptr, s.d_model, latent_dim_,
                 latent.data(), latent_dim_, pool());
-  RmsNormRows(latent.data(), batch.rows, latent_dim_, dims_.kv_lora_rank, kv_a_norm_.data(),
-              dims_.rms_norm_eps);
+  ForRowRuns(batch.rows, [&](int64_t r0, int64_t r1) {
+    RmsNormRows(latent.data() + r0 * latent_dim_, r1 - r0, latent_dim_, dims_.kv_lora_rank,
+                kv_a_norm_.data(), dims_.rms_norm_eps);
+  });
   // RoPE on k_pe, the row's last qk_rope_head_dim elements.
   if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    std::vector<float> table(rope.rotary_dim);
-    rope.RotateRows(latent.data() + dims_.kv_lora_rank, batch.rows, latent_dim_, 1,
-                    dims_.qk_rope_head_dim, batch.positions.data(), table.data());
+    ForRowRuns(batch.rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> table(rope.rotary_dim);
+      rope.RotateRows(latent.data() + r0 * latent_dim_ + dims_.kv_lora_rank, r1 - r0, latent_dim_,
+                      1, dims_.qk_rope_head_dim, batch.positions.data() + r0, table.data());
+    });
   }
-  for (const BatchSequence& seq : batch.sequences) {
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      StoreRow(*seq.table, seq.first_index + i, 0, /*value=*/false,
-               &latent[(seq.first_row + i) * latent_dim_], latent_dim_);
-    }
-  }
+  StoreKvRows(batch, /*num_kv_heads=*/1, latent_dim_, latent.data(), /*values=*/nullptr,
+              latent_dim_);
 }
 
 void MlaLayer::OutputProjection(const CpuBatch& batch, const std::vector<float>& attention) {
@@ -184,11 +188,14 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   for (const BatchSequence& seq : batch.sequences) {
     const int64_t begin = visible_begin(seq);
     const int64_t count = seq.table->num_tokens - begin;
-    for (int64_t j = 0; j < count; ++j) {
-      const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
-      const int slot = static_cast<int>((begin + j) % layout().page_size);
-      ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_, &latents[j * latent_dim_]);
-    }
+    ForRowRuns(count, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
+        const int slot = static_cast<int>((begin + j) % layout().page_size);
+        ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_,
+                    &latents[j * latent_dim_]);
+      }
+    });
     LinearForward(latents, latent_dim_, count, wkv_b_.data(), nullptr, dims_.kv_lora_rank,
                   expanded_width, expanded, expanded_width, pool());
     std::vector<float> rope_keys(count * dims_.qk_rope_head_dim);
