@@ -164,6 +164,16 @@ void CpuLayer::StoreRow(const PageTable& table, int64_t index, int head, bool va
                count);
 }
 
+void CpuLayer::ForRowRuns(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) const {
+  if (rows < kMinParallelRows || pool_->num_threads() == 1) {
+    if (rows > 0) fn(0, rows);
+    return;
+  }
+  pool_->ParallelFor((rows + kRowsPerRun - 1) / kRowsPerRun, [&](int64_t i) {
+    fn(i * kRowsPerRun, std::min(rows, (i + 1) * kRowsPerRun));
+  });
+}
+
 void CpuLayer::StoreKvRows(const CpuBatch& batch, int num_kv_heads, int dim, const float* keys,
                            const float* values, int64_t row_stride) {
   // Runs of whole pages, about 256 tokens each: a task owns its pages' rows (and an 8-bit page's
@@ -193,7 +203,9 @@ void CpuLayer::StoreKvRows(const CpuBatch& batch, int num_kv_heads, int dim, con
       const int64_t offset = (t.seq->first_row + index - t.seq->first_index) * row_stride +
                              int64_t{t.head} * dim;
       StoreRow(*t.seq->table, index, t.head, /*value=*/false, keys + offset, dim);
-      StoreRow(*t.seq->table, index, t.head, /*value=*/true, values + offset, dim);
+      if (values != nullptr) {
+        StoreRow(*t.seq->table, index, t.head, /*value=*/true, values + offset, dim);
+      }
     }
   };
   // A decode step's few rows (under 512 row-heads, 256 KiB of f32 rows at head dim 64): not

@@ -6,6 +6,7 @@
 #define ATTNSERVE_KERNELS_CPU_CPU_LAYER_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -74,9 +75,18 @@ class CpuLayer : public AttentionLayer {
                 int64_t count);
   // Writes the key and value rows of every new token of the batch: KV head h of batch row r is
   // keys + r * row_stride + h * dim (values alike). Spread over the pool, one task per (sequence,
-  // KV head, run of whole pages), each writing its pages' rows in slot order.
+  // KV head, run of whole pages), each writing its pages' rows in slot order. `values` null: key
+  // rows only (MLA caches its latent as the key row).
   void StoreKvRows(const CpuBatch& batch, int num_kv_heads, int dim, const float* keys,
                    const float* values, int64_t row_stride);
+  // Runs fn(begin, end) over rows [0, rows) of per-row work that rows do not share (norms, RoPE,
+  // reads of cached rows): in runs of kRowsPerRun over the pool for a prefill's rows, on the
+  // calling thread alone below kMinParallelRows (a decode step is not worth waking the pool).
+  // On the calling thread alone these loops were ~1.5% of a 2048-token MHA prefill's CPU time
+  // and ~5% of an MLA one's, with the pool's other threads waiting.
+  static constexpr int64_t kRowsPerRun = 64;
+  static constexpr int64_t kMinParallelRows = 256;
+  void ForRowRuns(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) const;
 
  private:
   // Checks ids and reserves pages for each sequence's new tokens (all or nothing), advancing

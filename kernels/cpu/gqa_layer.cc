@@ -5,6 +5,7 @@
 #include "kernels/cpu/decode_attention.h"
 #include "kernels/cpu/paged_kv_source.h"
 #include "kernels/cpu/prefill_attention.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/rope_frequencies.h"
 
 namespace attnserve {
@@ -105,23 +106,29 @@ void GqaLayer::ProjectAndCache(const CpuBatch& batch, Buffers& p) {
   float* v = qkv + q_width_ + kv_width_;
   LinearForward(batch.hidden, s.d_model, rows, wqkv_, bqkv_.empty() ? nullptr : bqkv_.data(), qkv,
                 qkv_width, pool());
-  // The pre-RoPE transform (q/k norm), so the cache holds k after it.
-  if (const HeadRmsNorm& norm = variation_.qk_norm; norm.active()) {
-    for (int64_t r = 0; r < rows; ++r) {
-      norm.Apply(q + r * qkv_width, s.num_heads, norm.q_scale);
-      norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
-    }
-  }
-  // RoPE on the leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set): a
-  // row's q heads and then its k heads are consecutive head_dim-wide vectors. The row's cos/sin
-  // come from the model's shared table (RotateRows' values, computed once per position).
-  if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    float* table = p.rope_table.Resize(rope.rotary_dim);
-    for (int64_t r = 0; r < rows; ++r) {
-      rope_table_->Lookup(batch.positions[r], table);
-      rope.Rotate(q + r * qkv_width, s.num_heads + s.num_kv_heads, s.head_dim, table,
-                  table + rope.pairs());
-    }
+  // Per row, the pre-RoPE transform (q/k norm, so the cache holds k after it), then RoPE on the
+  // leading RotaryDim(s) dims of each head (all of them unless rotary_dim is set): a row's q heads
+  // and then its k heads are consecutive head_dim-wide vectors. The row's cos/sin come from the
+  // model's shared table (RotateRows' values, computed once per position) into `table`.
+  const HeadRmsNorm& norm = variation_.qk_norm;
+  const RotaryPositions& rope = variation_.rope;
+  if (norm.active() || rope.active()) {
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      // Per thread, kept: a decode step allocates nothing.
+      thread_local ScratchFloats table_scratch;
+      float* const table = table_scratch.Resize(rope.active() ? rope.rotary_dim : 0);
+      for (int64_t r = r0; r < r1; ++r) {
+        if (norm.active()) {
+          norm.Apply(q + r * qkv_width, s.num_heads, norm.q_scale);
+          norm.Apply(k + r * qkv_width, s.num_kv_heads, norm.k_scale);
+        }
+        if (rope.active()) {
+          rope_table_->Lookup(batch.positions[r], table);
+          rope.Rotate(q + r * qkv_width, s.num_heads + s.num_kv_heads, s.head_dim, table,
+                      table + rope.pairs());
+        }
+      }
+    });
   }
   StoreKvRows(batch, s.num_kv_heads, s.head_dim, k, v, qkv_width);
 }

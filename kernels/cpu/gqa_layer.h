@@ -44,7 +44,6 @@ class GqaLayer : public CpuLayer {
     ScratchFloats qkv;         // [rows, q_width + 2 * kv_width]: the fused projection.
     ScratchFloats q;           // [rows, num_heads * head_dim]; decode only.
     ScratchFloats attention;   // [rows, num_heads * head_dim]
-    ScratchFloats rope_table;  // [rotary_dim]: one row's cos table, then its sin table.
   };
   // Projects the batch into b.qkv, applies the q/k norms and RoPE there and writes K/V into the
   // sequences' pages.

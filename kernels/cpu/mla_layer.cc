@@ -101,63 +101,74 @@ MlaLayer::MlaLayer(const LayerSpec& spec, const LayerWeights& weights,
       rope_inv_freq_(RopeInverseFrequencies(spec)),
       variation_(AttentionVariation::FromSpec(spec, {.rope_inv_freq = rope_inv_freq_.data()})) {}
 
-std::vector<float> MlaLayer::ComputeQueries(const CpuBatch& batch) {
+const float* MlaLayer::ComputeQueries(const CpuBatch& batch, ScratchFloats& q_buffer) {
   const LayerSpec& s = spec();
   const int64_t rows = batch.rows;
   const int64_t width = int64_t{s.num_heads} * qk_dim_;
-  std::vector<float> q(rows * width);
+  float* const q = q_buffer.Resize(rows * width);
   if (dims_.q_lora_rank == 0) {
-    LinearForward(batch.hidden, s.d_model, rows, wq_.data(), nullptr, s.d_model, width, q.data(),
-                  width, pool());
+    LinearForward(batch.hidden, s.d_model, rows, wq_.data(), nullptr, s.d_model, width, q, width,
+                  pool());
   } else {
-    std::vector<float> q_latent(rows * dims_.q_lora_rank);
+    // Per calling thread, as the latents below and the prefill's q and attention output: zeroed
+    // vectors of these sizes (12 MiB at 2048 MLA tokens) were faulted in and cleared on the
+    // calling thread on every prefill while the pool waited. Every element is written.
+    thread_local ScratchFloats q_latent_scratch;
+    float* const q_latent = q_latent_scratch.Resize(rows * dims_.q_lora_rank);
     LinearForward(batch.hidden, s.d_model, rows, wq_a_.data(), nullptr, s.d_model,
-                  dims_.q_lora_rank, q_latent.data(), dims_.q_lora_rank, pool());
-    RmsNormRows(q_latent.data(), rows, dims_.q_lora_rank, dims_.q_lora_rank, q_a_norm_.data(),
-                dims_.rms_norm_eps);
-    LinearForward(q_latent.data(), dims_.q_lora_rank, rows, wq_b_.data(), nullptr,
-                  dims_.q_lora_rank, width, q.data(), width, pool());
+                  dims_.q_lora_rank, q_latent, dims_.q_lora_rank, pool());
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      RmsNormRows(q_latent + r0 * dims_.q_lora_rank, r1 - r0, dims_.q_lora_rank,
+                  dims_.q_lora_rank, q_a_norm_.data(), dims_.rms_norm_eps);
+    });
+    LinearForward(q_latent, dims_.q_lora_rank, rows, wq_b_.data(), nullptr, dims_.q_lora_rank,
+                  width, q, width, pool());
+    q_latent_scratch.Trim(kMaxRetainedScratchFloats);
   }
   // RoPE on each head's q_pe, the last qk_rope_head_dim elements of the head.
   if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    std::vector<float> table(rope.rotary_dim);
-    rope.RotateRows(q.data() + dims_.qk_nope_head_dim, rows, width, s.num_heads, qk_dim_,
-                    batch.positions.data(), table.data());
+    ForRowRuns(rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> table(rope.rotary_dim);
+      rope.RotateRows(q + r0 * width + dims_.qk_nope_head_dim, r1 - r0, width, s.num_heads,
+                      qk_dim_, batch.positions.data() + r0, table.data());
+    });
   }
   return q;
 }
 
 void MlaLayer::ComputeAndCacheLatents(const CpuBatch& batch) {
   const LayerSpec& s = spec();
-  std::vector<float> latent(batch.rows * latent_dim_);
+  thread_local ScratchFloats new_latent_scratch;  // As ComputeQueries' q_latent.
+  float* const latent = new_latent_scratch.Resize(batch.rows * latent_dim_);
   LinearForward(batch.hidden, s.d_model, batch.rows, wkv_a_.data(), nullptr, s.d_model, latent_dim_,
-                latent.data(), latent_dim_, pool());
-  RmsNormRows(latent.data(), batch.rows, latent_dim_, dims_.kv_lora_rank, kv_a_norm_.data(),
-              dims_.rms_norm_eps);
+                latent, latent_dim_, pool());
+  ForRowRuns(batch.rows, [&](int64_t r0, int64_t r1) {
+    RmsNormRows(latent + r0 * latent_dim_, r1 - r0, latent_dim_, dims_.kv_lora_rank,
+                kv_a_norm_.data(), dims_.rms_norm_eps);
+  });
   // RoPE on k_pe, the row's last qk_rope_head_dim elements.
   if (const RotaryPositions& rope = variation_.rope; rope.active()) {
-    std::vector<float> table(rope.rotary_dim);
-    rope.RotateRows(latent.data() + dims_.kv_lora_rank, batch.rows, latent_dim_, 1,
-                    dims_.qk_rope_head_dim, batch.positions.data(), table.data());
+    ForRowRuns(batch.rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> table(rope.rotary_dim);
+      rope.RotateRows(latent + r0 * latent_dim_ + dims_.kv_lora_rank, r1 - r0, latent_dim_,
+                      1, dims_.qk_rope_head_dim, batch.positions.data() + r0, table.data());
+    });
   }
-  for (const BatchSequence& seq : batch.sequences) {
-    for (int64_t i = 0; i < seq.num_new; ++i) {
-      StoreRow(*seq.table, seq.first_index + i, 0, /*value=*/false,
-               &latent[(seq.first_row + i) * latent_dim_], latent_dim_);
-    }
-  }
+  StoreKvRows(batch, /*num_kv_heads=*/1, latent_dim_, latent, /*values=*/nullptr, latent_dim_);
+  new_latent_scratch.Trim(kMaxRetainedScratchFloats);
 }
 
-void MlaLayer::OutputProjection(const CpuBatch& batch, const std::vector<float>& attention) {
+void MlaLayer::OutputProjection(const CpuBatch& batch, const float* attention) {
   const LayerSpec& s = spec();
   const int64_t width = int64_t{s.num_heads} * dims_.v_head_dim;
-  LinearForward(attention.data(), width, batch.rows, wo_.data(), nullptr, width, s.d_model,
+  LinearForward(attention, width, batch.rows, wo_.data(), nullptr, width, s.d_model,
                 batch.out, s.d_model, pool());
 }
 
 void MlaLayer::RunPrefill(const CpuBatch& batch) {
   const LayerSpec& s = spec();
-  const std::vector<float> q = ComputeQueries(batch);
+  thread_local ScratchFloats q_scratch, attention_scratch;  // As ComputeQueries' q_latent.
+  const float* const q = ComputeQueries(batch, q_scratch);
   ComputeAndCacheLatents(batch);
 
   // Up-project, per sequence, the cached latents its new tokens can see (read back from the pages
@@ -184,11 +195,14 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   for (const BatchSequence& seq : batch.sequences) {
     const int64_t begin = visible_begin(seq);
     const int64_t count = seq.table->num_tokens - begin;
-    for (int64_t j = 0; j < count; ++j) {
-      const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
-      const int slot = static_cast<int>((begin + j) % layout().page_size);
-      ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_, &latents[j * latent_dim_]);
-    }
+    ForRowRuns(count, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        const std::byte* page = store().page(seq.table->PageOf(begin + j, layout().page_size));
+        const int slot = static_cast<int>((begin + j) % layout().page_size);
+        ReadPageRow(layout(), page, 0, /*value=*/false, slot, latent_dim_,
+                    &latents[j * latent_dim_]);
+      }
+    });
     LinearForward(latents, latent_dim_, count, wkv_b_.data(), nullptr, dims_.kv_lora_rank,
                   expanded_width, expanded, expanded_width, pool());
     std::vector<float> rope_keys(count * dims_.qk_rope_head_dim);
@@ -203,11 +217,12 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   }
 
   const int64_t out_width = int64_t{s.num_heads} * dims_.v_head_dim;
-  std::vector<float> attention(batch.rows * out_width);
+  // Every element written: each row's heads by PrefillAttention.
+  float* const attention = attention_scratch.Resize(batch.rows * out_width);
   PrefillAttentionParams params;
-  params.q = q.data();
+  params.q = q;
   params.q_row_stride = int64_t{s.num_heads} * qk_dim_;
-  params.out = attention.data();
+  params.out = attention;
   params.out_row_stride = out_width;
   params.num_kv_heads = s.num_heads;  // Expanded: every head has its own keys.
   params.group_size = 1;
@@ -218,9 +233,11 @@ void MlaLayer::RunPrefill(const CpuBatch& batch) {
   OutputProjection(batch, attention);
   expanded_scratch.Trim(kMaxRetainedScratchFloats);
   latent_scratch.Trim(kMaxRetainedScratchFloats);
+  q_scratch.Trim(kMaxRetainedScratchFloats);
+  attention_scratch.Trim(kMaxRetainedScratchFloats);
 }
 
-void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q,
+void MlaLayer::AbsorbedDecode(const CpuBatch& batch, const float* q,
                               std::vector<float>& attention) {
   const LayerSpec& s = spec();
   const int heads = s.num_heads;
@@ -274,11 +291,12 @@ void MlaLayer::RunDecode(const CpuBatch& batch) {
     RunPrefill(batch);
     return;
   }
-  const std::vector<float> q = ComputeQueries(batch);
+  ScratchFloats q_buffer;
+  const float* const q = ComputeQueries(batch, q_buffer);
   ComputeAndCacheLatents(batch);
   std::vector<float> attention(batch.rows * spec().num_heads * dims_.v_head_dim);
   AbsorbedDecode(batch, q, attention);
-  OutputProjection(batch, attention);
+  OutputProjection(batch, attention.data());
 }
 
 }  // namespace attnserve

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/scratch_floats.h"
 #include "kernels/spec/attention_variation.h"
 
 namespace attnserve {
@@ -30,13 +31,14 @@ class MlaLayer : public CpuLayer {
   void RunDecode(const CpuBatch& batch) override;
 
  private:
-  // Queries [rows, num_heads * (nope + rope)] with RoPE applied to each head's q_pe.
-  std::vector<float> ComputeQueries(const CpuBatch& batch);
+  // Queries [rows, num_heads * (nope + rope)] with RoPE applied to each head's q_pe, in
+  // `q_buffer` (resized).
+  const float* ComputeQueries(const CpuBatch& batch, ScratchFloats& q_buffer);
   // Computes each new token's [c_kv | k_pe] and writes it to the sequence's pages.
   void ComputeAndCacheLatents(const CpuBatch& batch);
-  void AbsorbedDecode(const CpuBatch& batch, const std::vector<float>& q,
+  void AbsorbedDecode(const CpuBatch& batch, const float* q,
                       std::vector<float>& attention);
-  void OutputProjection(const CpuBatch& batch, const std::vector<float>& attention);
+  void OutputProjection(const CpuBatch& batch, const float* attention);
 
   MlaDims dims_;
   int qk_dim_;      // nope + rope

@@ -13,7 +13,7 @@ namespace attnserve {
 // 2048-token chunk of the benchmark shapes (d_model 512: 4-12 MiB each, MLA's up-projected K/V 16
 // MiB) fit, so their pages are faulted in once per thread instead of on every call; a larger call
 // frees its buffer after use. Kept small because every executor and pool thread that ran a
-// prefill holds its own buffers (five at most: GqaLayer's two, the prefill gather, MLA's two), and
+// prefill holds its own buffers (GqaLayer's two, the prefill gather, MLA's six), and
 // that memory is outside the KV budget.
 inline constexpr int64_t kMaxRetainedScratchFloats = int64_t{4} << 20;
 

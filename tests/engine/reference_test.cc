@@ -18,6 +18,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -338,6 +339,59 @@ TEST(PrefillTilesTest, WindowsAndChunksAcrossTilesMatchReference) {
       }
       EXPECT_LE(RelativeError(actual, exact), kF32Bound) << "two chunks";
     }
+  }
+}
+
+// A prefill of 256 rows or more runs its per-row work in 64-row runs over the pool (GQA: the q/k
+// norm and RoPE; MLA: the latent norms, RoPE and the read-back of the cached latents) and stores
+// 512 rows or more in page runs over the pool; fewer rows take the calling thread's loops. Both
+// must give the same layer: the same 600 tokens in one call (nine runs, a partial last) and in
+// three 200-row chunks (the second and third over a cached prefix), for each q/k norm kind with
+// RoPE and for MLA with and without a q LoRA (a row normalised twice, rotated twice or left out
+// would move its output far past the bound; the reference has no q/k norm to compare with).
+TEST(PrefillRowRunsTest, OneCallMatchesChunks) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(SeedNote(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<std::string, LayerSpec>> specs;
+  for (const QkNorm norm : {QkNorm::kRms, QkNorm::kRmsUnitOffset, QkNorm::kRmsAcrossHeads,
+                            QkNorm::kLayerNorm}) {
+    LayerSpec spec = FindSpec("gqa2_half_bias_hd16_theta5e5").spec;
+    spec.qk_norm = norm;
+    spec.qk_norm_eps = 1e-5f;
+    specs.emplace_back(std::string(QkNormName(norm)), spec);
+  }
+  for (const char* name : {"mla_q0_interleaved", "mla_q24_half"}) {
+    specs.emplace_back(name, FindSpec(name).spec);
+  }
+  for (const auto& [name, spec] : specs) {
+    SCOPED_TRACE(name);
+    const LayerWeights weights = TestWeights(spec, seed);
+    absl::StatusOr<TestEngine> engine = MakeEngine(spec, weights, {.max_pages = 1024});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int d = spec.d_model;
+    constexpr int64_t kLength = 600, kChunk = 200;
+    const std::vector<double> hidden = RandomHidden(kLength, d, rng);
+
+    const SequenceId whole = engine->layer->CreateSequence();
+    const PrefillChunk chunk{.sequence = whole, .num_tokens = kLength};
+    absl::StatusOr<Tensor> out =
+        engine->layer->Prefill({&chunk, 1}, ToTensor(hidden, {kLength, d}, DType::kF32), {});
+    ASSERT_TRUE(out.ok()) << out.status();
+
+    const SequenceId chunked = engine->layer->CreateSequence();
+    std::vector<double> actual;
+    for (int64_t begin = 0; begin < kLength; begin += kChunk) {
+      const std::vector<double> part(hidden.begin() + begin * d,
+                                     hidden.begin() + (begin + kChunk) * d);
+      const PrefillChunk piece{.sequence = chunked, .num_tokens = kChunk};
+      absl::StatusOr<Tensor> part_out =
+          engine->layer->Prefill({&piece, 1}, ToTensor(part, {kChunk, d}, DType::kF32), {});
+      ASSERT_TRUE(part_out.ok()) << part_out.status();
+      const std::vector<double> rows = ToDoubles(*part_out);
+      actual.insert(actual.end(), rows.begin(), rows.end());
+    }
+    EXPECT_LE(RelativeError(ToDoubles(*out), actual), kF32Bound);
   }
 }
 
