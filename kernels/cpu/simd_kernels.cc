@@ -889,6 +889,39 @@ ATTNSERVE_AVX512 inline __m512 Exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// The online softmax's step for one row against its new running max: the row's accumulator and
+// sum are rescaled by exp(old max - new max), and v[0, n16 + tail) becomes exp(v - new max).
+// Returns the sum of the new exps, in lanes.
+ATTNSERVE_AVX512 __attribute__((always_inline)) inline __m512 RescaleAndExpRow512(
+    float* v, int64_t n16, __mmask16 tail, float old_max, float new_max, float* sum, float* acc,
+    int64_t value_dim) {
+  // ExpApprox, not std::exp: a libm call per row and block was 2% of prefill attention.
+  const float correction = ExpApprox(old_max - new_max);
+  if (correction != 1.0f) {
+    *sum *= correction;
+    const __m512 c = _mm512_set1_ps(correction);
+    int64_t d = 0;
+    for (; d + 16 <= value_dim; d += 16) {
+      _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), c));
+    }
+    for (; d < value_dim; ++d) acc[d] *= correction;
+  }
+  const __m512 vnew_max = _mm512_set1_ps(new_max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n16; k += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(v + k), vnew_max));
+    _mm512_storeu_ps(v + k, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (tail != 0) {
+    const __m512 e = _mm512_maskz_mov_ps(
+        tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, v + n16), vnew_max)));
+    _mm512_mask_storeu_ps(v + n16, tail, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  return vsum;
+}
+
 ATTNSERVE_AVX512 void OnlineSoftmaxRowAvx512(float* s, int64_t count, int64_t lo, int64_t hi,
                                              float scale, const AttentionVariation& variation,
                                              const LogitSite& site, float* max, float* sum,
@@ -917,31 +950,7 @@ ATTNSERVE_AVX512 void OnlineSoftmaxRowAvx512(float* s, int64_t count, int64_t lo
       _mm512_castps512_ps256(vmax),
       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(vmax), 1)));
   const float new_max = std::max(*max, HorizontalMax(half_max));
-  // ExpApprox, not std::exp: a libm call per row and block was 2% of prefill attention.
-  const float correction = ExpApprox(*max - new_max);
-  if (correction != 1.0f) {
-    *sum *= correction;
-    const __m512 c = _mm512_set1_ps(correction);
-    int64_t d = 0;
-    for (; d + 16 <= value_dim; d += 16) {
-      _mm512_storeu_ps(acc + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), c));
-    }
-    for (; d < value_dim; ++d) acc[d] *= correction;
-  }
-  const __m512 vnew_max = _mm512_set1_ps(new_max);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t k = 0; k < n16; k += 16) {
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(v + k), vnew_max));
-    _mm512_storeu_ps(v + k, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
-  if (tail != 0) {
-    const __m512 e =
-        _mm512_maskz_mov_ps(tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, v + n16),
-                                                      vnew_max)));
-    _mm512_mask_storeu_ps(v + n16, tail, e);
-    vsum = _mm512_add_ps(vsum, e);
-  }
+  const __m512 vsum = RescaleAndExpRow512(v, n16, tail, *max, new_max, sum, acc, value_dim);
   std::fill(s, s + lo, 0.0f);
   std::fill(s + hi, s + count, 0.0f);
   *sum += _mm512_reduce_add_ps(vsum);
@@ -961,30 +970,8 @@ ATTNSERVE_AVX512 void OnlineSoftmaxRowsAvx512(float* s, int64_t ld, int64_t rows
     for (int64_t k = 0; k < n16; k += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(v + k));
     if (tail != 0) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, v + n16));
     const float new_max = std::max(max[r], _mm512_reduce_max_ps(vmax));
-    const float correction = ExpApprox(max[r] - new_max);
-    if (correction != 1.0f) {
-      sum[r] *= correction;
-      float* const a = acc + r * value_dim;
-      const __m512 c = _mm512_set1_ps(correction);
-      int64_t d = 0;
-      for (; d + 16 <= value_dim; d += 16) {
-        _mm512_storeu_ps(a + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), c));
-      }
-      for (; d < value_dim; ++d) a[d] *= correction;
-    }
-    const __m512 vnew_max = _mm512_set1_ps(new_max);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t k = 0; k < n16; k += 16) {
-      const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(v + k), vnew_max));
-      _mm512_storeu_ps(v + k, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
-    if (tail != 0) {
-      const __m512 e = _mm512_maskz_mov_ps(
-          tail, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, v + n16), vnew_max)));
-      _mm512_mask_storeu_ps(v + n16, tail, e);
-      vsum = _mm512_add_ps(vsum, e);
-    }
+    const __m512 vsum = RescaleAndExpRow512(v, n16, tail, max[r], new_max, &sum[r],
+                                            acc + r * value_dim, value_dim);
     sum[r] += _mm512_reduce_add_ps(vsum);
     max[r] = new_max;
   }

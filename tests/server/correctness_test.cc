@@ -38,6 +38,27 @@ struct VariantCase {
 // gtest prints parameters in failure output and in ctest's test names.
 void PrintTo(const VariantCase& param, std::ostream* out) { *out << param.name(); }
 
+// Sends `items` to `session` as one Forward and runs them through `ref`: the service's response
+// (checked ok, one result per item, in order and named as the items) and the reference's outputs.
+void ForwardBoth(v1::AttentionService::Stub& stub, const std::string& session,
+                 ReferenceSession& ref, const std::vector<ReferenceSession::ForwardInput>& items,
+                 v1::ForwardResponse* response, std::vector<Tensor>* expected) {
+  v1::ForwardRequest request;
+  request.set_session_id(session);
+  for (const auto& item : items) {
+    *request.add_items() = MakeForwardItem(item.request_id, item.hidden, item.positions);
+  }
+  grpc::Status status = Forward(stub, request, response);
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  absl::StatusOr<std::vector<Tensor>> outputs = ref.Forward(items);
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  *expected = *std::move(outputs);
+  ASSERT_EQ(response->results_size(), static_cast<int>(items.size()));
+  for (size_t i = 0; i < items.size(); ++i) {
+    EXPECT_EQ(response->results(static_cast<int>(i)).request_id(), items[i].request_id);
+  }
+}
+
 class ServiceMatchesEngineTest : public ServerTest,
                                  public ::testing::WithParamInterface<VariantCase> {};
 
@@ -69,22 +90,13 @@ TEST_P(ServiceMatchesEngineTest, ForwardDecodeAndStreamAreBitExact) {
   // Runs one Forward through the service and the reference; checks outputs and lengths.
   const auto forward = [&](const std::vector<ReferenceSession::ForwardInput>& items,
                            const std::vector<int64_t>& lengths_after) {
-    v1::ForwardRequest request;
-    request.set_session_id(session);
-    for (const auto& item : items) {
-      *request.add_items() = MakeForwardItem(item.request_id, item.hidden, item.positions);
-    }
     v1::ForwardResponse response;
-    grpc::Status status = Forward(stub(), request, &response);
-    ASSERT_TRUE(status.ok()) << Describe(status);
-    absl::StatusOr<std::vector<Tensor>> expected = ref.Forward(items);
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_EQ(response.results_size(), static_cast<int>(items.size()));
+    std::vector<Tensor> expected;
+    ASSERT_NO_FATAL_FAILURE(ForwardBoth(stub(), session, ref, items, &response, &expected));
     for (size_t i = 0; i < items.size(); ++i) {
       const v1::ForwardResult& result = response.results(static_cast<int>(i));
-      EXPECT_EQ(result.request_id(), items[i].request_id);
       EXPECT_EQ(result.sequence_length(), lengths_after[i]) << items[i].request_id;
-      EXPECT_TRUE(SameBytes(result.output(), (*expected)[i]))
+      EXPECT_TRUE(SameBytes(result.output(), expected[i]))
           << "Forward output of " << items[i].request_id;
     }
     EXPECT_GE(response.timing().total_ns(), response.timing().compute_ns());
@@ -225,28 +237,20 @@ TEST_F(ChunkedForwardTest, ChunksAndOneChunkEqualTheEngine) {
   ReferenceSession& ref = **made;
 
   const auto forward = [&](const std::vector<ReferenceSession::ForwardInput>& items, bool exact) {
-    v1::ForwardRequest request;
-    request.set_session_id(configured.session_id());
-    for (const auto& item : items) {
-      *request.add_items() = MakeForwardItem(item.request_id, item.hidden, item.positions);
-    }
     v1::ForwardResponse response;
-    grpc::Status status = Forward(stub(), request, &response);
-    ASSERT_TRUE(status.ok()) << Describe(status);
-    absl::StatusOr<std::vector<Tensor>> expected = ref.Forward(items);
-    ASSERT_TRUE(expected.ok()) << expected.status();
-    ASSERT_EQ(response.results_size(), static_cast<int>(items.size()));
+    std::vector<Tensor> expected;
+    ASSERT_NO_FATAL_FAILURE(
+        ForwardBoth(stub(), configured.session_id(), ref, items, &response, &expected));
     for (size_t i = 0; i < items.size(); ++i) {
       const v1::ForwardResult& result = response.results(static_cast<int>(i));
-      EXPECT_EQ(result.request_id(), items[i].request_id);
       if (exact) {
-        EXPECT_TRUE(SameBytes(result.output(), (*expected)[i])) << items[i].request_id;
+        EXPECT_TRUE(SameBytes(result.output(), expected[i])) << items[i].request_id;
         continue;
       }
       absl::StatusOr<Tensor> got = TensorFromProto(result.output(), 2, "output");
       ASSERT_TRUE(got.ok()) << got.status();
       const std::vector<float> actual = got->ToFloats();
-      const std::vector<float> want = (*expected)[i].ToFloats();
+      const std::vector<float> want = expected[i].ToFloats();
       ASSERT_EQ(actual.size(), want.size()) << items[i].request_id;
       for (size_t k = 0; k < want.size(); ++k) {
         ASSERT_LE(std::fabs(actual[k] - want[k]), 1e-5f + 1e-5f * std::fabs(want[k]))
