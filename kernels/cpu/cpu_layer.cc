@@ -164,7 +164,7 @@ void CpuLayer::StoreRow(const PageTable& table, int64_t index, int head, bool va
                count);
 }
 
-void CpuLayer::ForRowRuns(int64_t rows, const std::function<void(int64_t, int64_t)>& fn) const {
+void CpuLayer::ForRowRuns(int64_t rows, absl::FunctionRef<void(int64_t, int64_t)> fn) const {
   if (rows < kMinParallelRows || pool_->num_threads() == 1) {
     if (rows > 0) fn(0, rows);
     return;
