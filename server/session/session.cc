@@ -597,7 +597,7 @@ absl::Status Session::RunPrefillChunk(PrefillRun& run) {
   const size_t row_bytes = static_cast<size_t>(spec_.d_model) * DTypeSize(run.dtype_);
   absl::StatusOr<Tensor> out = RunRows(run, end, run.hidden_, begin);
   if (!out.ok()) return out.status();
-  if (out->shape() == run.out_.shape() && out->dtype() == run.out_.dtype()) {
+  if (begin == 0 && end == run.total_rows_) {
     run.out_ = *std::move(out);  // One chunk ran the whole run: no copy of its output.
   } else {
     std::memcpy(run.out_.data() + static_cast<size_t>(begin) * row_bytes, out->data(),
